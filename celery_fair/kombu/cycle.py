@@ -1,0 +1,145 @@
+"""A Kombu queue cycle (``queue_order_strategy``) driven by the fair scheduler.
+
+Kombu's Redis channel polls its queues with one ``BRPOP key1 key2 ...``; the
+server pops from the first non-empty key, so the *order of the keys is the
+fetch decision*.  Kombu builds that order from a cycle object with the
+protocol of ``kombu.utils.scheduling``: ``update(items)``, ``consume(n)``
+and ``rotate(last_used)``.  :class:`DWRRCycle` answers ``consume`` with the
+scheduler's DRR order and learns in ``rotate`` which queue was served and
+which queues ahead of it were passed over as empty.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..scheduling.scheduler import FairScheduler
+
+__all__ = ("DWRRCycle", "install_on_channel")
+
+
+class DWRRCycle:
+    """Kombu cycle protocol over a :class:`FairScheduler`.
+
+    ``window`` returns the channel's current prefetch window (for credit).
+    A lock guards the scheduler because acknowledgements may come from pool
+    threads (``-P threads``) while the consumer thread polls.
+    """
+
+    def __init__(
+        self,
+        scheduler: FairScheduler,
+        *,
+        window: Callable[[], int | None] = lambda: None,
+        lock: threading.RLock | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.window = window
+        self.lock = lock or threading.RLock()
+        self.items: list[str] = []
+        self._sent: list[str] = []
+        self.last_fetched: str | None = None
+
+    def update(self, items: Iterable[str]) -> None:
+        """Kombu: the consumed queues changed."""
+        self.items = list(items)
+        with self.lock:
+            self.scheduler.set_queues(self.items)
+
+    def consume(self, n: int) -> list[str]:
+        """Kombu: the queues to poll, best first."""
+        with self.lock:
+            order = self.scheduler.fetch_order(self.window())
+        self._sent = order[:n]
+        return self._sent
+
+    def rotate(self, last_used: str) -> str:
+        """Kombu: a message of ``last_used`` was fetched."""
+        sent = self._sent
+        try:
+            skipped = sent[: sent.index(last_used)]
+        except ValueError:
+            skipped = []
+        with self.lock:
+            self.scheduler.fetched(last_used, skipped)
+        self.last_fetched = last_used
+        return last_used
+
+
+class _HeldLedger:
+    """Maps delivery tags to queues so acks release the right queue's credit."""
+
+    def __init__(self, cycle: DWRRCycle) -> None:
+        self.cycle = cycle
+        self.tags: dict[Any, str] = {}
+
+    def add(self, tag: Any) -> None:
+        queue = self.cycle.last_fetched
+        if queue is not None:
+            self.tags[tag] = queue
+            # The queue name is consumed: a later delivery that does not come
+            # through BRPOP (a restored message) must not be misattributed.
+            self.cycle.last_fetched = None
+
+    def release(self, tag: Any) -> None:
+        queue = self.tags.pop(tag, None)
+        if queue is not None:
+            with self.cycle.lock:
+                self.cycle.scheduler.released(queue)
+
+    def release_all(self) -> None:
+        tags, self.tags = self.tags, {}
+        with self.cycle.lock:
+            for queue in tags.values():
+                self.cycle.scheduler.released(queue)
+
+
+def install_on_channel(
+    channel: Any, scheduler: FairScheduler, *, lock: threading.RLock | None = None
+) -> DWRRCycle | None:
+    """Make a polling Kombu channel fetch in DWRR order.
+
+    Returns the installed cycle, or None when the channel has no queue cycle
+    (a push transport such as AMQP, which needs per-queue consumers instead).
+    The channel's QoS is wrapped per instance (``append``, ``ack``,
+    ``reject``, ``restore_unacked``) to count each queue's held messages:
+    Kombu keeps them in one dict without the queue name.
+    """
+    if not hasattr(channel, "_queue_cycle"):
+        return None
+    qos = channel.qos
+
+    def window() -> int | None:
+        return getattr(qos, "prefetch_count", None) or None
+
+    cycle = DWRRCycle(scheduler, window=window, lock=lock)
+    channel._queue_cycle = cycle
+    cycle.update(getattr(channel, "active_queues", []))
+    ledger = _HeldLedger(cycle)
+
+    append, ack, reject = qos.append, qos.ack, qos.reject
+    restore_unacked = getattr(qos, "restore_unacked", None)
+
+    def fair_append(message: Any, delivery_tag: Any) -> Any:
+        ledger.add(delivery_tag)
+        return append(message, delivery_tag)
+
+    def fair_ack(delivery_tag: Any) -> Any:
+        ledger.release(delivery_tag)
+        return ack(delivery_tag)
+
+    def fair_reject(delivery_tag: Any, requeue: bool = False) -> Any:
+        ledger.release(delivery_tag)
+        return reject(delivery_tag, requeue=requeue)
+
+    qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
+    if restore_unacked is not None:
+
+        def fair_restore_unacked(*args: Any, **kwargs: Any) -> Any:
+            ledger.release_all()
+            return restore_unacked(*args, **kwargs)
+
+        qos.restore_unacked = fair_restore_unacked
+    return cycle

@@ -1,0 +1,262 @@
+"""The fair scheduler of one worker: weights, costs and per-queue credit.
+
+This is the one scheduler a worker has.  It owns a single
+:class:`~celery_fair.scheduling.drr.DeficitRoundRobin` and decides *where
+messages are fetched* (the design's one law: in steady state a queue is
+consumed exactly as fast as it is fetched, so a weight that acts only on
+the worker's buffer does nothing).
+
+A polling transport asks :meth:`FairScheduler.fetch_order` for the order in
+which to poll its queues, and reports what it got with
+:meth:`FairScheduler.fetched`.  Queues that are not the first in the order
+and yet were passed over by the broker were empty (or held back by credit):
+their visit ends, as DRR prescribes for an empty queue.
+
+Costs: in ``"count"`` mode every message costs one unit.  In ``"runtime"``
+mode a message is charged an estimate of its run time when fetched (the
+queue's moving average) and the difference to the measured run time when it
+finishes (DRR++ post-charge, RFC 8290): the sum charged per queue is exactly
+the measured run time once the messages have finished.
+
+Credit: a queue may hold at most ``credit`` unacknowledged messages while
+another queue could use the window, so one queue cannot fill the whole
+prefetch window.  Credit never makes the worker idle: when every queue is
+at its credit the order is returned unfiltered.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .drr import DeficitRoundRobin, DRRStatistics, check_quantum
+from .estimate import Ewma
+
+__all__ = ("COST_MODES", "CostMode", "FairScheduler", "SchedulerStatistics")
+
+CostMode = Literal["count", "runtime"]
+COST_MODES: tuple[str, ...] = ("count", "runtime")
+
+
+@dataclass(frozen=True)
+class SchedulerStatistics:
+    """A snapshot of a :class:`FairScheduler`."""
+
+    cost: str
+    weights: Mapping[str, float]
+    held: Mapping[str, int]
+    credit: Mapping[str, int | None]
+    cost_estimate: Mapping[str, float | None]
+    fetched: Mapping[str, int]
+    drr: DRRStatistics
+
+    def as_dict(self) -> dict[str, object]:
+        """Return the record as JSON-friendly nested dicts."""
+        return {
+            "cost": self.cost,
+            "weights": dict(self.weights),
+            "held": dict(self.held),
+            "credit": dict(self.credit),
+            "cost_estimate": dict(self.cost_estimate),
+            "fetched": dict(self.fetched),
+            "drr": self.drr.as_dict(),
+        }
+
+
+class FairScheduler:
+    """Weighted fair fetch decisions for the queues one worker consumes.
+
+    ``weights`` maps queue names to weights; consumed queues without one get
+    ``default_weight``.  ``runtime_quantum`` is the cost unit (seconds) in
+    runtime mode: a queue of the smallest weight may run about that much per
+    DRR visit.  ``credit`` is a fixed per-queue limit of held messages, or
+    None to derive it from the prefetch window as ``window - reserve``.
+    """
+
+    def __init__(
+        self,
+        weights: Mapping[str, float] | None = None,
+        *,
+        cost: CostMode = "count",
+        default_weight: float = 1.0,
+        runtime_quantum: float = 0.001,
+        credit: int | None = None,
+        reserve: int = 1,
+    ) -> None:
+        if cost not in COST_MODES:
+            raise ValueError(f"cost must be one of {COST_MODES}, got {cost!r}")
+        self.cost: CostMode = cost
+        self.default_weight = check_quantum("<default>", default_weight)
+        self.runtime_quantum = check_quantum("<runtime quantum>", runtime_quantum)
+        if credit is not None and (isinstance(credit, bool) or int(credit) < 1):
+            raise ValueError(f"credit must be a positive integer or None, got {credit!r}")
+        self.credit_limit = credit
+        self.reserve = max(0, int(reserve))
+        self._weights: dict[str, float] = {
+            name: check_quantum(name, w) for name, w in (weights or {}).items()
+        }
+        self._drr = DeficitRoundRobin()
+        self._held: dict[str, int] = {}
+        self._fetched: dict[str, int] = {}
+        self._estimates: dict[str, Ewma] = {}
+        self._pending: dict[str, deque[float]] = {}
+        self._global_estimate = Ewma()
+
+    # -- queues and weights -------------------------------------------------
+
+    def weight(self, queue: str) -> float:
+        """The configured weight of ``queue`` (the default when unset)."""
+        return self._weights.get(queue, self.default_weight)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        return self._drr.queues
+
+    def set_queues(self, queues: Iterable[str]) -> None:
+        """Make the consumed queues exactly ``queues`` (in that order)."""
+        wanted = list(dict.fromkeys(queues))
+        for name in set(self._drr.queues) - set(wanted):
+            self._drr.remove(name)
+        for name in wanted:
+            if name not in self._held:
+                self._held[name] = 0
+                self._fetched[name] = 0
+            self._drr.add(name)
+            # On a polling transport every consumed queue stays in the
+            # active list; emptiness is observed per poll (pass_over).
+            self._drr.activate(name)
+        self._apply_quanta()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """Change weights at run time; all are validated before any change."""
+        checked = {name: check_quantum(name, w) for name, w in weights.items()}
+        self._weights.update(checked)
+        self._apply_quanta()
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The weight in force for every consumed queue."""
+        return {name: self.weight(name) for name in self._drr.queues}
+
+    def _apply_quanta(self) -> None:
+        # Quanta are weights scaled so that the lightest consumed queue gets
+        # one cost unit per visit: shares depend only on the ratios, and the
+        # smallest possible quantum keeps the round short (low burstiness).
+        names = self._drr.queues
+        if not names:
+            return
+        lightest = min(self.weight(n) for n in names)
+        unit = 1.0 if self.cost == "count" else self.runtime_quantum
+        self._drr.set_quanta({n: unit * self.weight(n) / lightest for n in names})
+
+    # -- fetch decisions ----------------------------------------------------
+
+    def credit(self, queue: str, window: int | None) -> int | None:
+        """How many unacknowledged messages ``queue`` may hold."""
+        if self.credit_limit is not None:
+            return self.credit_limit
+        if not window:
+            return None
+        return max(1, window - self.reserve)
+
+    def fetch_order(self, window: int | None = None) -> list[str]:
+        """The order in which to poll the consumed queues, best first."""
+        order = list(self._drr.order())
+        if len(order) < 2:
+            return order
+        held = self._held
+        allowed = [q for q in order if (c := self.credit(q, window)) is None or held[q] < c]
+        # Credit reserves room for other queues; it must not idle the worker.
+        return allowed or order
+
+    def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
+        """A message of ``queue`` was fetched; ``skipped`` were polled first.
+
+        The skipped queues were empty when polled: their DRR visit ends.  Any
+        queue still ahead of ``queue`` in the round was held back by credit
+        and is passed over too, so ``queue`` is served at the head.
+        """
+        drr = self._drr
+        for name in skipped:
+            drr.pass_over(name)
+        if not drr.is_active(queue):
+            if queue not in self._held:
+                self._held[queue] = 0
+                self._fetched[queue] = 0
+                drr.add(queue)
+                self._apply_quanta()
+            drr.activate(queue)
+        head = drr.head()
+        while head is not None and head != queue:
+            drr.pass_over(head)
+            head = drr.head()
+        estimate = self._fetch_cost(queue)
+        drr.served(queue, estimate)
+        self._held[queue] += 1
+        self._fetched[queue] += 1
+        if self.cost == "runtime":
+            self._pending.setdefault(queue, deque()).append(estimate)
+
+    def released(self, queue: str) -> None:
+        """A held message of ``queue`` was acknowledged, rejected or restored."""
+        if self._held.get(queue, 0) > 0:
+            self._held[queue] -= 1
+
+    def finished(self, queue: str, runtime: float) -> None:
+        """A message of ``queue`` ran for ``runtime`` seconds.
+
+        In runtime mode this post-charges the difference between the
+        measured run time and the estimate charged at fetch time.
+        """
+        if self.cost != "runtime" or queue not in self._held:
+            return
+        runtime = max(0.0, float(runtime))
+        pending = self._pending.get(queue)
+        charged = pending.popleft() if pending else 0.0
+        self._drr.charge(queue, runtime - charged)
+        self._estimates.setdefault(queue, Ewma()).update(runtime)
+        self._global_estimate.update(runtime)
+
+    def discarded(self, queue: str) -> None:
+        """A fetched message of ``queue`` will not run here: refund its estimate."""
+        pending = self._pending.get(queue)
+        if self.cost == "runtime" and pending:
+            self._drr.charge(queue, -pending.popleft())
+
+    def _fetch_cost(self, queue: str) -> float:
+        if self.cost == "count":
+            return 1.0
+        estimate = self._estimates.get(queue)
+        if estimate is not None and estimate.value is not None:
+            return estimate.value
+        fallback = self._global_estimate.value
+        return self.runtime_quantum if fallback is None else fallback
+
+    def reset_held(self) -> None:
+        """Forget all held messages (a new channel holds none)."""
+        for name in self._held:
+            self._held[name] = 0
+        self._pending.clear()
+
+    def held(self, queue: str) -> int:
+        return self._held.get(queue, 0)
+
+    # -- introspection ------------------------------------------------------
+
+    def statistics(self, window: int | None = None) -> SchedulerStatistics:
+        """A frozen snapshot: weights, held messages, credit and DRR state."""
+        names = self._drr.queues
+        return SchedulerStatistics(
+            cost=self.cost,
+            weights={n: self.weight(n) for n in names},
+            held={n: self._held.get(n, 0) for n in names},
+            credit={n: self.credit(n, window) for n in names},
+            cost_estimate={
+                n: (e.value if (e := self._estimates.get(n)) is not None else None)
+                for n in names
+            },
+            fetched={n: self._fetched.get(n, 0) for n in names},
+            drr=self._drr.statistics(),
+        )

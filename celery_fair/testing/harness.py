@@ -1,0 +1,226 @@
+"""Run a real ``celery worker`` against pre-filled Redis queues and count.
+
+Shared by the integration tests, the benchmarks and the demo.  Queues are
+filled with messages made by Celery's own producer (one is published, its
+raw form is copied with fresh ids), then a worker subprocess consumes while
+the harness samples the queue lengths; consumption per queue is the drop in
+length, so tasks need no side effects and the count costs the worker nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+__all__ = ("RunResult", "WorkerProcess", "fill_queues", "run_backlogged")
+
+WORKLOAD = "celery_fair.testing.workload"
+
+
+def _template(broker_url: str, task: str, args: Sequence[object]) -> dict:
+    """Publish one real message to a scratch key and return its raw JSON."""
+    from celery import Celery
+
+    app = Celery("celery_fair_template", broker=broker_url)
+    scratch = f"celery-fair-template-{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(broker_url)
+    try:
+        app.send_task(task, args=list(args), queue=scratch, routing_key=scratch)
+        raw = client.rpop(scratch)
+    finally:
+        client.delete(scratch)
+        app.close()
+    if raw is None:
+        raise RuntimeError("template message was not published")
+    return json.loads(raw)
+
+
+def fill_queues(
+    broker_url: str,
+    counts: Mapping[str, int],
+    *,
+    task: str = "work",
+    args: Sequence[object] | Mapping[str, Sequence[object]] = (0,),
+) -> None:
+    """Push ``counts[q]`` task messages onto each Redis queue ``q``.
+
+    ``args`` is the task's positional arguments, or a mapping queue -> args.
+    """
+    client = redis.Redis.from_url(broker_url)
+    for queue, n in counts.items():
+        qargs = args[queue] if isinstance(args, Mapping) else args
+        template = _template(broker_url, task, qargs)
+        template["properties"]["delivery_info"] = {"exchange": "", "routing_key": queue}
+        pipe = client.pipeline(transaction=False)
+        for i in range(n):
+            tid = str(uuid.uuid4())
+            template["headers"]["id"] = tid
+            template["headers"]["root_id"] = tid
+            template["properties"]["correlation_id"] = tid
+            template["properties"]["delivery_tag"] = str(uuid.uuid4())
+            pipe.lpush(queue, json.dumps(template))
+            if i % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+
+
+@dataclass
+class WorkerProcess:
+    """A ``celery worker`` subprocess of the workload app."""
+
+    broker_url: str
+    queues: Sequence[str]
+    pool: str = "prefork"
+    concurrency: int = 2
+    fair: bool = True
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def start(self) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update(
+            CELERY_FAIR_BROKER=self.broker_url,
+            CELERY_FAIR="1" if self.fair else "0",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.env)
+        args = [
+            sys.executable, "-m", "celery", "-A", WORKLOAD, "worker",
+            "-P", self.pool, "-c", str(self.concurrency),
+            "-Q", ",".join(self.queues),
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-l", "INFO", "-n", f"fair-{uuid.uuid4().hex[:8]}@%h",
+            *self.extra_args,
+        ]  # fmt: skip
+        fd, path = tempfile.mkstemp(prefix="celery-fair-worker-", suffix=".log")
+        self.log_path = Path(path)
+        with os.fdopen(fd, "wb") as log:
+            self.proc = subprocess.Popen(
+                args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Per-queue consumption over one measured interval."""
+
+    consumed: dict[str, int]
+    elapsed: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.consumed.values())
+
+    @property
+    def rate(self) -> float:
+        return self.total / self.elapsed if self.elapsed > 0 else 0.0
+
+    def shares(self) -> dict[str, float]:
+        total = self.total or 1
+        return {q: n / total for q, n in self.consumed.items()}
+
+
+def _lengths(client: redis.Redis, queues: Iterable[str]) -> dict[str, int]:
+    pipe = client.pipeline(transaction=False)
+    names = list(queues)
+    for q in names:
+        pipe.llen(q)
+    return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+
+
+def run_backlogged(
+    broker_url: str,
+    counts: Mapping[str, int],
+    *,
+    target: int,
+    warmup: int = 0,
+    pool: str = "prefork",
+    concurrency: int = 2,
+    fair: bool = True,
+    task: str = "work",
+    args: Sequence[object] | Mapping[str, Sequence[object]] = (0,),
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 300.0,
+) -> RunResult:
+    """Fill the queues, run one worker, and measure ``target`` consumed tasks.
+
+    The interval starts once ``warmup`` tasks are consumed (worker start-up
+    excluded) and ends when ``target`` more are.  ``target`` must stay below
+    what would empty any queue, so every queue stays backlogged.
+    """
+    client = redis.Redis.from_url(broker_url)
+    client.flushdb()
+    fill_queues(broker_url, counts, task=task, args=args)
+    initial = _lengths(client, counts)
+    worker = WorkerProcess(
+        broker_url, list(counts), pool=pool, concurrency=concurrency, fair=fair,
+        env=env or {}, extra_args=extra_args,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        worker.start()
+        start_counts: dict[str, int] | None = None
+        started = 0.0
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker did not consume {target} tasks:\n{worker.log()[-3000:]}")
+            if worker.proc is not None and worker.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{worker.log()[-3000:]}")
+            now = time.monotonic()
+            lengths = _lengths(client, counts)
+            consumed = {q: initial[q] - lengths[q] for q in counts}
+            total = sum(consumed.values())
+            if start_counts is None:
+                if total >= max(1, warmup):
+                    start_counts, started = consumed, now
+            elif total - sum(start_counts.values()) >= target:
+                return RunResult(
+                    consumed={q: consumed[q] - start_counts[q] for q in counts},
+                    elapsed=now - started,
+                )
+            time.sleep(0.005)
+    finally:
+        worker.stop()
+        client.flushdb()

@@ -1,0 +1,50 @@
+"""The Celery app used by the demo, the benchmarks and the integration tests.
+
+Configured from the environment so that the same module serves plain Celery
+and celery-fair side by side:
+
+``CELERY_FAIR_BROKER``   broker URL
+``CELERY_FAIR``          "1" to install celery-fair, "0" for plain Celery
+``CELERY_FAIR_COST``     the ``fair_cost`` setting
+``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+import celery_fair
+
+app = Celery("celery_fair_workload")
+app.conf.update(
+    broker_url=os.environ.get("CELERY_FAIR_BROKER", "redis://127.0.0.1:6379/0"),
+    task_ignore_result=True,
+    worker_hijack_root_logger=False,
+    worker_redirect_stdouts=False,
+    broker_connection_retry_on_startup=True,
+)
+if os.environ.get("CELERY_FAIR_COST"):
+    app.conf.fair_cost = os.environ["CELERY_FAIR_COST"]
+if os.environ.get("CELERY_FAIR_WEIGHTS"):
+    app.conf.fair_weights = os.environ["CELERY_FAIR_WEIGHTS"]
+if os.environ.get("CELERY_FAIR", "1") == "1":
+    celery_fair.install(app)
+
+
+@app.task(name="work")
+def work(us: int = 0) -> None:
+    """Busy for ``us`` microseconds of CPU (0: a no-op task)."""
+    if us:
+        end = time.perf_counter() + us / 1e6
+        while time.perf_counter() < end:
+            pass
+
+
+@app.task(name="nap")
+def nap(ms: float = 0.0) -> None:
+    """Sleep ``ms`` milliseconds: occupies a pool slot without using a core."""
+    if ms:
+        time.sleep(ms / 1000.0)

@@ -1,0 +1,112 @@
+"""The worker's fair-scheduling service: the scheduler plus its bookkeeping.
+
+Knows nothing of bootsteps; the steps in :mod:`celery_fair.worker.steps`
+only wire it into a worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from time import monotonic
+from typing import Any
+
+from ..kombu.cycle import DWRRCycle, install_on_channel
+from ..scheduling.scheduler import FairScheduler
+from .settings import FairSettings
+
+__all__ = ("FairService",)
+
+
+class FairService:
+    """One worker's scheduler, and the hooks that feed it.
+
+    ``clock`` is injectable (seconds, monotonic) for tests.
+    """
+
+    def __init__(
+        self,
+        settings: FairSettings,
+        *,
+        concurrency: int = 1,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.scheduler = FairScheduler(
+            settings.weights,
+            cost=settings.cost,
+            default_weight=settings.default_weight,
+            runtime_quantum=settings.runtime_quantum,
+            credit=settings.credit,
+            reserve=max(1, concurrency),
+        )
+        self.lock = threading.RLock()
+        self.cycle: DWRRCycle | None = None
+        self._queue_by_key: dict[str, str] = {}
+
+    # -- consumer side --------------------------------------------------------
+
+    def attach(self, channel: Any, queues: Iterable[Any]) -> bool:
+        """Install the DWRR cycle on the task consumer's channel.
+
+        Called at every (re)connection: held counts start from zero because
+        the previous channel's unacknowledged messages went back to the broker.
+        """
+        self._queue_by_key = {}
+        for queue in queues:
+            self._queue_by_key.setdefault(queue.routing_key or queue.name, queue.name)
+            self._queue_by_key.setdefault(queue.name, queue.name)
+        with self.lock:
+            self.scheduler.reset_held()
+        self.cycle = install_on_channel(channel, self.scheduler, lock=self.lock)
+        return self.cycle is not None
+
+    def queue_of(self, request: Any) -> str | None:
+        """The consumed queue a request came from (by its routing key)."""
+        info = getattr(request, "delivery_info", None) or {}
+        key = info.get("routing_key")
+        return self._queue_by_key.get(key) if key is not None else None
+
+    # -- worker side ----------------------------------------------------------
+
+    def wrap_process_task(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Measure each task's run time (dispatch to completion) for runtime cost."""
+        if self.settings.cost != "runtime":
+            return process
+        scheduler, lock, clock = self.scheduler, self.lock, self.clock
+
+        def process_task(request: Any) -> Any:
+            queue = self.queue_of(request)
+            if queue is None:
+                return process(request)
+            started = clock()
+            done = False
+
+            def finish() -> None:
+                nonlocal done
+                if not done:
+                    done = True
+                    with lock:
+                        scheduler.finished(queue, clock() - started)
+
+            on_success, on_failure = request.on_success, request.on_failure
+
+            def fair_on_success(*args: Any, **kwargs: Any) -> Any:
+                finish()
+                return on_success(*args, **kwargs)
+
+            def fair_on_failure(*args: Any, **kwargs: Any) -> Any:
+                finish()
+                return on_failure(*args, **kwargs)
+
+            request.on_success, request.on_failure = fair_on_success, fair_on_failure
+            return process(request)
+
+        return process_task
+
+    def statistics(self) -> dict[str, object]:
+        """The scheduler's state as plain data."""
+        window = self.cycle.window() if self.cycle is not None else None
+        with self.lock:
+            return self.scheduler.statistics(window).as_dict()

@@ -1,0 +1,121 @@
+"""The ``fair_*`` settings: parsed and validated once, when the worker starts.
+
+Every error names the setting (or the command-line option) and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.exceptions import ImproperlyConfigured
+
+from ..scheduling.scheduler import COST_MODES, CostMode
+
+__all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_weights")
+
+#: Every setting celery-fair reads, with its default.
+DEFAULTS: dict[str, Any] = {
+    "fair_weights": {},
+    "fair_default_weight": 1.0,
+    "fair_cost": "count",
+    "fair_runtime_quantum": 0.001,
+    "fair_credit": None,
+}
+
+
+class FairConfigError(ImproperlyConfigured):
+    """A ``fair_*`` setting or ``--fair-*`` option has an invalid value."""
+
+
+def _positive(setting: str, key: str | None, value: Any) -> float:
+    where = f"{setting}[{key!r}]" if key is not None else setting
+    if isinstance(value, bool):
+        raise FairConfigError(f"{where} must be a positive number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FairConfigError(f"{where} must be a positive number, got {value!r}") from None
+    if not number > 0 or math.isinf(number) or math.isnan(number):
+        raise FairConfigError(f"{where} must be a positive number, got {value!r}")
+    return number
+
+
+def parse_weights(value: Any, *, setting: str = "fair_weights") -> dict[str, float]:
+    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
+
+    >>> parse_weights("p0=4, p1=8")
+    {'p0': 4.0, 'p1': 8.0}
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        pairs: dict[str, Any] = {}
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, weight = part.partition("=")
+            if not sep or not name.strip() or not weight.strip():
+                raise FairConfigError(
+                    f"{setting}: expected QUEUE=WEIGHT[,QUEUE=WEIGHT...], got {value!r} "
+                    f"(bad item {part!r})"
+                )
+            pairs[name.strip()] = weight.strip()
+        value = pairs
+    if not isinstance(value, Mapping):
+        raise FairConfigError(
+            f"{setting} must be a mapping of queue name to weight, got {value!r}"
+        )
+    weights: dict[str, float] = {}
+    for name, weight in value.items():
+        if not isinstance(name, str) or not name:
+            raise FairConfigError(f"{setting}: queue names must be non-empty strings, got {name!r}")
+        weights[name] = _positive(setting, name, weight)
+    return weights
+
+
+@dataclass(frozen=True)
+class FairSettings:
+    """The validated configuration of one worker."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+    default_weight: float = 1.0
+    cost: CostMode = "count"
+    runtime_quantum: float = 0.001
+    credit: int | None = None
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
+        """Read and check the ``fair_*`` settings of a Celery config.
+
+        ``cli_weights`` (the worker's ``--fair-weights``) replaces
+        ``fair_weights`` when given.
+        """
+
+        def get(name: str) -> Any:
+            value = conf.get(name)
+            return DEFAULTS[name] if value is None else value
+
+        if cli_weights is not None:
+            weights = parse_weights(cli_weights, setting="--fair-weights")
+        else:
+            weights = parse_weights(get("fair_weights"))
+        cost = get("fair_cost")
+        if cost not in COST_MODES:
+            raise FairConfigError(f"fair_cost must be one of {', '.join(COST_MODES)}; got {cost!r}")
+        credit = conf.get("fair_credit")
+        if credit is not None:
+            if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
+                raise FairConfigError(
+                    f"fair_credit must be a positive integer or None, got {credit!r}"
+                )
+        return cls(
+            weights=weights,
+            default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),
+            cost=cost,
+            runtime_quantum=_positive("fair_runtime_quantum", None, get("fair_runtime_quantum")),
+            credit=credit,
+        )

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the whole test suite. pytest exits 5 when it collects no test; that
+# must fail loudly rather than pass as an empty success.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/python -m pytest tests "$@"
+rc=$?
+if [ "$rc" = 5 ]; then
+    echo "run_tests: pytest collected no tests" >&2
+    exit 1
+fi
+exit "$rc"
