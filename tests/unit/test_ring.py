@@ -294,3 +294,39 @@ def test_ideal_fraction_is_total_variation_distance() -> None:
     assert ideal_moved_fraction(ring, ring) == 0
     assert ideal_moved_fraction(ring, ring.without_queue("a")) == pytest.approx(0.5)
     assert ideal_moved_fraction(ring, ring.with_weight("a", 3)) == pytest.approx(0.25)
+
+
+# -- the `celery-fair ring` command ------------------------------------------------------------
+
+
+def test_ring_command_reports_moves_against_the_ideal(capsys: pytest.CaptureFixture[str]) -> None:
+    from celery_fair.cli import main
+
+    argv = ["ring", "--queues", "t0=10,t1=10,t2=20", "--keys", "20000", "--add", "t3=10"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ideal_fraction"] == pytest.approx(0.2)
+    assert abs(report["moved_fraction"] - 0.2) < binomial_tolerance(0.2, 20_000)
+    assert report["only_changed_queue_involved"] is True
+    assert set(report["moves"]) == {"t0->t3", "t1->t3", "t2->t3"}
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "ideal 20.00%" in text and "only the changed queue gained or lost keys: yes" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ring", "--queues", "t0=0"],
+        ["ring", "--queues", "t0=x"],
+        ["ring", "--queues", "t0,t0"],
+        ["ring", "--queues", "t0", "--remove", "zz"],
+        ["ring", "--queues", "t0", "--add", "t1=1", "--remove", "t0"],
+    ],
+)
+def test_ring_command_rejects_bad_input(argv: list[str]) -> None:
+    from celery_fair.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code != 0

@@ -1,0 +1,179 @@
+"""``celery-fair ring``: print a ring's key distribution and what a change would move."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter
+from typing import Any
+
+from celery_fair.routing.ring import HashRing, ideal_moved_fraction
+
+__all__ = ("parse_queue_weights", "register", "ring_report", "run")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``ring`` subcommand to the ``celery-fair`` parser."""
+    parser = subparsers.add_parser(
+        "ring",
+        help="show how keys spread over weighted queues, and how many a change moves",
+        description=(
+            "Hash --keys random keys onto --queues and print each queue's share against its "
+            "weight share. With --add, --remove or --set, also print the fraction of keys "
+            "that moved against the least fraction any mapping must move."
+        ),
+    )
+    parser.add_argument(
+        "--queues",
+        required=True,
+        type=parse_queue_weights,
+        help="queue=weight pairs, comma separated (t0=10,t1=10,t2=20); a bare name weighs 1",
+    )
+    parser.add_argument("--keys", type=_positive_int, default=100_000, help="number of keys")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random keys")
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument("--add", type=_one_pair, metavar="QUEUE=WEIGHT", help="add a queue")
+    change.add_argument("--remove", metavar="QUEUE", help="remove a queue")
+    change.add_argument("--set", type=_one_pair, metavar="QUEUE=WEIGHT", help="change a weight")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.set_defaults(handler=run)
+
+
+def parse_queue_weights(text: str) -> dict[str, float]:
+    """Parse ``t0=10,t1=10,t2`` into ``{"t0": 10.0, "t1": 10.0, "t2": 1.0}``."""
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.strip().partition("=")
+        if not name:
+            raise argparse.ArgumentTypeError(f"empty queue name in {text!r}")
+        if name in weights:
+            raise argparse.ArgumentTypeError(f"queue {name!r} appears twice in {text!r}")
+        try:
+            weight = float(value) if sep else 1.0
+        except ValueError:
+            message = f"weight {value!r} of queue {name!r} is not a number"
+            raise argparse.ArgumentTypeError(message) from None
+        if not weight > 0:
+            raise argparse.ArgumentTypeError(f"weight of queue {name!r} must be positive: {value}")
+        weights[name] = weight
+    return weights
+
+
+def _one_pair(text: str) -> tuple[str, float]:
+    pairs = parse_queue_weights(text)
+    if len(pairs) != 1 or "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected one QUEUE=WEIGHT, not {text!r}")
+    return next(iter(pairs.items()))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _changed_ring(ring: HashRing, args: argparse.Namespace) -> tuple[HashRing | None, str]:
+    if args.add is not None:
+        name, weight = args.add
+        return ring.with_queue(name, weight), f"add {name}={weight:g}"
+    if args.remove is not None:
+        return ring.without_queue(args.remove), f"remove {args.remove}"
+    if args.set is not None:
+        name, weight = args.set
+        return ring.with_weight(name, weight), f"set {name}={weight:g}"
+    return None, ""
+
+
+def _distribution(ring: HashRing, assigned: list[str]) -> list[dict[str, Any]]:
+    counts = Counter(assigned)
+    total = len(assigned)
+    rows = []
+    for name, ideal in sorted(ring.shares().items()):
+        share = counts[name] / total
+        rows.append(
+            {
+                "queue": name,
+                "weight": ring.weights[name],
+                "ideal_share": ideal,
+                "keys": counts[name],
+                "share": share,
+                "relative_deviation": (share - ideal) / ideal,
+            }
+        )
+    return rows
+
+
+def ring_report(
+    ring: HashRing, keys: list[str], changed: HashRing | None = None, change: str = ""
+) -> dict[str, Any]:
+    """Compute the distribution of ``keys`` on ``ring`` and, if given, the moves to ``changed``."""
+    before = [ring.lookup(k) for k in keys]
+    report: dict[str, Any] = {"keys": len(keys), "before": _distribution(ring, before)}
+    if changed is None:
+        return report
+    after = [changed.lookup(k) for k in keys]
+    moves = Counter((a, b) for a, b in zip(before, after, strict=True) if a != b)
+    moved = sum(moves.values())
+    ideal = ideal_moved_fraction(ring, changed)
+    touched = set(ring.weights.items()) ^ set(changed.weights.items())
+    changed_names = {name for name, _ in touched}
+    report.update(
+        change=change,
+        after=_distribution(changed, after),
+        moved_keys=moved,
+        moved_fraction=moved / len(keys),
+        ideal_fraction=ideal,
+        moves={f"{a}->{b}": n for (a, b), n in sorted(moves.items())},
+        only_changed_queue_involved=all(a in changed_names or b in changed_names for a, b in moves),
+    )
+    return report
+
+
+def _format_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [f"  {'queue':<16} {'weight':>8} {'ideal':>8} {'keys':>9} {'share':>8} {'dev':>8}"]
+    for r in rows:
+        lines.append(
+            f"  {r['queue']:<16} {r['weight']:>8g} {r['ideal_share']:>8.2%} {r['keys']:>9d} "
+            f"{r['share']:>8.2%} {r['relative_deviation']:>+8.2%}"
+        )
+    return lines
+
+
+def format_report(report: dict[str, Any], seed: int) -> str:
+    """Render ``ring_report`` output as the text the command prints."""
+    lines = [f"{report['keys']} random keys (seed {seed}), weighted rendezvous hashing", ""]
+    lines += _format_table(report["before"])
+    if "change" in report:
+        ratio = (
+            report["moved_fraction"] / report["ideal_fraction"] if report["ideal_fraction"] else 0
+        )
+        lines += ["", f"after {report['change']}:"] + _format_table(report["after"])
+        lines += [
+            "",
+            f"moved: {report['moved_keys']} keys = {report['moved_fraction']:.2%} "
+            f"(ideal {report['ideal_fraction']:.2%}, ratio {ratio:.3f})",
+            "moves: " + (", ".join(f"{k} {v}" for k, v in report["moves"].items()) or "none"),
+            "only the changed queue gained or lost keys: "
+            + ("yes" if report["only_changed_queue_involved"] else "NO"),
+        ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``celery-fair ring``."""
+    ring = HashRing(args.queues)
+    try:
+        changed, change = _changed_ring(ring, args)
+    except (KeyError, ValueError) as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise SystemExit(f"celery-fair ring: {message}") from None
+    rng = random.Random(args.seed)
+    keys = [f"{rng.getrandbits(64):016x}" for _ in range(args.keys)]
+    report = ring_report(ring, keys, changed, change)
+    print(json.dumps(report, indent=2) if args.json else format_report(report, args.seed))
+    return 0
