@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from .worker import control  # noqa: F401  (registers the remote-control commands)
 from .worker.steps import FairConsumerStep, FairWorkerStep
 
 __all__ = ("install",)

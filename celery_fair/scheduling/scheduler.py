@@ -18,14 +18,20 @@ queue's moving average) and the difference to the measured run time when it
 finishes (DRR++ post-charge, RFC 8290): the sum charged per queue is exactly
 the measured run time once the messages have finished.
 
-Credit: a queue may hold at most ``credit`` unacknowledged messages while
-another queue could use the window, so one queue cannot fill the whole
-prefetch window.  Credit never makes the worker idle: when every queue is
-at its credit the order is returned unfiltered.
+Credit: a queue that holds ``credit`` or more unacknowledged messages moves
+to the *end* of the poll order, behind every queue that is below its credit,
+so one busy queue cannot keep the others out of the prefetch window.  It is
+demoted, not excluded: a BRPOP that leaves a backlogged queue out would block
+until its timeout even after that queue became eligible again, idling the
+worker.  A queue's credit is ``window - reserve`` (room kept for the others)
+or twice its expected share of the fetches times the window, whichever is
+larger, so credit never binds on a queue that is only taking its fair share
+(in runtime mode, a queue of short tasks takes most of the fetches).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -154,29 +160,44 @@ class FairScheduler:
     # -- fetch decisions ----------------------------------------------------
 
     def credit(self, queue: str, window: int | None) -> int | None:
-        """How many unacknowledged messages ``queue`` may hold."""
+        """How many unacknowledged messages ``queue`` may hold before demotion."""
         if self.credit_limit is not None:
             return self.credit_limit
         if not window:
             return None
-        return max(1, window - self.reserve)
+        fair = 2.0 * window * self._fetch_fractions().get(queue, 0.0)
+        return max(1, window - self.reserve, math.ceil(fair))
+
+    def _fetch_fractions(self) -> dict[str, float]:
+        # Expected fraction of fetches per queue: weight / cost per message.
+        rates = {n: self.weight(n) / max(self._fetch_cost(n), 1e-9) for n in self._drr.queues}
+        total = sum(rates.values()) or 1.0
+        return {n: r / total for n, r in rates.items()}
 
     def fetch_order(self, window: int | None = None) -> list[str]:
         """The order in which to poll the consumed queues, best first."""
         order = list(self._drr.order())
-        if len(order) < 2:
+        if len(order) < 2 or not window:
             return order
         held = self._held
-        allowed = [q for q in order if (c := self.credit(q, window)) is None or held[q] < c]
-        # Credit reserves room for other queues; it must not idle the worker.
-        return allowed or order
+        fractions = self._fetch_fractions() if self.credit_limit is None else {}
+        floor = max(1, window - self.reserve)
+        below: list[str] = []
+        above: list[str] = []
+        for name in order:
+            credit = self.credit_limit or max(floor, math.ceil(2.0 * window * fractions[name]))
+            (below if held[name] < credit else above).append(name)
+        return below + above if above else order
 
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
         """A message of ``queue`` was fetched; ``skipped`` were polled first.
 
-        The skipped queues were empty when polled: their DRR visit ends.  Any
-        queue still ahead of ``queue`` in the round was held back by credit
-        and is passed over too, so ``queue`` is served at the head.
+        The skipped queues were empty when polled: their DRR visit ends.  If
+        ``queue`` is still not the head, the head was held back by credit and
+        ``queue`` is served out of turn: it is charged as usual and the round
+        does not move, so the debt is paid on its later visits.  (Passing
+        over the held-back head instead would hand ``queue`` a free quantum
+        per pass and erase exactly the debt DRR++ relies on.)
         """
         drr = self._drr
         for name in skipped:
@@ -188,10 +209,7 @@ class FairScheduler:
                 drr.add(queue)
                 self._apply_quanta()
             drr.activate(queue)
-        head = drr.head()
-        while head is not None and head != queue:
-            drr.pass_over(head)
-            head = drr.head()
+        drr.head()  # open the visit of whichever queue is due
         estimate = self._fetch_cost(queue)
         drr.served(queue, estimate)
         self._held[queue] += 1
@@ -254,8 +272,7 @@ class FairScheduler:
             held={n: self._held.get(n, 0) for n in names},
             credit={n: self.credit(n, window) for n in names},
             cost_estimate={
-                n: (e.value if (e := self._estimates.get(n)) is not None else None)
-                for n in names
+                n: (e.value if (e := self._estimates.get(n)) is not None else None) for n in names
             },
             fetched={n: self._fetched.get(n, 0) for n in names},
             drr=self._drr.statistics(),

@@ -9,6 +9,7 @@ length, so tasks need no side effects and the count costs the worker nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -28,7 +30,7 @@ __all__ = ("RunResult", "WorkerProcess", "fill_queues", "run_backlogged")
 WORKLOAD = "celery_fair.testing.workload"
 
 
-def _template(broker_url: str, task: str, args: Sequence[object]) -> dict:
+def _template(broker_url: str, task: str, args: Sequence[object]) -> dict[str, Any]:
     """Publish one real message to a scratch key and return its raw JSON."""
     from celery import Celery
 
@@ -43,7 +45,7 @@ def _template(broker_url: str, task: str, args: Sequence[object]) -> dict:
         app.close()
     if raw is None:
         raise RuntimeError("template message was not published")
-    return json.loads(raw)
+    return dict(json.loads(raw))  # type: ignore[arg-type]
 
 
 def fill_queues(
@@ -128,10 +130,8 @@ class WorkerProcess:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait(timeout=10)
 
     def __enter__(self) -> WorkerProcess:
@@ -205,7 +205,9 @@ def run_backlogged(
         started = 0.0
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"worker did not consume {target} tasks:\n{worker.log()[-3000:]}")
+                raise TimeoutError(
+                    f"worker did not consume {target} tasks:\n{worker.log()[-3000:]}"
+                )
             if worker.proc is not None and worker.proc.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{worker.log()[-3000:]}")
             now = time.monotonic()

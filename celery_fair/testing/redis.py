@@ -54,13 +54,20 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
             self.executable,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.dir),
-            "--save", "",
-            "--protected-mode", "yes",
-            "--logfile", str(self.dir / "redis.log"),
-            "--daemonize", "no",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--daemonize",
+            "no",
         ]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]

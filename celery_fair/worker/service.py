@@ -83,18 +83,26 @@ class FairService:
             started = clock()
             done = False
 
-            def finish() -> None:
+            def finish(runtime: float | None = None) -> None:
                 nonlocal done
                 if not done:
                     done = True
+                    if runtime is None:
+                        runtime = clock() - started
                     with lock:
-                        scheduler.finished(queue, clock() - started)
+                        scheduler.finished(queue, runtime)
 
             on_success, on_failure = request.on_success, request.on_failure
 
-            def fair_on_success(*args: Any, **kwargs: Any) -> Any:
-                finish()
-                return on_success(*args, **kwargs)
+            def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
+                # The pool reports the task's own run time (without the IPC to
+                # the pool); charge that, as a user means by "run time".
+                try:
+                    runtime = float(failed__retval__runtime[2])
+                except (TypeError, IndexError, ValueError):
+                    runtime = None
+                finish(runtime)
+                return on_success(failed__retval__runtime, **kwargs)
 
             def fair_on_failure(*args: Any, **kwargs: Any) -> Any:
                 finish()
@@ -104,6 +112,11 @@ class FairService:
             return process(request)
 
         return process_task
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """Change weights at run time; they act on the very next fetch."""
+        with self.lock:
+            self.scheduler.set_weights(weights)
 
     def statistics(self) -> dict[str, object]:
         """The scheduler's state as plain data."""

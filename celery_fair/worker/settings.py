@@ -66,9 +66,7 @@ def parse_weights(value: Any, *, setting: str = "fair_weights") -> dict[str, flo
             pairs[name.strip()] = weight.strip()
         value = pairs
     if not isinstance(value, Mapping):
-        raise FairConfigError(
-            f"{setting} must be a mapping of queue name to weight, got {value!r}"
-        )
+        raise FairConfigError(f"{setting} must be a mapping of queue name to weight, got {value!r}")
     weights: dict[str, float] = {}
     for name, weight in value.items():
         if not isinstance(name, str) or not name:
@@ -107,11 +105,10 @@ class FairSettings:
         if cost not in COST_MODES:
             raise FairConfigError(f"fair_cost must be one of {', '.join(COST_MODES)}; got {cost!r}")
         credit = conf.get("fair_credit")
-        if credit is not None:
-            if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
-                raise FairConfigError(
-                    f"fair_credit must be a positive integer or None, got {credit!r}"
-                )
+        if credit is not None and (
+            isinstance(credit, bool) or not isinstance(credit, int) or credit < 1
+        ):
+            raise FairConfigError(f"fair_credit must be a positive integer or None, got {credit!r}")
         return cls(
             weights=weights,
             default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),

@@ -63,3 +63,8 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 "celery-fair: transport %r does not poll its queues; fetch order unchanged",
                 c.connection.transport.driver_type,
             )
+
+    def stop(self, c: Any) -> None:
+        service: FairService | None = getattr(c.controller, "fair", None)
+        if service is not None:
+            logger.info("celery-fair: statistics at stop %s", service.statistics())
