@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 from celery.exceptions import ImproperlyConfigured
 
 from ..scheduling.scheduler import COST_MODES, CostMode
@@ -26,8 +27,19 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class FairConfigError(ImproperlyConfigured):
-    """A ``fair_*`` setting or ``--fair-*`` option has an invalid value."""
+class FairConfigError(ImproperlyConfigured, click.ClickException):
+    """A ``fair_*`` setting or ``--fair-*`` option has an invalid value.
+
+    Also a ``click.ClickException``: ``celery worker`` then prints one
+    ``Error: ...`` line and exits with status 1 instead of a traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        ImproperlyConfigured.__init__(self, message)
+        click.ClickException.__init__(self, message)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _positive(setting: str, key: str | None, value: Any) -> float:

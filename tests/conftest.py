@@ -1,0 +1,25 @@
+"""Shared fixtures: real brokers on free loopback ports, one per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from celery_fair.testing.redis import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` in a temporary directory."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """The session's Redis, emptied after each test."""
+    import redis
+
+    yield redis_server.url
+    redis.Redis.from_url(redis_server.url).flushdb()

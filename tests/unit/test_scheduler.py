@@ -1,0 +1,162 @@
+"""The worker's fair scheduler: fetch order, credit, runtime post-charge."""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+
+from celery_fair.kombu.cycle import DWRRCycle
+from celery_fair.scheduling.scheduler import FairScheduler
+
+
+def fetch_many(s: FairScheduler, n: int, window: int | None = None) -> dict[str, int]:
+    counts = dict.fromkeys(s.queues, 0)
+    for _ in range(n):
+        q = s.fetch_order(window)[0]
+        s.fetched(q)
+        s.released(q)
+        counts[q] += 1
+    return counts
+
+
+def test_fetches_follow_weights_exactly() -> None:
+    weights = {f"p{i}": 4 * (i + 1) for i in range(10)}
+    s = FairScheduler(weights)
+    s.set_queues(weights)
+    counts = fetch_many(s, 55 * 40)
+    assert counts == {f"p{i}": 40 * (i + 1) for i in range(10)}
+
+
+def test_skipped_queues_end_their_visit() -> None:
+    s = FairScheduler({"a": 3, "b": 1, "c": 1})
+    s.set_queues(["a", "b", "c"])
+    order = s.fetch_order()
+    assert order == ["a", "b", "c"]
+    # BRPOP found a and b empty and returned c.
+    s.fetched("c", skipped=order[:2])
+    stats = s.statistics().drr.as_dict()["queues"]
+    assert stats["a"]["deficit"] <= 0 and stats["b"]["deficit"] <= 0  # type: ignore[index]
+    assert s.statistics().fetched["c"] == 1
+    # c (weight 1) used its quantum; the next round starts again at a.
+    assert s.fetch_order() == ["a", "b", "c"]
+
+
+def test_queue_over_credit_is_polled_last_not_dropped() -> None:
+    queues = ["flood", "q1", "q2", "q3"]
+    s = FairScheduler(dict.fromkeys(queues, 1), reserve=2)
+    s.set_queues(queues)
+    for _ in range(6):
+        s.fetched("flood")
+    assert s.held("flood") == 6
+    assert s.credit("flood", window=8) == 6  # window minus the reserve
+    order = s.fetch_order(window=8)
+    assert order[-1] == "flood" and sorted(order) == sorted(queues)
+    s.released("flood")
+    assert sorted(s.fetch_order(window=8)) == sorted(queues)
+
+
+def test_credit_never_binds_on_a_fair_share() -> None:
+    s = FairScheduler({"long": 1, "short": 1}, cost="runtime", reserve=2)
+    s.set_queues(["long", "short"])
+    for _ in range(20):
+        s.fetched("long")
+        s.finished("long", 0.010)
+        s.released("long")
+        s.fetched("short")
+        s.finished("short", 0.001)
+        s.released("short")
+    # Short tasks take ~10/11 of the fetches at a 50/50 time split.
+    assert s.credit("short", window=8) >= 8 * 10 / 11
+
+
+def simulate(s: FairScheduler, durations: dict[str, float], *, slots: int, window: int) -> dict:
+    """A worker with ``slots`` pool slots and a prefetch window, in virtual time."""
+    t, buffer, running = 0.0, [], []  # type: ignore[var-annotated]
+    busy = dict.fromkeys(durations, 0.0)
+    while t < 60:
+        while len(buffer) < window:
+            q = s.fetch_order(window)[0]
+            s.fetched(q)
+            buffer.append(q)
+        while len(running) < slots and buffer:
+            q = buffer.pop(0)
+            s.released(q)  # early acknowledgement
+            heapq.heappush(running, (t + durations[q], q, t))
+        end, q, start = heapq.heappop(running)
+        t = end
+        s.finished(q, end - start)
+        busy[q] += end - start
+    total = sum(busy.values())
+    return {q: b / total for q, b in busy.items()}
+
+
+def test_runtime_cost_splits_worker_time_by_weight() -> None:
+    s = FairScheduler({"long": 1, "short": 1}, cost="runtime", reserve=2)
+    s.set_queues(["long", "short"])
+    split = simulate(s, {"long": 0.010, "short": 0.001}, slots=2, window=8)
+    assert split["long"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_runtime_cost_with_weights() -> None:
+    s = FairScheduler({"a": 3, "b": 1}, cost="runtime", reserve=2)
+    s.set_queues(["a", "b"])
+    split = simulate(s, {"a": 0.002, "b": 0.020}, slots=2, window=8)
+    assert split["a"] == pytest.approx(0.75, abs=0.015)
+
+
+def test_count_cost_counts_messages() -> None:
+    s = FairScheduler({"long": 1, "short": 1}, reserve=2)
+    s.set_queues(["long", "short"])
+    split = simulate(s, {"long": 0.010, "short": 0.001}, slots=2, window=8)
+    assert split["long"] == pytest.approx(10 / 11, abs=0.01)
+
+
+def test_post_charge_totals_equal_measured_runtime() -> None:
+    # Fetched before any measurement, each message is charged an estimate;
+    # the post-charge of the difference makes the total exactly the runtimes.
+    s = FairScheduler({"a": 1}, cost="runtime")
+    s.set_queues(["a"])
+    runtimes = [0.003, 0.010, 0.001, 0.007]
+    for _ in runtimes:
+        s.fetched("a")
+    for runtime in runtimes:
+        s.finished("a", runtime)
+    served = s.statistics().drr.queues[0].served_cost
+    assert served == pytest.approx(sum(runtimes))
+
+
+def test_weights_change_at_run_time_all_or_nothing() -> None:
+    s = FairScheduler({"a": 1, "b": 1})
+    s.set_queues(["a", "b"])
+    with pytest.raises(ValueError, match="'b'"):
+        s.set_weights({"a": 5, "b": 0})
+    assert s.weights == {"a": 1, "b": 1}
+    s.set_weights({"a": 3})
+    counts = fetch_many(s, 400)
+    assert counts == {"a": 300, "b": 100}
+
+
+def test_queues_change_and_unknown_queue_is_adopted() -> None:
+    s = FairScheduler({"a": 2})
+    s.set_queues(["a", "b"])
+    s.set_queues(["a"])
+    assert s.queues == ("a",)
+    s.fetched("c")  # delivered from a queue added behind our back
+    assert "c" in s.queues and s.held("c") == 1
+
+
+def test_cycle_protocol_reports_skips_and_service() -> None:
+    s = FairScheduler({"a": 1, "b": 1, "c": 1})
+    cycle = DWRRCycle(s)
+    cycle.update(["a", "b", "c"])
+    assert cycle.consume(3) == ["a", "b", "c"]
+    assert cycle.rotate("c") == "c"
+    assert s.statistics().fetched["c"] == 1
+    assert s.statistics().drr.as_dict()["queues"]["a"]["empty_resets"] == 1  # type: ignore[index]
+    assert cycle.consume(2) == cycle.consume(3)[:2]
+
+
+def test_cost_mode_is_validated() -> None:
+    with pytest.raises(ValueError, match="'bogus'"):
+        FairScheduler(cost="bogus")  # type: ignore[arg-type]

@@ -1,0 +1,85 @@
+"""Settings are validated at worker start, naming the setting and the value."""
+
+from __future__ import annotations
+
+import pytest
+
+import celery_fair
+from celery_fair.worker.settings import FairConfigError, FairSettings, parse_weights
+
+
+def test_weights_from_mapping_and_string() -> None:
+    assert parse_weights({"p0": 4, "p1": "8"}) == {"p0": 4.0, "p1": 8.0}
+    assert parse_weights(" p0=4, p1=8 ,") == {"p0": 4.0, "p1": 8.0}
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ({"p0": 0}, "fair_weights['p0'] must be a positive number, got 0"),
+        ({"p0": -2}, "got -2"),
+        ({"p0": "abc"}, "got 'abc'"),
+        ({"p0": True}, "got True"),
+        ({"p0": float("nan")}, "got nan"),
+        ("p0=4,p1", "bad item 'p1'"),
+        ("p0=", "bad item 'p0='"),
+        (["p0"], "must be a mapping"),
+    ],
+)
+def test_bad_weights_name_the_setting_and_value(value: object, fragment: str) -> None:
+    with pytest.raises(FairConfigError) as info:
+        parse_weights(value)
+    assert fragment in str(info.value)
+    assert "fair_weights" in str(info.value)
+
+
+def test_cli_option_overrides_the_setting() -> None:
+    conf = {"fair_weights": {"a": 1, "b": 2}}
+    assert FairSettings.from_conf(conf).weights == {"a": 1, "b": 2}
+    assert FairSettings.from_conf(conf, cli_weights="a=5").weights == {"a": 5}
+    with pytest.raises(FairConfigError, match=r"--fair-weights\['a'\].*got 'x'"):
+        FairSettings.from_conf(conf, cli_weights="a=x")
+
+
+@pytest.mark.parametrize(
+    ("conf", "fragment"),
+    [
+        ({"fair_cost": "time"}, "fair_cost must be one of count, runtime; got 'time'"),
+        ({"fair_default_weight": 0}, "fair_default_weight must be a positive number, got 0"),
+        ({"fair_runtime_quantum": -1}, "fair_runtime_quantum must be a positive number"),
+        ({"fair_credit": 0}, "fair_credit must be a positive integer or None, got 0"),
+        ({"fair_credit": 2.5}, "got 2.5"),
+    ],
+)
+def test_other_bad_settings(conf: dict[str, object], fragment: str) -> None:
+    with pytest.raises(FairConfigError) as info:
+        FairSettings.from_conf(conf)
+    assert fragment in str(info.value)
+
+
+def test_defaults() -> None:
+    settings = FairSettings.from_conf({})
+    assert settings.weights == {} and settings.cost == "count"
+    assert settings.default_weight == 1.0 and settings.credit is None
+
+
+def test_public_api_is_exported() -> None:
+    for name in celery_fair.__all__:
+        assert hasattr(celery_fair, name), name
+    assert "install" in celery_fair.__all__
+
+
+def test_install_adds_and_never_replaces_configuration() -> None:
+    from celery import Celery
+
+    app = Celery("t", set_as_current=False)
+    app.conf.broker_transport_options = {"visibility_timeout": 42}
+    app.conf.fair_weights = {"a": 3}
+    celery_fair.install(app)
+    celery_fair.install(app)  # idempotent
+    assert app.conf.broker_transport_options == {"visibility_timeout": 42}
+    assert app.conf.fair_weights == {"a": 3}
+    names = [getattr(s, "name", "") for s in app.steps["worker"]]
+    assert names.count("celery_fair.worker") == 1
+    options = [o.name for o in app.user_options["worker"]]
+    assert options.count("fair_weights") == 1
