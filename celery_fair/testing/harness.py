@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,12 +183,14 @@ def run_backlogged(
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
     timeout: float = 300.0,
+    on_sample: Callable[[dict[str, int], float], None] | None = None,
 ) -> RunResult:
     """Fill the queues, run one worker, and measure ``target`` consumed tasks.
 
     The interval starts once ``warmup`` tasks are consumed (worker start-up
     excluded) and ends when ``target`` more are.  ``target`` must stay below
     what would empty any queue, so every queue stays backlogged.
+    ``on_sample(consumed, elapsed)`` is called on every sample (progress).
     """
     client = redis.Redis.from_url(broker_url)
     client.flushdb()
@@ -217,7 +219,12 @@ def run_backlogged(
             if start_counts is None:
                 if total >= max(1, warmup):
                     start_counts, started = consumed, now
-            elif total - sum(start_counts.values()) >= target:
+            else:
+                if on_sample is not None:
+                    on_sample({q: consumed[q] - start_counts[q] for q in counts}, now - started)
+                if total - sum(start_counts.values()) < target:
+                    time.sleep(0.005)
+                    continue
                 return RunResult(
                     consumed={q: consumed[q] - start_counts[q] for q in counts},
                     elapsed=now - started,

@@ -1,0 +1,45 @@
+"""Helpers shared by the benchmarks: medians with spread, result files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max and relative spread ((max - min) / median)."""
+    med = statistics.median(values)
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "spread": (max(values) - min(values)) / med if med else 0.0,
+        "n": len(values),
+    }
+
+
+def environment() -> dict[str, Any]:
+    import celery
+    import kombu
+
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "cpus": __import__("os").cpu_count(),
+    }
+
+
+def write(name: str, data: dict[str, Any], markdown: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown)
+    print(f"wrote {RESULTS / name}.json and .md")
