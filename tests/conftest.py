@@ -23,3 +23,12 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 
     yield redis_server.url
     redis.Redis.from_url(redis_server.url).flushdb()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[object]:
+    """A real RabbitMQ (consistent-hash plugin enabled), one per test session."""
+    from celery_fair.testing.rabbitmq import RabbitMQServer
+
+    with RabbitMQServer() as server:
+        yield server
