@@ -1,0 +1,523 @@
+"""FairConsumerMixin: a Kombu consumer that serves its queues by weight.
+
+The design's one law: in steady state a queue is consumed exactly as fast
+as it is fetched, so weights must act where messages are fetched.  This
+consumer therefore gives every queue its own Kombu ``Consumer`` on its own
+channel with its own prefetch window (``basic.qos(prefetch_count=window)``:
+per consumer on RabbitMQ, per channel on the virtual transports, and one
+consumer per channel makes the two the same).  Deliveries land in a small
+per-queue buffer that can never hold more than the queue's window, and the
+buffers are served in Deficit Weighted Round Robin order (Shreedhar &
+Varghese, SIGCOMM 1995) by :class:`~celery_fair.scheduling.drr.DeficitRoundRobin`.
+Each acknowledgement returns one unit of the queue's window to the broker,
+so a queue is fetched exactly as fast as DWRR serves it.
+
+The main loop is event driven: with every buffer empty it blocks in
+``Connection.drain_events`` until a delivery arrives; with work buffered it
+collects whatever else is already readable (``timeout=0``) and serves one
+message.  See :meth:`FairConsumerMixin.consume` for the one timeout it uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+from kombu.connection import Connection
+from kombu.entity import Queue
+from kombu.message import Message
+from kombu.messaging import Consumer as KombuConsumer
+from kombu.mixins import ConsumerMixin
+
+from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
+
+__all__ = (
+    "COST_MODES",
+    "ERROR_POLICIES",
+    "FairConsumerMixin",
+    "FairConsumerStatistics",
+    "FairQueueStatistics",
+    "Handler",
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``handler(queue_name, body, message)``; the mixin acks when it returns.
+Handler = Callable[[str, Any, Message], None]
+CostMode = Literal["count", "runtime"]
+ErrorPolicy = Literal["reject", "requeue", "raise"]
+#: Queues (names or :class:`kombu.Queue` objects) with their weights.
+QueueWeights = Mapping[str, float] | Mapping[Queue, float] | Iterable[tuple[str | Queue, float]]
+COST_MODES: tuple[str, ...] = ("count", "runtime")
+ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
+
+#: Default total window per consumed queue (split between them by weight).
+WINDOW_PER_QUEUE = 10
+
+
+@dataclass(frozen=True)
+class FairQueueStatistics:
+    """One queue of a :class:`FairConsumerMixin`, as a plain record."""
+
+    name: str
+    weight: float
+    window: int
+    buffered: int
+    acked: int
+    failed: int
+    served_count: int
+    served_cost: float
+    deficit: float
+    active: bool
+
+
+@dataclass(frozen=True)
+class FairConsumerStatistics:
+    """A snapshot of a :class:`FairConsumerMixin`."""
+
+    cost: str
+    queues: tuple[FairQueueStatistics, ...]
+    buffered: int
+    handled: int
+    idle_waits: int
+    drr: DRRStatistics
+
+    def queue(self, name: str) -> FairQueueStatistics:
+        """The record of queue ``name``."""
+        for record in self.queues:
+            if record.name == name:
+                return record
+        raise KeyError(f"unknown queue {name!r}")
+
+    def as_dict(self) -> dict[str, object]:
+        """Return the record as JSON-friendly nested dicts."""
+        return {
+            "cost": self.cost,
+            "buffered": self.buffered,
+            "handled": self.handled,
+            "idle_waits": self.idle_waits,
+            "queues": {
+                q.name: {
+                    "weight": q.weight,
+                    "window": q.window,
+                    "buffered": q.buffered,
+                    "acked": q.acked,
+                    "failed": q.failed,
+                    "served_count": q.served_count,
+                    "served_cost": q.served_cost,
+                    "deficit": q.deficit,
+                    "active": q.active,
+                }
+                for q in self.queues
+            },
+            "drr": self.drr.as_dict(),
+        }
+
+
+def _option_error(option: str, value: object, expected: str) -> ValueError:
+    return ValueError(f"FairConsumerMixin option {option}={value!r}: {expected}")
+
+
+def _positive_number(option: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _option_error(option, value, "must be a positive number")
+    if not 0 < value < math.inf:
+        raise _option_error(option, value, "must be a positive number")
+    return float(value)
+
+
+def _positive_int(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _option_error(option, value, "must be an integer of at least 1")
+    return value
+
+
+def _check_queues(
+    queues: QueueWeights,
+) -> dict[str, tuple[Queue, float]]:
+    pairs = queues.items() if isinstance(queues, Mapping) else queues
+    checked: dict[str, tuple[Queue, float]] = {}
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise _option_error("queues", queues, "must map queues to weights")
+        queue, weight = item
+        if isinstance(queue, str):
+            queue = Queue(queue)
+        if not isinstance(queue, Queue) or not queue.name:
+            raise _option_error("queues", queue, "a queue must be a name or a named kombu.Queue")
+        if queue.name in checked:
+            raise _option_error("queues", queue.name, "names a queue twice")
+        checked[queue.name] = (queue, _positive_number(f"queues[{queue.name!r}]", weight))
+    if not checked:
+        raise _option_error("queues", queues, "must name at least one queue")
+    return checked
+
+
+def split_window(weights: Mapping[str, float], total: int) -> dict[str, int]:
+    """Split ``total`` prefetch slots between queues by weight, at least 1 each.
+
+    A queue served at its share s of the consumer's rate needs a window of
+    about s times (refill round trip / service time) plus one to stay
+    buffered: a window proportional to the weight.
+    """
+    weight_sum = sum(weights.values())
+    return {name: max(1, round(total * w / weight_sum)) for name, w in weights.items()}
+
+
+class FairConsumerMixin(ConsumerMixin):
+    """Consume several queues and serve them by weight (DWRR), for plain Kombu.
+
+    Used like :class:`kombu.mixins.ConsumerMixin`: construct it with a
+    connection, the queues with their weights and a handler (or subclass it
+    and override :meth:`handle`), then call :meth:`run` (in a thread if you
+    like) and set :attr:`should_stop` to make it return::
+
+        consumer = FairConsumerMixin(
+            Connection("redis://localhost"),
+            {"bulk": 1, "interactive": 4},
+            handler=lambda queue, body, message: print(queue, body),
+        )
+        consumer.run()
+
+    ``queues`` maps queue names (or :class:`kombu.Queue` objects) to weights,
+    or is a sequence of ``(queue, weight)`` pairs.  While queues stay
+    backlogged, queue *i* receives ``weight[i] / sum(weights)`` of the
+    messages (``cost="count"``) or of the handler run time (``cost="runtime"``).
+
+    Options (keyword-only, checked here; a bad one raises ValueError naming it):
+
+    * ``handler``: ``handler(queue_name, body, message)``.  When it returns
+      the message is acked, unless the handler acked or rejected it itself.
+    * ``window``: the total prefetch window, split between queues by weight
+      (at least 1 each); default ``10`` per queue.  ``windows`` overrides it
+      per queue (``{"bulk": 2}``).
+    * ``cost``: ``"count"`` (every message costs 1) or ``"runtime"`` (the
+      handler's measured run time, charged after it returns: DRR++).
+      ``runtime_quantum`` is the seconds of run time the heaviest queue may
+      use per DWRR visit.
+    * ``on_error``: what a handler exception does to its message: ``"reject"``
+      (reject without requeue: dropped, or dead-lettered where the broker is
+      set up for it), ``"requeue"`` (back to the queue) or ``"raise"``
+      (requeue and let the exception end :meth:`run`).  Every case is logged.
+    * ``stop_check_interval``: the longest time an idle consumer takes to
+      notice :attr:`should_stop` (seconds, default 1).
+    * ``clock``: the clock that times handlers (``time.monotonic``).
+    * ``accept``: content types to accept, as for :class:`kombu.Consumer`.
+    """
+
+    def __init__(
+        self,
+        connection: Connection,
+        queues: QueueWeights,
+        *,
+        handler: Handler | None = None,
+        window: int | None = None,
+        windows: Mapping[str, int] | None = None,
+        cost: CostMode = "count",
+        runtime_quantum: float = 0.001,
+        on_error: ErrorPolicy = "reject",
+        stop_check_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        accept: Iterable[str] | None = None,
+    ) -> None:
+        self.connection = connection
+        checked = _check_queues(queues)
+        self._queues = {name: queue for name, (queue, _) in checked.items()}
+        self._weights = {name: weight for name, (_, weight) in checked.items()}
+        if handler is not None and not callable(handler):
+            raise _option_error("handler", handler, "must be callable")
+        if handler is None and type(self).handle is FairConsumerMixin.handle:
+            raise _option_error("handler", handler, "pass a handler or override handle()")
+        self._handler = handler
+        total = WINDOW_PER_QUEUE * len(checked) if window is None else window
+        self._windows = split_window(self._weights, _positive_int("window", total))
+        for name, size in (windows or {}).items():
+            if name not in self._queues:
+                raise _option_error("windows", name, "is not one of the consumed queues")
+            self._windows[name] = _positive_int(f"windows[{name!r}]", size)
+        if cost not in COST_MODES:
+            raise _option_error("cost", cost, f"must be one of {COST_MODES}")
+        self.cost: CostMode = cost
+        self.runtime_quantum = _positive_number("runtime_quantum", runtime_quantum)
+        if on_error not in ERROR_POLICIES:
+            raise _option_error("on_error", on_error, f"must be one of {ERROR_POLICIES}")
+        self.on_error: ErrorPolicy = on_error
+        self.stop_check_interval = _positive_number("stop_check_interval", stop_check_interval)
+        if not callable(clock):
+            raise _option_error("clock", clock, "must be callable")
+        self._clock = clock
+        self._accept = None if accept is None else list(accept)
+
+        # Quanta are the weights scaled so that the heaviest queue gets one
+        # cost unit per DWRR visit: shares depend only on the ratios, and no
+        # queue is served in bursts longer than about one message, so a small
+        # window keeps every backlogged queue's buffer non-empty at its turn.
+        # Quanta below the cost are fine with DRR++: a visit that finds the
+        # deficit non-positive ends at once, and skips per service stay bounded.
+        heaviest = max(self._weights.values())
+        unit = 1.0 if cost == "count" else self.runtime_quantum
+        self._drr = DeficitRoundRobin({n: unit * w / heaviest for n, w in self._weights.items()})
+        self._buffers: dict[str, deque[tuple[Any, Message]]] = {n: deque() for n in self._queues}
+        self._buffered = 0
+        self._in_hand: Message | None = None
+        self._acked = dict.fromkeys(self._queues, 0)
+        self._failed = dict.fromkeys(self._queues, 0)
+        self._idle_waits = 0
+        # Guards the buffers and the scheduler against statistics() readers.
+        self._lock = threading.Lock()
+
+    # -- the user's hooks ---------------------------------------------------
+
+    def handle(self, queue: str, body: Any, message: Message) -> None:
+        """Process one message of ``queue``; it is acked when this returns."""
+        assert self._handler is not None
+        self._handler(queue, body, message)
+
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
+        """A body that cannot be decoded is logged and rejected, never handled."""
+        logger.error(
+            "cannot decode message body (content type %r): %r; rejecting it",
+            message.content_type,
+            exc,
+        )
+        message.reject(requeue=False)
+
+    # -- configuration ------------------------------------------------------
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The weight of every consumed queue."""
+        return dict(self._weights)
+
+    @property
+    def windows(self) -> dict[str, int]:
+        """The prefetch window of every consumed queue."""
+        return dict(self._windows)
+
+    # -- connection and consumers --------------------------------------------
+
+    @contextmanager
+    def Consumer(self) -> Iterator[tuple[Connection, Any, list[Any]]]:  # noqa: N802
+        """Connect, and consume every queue on its own channel and window."""
+        with self.establish_connection() as conn, ExitStack() as stack:
+            self.on_connection_revived()
+            self._forget_buffered()
+            # Exit callbacks run last-in first-out: consumers are cancelled
+            # first, then the buffered messages are requeued, then the
+            # channels close.
+            channels = {}
+            for name in self._queues:
+                channels[name] = conn.channel()
+                stack.callback(self._quietly, conn, channels[name].close)
+            stack.callback(self._requeue_buffered, conn)
+            consumers = []
+            for name, queue in self._queues.items():
+                consumer = KombuConsumer(
+                    channels[name],
+                    queues=[queue],
+                    callbacks=[partial(self._on_delivery, name)],
+                    on_decode_error=self.on_decode_error,
+                    accept=self._accept,
+                    # A window per consumer: basic.qos(global=False) before
+                    # basic.consume, on a channel of its own.
+                    prefetch_count=self._windows[name],
+                )
+                stack.callback(self._quietly, conn, consumer.cancel)
+                consumers.append(consumer)
+            for consumer in consumers:
+                consumer.consume()
+            default_channel = conn.default_channel
+            yield conn, default_channel, consumers
+            self.on_consume_end(conn, default_channel)
+
+    def _on_delivery(self, name: str, body: Any, message: Message) -> None:
+        with self._lock:
+            buffer = self._buffers[name]
+            buffer.append((body, message))
+            self._buffered += 1
+            if len(buffer) == 1:
+                # DRR: a queue that gets work joins the tail of the active list.
+                self._drr.activate(name)
+
+    # -- the main loop ---------------------------------------------------------
+
+    def run(self, _tokens: int = 1, **kwargs: Any) -> None:
+        """Consume until :attr:`should_stop` is set.
+
+        As :meth:`kombu.mixins.ConsumerMixin.run`: a lost connection is
+        logged and re-established (rate limited), and consuming resumes.
+        """
+        super().run(_tokens, **kwargs)
+
+    def consume(
+        self,
+        limit: int | None = None,
+        timeout: float | None = None,
+        safety_interval: float | None = None,
+        **kwargs: Any,
+    ) -> Iterator[None]:
+        """Consume until :attr:`should_stop`; yields after each handled message.
+
+        ``limit`` stops after that many messages; ``timeout`` raises
+        ``socket.timeout`` after that long without a delivery.
+
+        With every buffer empty the loop blocks in ``drain_events`` and a
+        delivery wakes it (Redis: the reply to a BRPOP; AMQP: a pushed
+        basic.deliver).  The wait still has a timeout, ``stop_check_interval``
+        (or ``safety_interval``): a thread blocked in a socket read cannot be
+        woken by another thread setting :attr:`should_stop`, so the timeout
+        bounds how long stopping takes.  It is not a poll for work; at one
+        wake-up a second the idle cost is negligible.  Kombu's in-memory
+        transport has no sockets and polls inside ``drain_events`` itself.
+        """
+        interval = self.stop_check_interval if safety_interval is None else safety_interval
+        handled = 0
+        idle = 0.0
+        with self.consumer_context(**kwargs) as (conn, _channel, _consumers):
+            while not self.should_stop and (limit is None or handled < limit):
+                self.on_iteration()
+                if self._buffered:
+                    self._collect(conn)
+                    self._dispatch_one()
+                    handled += 1
+                    idle = 0.0
+                    yield
+                    continue
+                try:
+                    conn.drain_events(timeout=interval)
+                except TimeoutError:  # socket.timeout
+                    self._idle_waits += 1
+                    conn.heartbeat_check()
+                    idle += interval
+                    if timeout and idle >= timeout:
+                        raise
+                except OSError:
+                    if not self.should_stop:
+                        raise
+
+    def _collect(self, conn: Connection) -> None:
+        # Take every delivery that is already readable, without waiting, so
+        # that each queue's buffer is as full as its window allows when DWRR
+        # chooses.  Bounded: no more than the windows' sum can be delivered.
+        for _ in range(sum(self._windows.values()) + 1):
+            try:
+                conn.drain_events(timeout=0)
+            except TimeoutError:  # socket.timeout
+                return
+
+    def _dispatch_one(self) -> None:
+        with self._lock:
+            name = self._drr.head()
+            if name is None:
+                return
+            buffer = self._buffers[name]
+            body, message = buffer.popleft()
+            self._buffered -= 1
+            # Count mode charges now; runtime mode post-charges (DRR++).
+            self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
+            if not buffer:
+                # DRR: a queue found empty leaves the active list.
+                self._drr.deactivate(name)
+            self._in_hand = message
+        started = self._clock()
+        try:
+            self.handle(name, body, message)
+        except Exception as exc:
+            self._handler_failed(name, message, exc)
+        else:
+            if not message.acknowledged:
+                message.ack()
+            self._acked[name] += 1
+        finally:
+            if self.cost == "runtime":
+                with self._lock:
+                    self._drr.charge(name, max(0.0, self._clock() - started))
+        # Left set if the handler raised a BaseException: shutdown requeues it.
+        self._in_hand = None
+
+    def _handler_failed(self, name: str, message: Message, exc: Exception) -> None:
+        self._failed[name] += 1
+        requeue = self.on_error != "reject"
+        logger.error(
+            "handler failed on a message of queue %r (%s): %r",
+            name,
+            "requeued" if requeue else "rejected",
+            exc,
+            exc_info=exc,
+        )
+        if not message.acknowledged:
+            message.reject(requeue=requeue)
+        if self.on_error == "raise":
+            raise exc
+
+    # -- shutdown ------------------------------------------------------------
+
+    def _requeue_buffered(self, conn: Connection) -> None:
+        # Nothing is lost on stop: buffered (and an interrupted in-hand)
+        # message goes back to its queue.  Newest first, so that transports
+        # that requeue at the head (Redis) keep the original order.  If the
+        # connection is gone the broker redelivers unacked messages itself.
+        with self._lock:
+            pending = [m for buffer in self._buffers.values() for _, m in buffer]
+            if self._in_hand is not None:
+                pending.insert(0, self._in_hand)
+        for message in reversed(pending):
+            if not message.acknowledged:
+                self._quietly(conn, partial(message.reject, requeue=True))
+        self._forget_buffered()
+
+    def _forget_buffered(self) -> None:
+        with self._lock:
+            for name, buffer in self._buffers.items():
+                buffer.clear()
+                self._drr.deactivate(name)
+            self._buffered = 0
+            self._in_hand = None
+
+    @staticmethod
+    def _quietly(conn: Connection, fun: Callable[[], object]) -> None:
+        try:
+            fun()
+        except conn.connection_errors + conn.channel_errors + (OSError,) as exc:
+            logger.debug("ignored while closing: %r", exc)
+
+    # -- introspection ----------------------------------------------------------
+
+    def statistics(self) -> FairConsumerStatistics:
+        """A frozen snapshot: windows, buffers, served counts and deficits."""
+        with self._lock:
+            drr = self._drr.statistics()
+            records = tuple(
+                FairQueueStatistics(
+                    name=q.name,
+                    weight=self._weights[q.name],
+                    window=self._windows[q.name],
+                    buffered=len(self._buffers[q.name]),
+                    acked=self._acked[q.name],
+                    failed=self._failed[q.name],
+                    served_count=q.served_count,
+                    served_cost=q.served_cost,
+                    deficit=q.deficit,
+                    active=q.active,
+                )
+                for q in drr.queues
+            )
+            return FairConsumerStatistics(
+                cost=self.cost,
+                queues=records,
+                buffered=self._buffered,
+                handled=sum(self._acked.values()) + sum(self._failed.values()),
+                idle_waits=self._idle_waits,
+                drr=drr,
+            )
+
+    def __repr__(self) -> str:
+        return f"<FairConsumerMixin queues={list(self._queues)} cost={self.cost!r}>"
