@@ -1,0 +1,1 @@
+"""The PySpark report over task telemetry (optional ``spark`` extra; never imported by a worker)."""

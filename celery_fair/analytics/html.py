@@ -1,0 +1,99 @@
+"""One self-contained HTML page of a report (charts inlined as data URIs)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+
+__all__ = ("render_html", "write_html")
+
+QUEUE_COLUMNS = (
+    ("share", "share", "{:.2%}"),
+    ("target_share", "target", "{:.2%}"),
+    ("served_tasks", "tasks", "{:,}"),
+    ("wait_p50", "wait p50 s", "{:.4f}"),
+    ("wait_p95", "p95", "{:.4f}"),
+    ("wait_p99", "p99", "{:.4f}"),
+    ("sojourn_p50", "sojourn p50 s", "{:.4f}"),
+    ("sojourn_p99", "p99", "{:.4f}"),
+    ("throughput_mean", "tasks/s", "{:.1f}"),
+    ("codel_requeue_rate", "requeue", "{:.2%}"),
+    ("codel_reject_rate", "reject", "{:.2%}"),
+    ("recommended_prefetch", "prefetch", "{}"),
+    ("codel_target", "CoDel target s", "{:.4g}"),
+    ("codel_interval", "interval s", "{:.4g}"),
+    ("skew", "routing skew", "{:+.2%}"),
+)
+
+STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+img { max-width: 100%; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 1em; }
+"""
+
+
+def _cell(value: Any, spec: str) -> str:
+    return "-" if value is None else html.escape(spec.format(value))
+
+
+def _queue_table(report: dict[str, Any]) -> str:
+    head = "".join(f"<th>{html.escape(t)}</th>" for _, t, _ in QUEUE_COLUMNS)
+    rows = [f"<tr><th>queue</th>{head}</tr>"]
+    for name, q in report["queues"].items():
+        cells = "".join(f"<td>{_cell(q.get(k), s)}</td>" for k, _, s in QUEUE_COLUMNS)
+        rows.append(f"<tr><td>{html.escape(name)}</td>{cells}</tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _hot_table(report: dict[str, Any]) -> str:
+    if not report["hot_keys"]:
+        return "<p>No hot keys.</p>"
+    rows = ["<tr><th>key</th><th>queue</th><th>share</th><th>share in queue</th><th>heat</th></tr>"]
+    for h in report["hot_keys"]:
+        rows.append(
+            f"<tr><td>{html.escape(h['fair_key'])}</td><td>{html.escape(h['queue'])}</td>"
+            f"<td>{h['share']:.2%}</td><td>{h['share_in_queue']:.2%}</td>"
+            f"<td>{h['heat']:.1f}</td></tr>"
+        )
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(report: dict[str, Any], charts: dict[str, Path]) -> str:
+    """The page as a string: summary tables, recommendations, every chart inlined."""
+    meta, jain, rec = report["meta"], report["jain"], report["recommended"]
+    jq = "-" if jain["queues_mean"] is None else f"{jain['queues_mean']:.4f}"
+    jk = "-" if jain["keys_mean"] is None else f"{jain['keys_mean']:.4f}"
+    images = "".join(_image(p) for name, p in charts.items() if name != "overview")
+    settings = html.escape(
+        f"app.conf.fair_codel_target = {rec['fair_codel_target']!r}\n"
+        f"app.conf.fair_codel_interval = {rec['fair_codel_interval']!r}\n"
+        f"# prefetch per queue: {rec['prefetch']!r}"
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>celery-fair report</title>
+<style>{STYLE}</style></head><body>
+<h1>celery-fair report</h1>
+<p>{meta["records"]:,} task records, windows of {meta["window_seconds"]:g} s.
+Jain's fairness index per window, mean: queues {jq}, fairness keys {jk}.</p>
+<h2>Queues</h2>{_queue_table(report)}
+<h2>Recommended settings</h2><pre>{settings}</pre>
+<h2>Hot keys</h2>{_hot_table(report)}
+<h2>Charts</h2><div class="charts">{images}</div>
+</body></html>
+"""
+
+
+def write_html(report: dict[str, Any], charts: dict[str, Path], path: Path) -> Path:
+    """Write :func:`render_html` to ``path``."""
+    path.write_text(render_html(report, charts), encoding="utf-8")
+    return path

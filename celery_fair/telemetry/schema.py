@@ -1,0 +1,106 @@
+"""The per-task scheduling record and its Arrow schema (no Celery import here).
+
+Times are ``float64`` seconds since the Unix epoch (``time.time()``), not
+Arrow timestamps: the worker gets them from ``time.time()`` without a
+conversion, Celery's events carry them in that form, and the report does
+arithmetic on them (waits, windows) without time-zone or unit questions. A
+time that is not known is null.
+
+A record is written when a task leaves the worker, whatever the outcome:
+
+``published``   when the producer stamped the message (null if it did not)
+``received``    when the worker took the message from the broker
+``dispatched``  when the worker handed it to the pool (left the fair buffer)
+``started``     when the task body began (in the pool process)
+``finished``    when the task body ended, or when the worker let go of a task
+                that never ran (CoDel requeue/reject, revoked)
+``runtime``     the task's run time as Celery measures it (seconds)
+
+Derived in the report: wait = started - published (received when published
+is null); buffer sojourn = dispatched - received (CoDel's sojourn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = (
+    "FIELDS",
+    "OUTCOMES",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "TaskRecord",
+    "records_to_table",
+)
+
+SCHEMA_VERSION = 1
+
+#: The outcomes a record may carry. Only the first three ran on the pool.
+OUTCOMES: tuple[str, ...] = (
+    "success",
+    "failure",
+    "retry",
+    "codel-requeue",
+    "codel-reject",
+    "revoked",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """What the worker knows about one task when it lets go of it."""
+
+    task_id: str
+    task_name: str
+    queue: str | None
+    outcome: str
+    received: float | None
+    finished: float | None
+    routing_key: str | None = None
+    fair_key: str | None = None
+    published: float | None = None
+    dispatched: float | None = None
+    started: float | None = None
+    runtime: float | None = None
+    cost: float | None = None
+    target_weight: float | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    source: str = "worker"
+
+
+SCHEMA = pa.schema(
+    [
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("task_name", pa.string()),
+        pa.field("queue", pa.string()),
+        pa.field("outcome", pa.string(), nullable=False),
+        pa.field("received", pa.float64()),
+        pa.field("finished", pa.float64()),
+        pa.field("routing_key", pa.string()),
+        pa.field("fair_key", pa.string()),
+        pa.field("published", pa.float64()),
+        pa.field("dispatched", pa.float64()),
+        pa.field("started", pa.float64()),
+        pa.field("runtime", pa.float64()),
+        pa.field("cost", pa.float64()),
+        pa.field("target_weight", pa.float64()),
+        pa.field("hostname", pa.string()),
+        pa.field("pid", pa.int32()),
+        pa.field("source", pa.string()),
+    ],
+    metadata={"celery_fair.schema_version": str(SCHEMA_VERSION)},
+)
+
+#: Field names, in schema order (the same as :class:`TaskRecord`'s).
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TaskRecord))
+
+
+def records_to_table(records: list[TaskRecord]) -> pa.Table:
+    """Build an Arrow table in :data:`SCHEMA` from records (column by column)."""
+    columns: dict[str, list[Any]] = {name: [getattr(r, name) for r in records] for name in FIELDS}
+    return pa.Table.from_pydict(columns, schema=SCHEMA)

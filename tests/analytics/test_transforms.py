@@ -1,0 +1,207 @@
+"""Each transform on small hand-made tables, compared with ``assertDataFrameEqual``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from celery_fair.analytics import transforms as T
+from celery_fair.analytics.pipeline import spark_ddl
+from celery_fair.telemetry.schema import TaskRecord
+
+
+def rec(queue: str, **kw: object) -> TaskRecord:
+    base = dict(
+        task_id="t",
+        task_name="work",
+        queue=queue,
+        outcome="success",
+        received=100.0,
+        finished=101.0,
+        started=100.5,
+        runtime=0.5,
+        target_weight=1.0,
+    )
+    base.update(kw)
+    return TaskRecord(**base)  # type: ignore[arg-type]
+
+
+def frame(spark: SparkSession, records: list[TaskRecord]) -> DataFrame:
+    return spark.createDataFrame([dataclasses.astuple(r) for r in records], spark_ddl())
+
+
+def test_normalize_derives_costs_waits_and_windows(spark: SparkSession) -> None:
+    raw = frame(
+        spark,
+        [
+            rec("a", task_id="1", published=99.0, dispatched=100.25, cost=2.0, finished=125.0),
+            rec("a", task_id="2", runtime=None, finished=59.0),  # no cost, no runtime: 1
+            rec("b", task_id="3", outcome="codel-requeue", started=None, runtime=None),
+            rec("b", task_id="4", cost=None, fair_key="k"),  # cost falls back to runtime
+        ],
+    )
+    got = raw.transform(T.normalize, 30.0).select(
+        "task_id", "fair_key", "ran", "cost", "wait", "sojourn", "transfer", "window"
+    )
+    expected = spark.createDataFrame(
+        [
+            ("1", "(none)", True, 2.0, 1.5, 0.25, 1.0, 120.0),
+            ("2", "(none)", True, 1.0, 0.5, 0.5, None, 30.0),
+            ("3", "(none)", False, 0.0, None, None, None, 90.0),
+            ("4", "k", True, 0.5, 0.5, 0.5, None, 90.0),
+        ],
+        "task_id string, fair_key string, ran boolean, cost double, wait double, "
+        "sojourn double, transfer double, window double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_queue_shares_against_weights(spark: SparkSession) -> None:
+    raw = frame(
+        spark,
+        [rec("a", cost=1.0), rec("a", cost=1.0), rec("b", cost=6.0, target_weight=3.0)]
+        + [rec("b", outcome="codel-reject", cost=9.0, target_weight=3.0)],
+    )
+    got = raw.transform(T.normalize).transform(T.queue_shares)
+    expected = spark.createDataFrame(
+        [("a", 2, 2, 2.0, 0.25, 1.0, 0.25, 1.0), ("b", 2, 1, 6.0, 0.75, 3.0, 0.75, 1.0)],
+        "queue string, records long, served_tasks long, served_cost double, share double, "
+        "target_weight double, target_share double, share_ratio double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_latest_weight_is_the_target(spark: SparkSession) -> None:
+    raw = frame(
+        spark,
+        [rec("a", target_weight=1.0, finished=10.0), rec("a", target_weight=4.0, finished=20.0)]
+        + [rec("b", target_weight=1.0)],
+    )
+    got = raw.transform(T.normalize).transform(T.queue_shares).select("queue", "target_share")
+    assertDataFrameEqual(
+        got, spark.createDataFrame([("a", 0.8), ("b", 0.2)], "queue string, target_share double")
+    )
+
+
+def test_key_shares_overall_and_in_queue(spark: SparkSession) -> None:
+    raw = frame(
+        spark,
+        [rec("a", fair_key="x", cost=3.0), rec("a", fair_key="y", cost=1.0)]
+        + [rec("b", fair_key="x", cost=4.0)],
+    )
+    got = (
+        raw.transform(T.normalize)
+        .transform(T.key_shares)
+        .select("queue", "fair_key", "share", "share_in_queue")
+    )
+    expected = spark.createDataFrame(
+        [("a", "x", 0.375, 0.75), ("a", "y", 0.125, 0.25), ("b", "x", 0.5, 1.0)],
+        "queue string, fair_key string, share double, share_in_queue double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_jain_is_one_for_weighted_shares_and_one_over_n_for_a_monopoly(
+    spark: SparkSession,
+) -> None:
+    served = spark.createDataFrame(
+        [
+            (0.0, "a", 1, 1.0, 1.0),
+            (0.0, "b", 3, 3.0, 3.0),  # weighted-fair window: x = (1, 1)
+            (60.0, "a", 5, 5.0, 1.0),
+            (60.0, "b", 0, 0.0, 3.0),  # one queue served alone
+            (60.0, "c", 0, 0.0, 1.0),
+        ],
+        "window double, entity string, served_tasks long, served_cost double, weight double",
+    )
+    expected = spark.createDataFrame(
+        [(0.0, 2, 1.0), (60.0, 3, 1 / 3)], "window double, n long, jain double"
+    )
+    assertDataFrameEqual(served.transform(T.jain_by_window), expected)
+
+
+def test_served_by_window_and_throughput(spark: SparkSession) -> None:
+    raw = frame(
+        spark,
+        [rec("a", finished=5.0, cost=2.0), rec("a", finished=7.0, cost=2.0)]
+        + [rec("a", finished=15.0, cost=1.0), rec("b", finished=15.0, outcome="revoked")],
+    )
+    served = raw.transform(T.normalize, 10.0).transform(T.served_by_window, "queue")
+    got = served.transform(T.throughput, 10.0)
+    expected = spark.createDataFrame(
+        [(0.0, "a", 0.2, 0.4), (10.0, "a", 0.1, 0.1), (10.0, "b", 0.0, 0.0)],
+        "window double, entity string, tasks_per_second double, cost_per_second double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_latency_percentiles_are_exact_on_small_data(spark: SparkSession) -> None:
+    # Waits 1..100 ms: percentile_approx returns the element at each rank.
+    records = [
+        rec(
+            "a", published=100.0, received=100.0, dispatched=100.0 + t, started=100.0 + t, runtime=t
+        )
+        for t in (i / 1000 for i in range(1, 101))
+    ]
+    got = frame(spark, records).transform(T.normalize).transform(T.latency_percentiles)
+    row = got.first()
+    assert row is not None
+    assert row["records"] == 100
+    assert (row["wait_p50"], row["wait_p95"], row["wait_p99"]) == pytest.approx(
+        (0.050, 0.095, 0.099)
+    )
+    assert row["sojourn_p99"] == pytest.approx(0.099)
+    assert (row["runtime_p50"], row["runtime_p99"]) == pytest.approx((0.050, 0.099))
+    assert row["transfer_p05"] == 0.0
+
+
+def test_codel_rates(spark: SparkSession) -> None:
+    outcomes = ["success"] * 6 + ["codel-requeue"] * 2 + ["codel-reject", "failure"]
+    raw = frame(spark, [rec("a", outcome=o) for o in outcomes])
+    got = raw.transform(T.normalize).transform(T.codel_rates)
+    expected = spark.createDataFrame(
+        [("a", 10, 2, 1, 0.2, 0.1, 0.1, 0.0, 0.0)],
+        "queue string, records long, codel_requeues long, codel_rejects long, "
+        "codel_requeue_rate double, codel_reject_rate double, failure_rate double, "
+        "retry_rate double, revoked_rate double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_recommendations_follow_the_round_trip_rule(spark: SparkSession) -> None:
+    # The DESIGN example: 104 ms round trip / 4 ms per task = 26 in flight.
+    latency = spark.createDataFrame(
+        [("a", 0.004, 0.5, 0.104), ("b", 1.0, 2.0, 0.001)],
+        "queue string, runtime_p50 double, runtime_p99 double, transfer_p05 double",
+    )
+    got = latency.transform(T.recommendations)
+    expected = spark.createDataFrame(
+        [("a", 0.104, 0.004, 26, 0.05, 0.5), ("b", 0.001, 1.0, 1, 0.2, 2.0)],
+        "queue string, round_trip double, service_time double, recommended_prefetch int, "
+        "codel_target double, codel_interval double",
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
+    records = [rec("a", fair_key="hot") for _ in range(8)]
+    records += [rec("a", fair_key=f"k{i}") for i in range(4)]
+    records += [rec("b", fair_key=f"m{i}", target_weight=3.0) for i in range(4)]
+    records += [rec("b", fair_key="m0", outcome="codel-requeue", target_weight=3.0)]
+    tasks = frame(spark, records).transform(T.normalize)
+    shares = tasks.transform(T.queue_shares)
+    skew = tasks.transform(T.routing_skew, shares)
+    expected = spark.createDataFrame(
+        [("a", 12, 0.75, 5, 5 / 9, 0.25, 2.0), ("b", 4, 0.25, 4, 4 / 9, 0.75, -2 / 3)],
+        "queue string, arrivals long, arrival_share double, keys long, key_share double, "
+        "target_share double, skew double",
+    )
+    assertDataFrameEqual(skew, expected)
+    # "hot" has 8 of 12 tasks of a queue of 5 keys: heat 8/12 * 5 = 3.33.
+    hot = tasks.transform(T.key_shares).transform(T.hot_keys, 3.0).select("fair_key", "heat")
+    assertDataFrameEqual(
+        hot, spark.createDataFrame([("hot", 10 / 3)], "fair_key string, heat double")
+    )
