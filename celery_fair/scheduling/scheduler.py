@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .buffer import FairBuffer
 from .drr import DeficitRoundRobin, DRRStatistics, check_quantum
 from .estimate import Ewma
 
@@ -56,7 +57,9 @@ class SchedulerStatistics:
     credit: Mapping[str, int | None]
     cost_estimate: Mapping[str, float | None]
     fetched: Mapping[str, int]
+    waiting: Mapping[str, int]
     drr: DRRStatistics
+    dispatch: DRRStatistics
 
     def as_dict(self) -> dict[str, object]:
         """Return the record as JSON-friendly nested dicts."""
@@ -67,7 +70,9 @@ class SchedulerStatistics:
             "credit": dict(self.credit),
             "cost_estimate": dict(self.cost_estimate),
             "fetched": dict(self.fetched),
+            "waiting": dict(self.waiting),
             "drr": self.drr.as_dict(),
+            "dispatch": self.dispatch.as_dict(),
         }
 
 
@@ -109,6 +114,9 @@ class FairScheduler:
         self._estimates: dict[str, Ewma] = {}
         self._pending: dict[str, deque[float]] = {}
         self._global_estimate = Ewma()
+        #: Tasks waiting for a pool slot, taken in DRR order (same weights).
+        self.waiting: FairBuffer[object] = FairBuffer()
+        self._wait_pending: dict[str, deque[float]] = {}
 
     # -- queues and weights -------------------------------------------------
 
@@ -155,9 +163,31 @@ class FairScheduler:
             return
         lightest = min(self.weight(n) for n in names)
         unit = 1.0 if self.cost == "count" else self.runtime_quantum
-        self._drr.set_quanta({n: unit * self.weight(n) / lightest for n in names})
+        quanta = {n: unit * self.weight(n) / lightest for n in names}
+        self._drr.set_quanta(quanta)
+        self.waiting.set_quanta(quanta)
 
     # -- fetch decisions ----------------------------------------------------
+
+    def push_windows(self, total: int, cap: int | None = None) -> dict[str, int]:
+        """Per-queue prefetch windows for a push transport (AMQP).
+
+        Proportional to the weights, the lightest queue getting
+        ``ceil(total / queues)``: when the worker is faster than the broker
+        can push, each queue is consumed at window / round trip, so the
+        windows alone give the weighted shares; when it is slower, the
+        windows keep every queue's buffer stocked and the dispatch order
+        decides.  ``cap`` bounds any one window.
+        """
+        names = self._drr.queues
+        if not names:
+            return {}
+        base = max(2, math.ceil(total / len(names)))
+        lightest = min(self.weight(n) for n in names)
+        windows = {n: max(1, round(base * self.weight(n) / lightest)) for n in names}
+        if cap is not None:
+            windows = {n: min(w, cap) for n, w in windows.items()}
+        return windows
 
     def credit(self, queue: str, window: int | None) -> int | None:
         """How many unacknowledged messages ``queue`` may hold before demotion."""
@@ -232,10 +262,32 @@ class FairScheduler:
             return
         runtime = max(0.0, float(runtime))
         pending = self._pending.get(queue)
-        charged = pending.popleft() if pending else 0.0
-        self._drr.charge(queue, runtime - charged)
+        if pending:
+            self._drr.charge(queue, runtime - pending.popleft())
+        waited = self._wait_pending.get(queue)
+        if waited:
+            self.waiting.charge(queue, runtime - waited.popleft())
         self._estimates.setdefault(queue, Ewma()).update(runtime)
         self._global_estimate.update(runtime)
+
+    # -- dispatch: tasks waiting for a pool slot ------------------------------
+
+    def wait(self, queue: str, item: object) -> None:
+        """Buffer a task of ``queue`` until a pool slot is free."""
+        if queue not in self._held:
+            self._held[queue] = 0
+            self._fetched[queue] = 0
+            self._drr.add(queue)
+            self._apply_quanta()
+        self.waiting.put(queue, item)
+
+    def next_waiting(self) -> tuple[str, object] | None:
+        """The next buffered task in DRR order, charged at dispatch."""
+        taken = self.waiting.take(self._fetch_cost)
+        if taken is not None and self.cost == "runtime":
+            queue = taken[0]
+            self._wait_pending.setdefault(queue, deque()).append(self._fetch_cost(queue))
+        return taken
 
     def discarded(self, queue: str) -> None:
         """A fetched message of ``queue`` will not run here: refund its estimate."""
@@ -257,6 +309,7 @@ class FairScheduler:
         for name in self._held:
             self._held[name] = 0
         self._pending.clear()
+        self._wait_pending.clear()
 
     def held(self, queue: str) -> int:
         return self._held.get(queue, 0)
@@ -275,5 +328,7 @@ class FairScheduler:
                 n: (e.value if (e := self._estimates.get(n)) is not None else None) for n in names
             },
             fetched={n: self._fetched.get(n, 0) for n in names},
+            waiting=self.waiting.counts(),
             drr=self._drr.statistics(),
+            dispatch=self.waiting.drr.statistics(),
         )

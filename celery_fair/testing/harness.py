@@ -10,7 +10,6 @@ length, so tasks need no side effects and the count costs the worker nothing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -18,34 +17,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import redis
+from .brokers import broker_for
 
 __all__ = ("RunResult", "WorkerProcess", "fill_queues", "run_backlogged")
 
 WORKLOAD = "celery_fair.testing.workload"
-
-
-def _template(broker_url: str, task: str, args: Sequence[object]) -> dict[str, Any]:
-    """Publish one real message to a scratch key and return its raw JSON."""
-    from celery import Celery
-
-    app = Celery("celery_fair_template", broker=broker_url)
-    scratch = f"celery-fair-template-{uuid.uuid4().hex}"
-    client = redis.Redis.from_url(broker_url)
-    try:
-        app.send_task(task, args=list(args), queue=scratch, routing_key=scratch)
-        raw = client.rpop(scratch)
-    finally:
-        client.delete(scratch)
-        app.close()
-    if raw is None:
-        raise RuntimeError("template message was not published")
-    return dict(json.loads(raw))  # type: ignore[arg-type]
 
 
 def fill_queues(
@@ -55,26 +35,11 @@ def fill_queues(
     task: str = "work",
     args: Sequence[object] | Mapping[str, Sequence[object]] = (0,),
 ) -> None:
-    """Push ``counts[q]`` task messages onto each Redis queue ``q``.
+    """Push ``counts[q]`` task messages onto each queue ``q`` (Redis or AMQP).
 
     ``args`` is the task's positional arguments, or a mapping queue -> args.
     """
-    client = redis.Redis.from_url(broker_url)
-    for queue, n in counts.items():
-        qargs = args[queue] if isinstance(args, Mapping) else args
-        template = _template(broker_url, task, qargs)
-        template["properties"]["delivery_info"] = {"exchange": "", "routing_key": queue}
-        pipe = client.pipeline(transaction=False)
-        for i in range(n):
-            tid = str(uuid.uuid4())
-            template["headers"]["id"] = tid
-            template["headers"]["root_id"] = tid
-            template["properties"]["correlation_id"] = tid
-            template["properties"]["delivery_tag"] = str(uuid.uuid4())
-            pipe.lpush(queue, json.dumps(template))
-            if i % 5000 == 4999:
-                pipe.execute()
-        pipe.execute()
+    broker_for(broker_url).fill(counts, task=task, args=args)
 
 
 @dataclass
@@ -161,14 +126,6 @@ class RunResult:
         return {q: n / total for q, n in self.consumed.items()}
 
 
-def _lengths(client: redis.Redis, queues: Iterable[str]) -> dict[str, int]:
-    pipe = client.pipeline(transaction=False)
-    names = list(queues)
-    for q in names:
-        pipe.llen(q)
-    return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
-
-
 def run_backlogged(
     broker_url: str,
     counts: Mapping[str, int],
@@ -192,10 +149,10 @@ def run_backlogged(
     what would empty any queue, so every queue stays backlogged.
     ``on_sample(consumed, elapsed)`` is called on every sample (progress).
     """
-    client = redis.Redis.from_url(broker_url)
-    client.flushdb()
-    fill_queues(broker_url, counts, task=task, args=args)
-    initial = _lengths(client, counts)
+    broker = broker_for(broker_url)
+    broker.purge(counts)
+    broker.fill(counts, task=task, args=args)
+    initial = broker.lengths(counts)
     worker = WorkerProcess(
         broker_url, list(counts), pool=pool, concurrency=concurrency, fair=fair,
         env=env or {}, extra_args=extra_args,
@@ -213,7 +170,7 @@ def run_backlogged(
             if worker.proc is not None and worker.proc.poll() is not None:
                 raise RuntimeError(f"worker exited early:\n{worker.log()[-3000:]}")
             now = time.monotonic()
-            lengths = _lengths(client, counts)
+            lengths = broker.lengths(counts)
             consumed = {q: initial[q] - lengths[q] for q in counts}
             total = sum(consumed.values())
             if start_counts is None:
@@ -232,4 +189,4 @@ def run_backlogged(
             time.sleep(0.005)
     finally:
         worker.stop()
-        client.flushdb()
+        broker.purge(counts)

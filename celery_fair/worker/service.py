@@ -43,6 +43,9 @@ class FairService:
         )
         self.lock = threading.RLock()
         self.cycle: DWRRCycle | None = None
+        self.gate: Any = None  # a FairGate on threads/solo pools
+        self.windows: dict[str, int] = {}
+        self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
 
     # -- consumer side --------------------------------------------------------
@@ -53,14 +56,71 @@ class FairService:
         Called at every (re)connection: held counts start from zero because
         the previous channel's unacknowledged messages went back to the broker.
         """
-        self._queue_by_key = {}
-        for queue in queues:
-            self._queue_by_key.setdefault(queue.routing_key or queue.name, queue.name)
-            self._queue_by_key.setdefault(queue.name, queue.name)
+        self._map_queues(queues)
         with self.lock:
             self.scheduler.reset_held()
         self.cycle = install_on_channel(channel, self.scheduler, lock=self.lock)
         return self.cycle is not None
+
+    def attach_push(self, consumer: Any) -> dict[str, int]:
+        """Per-queue prefetch windows on a push transport (AMQP).
+
+        RabbitMQ applies a ``basic.qos(prefetch, global=False)`` to every
+        consumer created after it on the channel, so a qos issued just before
+        each queue's ``basic.consume`` gives that queue its own window.
+        Celery's channel-wide window (``global=True``) is lifted: it would let
+        the broker's round-robin push decide what fills the buffer, and the
+        shares would flatten.  Returns the windows.
+        """
+        task_consumer = consumer.task_consumer
+        channel = task_consumer.channel
+        self._map_queues(task_consumer.queues)
+        with self.lock:
+            self.scheduler.reset_held()
+            self.scheduler.set_queues(q.name for q in task_consumer.queues)
+        total = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
+        self.windows = self._windows(total)
+        basic_consume = channel.basic_consume
+
+        def fair_basic_consume(queue: str, *args: Any, **kwargs: Any) -> Any:
+            channel.basic_qos(0, self.window_for(queue), False)
+            return basic_consume(queue, *args, **kwargs)
+
+        channel.basic_consume = fair_basic_consume
+        if getattr(consumer, "qos_global", False):
+            channel.basic_qos(0, 0, True)  # 0: no channel-wide limit
+        qos = getattr(consumer, "qos", None)
+        if qos is not None:
+            # Celery grows the channel-wide window for ETA tasks; with
+            # per-queue windows that would bring the global limit back.
+            qos.callback = lambda prefetch_count: None
+        return self.windows
+
+    def _windows(self, total: int) -> dict[str, int]:
+        setting = self.settings.prefetch
+        auto = self.scheduler.push_windows(total, cap=max(4 * total, 1))
+        if setting is None:
+            return auto
+        if isinstance(setting, int):
+            return dict.fromkeys(auto, setting)
+        return {q: setting.get(q, w) for q, w in auto.items()}
+
+    def window_for(self, queue: str) -> int:
+        """The prefetch window of ``queue`` (a queue added later gets one too)."""
+        window = self.windows.get(queue)
+        if window is None:
+            with self.lock:
+                self.scheduler.set_queues([*self.scheduler.queues, queue])
+            window = self.windows[queue] = self._windows(sum(self.windows.values()) or 4).get(
+                queue, 1
+            )
+        return window
+
+    def _map_queues(self, queues: Iterable[Any]) -> None:
+        self._queue_by_key = {}
+        for queue in queues:
+            self._queue_by_key.setdefault(queue.routing_key or queue.name, queue.name)
+            self._queue_by_key.setdefault(queue.name, queue.name)
 
     def queue_of(self, request: Any) -> str | None:
         """The consumed queue a request came from (by its routing key)."""
@@ -122,4 +182,6 @@ class FairService:
         """The scheduler's state as plain data."""
         window = self.cycle.window() if self.cycle is not None else None
         with self.lock:
-            return self.scheduler.statistics(window).as_dict()
+            stats = self.scheduler.statistics(window).as_dict()
+        stats["prefetch_windows"] = dict(self.windows)
+        return stats

@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_cost": "count",
     "fair_runtime_quantum": 0.001,
     "fair_credit": None,
+    "fair_prefetch": None,
 }
 
 
@@ -87,6 +88,21 @@ def parse_weights(value: Any, *, setting: str = "fair_weights") -> dict[str, flo
     return weights
 
 
+def _window(setting: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FairConfigError(f"{setting} must be a positive integer, got {value!r}")
+    return value
+
+
+def _prefetch(value: Any) -> int | dict[str, int] | None:
+    """``fair_prefetch``: None (auto), one window for every queue, or per queue."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, Mapping):
+        return {str(q): _window(f"fair_prefetch[{q!r}]", w) for q, w in value.items()}
+    return _window("fair_prefetch", value)
+
+
 @dataclass(frozen=True)
 class FairSettings:
     """The validated configuration of one worker."""
@@ -96,6 +112,7 @@ class FairSettings:
     cost: CostMode = "count"
     runtime_quantum: float = 0.001
     credit: int | None = None
+    prefetch: int | Mapping[str, int] | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
@@ -122,6 +139,7 @@ class FairSettings:
         ):
             raise FairConfigError(f"fair_credit must be a positive integer or None, got {credit!r}")
         return cls(
+            prefetch=_prefetch(conf.get("fair_prefetch")),
             weights=weights,
             default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),
             cost=cost,

@@ -7,6 +7,7 @@ from typing import Any
 from celery import bootsteps
 from celery.utils.log import get_logger
 
+from .dispatch import FairGate, install_on_semaphore
 from .service import FairService
 from .settings import FairSettings
 
@@ -33,11 +34,18 @@ class FairWorkerStep(bootsteps.Step):
 
     def create(self, w: Any) -> None:
         service: FairService = w.fair
-        plain = getattr(w.process_task, "__func__", None) is type(w)._process_task
-        w._process_task = service.wrap_process_task(w._process_task)
-        if plain:
-            # Threaded pools call _process_task directly, not via the semaphore.
-            w.process_task = w._process_task
+        threaded = getattr(w.process_task, "__func__", None) is type(w)._process_task
+        process = service.wrap_process_task(w._process_task)
+        if getattr(w, "semaphore", None) is not None:
+            # prefork: tasks waiting for a slot wait in the semaphore.
+            install_on_semaphore(w.semaphore, service)
+            w._process_task = process
+        if threaded:
+            # threads/solo call _process_task directly: add a fair wait.
+            slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
+            service.gate = FairGate(service, slots)
+            w._process_task = process
+            w.process_task = service.gate.wrap(process, w.pool)
 
 
 class FairConsumerStep(bootsteps.StartStopStep):
@@ -59,12 +67,42 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 service.settings.cost,
             )
         else:
-            logger.warning(
-                "celery-fair: transport %r does not poll its queues; fetch order unchanged",
-                c.connection.transport.driver_type,
+            windows = service.attach_push(c)
+            logger.info(
+                "celery-fair: per-queue prefetch windows %s, DWRR dispatch, cost %s",
+                windows,
+                service.settings.cost,
             )
+            gate = service.gate
+            if gate is not None:
+                # threads/solo: order each burst of deliveries before running any.
+                _hold_during_drain(c.connection, gate)
 
     def stop(self, c: Any) -> None:
         service: FairService | None = getattr(c.controller, "fair", None)
         if service is not None:
             logger.info("celery-fair: statistics at stop %s", service.statistics())
+
+
+def _hold_during_drain(connection: Any, gate: Any) -> None:
+    """Collect every delivery already received before dispatching any.
+
+    The solo pool runs a task inline, inside the delivery callback; without
+    this the first delivery of a burst would always run first.
+    """
+    drain = connection.drain_events
+
+    def fair_drain_events(timeout: float | None = None, **kwargs: Any) -> Any:
+        gate.hold()
+        try:
+            result = drain(timeout=timeout, **kwargs)
+            for _ in range(1000):
+                try:
+                    drain(timeout=0)
+                except (TimeoutError, OSError):
+                    break
+            return result
+        finally:
+            gate.open()
+
+    connection.drain_events = fair_drain_events

@@ -1,0 +1,153 @@
+"""Tasks that wait for a free pool slot leave in DWRR order, for every pool.
+
+* prefork: Celery parks such tasks in ``LaxBoundedSemaphore``'s FIFO.  The
+  semaphore keeps ``_add_waiter``/``_pop_waiter`` as instance attributes, so
+  :func:`install_on_semaphore` swaps just those for the scheduler's buffer:
+  the semaphore's own counting and release paths are untouched.
+* threads and solo have no wait today (tasks go straight to the executor or
+  run inline).  :class:`FairGate` adds one: at most ``slots`` tasks are in
+  the pool; the others wait in the scheduler's buffer.  A slot is freed when
+  the pool reports the task done (the thread pool's future, or the return of
+  the solo pool's inline call).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .service import FairService
+
+__all__ = ("FairGate", "install_on_semaphore")
+
+UNKNOWN_QUEUE = "<unknown>"
+
+
+class _WaitingView:
+    """Stands in for the semaphore's deque: ``clear()`` and ``len()``."""
+
+    def __init__(self, service: FairService) -> None:
+        self.service = service
+
+    def clear(self) -> None:
+        with self.service.lock:
+            self.service.scheduler.waiting.clear()
+
+    def __len__(self) -> int:
+        return len(self.service.scheduler.waiting)
+
+
+def _queue_of(service: FairService, args: tuple[Any, ...]) -> str:
+    request = args[0] if args else None
+    return service.queue_of(request) or UNKNOWN_QUEUE
+
+
+def install_on_semaphore(semaphore: Any, service: FairService) -> None:
+    """Make a ``LaxBoundedSemaphore`` release its waiters in DWRR order."""
+    scheduler, lock = service.scheduler, service.lock
+
+    def add_waiter(entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
+        with lock:
+            scheduler.wait(_queue_of(service, entry[1]), entry)
+
+    def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        with lock:
+            taken = scheduler.next_waiting()
+        if taken is None:
+            raise IndexError("no task is waiting")
+        return taken[1]  # type: ignore[return-value]
+
+    semaphore._add_waiter = add_waiter
+    semaphore._pop_waiter = pop_waiter
+    semaphore._waiting = _WaitingView(service)
+
+
+class FairGate:
+    """At most ``slots`` tasks in the pool; the rest wait in DWRR order.
+
+    ``hold()``/``open()`` bracket a burst of deliveries (one event-loop drain)
+    so that tasks delivered together are ordered before the first one runs:
+    the solo pool runs a task inline, so without it there is never a choice.
+    """
+
+    def __init__(self, service: FairService, slots: int) -> None:
+        self.service = service
+        self.slots = max(1, slots)
+        self.free = self.slots
+        self._held = False
+        self._pumping = False
+        self._lock = service.lock
+
+    def submit(self, run: Callable[[Any], Any], request: Any) -> None:
+        """Run ``request`` now if a slot is free and nothing waits, else buffer it."""
+        with self._lock:
+            self.service.scheduler.wait(_queue_of(self.service, (request,)), (run, request))
+        self.pump()
+
+    def release(self) -> None:
+        """A task left the pool: its slot is free."""
+        with self._lock:
+            self.free = min(self.slots, self.free + 1)
+        self.pump()
+
+    def hold(self) -> None:
+        self._held = True
+
+    def open(self) -> None:
+        self._held = False
+        self.pump()
+
+    def pump(self) -> None:
+        """Start waiting tasks, in DWRR order, while slots are free."""
+        with self._lock:
+            if self._pumping or self._held:
+                return
+            self._pumping = True
+        try:
+            while True:
+                with self._lock:
+                    if self.free <= 0:
+                        return
+                    taken = self.service.scheduler.next_waiting()
+                    if taken is None:
+                        return
+                    self.free -= 1
+                entry: Any = taken[1]
+                run, request = entry
+                run(request)
+        finally:
+            with self._lock:
+                self._pumping = False
+
+    def wrap(self, process: Callable[[Any], Any], pool: Any) -> Callable[[Any], Any]:
+        """Gate ``process`` (the worker's ``_process_task``) on ``pool``'s slots."""
+        applied = threading.local()
+        on_apply = pool.on_apply
+        gate = self
+
+        def fair_on_apply(*args: Any, **kwargs: Any) -> Any:
+            applied.flag = True
+            result = on_apply(*args, **kwargs)
+            future = getattr(result, "f", None)
+            if future is not None and hasattr(future, "add_done_callback"):
+                future.add_done_callback(lambda _future: gate.release())
+            else:  # solo: the task already ran inline
+                gate.release()
+            return result
+
+        pool.on_apply = fair_on_apply
+
+        def run(request: Any) -> None:
+            applied.flag = False
+            try:
+                process(request)
+            finally:
+                if not getattr(applied, "flag", False):
+                    # Never reached the pool (revoked, rejected): free the slot.
+                    gate.release()
+
+        def gated(request: Any) -> None:
+            gate.submit(run, request)
+
+        return gated
