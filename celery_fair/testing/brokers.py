@@ -90,11 +90,19 @@ class RedisBroker:
 class AmqpBroker:
     """RabbitMQ: queues declared exactly as a Celery worker declares them."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, quorum: bool = False) -> None:
         self.url = url
         self.app = _app(url)
+        self.quorum = quorum
 
     def _queue(self, name: str) -> Any:
+        if self.quorum:
+            from kombu.entity import Exchange, Queue
+
+            return Queue(
+                name, Exchange(name), routing_key=name, durable=True,
+                queue_arguments={"x-queue-type": "quorum"},
+            )  # fmt: skip
         return self.app.amqp.queues[name]
 
     def fill(self, counts: Mapping[str, int], *, task: str = "work", args: Args = (0,)) -> None:
@@ -141,10 +149,10 @@ class AmqpBroker:
                     channel = conn.channel()
 
 
-def broker_for(url: str) -> RedisBroker | AmqpBroker:
+def broker_for(url: str, *, quorum: bool = False) -> RedisBroker | AmqpBroker:
     """The broker helper for a URL (``redis://`` or ``amqp://``)."""
     if url.startswith(("amqp://", "pyamqp://")):
-        return AmqpBroker(url)
+        return AmqpBroker(url, quorum=quorum)
     if url.startswith("redis://"):
         return RedisBroker(url)
     raise ValueError(f"unsupported broker URL {url!r}")

@@ -141,6 +141,7 @@ def run_backlogged(
     extra_args: Sequence[str] = (),
     timeout: float = 300.0,
     on_sample: Callable[[dict[str, int], float], None] | None = None,
+    workers: int = 1,
 ) -> RunResult:
     """Fill the queues, run one worker, and measure ``target`` consumed tasks.
 
@@ -148,27 +149,37 @@ def run_backlogged(
     excluded) and ends when ``target`` more are.  ``target`` must stay below
     what would empty any queue, so every queue stays backlogged.
     ``on_sample(consumed, elapsed)`` is called on every sample (progress).
+    ``workers`` separate worker processes consume the same queues.
     """
-    broker = broker_for(broker_url)
+    broker = broker_for(broker_url, quorum=bool((env or {}).get("CELERY_FAIR_QUORUM_QUEUES")))
     broker.purge(counts)
     broker.fill(counts, task=task, args=args)
     initial = broker.lengths(counts)
-    worker = WorkerProcess(
-        broker_url, list(counts), pool=pool, concurrency=concurrency, fair=fair,
-        env=env or {}, extra_args=extra_args,
-    )  # fmt: skip
+    pool_of_workers = [
+        WorkerProcess(
+            broker_url,
+            list(counts),
+            pool=pool,
+            concurrency=concurrency,
+            fair=fair,
+            env=env or {},
+            extra_args=extra_args,
+        )  # fmt: skip
+        for _ in range(workers)
+    ]
     deadline = time.monotonic() + timeout
     try:
-        worker.start()
+        for worker in pool_of_workers:
+            worker.start()
         start_counts: dict[str, int] | None = None
         started = 0.0
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"worker did not consume {target} tasks:\n{worker.log()[-3000:]}"
-                )
-            if worker.proc is not None and worker.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{worker.log()[-3000:]}")
+                logs = "\n".join(w.log()[-2000:] for w in pool_of_workers)
+                raise TimeoutError(f"workers did not consume {target} tasks:\n{logs}")
+            for worker in pool_of_workers:
+                if worker.proc is not None and worker.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited early:\n{worker.log()[-3000:]}")
             now = time.monotonic()
             lengths = broker.lengths(counts)
             consumed = {q: initial[q] - lengths[q] for q in counts}
@@ -188,5 +199,6 @@ def run_backlogged(
                 )
             time.sleep(0.005)
     finally:
-        worker.stop()
+        for worker in pool_of_workers:
+            worker.stop()
         broker.purge(counts)

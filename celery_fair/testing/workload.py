@@ -7,6 +7,7 @@ and celery-fair side by side:
 ``CELERY_FAIR``          "1" to install celery-fair, "0" for plain Celery
 ``CELERY_FAIR_COST``     the ``fair_cost`` setting
 ``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
+``CELERY_FAIR_QUORUM_QUEUES``  comma-separated queues to declare as quorum queues
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ if os.environ.get("CELERY_FAIR_COST"):
     app.conf.fair_cost = os.environ["CELERY_FAIR_COST"]
 if os.environ.get("CELERY_FAIR_WEIGHTS"):
     app.conf.fair_weights = os.environ["CELERY_FAIR_WEIGHTS"]
+if os.environ.get("CELERY_FAIR_QUORUM_QUEUES"):
+    # Declare these queues as quorum queues (Celery then uses per-consumer QoS).
+    from kombu.entity import Queue
+
+    app.conf.task_queues = [
+        Queue(name, durable=True, queue_arguments={"x-queue-type": "quorum"})
+        for name in os.environ["CELERY_FAIR_QUORUM_QUEUES"].split(",")
+    ]
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

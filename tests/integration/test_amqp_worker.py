@@ -1,0 +1,84 @@
+"""Per-queue windows and DWRR dispatch on RabbitMQ, with the real ``celery worker``."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_fair.testing.harness import run_backlogged
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+
+WEIGHTS = {"w1": 1, "w2": 2, "w3": 3, "w4": 4}
+WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
+    result = run_backlogged(
+        rabbitmq_server.url,  # type: ignore[attr-defined]
+        dict.fromkeys(WEIGHTS, 800),
+        target=1200,
+        warmup=50,
+        pool=pool,
+        args=(100,),
+        extra_args=["--fair-weights", WEIGHT_ARG],
+    )
+    for queue, weight in WEIGHTS.items():
+        assert result.shares()[queue] == pytest.approx(weight / 10, abs=0.025), result.shares()
+
+
+def test_plain_celery_on_rabbitmq_flattens(rabbitmq_server: object) -> None:
+    result = run_backlogged(
+        rabbitmq_server.url,  # type: ignore[attr-defined]
+        dict.fromkeys(WEIGHTS, 800),
+        target=1200,
+        warmup=50,
+        fair=False,
+        args=(100,),
+    )
+    assert max(result.shares().values()) < 0.32
+
+
+def test_flood_cannot_starve_a_weight_one_queue(rabbitmq_server: object) -> None:
+    # The flood is 20x deeper and weighs 3; the quiet queue keeps its 1/4.
+    result = run_backlogged(
+        rabbitmq_server.url,  # type: ignore[attr-defined]
+        {"flood": 4000, "quiet": 400},
+        target=600,
+        warmup=20,
+        task="nap",
+        args=(1,),
+        extra_args=["--fair-weights", "flood=3,quiet=1"],
+    )
+    assert result.shares()["quiet"] == pytest.approx(0.25, abs=0.03)
+
+
+def test_quorum_queues_keep_working(rabbitmq_server: object) -> None:
+    # Celery detects quorum queues and switches to per-consumer QoS.
+    result = run_backlogged(
+        rabbitmq_server.url,  # type: ignore[attr-defined]
+        {"qa": 600, "qb": 600},
+        target=500,
+        warmup=20,
+        args=(100,),
+        env={"CELERY_FAIR_QUORUM_QUEUES": "qa,qb"},
+        extra_args=["--fair-weights", "qa=3,qb=1"],
+    )
+    assert result.shares()["qa"] == pytest.approx(0.75, abs=0.03)
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_two_workers_keep_the_combined_shares(request: pytest.FixtureRequest, broker: str) -> None:
+    url = request.getfixturevalue("redis_server" if broker == "redis" else "rabbitmq_server").url
+    result = run_backlogged(
+        url,
+        dict.fromkeys(WEIGHTS, 900),
+        target=1500,
+        warmup=100,
+        workers=2,
+        concurrency=1,
+        args=(100,),
+        extra_args=["--fair-weights", WEIGHT_ARG],
+    )
+    for queue, weight in WEIGHTS.items():
+        assert result.shares()[queue] == pytest.approx(weight / 10, abs=0.025), result.shares()
