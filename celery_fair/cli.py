@@ -17,7 +17,11 @@ from collections.abc import Sequence
 __all__ = ("SUBCOMMANDS", "build_parser", "main")
 
 #: Modules that each define ``register(subparsers) -> None``.
-SUBCOMMANDS: tuple[str, ...] = ("celery_fair.routing.ring_cli",)
+SUBCOMMANDS: tuple[str, ...] = (
+    "celery_fair.routing.ring_cli",
+    "celery_fair.telemetry.capture",
+    "celery_fair.analytics.report",
+)
 
 
 def build_parser(subcommands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:

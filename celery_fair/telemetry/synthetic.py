@@ -106,7 +106,8 @@ class Truth:
 def _task_fractions(spec: SyntheticSpec) -> np.ndarray:
     # A queue serving cost share s with mean cost c serves s / c tasks per unit.
     raw = np.array([spec.shares()[q] / spec.runtime_of(q) for q in spec.queues()])
-    return raw / raw.sum()
+    fractions: np.ndarray = raw / raw.sum()
+    return fractions
 
 
 def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) -> pa.Table:
