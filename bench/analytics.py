@@ -1,0 +1,171 @@
+"""Events per second of the Spark report, per stage, at growing sizes; writer cost per record.
+
+Run: ``.venv/bin/python -m bench.analytics [--sizes 100000,1000000,10000000]``.
+Synthetic telemetry (``celery_fair.telemetry.synthetic``) of each size is
+written to a temporary directory (not timed), then the whole pipeline runs
+on it ``--reps`` times in one ``local[2]`` session. The anchor measured in
+the same run is a bare scan of the same files (``count()`` of every
+column), so the ratio pipeline / scan says what the analysis adds to
+reading the data. Also measured: the cost of ``TelemetryWriter.record``
+(what the worker pays per task) with its background thread writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import environment, summary, write
+
+STAGES = ("load", "shares", "fairness", "latency", "codel", "skew")
+
+
+def _scan(spark: Any, path: str) -> float:
+    from pyspark.sql import functions as F
+
+    from celery_fair.analytics.pipeline import read_telemetry
+
+    t0 = time.perf_counter()
+    df = read_telemetry(spark, path)
+    df.select([F.count(c) for c in df.columns]).collect()
+    return time.perf_counter() - t0
+
+
+def bench_size(spark: Any, n: int, reps: int, tmp: Path) -> dict[str, Any]:
+    from celery_fair.analytics.pipeline import compute
+    from celery_fair.telemetry.synthetic import SyntheticSpec, write_synthetic
+
+    path = tmp / f"n{n}"
+    t0 = time.perf_counter()
+    write_synthetic(SyntheticSpec(records=n, seed=1), path)
+    generated = time.perf_counter() - t0
+    size = sum(p.stat().st_size for p in path.iterdir())
+    totals, scans, stages = [], [], {s: [] for s in STAGES}
+    for rep in range(reps):
+        scans.append(_scan(spark, str(path)))
+        t0 = time.perf_counter()
+        data = compute(spark, str(path))
+        totals.append(time.perf_counter() - t0)
+        for s in STAGES:
+            stages[s].append(data["timings"][s])
+        print(f"  {n:>11,} rep {rep + 1}/{reps}: {totals[-1]:.1f}s (scan {scans[-1]:.1f}s)")
+    shutil.rmtree(path, ignore_errors=True)
+    return {
+        "records": n,
+        "parquet_bytes": size,
+        "generate_seconds": generated,
+        "total_seconds": summary(totals),
+        "scan_seconds": summary(scans),
+        "events_per_second": n / summary(totals)["median"],
+        "pipeline_over_scan": summary(totals)["median"] / summary(scans)["median"],
+        "stages": {s: summary(v) for s, v in stages.items()},
+    }
+
+
+def bench_writer(records: int = 200_000, reps: int = 5) -> dict[str, Any]:
+    from celery_fair.telemetry import TaskRecord, TelemetryWriter
+
+    rec = TaskRecord(
+        task_id="0" * 36, task_name="work", queue="p0", outcome="success", received=1.0,
+        finished=2.0, started=1.5, runtime=0.5, cost=0.5, target_weight=1.0, pid=1,
+    )  # fmt: skip
+    per_call, drained = [], []
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as d:
+            w = TelemetryWriter(d, rotate_records=50_000, max_buffer=records)
+            t0 = time.perf_counter()
+            for _ in range(records):
+                w.record(rec)
+            per_call.append((time.perf_counter() - t0) / records * 1e9)
+            w.close()
+            drained.append(records / (time.perf_counter() - t0))
+    return {"ns_per_record_call": summary(per_call), "records_per_second_to_disk": summary(drained)}
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# Analytics: Spark report throughput",
+        "",
+        f"`{data['command']}` on {data['master']} ({data['environment']['cpus']} CPUs, "
+        f"spark.driver.memory {data['driver_memory']}), {data['environment']['when']}.",
+        "Synthetic telemetry, 4 queues x 50 keys; medians over repetitions, "
+        "spread = (max-min)/median.",
+        "",
+        "| records | reps | pipeline s (spread) | events/s | bare scan s | pipeline/scan | "
+        + " | ".join(STAGES)
+        + " |",
+        "|" + "---|" * (6 + len(STAGES)),
+    ]
+    for r in data["sizes"]:
+        t = r["total_seconds"]
+        stage_cells = " | ".join(f"{r['stages'][s]['median']:.1f}" for s in STAGES)
+        lines.append(
+            f"| {r['records']:,} | {t['n']} | {t['median']:.1f} ({t['spread']:.0%}) | "
+            f"{r['events_per_second']:,.0f} | {r['scan_seconds']['median']:.1f} | "
+            f"{r['pipeline_over_scan']:.1f} | {stage_cells} |"
+        )
+    lines += ["", "Scaling (time ~ size^k between consecutive sizes):", ""]
+    for a, b, k in data["scaling"]:
+        lines.append(f"- {a:,} -> {b:,} records: k = {k:.2f}")
+    w = data["writer"]
+    lines += [
+        "",
+        f"TelemetryWriter.record: {w['ns_per_record_call']['median']:.0f} ns per call "
+        f"(spread {w['ns_per_record_call']['spread']:.0%}); records to Parquet on disk, "
+        f"background thread included: {w['records_per_second_to_disk']['median']:,.0f}/s.",
+        "",
+        "The machine is shared: absolute times are indicative, the stage split and the "
+        "scaling exponent are the result.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000,10000000")
+    parser.add_argument("--reps", default="3,3,1", help="repetitions per size")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="6g")
+    args = parser.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    reps = [int(r) for r in args.reps.split(",")]
+    reps += [reps[-1]] * (len(sizes) - len(reps))
+
+    from celery_fair.analytics.report import session
+
+    writer = bench_writer()
+    print(f"writer: {writer['ns_per_record_call']['median']:.0f} ns per record()")
+    spark = session(args.master, args.driver_memory)
+    spark.sparkContext.setLogLevel("ERROR")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="celery-fair-bench-") as tmp:
+        for n, r in zip(sizes, reps, strict=True):
+            results.append(bench_size(spark, n, r, Path(tmp)))
+    spark.stop()
+    scaling = [
+        (a["records"], b["records"],
+         math.log(b["total_seconds"]["median"] / a["total_seconds"]["median"])
+         / math.log(b["records"] / a["records"]))
+        for a, b in zip(results, results[1:], strict=False)
+    ]  # fmt: skip
+    data = {
+        "command": "python -m bench.analytics --sizes " + args.sizes + " --reps " + args.reps,
+        "master": args.master,
+        "driver_memory": args.driver_memory,
+        "environment": environment(),
+        "sizes": results,
+        "scaling": scaling,
+        "writer": writer,
+    }
+    write("analytics", data, _markdown(data))
+    print(_markdown(data))
+
+
+if __name__ == "__main__":
+    main()
