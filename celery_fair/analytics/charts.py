@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -15,8 +15,10 @@ from matplotlib.axes import Axes  # noqa: E402
 __all__ = ("CHARTS", "write_charts")
 
 
-def _times(rows: list[dict[str, Any]]) -> list[dt.datetime]:
-    return [dt.datetime.fromtimestamp(r["window"], dt.timezone.utc) for r in rows]
+def _times(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Window starts (epoch seconds, UTC) as datetime64, which matplotlib plots as dates."""
+    millis = np.array([r["window"] * 1000 for r in rows], dtype=np.float64)
+    return millis.astype(np.int64).astype("datetime64[ms]")
 
 
 def plot_shares(ax: Axes, report: dict[str, Any]) -> None:
