@@ -60,7 +60,7 @@ COST_MODES: tuple[str, ...] = ("count", "runtime")
 ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
 
 #: Default total window per consumed queue (split between them by weight).
-WINDOW_PER_QUEUE = 10
+WINDOW_PER_QUEUE = 25
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class FairConsumerMixin(ConsumerMixin):
     * ``handler``: ``handler(queue_name, body, message)``.  When it returns
       the message is acked, unless the handler acked or rejected it itself.
     * ``window``: the total prefetch window, split between queues by weight
-      (at least 1 each); default ``10`` per queue.  ``windows`` overrides it
+      (at least 1 each); default ``25`` per queue.  ``windows`` overrides it
       per queue (``{"bulk": 2}``).
     * ``cost``: ``"count"`` (every message costs 1) or ``"runtime"`` (the
       handler's measured run time, charged after it returns: DRR++).

@@ -363,7 +363,7 @@ def test_window_is_split_by_weight_at_least_one_each() -> None:
 def test_windows_default_and_override() -> None:
     recorder = Recorder()
     consumer = make({"a": 1, "b": 3}, recorder)
-    assert consumer.windows == {"a": 5, "b": 15}
+    assert consumer.windows == {"a": 12, "b": 38}
     consumer = make({"a": 1, "b": 3}, recorder, window=8, windows={"a": 3})
     assert consumer.windows == {"a": 3, "b": 6}
     assert consumer.weights == {"a": 1.0, "b": 3.0}
@@ -421,7 +421,7 @@ def test_statistics_is_a_frozen_record(names: list[str]) -> None:
         stats.handled = 0  # type: ignore[misc]
     assert stats.handled == 6 and stats.cost == "count"
     record = stats.queue(names[1])
-    assert (record.weight, record.window) == (2.0, 13)
+    assert (record.weight, record.window) == (2.0, 33)
     assert record.served_count == record.acked == recorder.counts[names[1]]
     as_dict = stats.as_dict()
     assert set(as_dict["queues"]) == set(names[:2])  # type: ignore[call-overload]
