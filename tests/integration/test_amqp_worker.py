@@ -43,9 +43,9 @@ def test_flood_cannot_starve_a_weight_one_queue(rabbitmq_server: object) -> None
     # The flood is 20x deeper and weighs 3; the quiet queue keeps its 1/4.
     result = run_backlogged(
         rabbitmq_server.url,  # type: ignore[attr-defined]
-        {"flood": 4000, "quiet": 400},
-        target=600,
-        warmup=20,
+        {"flood": 6000, "quiet": 1200},
+        target=1500,
+        warmup=300,  # past the start, when every window fills at once
         task="nap",
         args=(1,),
         extra_args=["--fair-weights", "flood=3,quiet=1"],

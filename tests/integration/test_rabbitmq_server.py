@@ -70,9 +70,10 @@ def test_durable_queue_survives_restart(rabbitmq: RabbitMQServer, kill: bool) ->
     exchange = Exchange(name, type="direct", durable=True)
     queue = Queue(name, exchange=exchange, routing_key=name, durable=True)
     port, dist_port = rabbitmq.port, rabbitmq.dist_port
-    with Connection(rabbitmq.url) as conn:
+    # confirm_publish: each publish waits for the broker's confirm, which RabbitMQ
+    # sends once a persistent message is on disk, so a kill cannot lose it.
+    with Connection(rabbitmq.url, transport_options={"confirm_publish": True}) as conn:
         channel = conn.default_channel
-        channel.confirm_select()  # wait for the broker to have the messages before killing it
         queue(channel).declare()
         producer = conn.Producer(channel, serializer="json")
         for i in range(10):
