@@ -6,7 +6,7 @@ pool and task (no-op, 100 us of CPU) it alternates plain Celery and
 celery-fair, several repetitions each, and records per-queue consumption
 (median over repetitions), p9/p0 and throughput (median and spread).
 
-    python -m bench.dwrr_article [--reps 3] [--per-queue 4000] [--target 16000]
+    python -m bench.dwrr_article [--broker redis|rabbitmq] [--workers 1] [--reps 3]
 """
 
 from __future__ import annotations
@@ -25,9 +25,17 @@ QUANTA = {f"p{i}": 4 * (i + 1) for i in range(10)}
 WEIGHTS = ",".join(f"{q}={w}" for q, w in QUANTA.items())
 
 
+def _server(broker: str) -> Any:
+    if broker == "rabbitmq":
+        from celery_fair.testing.rabbitmq import RabbitMQServer
+
+        return RabbitMQServer()
+    return RedisServer()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"env": environment(), "params": vars(args), "cases": {}}
-    with RedisServer() as redis:
+    with _server(args.broker) as redis:
         for pool in args.pools:
             for us in args.task_us:
                 case = f"{pool}/{'noop' if us == 0 else f'{us}us'}"
@@ -41,7 +49,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             target=args.target,
                             warmup=300,
                             pool=pool,
-                            concurrency=1 if pool == "solo" else 2,
+                            concurrency=1 if pool == "solo" else args.concurrency,
+                            workers=args.workers,
                             fair=mode == "fair",
                             args=(us,),
                             extra_args=["--fair-weights", WEIGHTS] if mode == "fair" else [],
@@ -80,9 +89,11 @@ def analyse(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        "# DWRR article experiment (Redis)",
+        f"# DWRR article experiment ({results['params']['broker']}, "
+        f"{results['params']['workers']} worker process(es))",
         "",
-        f"Reproduce: `python -m bench.dwrr_article` ({results['env']['when']}, "
+        f"Reproduce: `python -m bench.dwrr_article --broker {results['params']['broker']} "
+        f"--workers {results['params']['workers']}` ({results['env']['when']}, "
         f"celery {results['env']['celery']}, kombu {results['env']['kombu']}, "
         f"{results['params']['reps']} alternating repetitions, "
         f"{results['params']['target']} tasks measured per run).",
@@ -126,8 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=int, default=16000)
     parser.add_argument("--pools", nargs="+", default=["prefork", "threads", "solo"])
     parser.add_argument("--task-us", nargs="+", type=int, default=[100, 0])
-    parser.add_argument("--name", default="dwrr_article")
+    parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--name", default=None)
     args = parser.parse_args(argv)
+    if args.name is None:
+        args.name = f"dwrr_article_{args.broker}" + (
+            f"_{args.workers}w" if args.workers > 1 else ""
+        )
     results = run(args)
     write(args.name, results, markdown(results))
     print(markdown(results))
