@@ -20,17 +20,22 @@ Two refinements come from fq_codel (RFC 8290, section 4.2):
   (no hoarded credit, so the scheduler stays work-conserving); a debt is kept
   so that post-charged cost is never forgiven.
 
-Every operation is O(1): the active list is an insertion-ordered dict, whose
-head, tail append, move-to-end and delete are all constant time.  A decision
-may skip queues whose deficit is exhausted, but each skip adds a quantum, so
-the skips per service are bounded by max cost / min quantum whatever the
-number of queues (the classic DRR bound).
+Every operation is O(1): the active list is a deque of (queue, generation)
+entries.  Removing a queue from the middle only bumps its generation, and the
+stale entry is discarded when it reaches the head (lazy deletion, amortised
+O(1)).  A dict used as an ordered set would not do: popping its first key
+and re-inserting it leaves holes at the front of its entry array, so finding
+the head costs O(n) between compactions.  A decision may skip queues whose
+deficit is exhausted, but each skip adds a quantum, so the skips per service
+are bounded by max cost / min quantum whatever the number of queues (the
+classic DRR bound).
 
 The core reads no clock and imports nothing from Celery or Kombu.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -119,10 +124,13 @@ class DeficitRoundRobin:
     ) -> None:
         self.default_quantum = check_quantum("<default>", default_quantum)
         self._queues: dict[str, _Queue] = {}
-        # Insertion-ordered dict used as the DRR active list; values unused.
-        self._active: dict[str, None] = {}
+        # The DRR active list: (name, generation) entries; an entry is live
+        # while its generation is the queue's current one (lazy deletion).
+        self._ring: deque[tuple[str, int]] = deque()
+        self._active: dict[str, int] = {}
         # Whether the current head has received its quantum for this visit.
         self._visit_open = False
+        self._generation = 0
         self._decisions = 0
         self._visits = 0
         for name, quantum in (quanta or {}).items():
@@ -167,7 +175,7 @@ class DeficitRoundRobin:
     @property
     def active(self) -> tuple[str, ...]:
         """The active list, head first."""
-        return tuple(self._active)
+        return tuple(name for name, gen in self._ring if self._active.get(name) == gen)
 
     def is_active(self, name: str) -> bool:
         return name in self._active
@@ -179,7 +187,9 @@ class DeficitRoundRobin:
         if name not in self._queues:
             self.add(name)
         if name not in self._active:
-            self._active[name] = None
+            self._generation += 1
+            self._active[name] = self._generation
+            self._ring.append((name, self._generation))
 
     def deactivate(self, name: str) -> None:
         """``name`` was found empty: drop it from the active list.
@@ -190,7 +200,7 @@ class DeficitRoundRobin:
             return
         if self._visit_open and self._first() == name:
             self._visit_open = False
-        del self._active[name]
+        del self._active[name]  # its ring entry is now stale
         self._reset(name)
 
     def pass_over(self, name: str) -> None:
@@ -204,7 +214,18 @@ class DeficitRoundRobin:
         if self._visit_open and self._first() == name:
             self._visit_open = False
         self._reset(name)
-        self._active[name] = self._active.pop(name)
+        self._to_tail(name)
+
+    def _to_tail(self, name: str) -> None:
+        if self._ring and self._ring[0][0] == name and self._live(self._ring[0]):
+            self._ring.rotate(-1)
+            return
+        self._generation += 1
+        self._active[name] = self._generation
+        self._ring.append((name, self._generation))
+
+    def _live(self, entry: tuple[str, int]) -> bool:
+        return self._active.get(entry[0]) == entry[1]
 
     def _reset(self, name: str) -> None:
         queue = self._queues[name]
@@ -230,7 +251,7 @@ class DeficitRoundRobin:
                 self._visits += 1
             if queue.deficit > 0:
                 return name
-            active[name] = active.pop(name)
+            self._ring.rotate(-1)  # the head is live: _first() pruned stale entries
             self._visit_open = False
         return None
 
@@ -243,9 +264,10 @@ class DeficitRoundRobin:
         if first is None:
             return
         yield first
-        iterator = iter(self._active)
-        next(iterator)
-        yield from iterator
+        live = self._live
+        for entry in list(self._ring)[1:]:
+            if live(entry):
+                yield entry[0]
 
     def served(self, name: str, cost: float = 1.0) -> None:
         """Record that one message of ``name`` was served, charging ``cost``.
@@ -295,7 +317,10 @@ class DeficitRoundRobin:
         )
 
     def _first(self) -> str:
-        return next(iter(self._active))
+        ring, active = self._ring, self._active
+        while active.get(ring[0][0]) != ring[0][1]:
+            ring.popleft()  # a stale entry: that queue left or moved
+        return ring[0][0]
 
     def _queue(self, name: str) -> _Queue:
         try:
