@@ -216,6 +216,20 @@ class DeficitRoundRobin:
         self._reset(name)
         self._to_tail(name)
 
+    def defer(self, name: str) -> None:
+        """End ``name``'s visit although it has work it cannot take now.
+
+        Unlike :meth:`pass_over` the queue keeps its credit, capped at one
+        quantum (so it is not hoarded across rounds), and any debt.
+        """
+        if name not in self._active:
+            return
+        if self._visit_open and self._first() == name:
+            self._visit_open = False
+        queue = self._queues[name]
+        queue.deficit = min(queue.deficit, queue.quantum)
+        self._to_tail(name)
+
     def _to_tail(self, name: str) -> None:
         if self._ring and self._ring[0][0] == name and self._live(self._ring[0]):
             self._ring.rotate(-1)
@@ -256,18 +270,28 @@ class DeficitRoundRobin:
         return None
 
     def order(self) -> Iterator[str]:
-        """Yield the active queues in the order DRR would serve them.
+        """Yield every active queue, the one DRR would serve first first.
 
-        The head (with its visit opened) first, then the rest of the list.
+        The head (with its visit opened), then the others in the order the
+        round would reach a visit that serves them.
         """
         first = self.head()
         if first is None:
             return
         yield first
-        live = self._live
+        # Then the queues whose next visit will serve (deficit + quantum > 0),
+        # in round order, then those still paying off debt or accumulating
+        # credit: the order in which DRR would reach them.
+        live, queues = self._live, self._queues
+        later: list[str] = []
         for entry in list(self._ring)[1:]:
             if live(entry):
-                yield entry[0]
+                queue = queues[entry[0]]
+                if queue.deficit + queue.quantum > 0:
+                    yield queue.name
+                else:
+                    later.append(queue.name)
+        yield from later
 
     def served(self, name: str, cost: float = 1.0) -> None:
         """Record that one message of ``name`` was served, charging ``cost``.

@@ -117,6 +117,8 @@ class FairScheduler:
         #: Tasks waiting for a pool slot, taken in DRR order (same weights).
         self.waiting: FairBuffer[object] = FairBuffer()
         self._wait_pending: dict[str, deque[float]] = {}
+        #: Queues the last fetch order polled last for holding their credit.
+        self._demoted: set[str] = set()
 
     # -- queues and weights -------------------------------------------------
 
@@ -155,15 +157,19 @@ class FairScheduler:
         return {name: self.weight(name) for name in self._drr.queues}
 
     def _apply_quanta(self) -> None:
-        # Quanta are weights scaled so that the lightest consumed queue gets
-        # one cost unit per visit: shares depend only on the ratios, and the
-        # smallest possible quantum keeps the round short (low burstiness).
+        # Quanta are the weights scaled so that the *heaviest* consumed queue
+        # gets one cost unit per visit: shares depend only on the ratios, and
+        # no queue fetches a burst of messages in one visit (a burst larger
+        # than the queue's credit would be cut short and the queue would lose
+        # share).  Lighter queues accumulate credit over several visits.
+        # Quanta are rounded to multiples of 2**-20 so that deficits add up
+        # exactly in binary floating point (0.1 added ten times is not 1.0).
         names = self._drr.queues
         if not names:
             return
-        lightest = min(self.weight(n) for n in names)
+        heaviest = max(self.weight(n) for n in names)
         unit = 1.0 if self.cost == "count" else self.runtime_quantum
-        quanta = {n: unit * self.weight(n) / lightest for n in names}
+        quanta = {n: _dyadic(unit * self.weight(n) / heaviest) for n in names}
         self._drr.set_quanta(quanta)
         self.waiting.set_quanta(quanta)
 
@@ -207,6 +213,7 @@ class FairScheduler:
     def fetch_order(self, window: int | None = None) -> list[str]:
         """The order in which to poll the consumed queues, best first."""
         order = list(self._drr.order())
+        self._demoted = set()
         if len(order) < 2 or not window:
             return order
         held = self._held
@@ -217,21 +224,30 @@ class FairScheduler:
         for name in order:
             credit = self.credit_limit or max(floor, math.ceil(2.0 * window * fractions[name]))
             (below if held[name] < credit else above).append(name)
+        self._demoted = set(above)
         return below + above if above else order
 
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
         """A message of ``queue`` was fetched; ``skipped`` were polled first.
 
-        The skipped queues were empty when polled: their DRR visit ends.  If
-        ``queue`` is still not the head, the head was held back by credit and
-        ``queue`` is served out of turn: it is charged as usual and the round
-        does not move, so the debt is paid on its later visits.  (Passing
-        over the held-back head instead would hand ``queue`` a free quantum
-        per pass and erase exactly the debt DRR++ relies on.)
+        The skipped queues were empty when polled: their DRR visit ends.
+        Queues ahead of ``queue`` that were polled last because they held
+        their credit defer their turn, keeping their credit (capped at one
+        quantum), so ``queue`` is served in its own turn.  Serving it out of
+        turn instead would charge it a debt on every such fetch, and the
+        queue after a bursty heavy one would collect those debts faster than
+        its visits repay them.  If ``queue`` is still not the head (weights
+        changed meanwhile), it is served out of turn and charged as usual.
         """
         drr = self._drr
         for name in skipped:
             drr.pass_over(name)
+        demoted = self._demoted
+        head = drr.head()
+        while head is not None and head != queue and head in demoted:
+            demoted.discard(head)
+            drr.defer(head)
+            head = drr.head()
         if not drr.is_active(queue):
             if queue not in self._held:
                 self._held[queue] = 0
@@ -239,7 +255,6 @@ class FairScheduler:
                 drr.add(queue)
                 self._apply_quanta()
             drr.activate(queue)
-        drr.head()  # open the visit of whichever queue is due
         estimate = self._fetch_cost(queue)
         drr.served(queue, estimate)
         self._held[queue] += 1
@@ -332,3 +347,8 @@ class FairScheduler:
             drr=self._drr.statistics(),
             dispatch=self.waiting.drr.statistics(),
         )
+
+
+def _dyadic(value: float) -> float:
+    """``value`` rounded to a multiple of 2**-20 (at least 2**-20)."""
+    return max(1, round(value * 1048576)) / 1048576
