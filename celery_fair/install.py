@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
 
 from .worker import control  # noqa: F401  (registers the remote-control commands)
 from .worker.steps import FairConsumerStep, FairWorkerStep
+from .worker.tracking import PUBLISHED_HEADER
 
 __all__ = ("install",)
 
@@ -18,6 +20,9 @@ def install(app: Any) -> Any:
     Adds to the app's configuration and never replaces any of it; calling it
     twice is harmless.  Settings are validated when a worker starts.
     """
+    from celery.signals import before_task_publish
+
+    before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
     app.steps["worker"].add(FairWorkerStep)
     app.steps["consumer"].add(FairConsumerStep)
     options = app.user_options["worker"]
@@ -30,3 +35,9 @@ def install(app: Any) -> Any:
             )
         )
     return app
+
+
+def _stamp_published(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    """Stamp the producer's wall time, for the publish -> start wait in telemetry."""
+    if headers is not None and PUBLISHED_HEADER not in headers:
+        headers[PUBLISHED_HEADER] = time.time()

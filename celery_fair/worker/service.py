@@ -44,6 +44,7 @@ class FairService:
         self.lock = threading.RLock()
         self.cycle: DWRRCycle | None = None
         self.gate: Any = None  # a FairGate on threads/solo pools
+        self.tracker: Any = None  # a TaskTracker
         self.windows: dict[str, int] = {}
         self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
@@ -129,49 +130,6 @@ class FairService:
         return self._queue_by_key.get(key) if key is not None else None
 
     # -- worker side ----------------------------------------------------------
-
-    def wrap_process_task(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """Measure each task's run time (dispatch to completion) for runtime cost."""
-        if self.settings.cost != "runtime":
-            return process
-        scheduler, lock, clock = self.scheduler, self.lock, self.clock
-
-        def process_task(request: Any) -> Any:
-            queue = self.queue_of(request)
-            if queue is None:
-                return process(request)
-            started = clock()
-            done = False
-
-            def finish(runtime: float | None = None) -> None:
-                nonlocal done
-                if not done:
-                    done = True
-                    if runtime is None:
-                        runtime = clock() - started
-                    with lock:
-                        scheduler.finished(queue, runtime)
-
-            on_success, on_failure = request.on_success, request.on_failure
-
-            def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
-                # The pool reports the task's own run time (without the IPC to
-                # the pool); charge that, as a user means by "run time".
-                try:
-                    runtime = float(failed__retval__runtime[2])
-                except (TypeError, IndexError, ValueError):
-                    runtime = None
-                finish(runtime)
-                return on_success(failed__retval__runtime, **kwargs)
-
-            def fair_on_failure(*args: Any, **kwargs: Any) -> Any:
-                finish()
-                return on_failure(*args, **kwargs)
-
-            request.on_success, request.on_failure = fair_on_success, fair_on_failure
-            return process(request)
-
-        return process_task
 
     def set_weights(self, weights: dict[str, float]) -> None:
         """Change weights at run time; they act on the very next fetch."""

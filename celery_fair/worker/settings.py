@@ -6,6 +6,7 @@ Every error names the setting (or the command-line option) and the value.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_runtime_quantum": 0.001,
     "fair_credit": None,
     "fair_prefetch": None,
+    "fair_telemetry_dir": None,
 }
 
 
@@ -113,6 +115,7 @@ class FairSettings:
     runtime_quantum: float = 0.001
     credit: int | None = None
     prefetch: int | Mapping[str, int] | None = None
+    telemetry_dir: str | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
@@ -138,7 +141,15 @@ class FairSettings:
             isinstance(credit, bool) or not isinstance(credit, int) or credit < 1
         ):
             raise FairConfigError(f"fair_credit must be a positive integer or None, got {credit!r}")
+        telemetry_dir = conf.get("fair_telemetry_dir")
+        if telemetry_dir is not None and (
+            not isinstance(telemetry_dir, (str, os.PathLike)) or not str(telemetry_dir)
+        ):
+            raise FairConfigError(
+                f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
+            )
         return cls(
+            telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
             weights=weights,
             default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),

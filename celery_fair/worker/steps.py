@@ -10,13 +10,14 @@ from celery.utils.log import get_logger
 from .dispatch import FairGate, install_on_semaphore
 from .service import FairService
 from .settings import FairSettings
+from .tracking import TaskTracker
 
 __all__ = ("FairConsumerStep", "FairWorkerStep")
 
 logger = get_logger(__name__)
 
 
-class FairWorkerStep(bootsteps.Step):
+class FairWorkerStep(bootsteps.StartStopStep):
     """Validates the settings and creates the worker's :class:`FairService`.
 
     Runs after the pool is created (it wraps the task dispatch) and, not being
@@ -31,21 +32,67 @@ class FairWorkerStep(bootsteps.Step):
         settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
         concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
         w.fair = FairService(settings, concurrency=concurrency)
+        w.fair.tracker = TaskTracker(w.fair, hostname=getattr(w, "hostname", None))
+        if settings.telemetry_dir is not None:
+            # Fails here, at start, if the telemetry extra is missing.
+            from ..telemetry import TelemetryWriter  # noqa: F401
 
     def create(self, w: Any) -> None:
         service: FairService = w.fair
+        tracker: TaskTracker = service.tracker
         threaded = getattr(w.process_task, "__func__", None) is type(w)._process_task
-        process = service.wrap_process_task(w._process_task)
+        # The tracker reads its writer at call time: the writer is opened in
+        # start(), after the pool has forked its children.
+        if service.settings.telemetry_dir is not None:
+            tracker.writer = _Deferred()
+        process = tracker.wrap_dispatch(w._process_task)
         if getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
             install_on_semaphore(w.semaphore, service)
             w._process_task = process
+            w.process_task = tracker.wrap_receive(w.process_task)
         if threaded:
             # threads/solo call _process_task directly: add a fair wait.
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
             service.gate = FairGate(service, slots)
             w._process_task = process
-            w.process_task = service.gate.wrap(process, w.pool)
+            w.process_task = tracker.wrap_receive(service.gate.wrap(process, w.pool))
+
+    def start(self, w: Any) -> None:
+        service: FairService = w.fair
+        directory = service.settings.telemetry_dir
+        if directory is not None:
+            from ..telemetry import TelemetryWriter
+
+            writer = TelemetryWriter(directory, hostname=getattr(w, "hostname", None))
+            service.tracker.writer.target = writer
+            logger.info("celery-fair: telemetry to %s", directory)
+
+    def stop(self, w: Any) -> None:
+        self._close(w)
+
+    def shutdown(self, w: Any) -> None:
+        self._close(w)
+
+    def _close(self, w: Any) -> None:
+        tracker = getattr(getattr(w, "fair", None), "tracker", None)
+        deferred = getattr(tracker, "writer", None)
+        writer = getattr(deferred, "target", None)
+        if writer is not None:
+            deferred.target = None
+            writer.close()
+            logger.info("celery-fair: telemetry %s", writer.statistics())
+
+
+class _Deferred:
+    """A writer that forwards once opened, and drops records before that."""
+
+    target: Any = None
+
+    def record(self, rec: Any) -> None:
+        target = self.target
+        if target is not None:
+            target.record(rec)
 
 
 class FairConsumerStep(bootsteps.StartStopStep):

@@ -1,0 +1,143 @@
+"""Follows each task from receipt to completion, in the worker's main process.
+
+Feeds the scheduler the measured run time (``fair_cost="runtime"``) and, when
+``fair_telemetry_dir`` is set, writes one telemetry record per task.  It only
+wraps a request's ``on_success``/``on_failure`` (a ``Request`` has a
+``__dict__``, so an instance attribute overrides the method); nothing is
+wrapped when neither feature is on, so the plain path costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import Retry
+
+__all__ = ("PUBLISHED_HEADER", "TaskTracker")
+
+#: Header stamped by the producer (``before_task_publish``) with its wall time.
+PUBLISHED_HEADER = "fair_published"
+KEY_HEADER = "fair_key"
+RECEIVED_ATTR = "_fair_received"
+
+
+def _header(request: Any, name: str) -> Any:
+    headers = getattr(request, "_request_dict", None) or {}
+    return headers.get(name)
+
+
+class TaskTracker:
+    """Per-task bookkeeping for run-time cost and telemetry.
+
+    ``service`` is the worker's :class:`~celery_fair.worker.service.FairService`;
+    ``writer`` a :class:`~celery_fair.telemetry.TelemetryWriter` or None.
+    """
+
+    def __init__(self, service: Any, writer: Any = None, *, hostname: str | None = None) -> None:
+        self.service = service
+        self.writer = writer
+        self.hostname = hostname
+        self.pid = os.getpid()
+        self.wall: Callable[[], float] = time.time
+
+    @property
+    def active(self) -> bool:
+        return self.writer is not None or self.service.settings.cost == "runtime"
+
+    def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Stamp the receipt time (only needed for telemetry)."""
+        if self.writer is None:
+            return receive
+        wall = self.wall
+
+        def fair_receive(request: Any) -> Any:
+            setattr(request, RECEIVED_ATTR, wall())
+            return receive(request)
+
+        return fair_receive
+
+    def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Follow each task handed to the pool until it finishes."""
+        if not self.active:
+            return process
+        service, clock, wall = self.service, self.service.clock, self.wall
+        scheduler, lock = service.scheduler, service.lock
+        runtime_cost = service.settings.cost == "runtime"
+        record = self._record
+
+        def fair_process_task(request: Any) -> Any:
+            queue = service.queue_of(request)
+            if queue is None:
+                return process(request)
+            started, dispatched = clock(), wall()
+            done = False
+
+            def finish(runtime: float | None, outcome: str) -> None:
+                nonlocal done
+                if done:
+                    return
+                done = True
+                if runtime is None:
+                    runtime = clock() - started
+                if runtime_cost:
+                    with lock:
+                        scheduler.finished(queue, runtime)
+                if self.writer is not None:
+                    record(request, queue, outcome, runtime, dispatched)
+
+            on_success, on_failure = request.on_success, request.on_failure
+
+            def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
+                # The pool reports the task's own run time (without the IPC to
+                # the pool); charge that, as a user means by "run time".
+                try:
+                    failed, _, runtime = failed__retval__runtime
+                    runtime = float(runtime)
+                except (TypeError, ValueError):
+                    failed, runtime = False, None
+                finish(runtime, "failure" if failed else "success")
+                return on_success(failed__retval__runtime, **kwargs)
+
+            def fair_on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+                exception = getattr(exc_info, "exception", None)
+                finish(None, "retry" if isinstance(exception, Retry) else "failure")
+                return on_failure(exc_info, *args, **kwargs)
+
+            request.on_success, request.on_failure = fair_on_success, fair_on_failure
+            return process(request)
+
+        return fair_process_task
+
+    def _record(
+        self, request: Any, queue: str, outcome: str, runtime: float, dispatched: float
+    ) -> None:
+        from ..telemetry import TaskRecord
+
+        scheduler = self.service.scheduler
+        cost = runtime if scheduler.cost == "runtime" else 1.0
+        info = getattr(request, "delivery_info", None) or {}
+        published = _header(request, PUBLISHED_HEADER)
+        key = _header(request, KEY_HEADER)
+        self.writer.record(
+            TaskRecord(
+                task_id=request.id,
+                task_name=request.name,
+                queue=queue,
+                outcome=outcome,
+                received=getattr(request, RECEIVED_ATTR, None),
+                finished=self.wall(),
+                routing_key=info.get("routing_key"),
+                fair_key=None if key is None else str(key),
+                published=float(published) if isinstance(published, (int, float)) else None,
+                dispatched=dispatched,
+                started=getattr(request, "time_start", None),
+                runtime=runtime,
+                cost=cost,
+                target_weight=scheduler.weight(queue),
+                hostname=self.hostname,
+                pid=self.pid,
+            )
+        )
