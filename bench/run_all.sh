@@ -10,3 +10,4 @@ $PY -m bench.dwrr_article --broker rabbitmq --pools prefork threads
 $PY -m bench.dwrr_article --broker redis --workers 2 --concurrency 1 --pools prefork --task-us 100
 $PY -m bench.dwrr_article --broker rabbitmq --workers 2 --concurrency 1 --pools prefork --task-us 100
 $PY -m bench.runtime_cost
+$PY -m bench.telemetry_overhead

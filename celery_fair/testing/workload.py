@@ -7,6 +7,7 @@ and celery-fair side by side:
 ``CELERY_FAIR``          "1" to install celery-fair, "0" for plain Celery
 ``CELERY_FAIR_COST``     the ``fair_cost`` setting
 ``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
+``CELERY_FAIR_TELEMETRY_DIR``  the ``fair_telemetry_dir`` setting
 ``CELERY_FAIR_QUORUM_QUEUES``  comma-separated queues to declare as quorum queues
 """
 
@@ -29,6 +30,8 @@ app.conf.update(
 )
 if os.environ.get("CELERY_FAIR_COST"):
     app.conf.fair_cost = os.environ["CELERY_FAIR_COST"]
+if os.environ.get("CELERY_FAIR_TELEMETRY_DIR"):
+    app.conf.fair_telemetry_dir = os.environ["CELERY_FAIR_TELEMETRY_DIR"]
 if os.environ.get("CELERY_FAIR_WEIGHTS"):
     app.conf.fair_weights = os.environ["CELERY_FAIR_WEIGHTS"]
 if os.environ.get("CELERY_FAIR_QUORUM_QUEUES"):

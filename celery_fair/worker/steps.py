@@ -78,7 +78,7 @@ class FairWorkerStep(bootsteps.StartStopStep):
         tracker = getattr(getattr(w, "fair", None), "tracker", None)
         deferred = getattr(tracker, "writer", None)
         writer = getattr(deferred, "target", None)
-        if writer is not None:
+        if deferred is not None and writer is not None:
             deferred.target = None
             writer.close()
             logger.info("celery-fair: telemetry %s", writer.statistics())
