@@ -9,6 +9,11 @@ and celery-fair side by side:
 ``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
 ``CELERY_FAIR_TELEMETRY_DIR``  the ``fair_telemetry_dir`` setting
 ``CELERY_FAIR_QUORUM_QUEUES``  comma-separated queues to declare as quorum queues
+``CELERY_FAIR_DLX_QUEUES``  queues declared with a dead-letter exchange ``dlx``
+``CELERY_FAIR_CODEL``  ``target,interval[,action[,max_requeues]]`` (seconds)
+``CELERY_FAIR_PREFETCH_MULTIPLIER``  ``worker_prefetch_multiplier``
+``CELERY_FAIR_LEDGER``  Redis URL where the ``ledger`` task records each run
+``CELERY_FAIR_SLOW_MS``  extra milliseconds every ``ledger`` task sleeps here
 """
 
 from __future__ import annotations
@@ -42,6 +47,29 @@ if os.environ.get("CELERY_FAIR_QUORUM_QUEUES"):
         Queue(name, durable=True, queue_arguments={"x-queue-type": "quorum"})
         for name in os.environ["CELERY_FAIR_QUORUM_QUEUES"].split(",")
     ]
+if os.environ.get("CELERY_FAIR_DLX_QUEUES"):
+    from kombu.entity import Exchange, Queue
+
+    app.conf.task_queues = [
+        Queue(
+            name,
+            Exchange(name),
+            routing_key=name,
+            durable=True,
+            queue_arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": name},
+        )  # fmt: skip
+        for name in os.environ["CELERY_FAIR_DLX_QUEUES"].split(",")
+    ]
+if os.environ.get("CELERY_FAIR_CODEL"):
+    parts = os.environ["CELERY_FAIR_CODEL"].split(",")
+    app.conf.fair_codel_target = float(parts[0])
+    app.conf.fair_codel_interval = float(parts[1])
+    if len(parts) > 2:
+        app.conf.fair_codel_action = parts[2]
+    if len(parts) > 3:
+        app.conf.fair_codel_max_requeues = int(parts[3])
+if os.environ.get("CELERY_FAIR_PREFETCH_MULTIPLIER"):
+    app.conf.worker_prefetch_multiplier = int(os.environ["CELERY_FAIR_PREFETCH_MULTIPLIER"])
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 
@@ -60,3 +88,24 @@ def nap(ms: float = 0.0) -> None:
     """Sleep ``ms`` milliseconds: occupies a pool slot without using a core."""
     if ms:
         time.sleep(ms / 1000.0)
+
+
+@app.task(name="ledger", bind=True)
+def ledger(self: object, ms: float = 0.0) -> None:
+    """Sleep ``ms`` (plus this worker's slowdown) and record the run in a Redis list."""
+    import json
+
+    import redis
+
+    slow = float(os.environ.get("CELERY_FAIR_SLOW_MS", "0") or 0)
+    if ms or slow:
+        time.sleep((ms + slow) / 1000.0)
+    url = os.environ.get("CELERY_FAIR_LEDGER")
+    if url:
+        request = self.request  # type: ignore[attr-defined]
+        entry = {
+            "id": request.id,
+            "worker": request.hostname,
+            "requeues": int(getattr(request, "fair_codel_requeues", 0) or 0),
+        }
+        redis.Redis.from_url(url).rpush("ledger", json.dumps(entry))

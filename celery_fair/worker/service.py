@@ -45,6 +45,7 @@ class FairService:
         self.cycle: DWRRCycle | None = None
         self.gate: Any = None  # a FairGate on threads/solo pools
         self.tracker: Any = None  # a TaskTracker
+        self.shedder: Any = None  # a Shedder when CoDel is on
         self.windows: dict[str, int] = {}
         self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
@@ -142,4 +143,5 @@ class FairService:
         with self.lock:
             stats = self.scheduler.statistics(window).as_dict()
         stats["prefetch_windows"] = dict(self.windows)
+        stats["codel"] = self.shedder.statistics() if self.shedder is not None else None
         return stats

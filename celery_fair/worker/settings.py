@@ -27,7 +27,13 @@ DEFAULTS: dict[str, Any] = {
     "fair_credit": None,
     "fair_prefetch": None,
     "fair_telemetry_dir": None,
+    "fair_codel_target": None,
+    "fair_codel_interval": None,
+    "fair_codel_action": "requeue",
+    "fair_codel_max_requeues": 3,
 }
+
+CODEL_ACTIONS = ("requeue", "reject")
 
 
 class FairConfigError(ImproperlyConfigured, click.ClickException):
@@ -105,6 +111,43 @@ def _prefetch(value: Any) -> int | dict[str, int] | None:
     return _window("fair_prefetch", value)
 
 
+def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
+    target, interval = conf.get("fair_codel_target"), conf.get("fair_codel_interval")
+    action = conf.get("fair_codel_action") or "requeue"
+    if action not in CODEL_ACTIONS:
+        raise FairConfigError(
+            f"fair_codel_action must be one of {', '.join(CODEL_ACTIONS)}; got {action!r}"
+        )
+    max_requeues = conf.get("fair_codel_max_requeues")
+    if max_requeues is None:
+        max_requeues = 3
+    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
+        raise FairConfigError(
+            f"fair_codel_max_requeues must be an integer >= 0, got {max_requeues!r}"
+        )
+    if target is None and interval is None:
+        return {"codel_action": action, "codel_max_requeues": max_requeues}
+    if target is None or interval is None:
+        missing = "fair_codel_target" if target is None else "fair_codel_interval"
+        raise FairConfigError(
+            f"{missing} must be set too: CoDel needs both fair_codel_target and "
+            f"fair_codel_interval (got target={target!r}, interval={interval!r})"
+        )
+    target_s = _positive("fair_codel_target", None, target)
+    interval_s = _positive("fair_codel_interval", None, interval)
+    if not target_s < interval_s:
+        raise FairConfigError(
+            f"fair_codel_target must be less than fair_codel_interval, got "
+            f"target={target!r} and interval={interval!r}"
+        )
+    return {
+        "codel_target": target_s,
+        "codel_interval": interval_s,
+        "codel_action": action,
+        "codel_max_requeues": max_requeues,
+    }
+
+
 @dataclass(frozen=True)
 class FairSettings:
     """The validated configuration of one worker."""
@@ -116,6 +159,15 @@ class FairSettings:
     credit: int | None = None
     prefetch: int | Mapping[str, int] | None = None
     telemetry_dir: str | None = None
+    codel_target: float | None = None
+    codel_interval: float | None = None
+    codel_action: str = "requeue"
+    codel_max_requeues: int = 3
+
+    @property
+    def codel(self) -> bool:
+        """Whether CoDel is on (both ``fair_codel_target`` and ``_interval`` set)."""
+        return self.codel_target is not None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
@@ -148,7 +200,9 @@ class FairSettings:
             raise FairConfigError(
                 f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
             )
+        codel = _codel(conf)
         return cls(
+            **codel,
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
             weights=weights,
