@@ -11,9 +11,11 @@ and celery-fair side by side:
 ``CELERY_FAIR_QUORUM_QUEUES``  comma-separated queues to declare as quorum queues
 ``CELERY_FAIR_DLX_QUEUES``  queues declared with a dead-letter exchange ``dlx``
 ``CELERY_FAIR_CODEL``  ``target,interval[,action[,max_requeues]]`` (seconds)
+``CELERY_FAIR_PREFETCH``  the ``fair_prefetch`` setting (``auto`` or a number)
 ``CELERY_FAIR_PREFETCH_MULTIPLIER``  ``worker_prefetch_multiplier``
 ``CELERY_FAIR_LEDGER``  Redis URL where the ``ledger`` task records each run
 ``CELERY_FAIR_SLOW_MS``  extra milliseconds every ``ledger`` task sleeps here
+``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ if os.environ.get("CELERY_FAIR_CODEL"):
         app.conf.fair_codel_action = parts[2]
     if len(parts) > 3:
         app.conf.fair_codel_max_requeues = int(parts[3])
+if os.environ.get("CELERY_FAIR_PREFETCH"):
+    value = os.environ["CELERY_FAIR_PREFETCH"]
+    app.conf.fair_prefetch = value if value == "auto" else int(value)
 if os.environ.get("CELERY_FAIR_PREFETCH_MULTIPLIER"):
     app.conf.worker_prefetch_multiplier = int(os.environ["CELERY_FAIR_PREFETCH_MULTIPLIER"])
 if os.environ.get("CELERY_FAIR", "1") == "1":
@@ -97,7 +102,10 @@ def ledger(self: object, ms: float = 0.0) -> None:
 
     import redis
 
+    started = time.time()
     slow = float(os.environ.get("CELERY_FAIR_SLOW_MS", "0") or 0)
+    if started < float(os.environ.get("CELERY_FAIR_SLOW_FROM", "0") or 0):
+        slow = 0.0
     if ms or slow:
         time.sleep((ms + slow) / 1000.0)
     url = os.environ.get("CELERY_FAIR_LEDGER")
@@ -107,5 +115,7 @@ def ledger(self: object, ms: float = 0.0) -> None:
             "id": request.id,
             "worker": request.hostname,
             "requeues": int(getattr(request, "fair_codel_requeues", 0) or 0),
+            "started": started,
+            "published": getattr(request, "fair_published", None),
         }
         redis.Redis.from_url(url).rpush("ledger", json.dumps(entry))

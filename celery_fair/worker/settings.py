@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_runtime_quantum": 0.001,
     "fair_credit": None,
     "fair_prefetch": None,
+    "fair_prefetch_max": None,
     "fair_telemetry_dir": None,
     "fair_codel_target": None,
     "fair_codel_interval": None,
@@ -102,10 +103,12 @@ def _window(setting: str, value: Any) -> int:
     return value
 
 
-def _prefetch(value: Any) -> int | dict[str, int] | None:
-    """``fair_prefetch``: None (auto), one window for every queue, or per queue."""
-    if value is None or value == "auto":
+def _prefetch(value: Any) -> int | dict[str, int] | str | None:
+    """``fair_prefetch``: None, ``"auto"``, one window for every queue, or per queue."""
+    if value is None:
         return None
+    if value == "auto":
+        return "auto"
     if isinstance(value, Mapping):
         return {str(q): _window(f"fair_prefetch[{q!r}]", w) for q, w in value.items()}
     return _window("fair_prefetch", value)
@@ -157,7 +160,8 @@ class FairSettings:
     cost: CostMode = "count"
     runtime_quantum: float = 0.001
     credit: int | None = None
-    prefetch: int | Mapping[str, int] | None = None
+    prefetch: int | Mapping[str, int] | str | None = None
+    prefetch_max: int | None = None
     telemetry_dir: str | None = None
     codel_target: float | None = None
     codel_interval: float | None = None
@@ -205,6 +209,11 @@ class FairSettings:
             **codel,
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
+            prefetch_max=(
+                None
+                if conf.get("fair_prefetch_max") is None
+                else _window("fair_prefetch_max", conf.get("fair_prefetch_max"))
+            ),
             weights=weights,
             default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),
             cost=cost,

@@ -7,11 +7,13 @@ CoDel says drop (RFC 8289: the *minimum* sojourn stayed above ``target`` for
 an ``interval``), the task is returned to the broker, where an idle worker
 can take it, and the next waiting task is considered at once.
 
-``requeue`` publishes a copy to the same exchange and routing key with the
-``fair_codel_requeues`` header incremented, then acknowledges the original
-(basic.reject with requeue cannot carry a count, and a count is what stops
-a task from bouncing between slow workers forever).  A crash between the two
-steps leaves a duplicate, never a loss.  The copy joins the back of the queue.
+``requeue`` puts a copy back with the ``fair_codel_requeues`` header
+incremented, then acknowledges the original (basic.reject with requeue cannot
+carry a count, and a count is what stops a task from bouncing between slow
+workers forever).  A crash between the two steps leaves a duplicate, never a
+loss.  On Redis the copy goes to the *front* of its queue (it keeps its place
+in line: the next fetch by any worker takes it); on RabbitMQ it is published
+to the same exchange and routing key and joins the back of the queue.
 After ``fair_codel_max_requeues`` returns a task runs here.  ``reject``
 rejects without requeue: RabbitMQ dead-letters it when the queue has a
 dead-letter exchange (checked at start: other brokers would drop it).
@@ -53,6 +55,7 @@ class Shedder:
         max_requeues: int = 3,
         clock: Callable[[], float],
         on_returned: Callable[[Any, str], None] | None = None,
+        queue_of: Callable[[Any], str | None] | None = None,
     ) -> None:
         self.app = app
         self.clock = clock
@@ -60,6 +63,7 @@ class Shedder:
         self.action = action
         self.max_requeues = max_requeues
         self.on_returned = on_returned
+        self.queue_of = queue_of
         self.requeued = 0
         self.rejected = 0
         self.kept = 0  # stale, but at the requeue cap: ran here
@@ -105,6 +109,12 @@ class Shedder:
 
     def _requeue(self, request: Any, count: int) -> None:
         message = request.message
+        channel = getattr(message, "channel", None)
+        queue = self.queue_of(request) if self.queue_of is not None else None
+        if queue is not None and hasattr(channel, "_q_for_pri") and hasattr(message, "_raw"):
+            self._requeue_front_redis(channel, message, queue, count)
+            request.acknowledge()
+            return
         headers = dict(message.headers or {})
         headers[REQUEUE_HEADER] = count + 1
         info = message.delivery_info or {}
@@ -126,6 +136,24 @@ class Shedder:
                 **properties,
             )
         request.acknowledge()
+
+    def _requeue_front_redis(self, channel: Any, message: Any, queue: str, count: int) -> None:
+        """Put the copy where BRPOP takes next (the front): it keeps its place.
+
+        Kombu publishes with LPUSH and fetches with BRPOP (right end), so an
+        RPUSH puts the message first in line.
+        """
+        import json
+        import uuid
+
+        payload = json.loads(json.dumps(message._raw))  # a deep copy
+        payload.setdefault("headers", {})[REQUEUE_HEADER] = count + 1
+        # A new delivery tag, as Kombu gives every published message (it keys
+        # the unacknowledged index; a copy must not share the original's).
+        payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
+        priority = channel._get_message_priority(payload, reverse=False)
+        with channel.conn_or_acquire() as client:
+            client.rpush(channel._q_for_pri(queue, priority), json.dumps(payload))
 
     def statistics(self) -> dict[str, Any]:
         stats = self.controller.statistics().as_dict()

@@ -44,6 +44,7 @@ class FairWorkerStep(bootsteps.StartStopStep):
                 max_requeues=settings.codel_max_requeues,
                 clock=w.fair.clock,
                 on_returned=w.fair.tracker.returned,
+                queue_of=w.fair.queue_of,
             )
             if settings.codel_action == "reject":
                 _check_dead_lettering(w.app)
@@ -121,6 +122,8 @@ class FairConsumerStep(bootsteps.StartStopStep):
             return
         channel = c.task_consumer.channel
         if service.attach(channel, c.task_consumer.queues):
+            if service.settings.prefetch == "auto":
+                service.adapt_prefetch(c, channel)
             logger.info(
                 "celery-fair: DWRR fetch order on %s, weights %s, cost %s",
                 ", ".join(service.scheduler.queues) or "(no queues yet)",

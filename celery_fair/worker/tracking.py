@@ -47,7 +47,8 @@ class TaskTracker:
 
     @property
     def active(self) -> bool:
-        return self.writer is not None or self.service.settings.cost == "runtime"
+        settings = self.service.settings
+        return self.writer is not None or settings.cost == "runtime" or settings.prefetch == "auto"
 
     def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Stamp the receipt time (telemetry, and CoDel's sojourn).
@@ -122,6 +123,7 @@ class TaskTracker:
                 if runtime_cost:
                     with lock:
                         scheduler.finished(queue, runtime)
+                service.observe_service(runtime)
                 if self.writer is not None:
                     record(request, queue, outcome, runtime, dispatched)
 
