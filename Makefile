@@ -18,7 +18,7 @@ typecheck: setup
 	$(VENV)/bin/mypy celery_fair
 
 docs: setup
-	$(VENV)/bin/mkdocs build --strict --quiet
+	$(VENV)/bin/mkdocs build --strict
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
