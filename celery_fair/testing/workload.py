@@ -16,6 +16,8 @@ and celery-fair side by side:
 ``CELERY_FAIR_LEDGER``  Redis URL where the ``ledger`` task records each run
 ``CELERY_FAIR_SLOW_MS``  extra milliseconds every ``ledger`` task sleeps here
 ``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
+``CELERY_FAIR_ACKS_LATE``  "1": acknowledge after the task ran (``task_acks_late``)
+``CELERY_FAIR_VISIBILITY``  Redis ``visibility_timeout`` (s), restored every second
 """
 
 from __future__ import annotations
@@ -75,6 +77,15 @@ if os.environ.get("CELERY_FAIR_PREFETCH"):
     app.conf.fair_prefetch = value if value == "auto" else int(value)
 if os.environ.get("CELERY_FAIR_PREFETCH_MULTIPLIER"):
     app.conf.worker_prefetch_multiplier = int(os.environ["CELERY_FAIR_PREFETCH_MULTIPLIER"])
+if os.environ.get("CELERY_FAIR_ACKS_LATE") == "1":
+    app.conf.task_acks_late = True
+    app.conf.task_reject_on_worker_lost = True
+if os.environ.get("CELERY_FAIR_VISIBILITY"):
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["CELERY_FAIR_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 
