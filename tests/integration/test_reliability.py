@@ -50,7 +50,14 @@ def wait_some(ledger_url: str, n: int, timeout: float = 60) -> None:
 def test_warm_shutdown_returns_buffered_tasks(redis_url: str, pool: str) -> None:
     fill_queues(redis_url, {"a": 40, "b": 40}, task="ledger", args=(50,))
     ids = published_ids(redis_url, "a") | published_ids(redis_url, "b")
-    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_PREFETCH_MULTIPLIER": "8"}
+    # Late acknowledgement: with Celery's default early ack, plain Celery 5.7
+    # itself loses 1-2 of these 80 tasks at a prefork warm shutdown (acked
+    # just before running, never run); measured the same with celery-fair.
+    env = {
+        "CELERY_FAIR_LEDGER": redis_url,
+        "CELERY_FAIR_PREFETCH_MULTIPLIER": "8",
+        "CELERY_FAIR_ACKS_LATE": "1",
+    }
     first = WorkerProcess(redis_url, ["a", "b"], pool=pool, concurrency=2, env=env).start()
     wait_some(redis_url, 6)
     assert first.proc is not None
@@ -93,12 +100,13 @@ def test_killed_worker_tasks_are_redelivered(
             assert second.proc is not None and second.proc.poll() is None, second.log()[-3000:]
             assert time.monotonic() < deadline, f"{len(ran_ids(redis_url))} of {total} ran"
             time.sleep(0.2)
+        # Late acknowledgement: every task ran at least once; the ones running
+        # when the worker died may have run twice (at-least-once delivery).
+        assert len(ran_ids(redis_url)) == total
     finally:
         second.stop()
-        b.purge(queues)
-    # Late acknowledgement: every task ran at least once; the ones running
-    # when the worker died may have run twice (at-least-once delivery).
-    assert len(ran_ids(redis_url)) == total
+        if broker == "rabbitmq":
+            b.purge(queues)
 
 
 def test_broker_restart_is_rejoined_and_shares_restored(redis_server: object) -> None:
