@@ -1,5 +1,5 @@
 # Two entry points: `make demo` and `make test`. Both install what they need.
-.PHONY: setup demo test lint typecheck unit integration bench
+.PHONY: setup demo test lint typecheck docs unit integration bench
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,11 +17,14 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy celery_fair
 
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 unit: setup
 	$(PY) -m pytest tests/unit -q
 
-test: setup lint typecheck
+test: setup lint typecheck docs
 	bash scripts/run_tests.sh
 
 bench: setup
-	$(PY) -m bench.dwrr_article
+	bash bench/run_all.sh

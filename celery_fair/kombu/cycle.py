@@ -11,13 +11,16 @@ which queues ahead of it were passed over as empty.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..scheduling.scheduler import FairScheduler
 
-__all__ = ("DWRRCycle", "install_on_channel")
+__all__ = ("MALFORMED_SUFFIX", "DWRRCycle", "install_on_channel")
+
+logger = logging.getLogger(__name__)
 
 
 class DWRRCycle:
@@ -135,6 +138,7 @@ def install_on_channel(
         return reject(delivery_tag, requeue=requeue)
 
     qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
+    _quarantine_malformed(channel, cycle)
     if restore_unacked is not None:
 
         def fair_restore_unacked(*args: Any, **kwargs: Any) -> Any:
@@ -143,3 +147,60 @@ def install_on_channel(
 
         qos.restore_unacked = fair_restore_unacked
     return cycle
+
+
+#: Where a payload that cannot be decoded is kept (a Redis list per queue).
+MALFORMED_SUFFIX = ".fair-malformed"
+
+
+def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
+    """Keep undecodable payloads instead of crashing the consumer.
+
+    BRPOP removes the item before Kombu decodes it, so a payload that is not
+    JSON would be lost and the worker would stop (Kombu 5.7 raises out of its
+    event loop).  The raw reply is remembered (one assignment per message, no
+    extra parsing), and when decoding fails the item is pushed to
+    ``<queue>.fair-malformed``, an error is logged, and polling goes on.
+    """
+    client = getattr(channel, "client", None)
+    read = getattr(channel, "_brpop_read", None)
+    if client is None or read is None or not hasattr(client, "parse_response"):
+        return
+    parse = client.parse_response
+    last: list[Any] = [None]
+
+    def fair_parse_response(connection: Any, command_name: Any, **options: Any) -> Any:
+        response = parse(connection, command_name, **options)
+        if command_name == "BRPOP":
+            last[0] = response
+        return response
+
+    def fair_brpop_read(**options: Any) -> Any:
+        last[0] = None
+        try:
+            return read(**options)
+        except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+            response = last[0]
+            if not response:
+                raise
+            dest, item = response
+            key = dest.decode() if isinstance(dest, bytes) else str(dest)
+            queue = key.rsplit(getattr(channel, "sep", "\x06\x16"), 1)[0]
+            with channel.conn_or_acquire() as conn:
+                conn.lpush(queue + MALFORMED_SUFFIX, item)
+            with cycle.lock:
+                cycle.scheduler.released(queue)
+            cycle.last_fetched = None
+            logger.error(
+                "celery-fair: undecodable message on queue %r moved to %r: %r",
+                queue, queue + MALFORMED_SUFFIX, item[:200],
+            )  # fmt: skip
+            from queue import Empty
+
+            raise Empty() from None
+
+    client.parse_response = fair_parse_response
+    channel._brpop_read = fair_brpop_read
+    handlers = getattr(channel, "handlers", None)
+    if isinstance(handlers, dict):
+        handlers["BRPOP"] = fair_brpop_read

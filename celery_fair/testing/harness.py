@@ -55,6 +55,7 @@ class WorkerProcess:
     env: Mapping[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    name: str = field(default_factory=lambda: f"fair-{uuid.uuid4().hex[:8]}")
 
     def start(self) -> WorkerProcess:
         env = dict(os.environ)
@@ -69,7 +70,7 @@ class WorkerProcess:
             "-P", self.pool, "-c", str(self.concurrency),
             "-Q", ",".join(self.queues),
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-l", "INFO", "-n", f"fair-{uuid.uuid4().hex[:8]}@%h",
+            "-l", "INFO", "-n", f"{self.name}@%h",
             *self.extra_args,
         ]  # fmt: skip
         fd, path = tempfile.mkstemp(prefix="celery-fair-worker-", suffix=".log")

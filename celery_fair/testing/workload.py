@@ -9,6 +9,15 @@ and celery-fair side by side:
 ``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
 ``CELERY_FAIR_TELEMETRY_DIR``  the ``fair_telemetry_dir`` setting
 ``CELERY_FAIR_QUORUM_QUEUES``  comma-separated queues to declare as quorum queues
+``CELERY_FAIR_DLX_QUEUES``  queues declared with a dead-letter exchange ``dlx``
+``CELERY_FAIR_CODEL``  ``target,interval[,action[,max_requeues]]`` (seconds)
+``CELERY_FAIR_PREFETCH``  the ``fair_prefetch`` setting (``auto`` or a number)
+``CELERY_FAIR_PREFETCH_MULTIPLIER``  ``worker_prefetch_multiplier``
+``CELERY_FAIR_LEDGER``  Redis URL where the ``ledger`` task records each run
+``CELERY_FAIR_SLOW_MS``  extra milliseconds every ``ledger`` task sleeps here
+``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
+``CELERY_FAIR_ACKS_LATE``  "1": acknowledge after the task ran (``task_acks_late``)
+``CELERY_FAIR_VISIBILITY``  Redis ``visibility_timeout`` (s), restored every second
 """
 
 from __future__ import annotations
@@ -42,6 +51,41 @@ if os.environ.get("CELERY_FAIR_QUORUM_QUEUES"):
         Queue(name, durable=True, queue_arguments={"x-queue-type": "quorum"})
         for name in os.environ["CELERY_FAIR_QUORUM_QUEUES"].split(",")
     ]
+if os.environ.get("CELERY_FAIR_DLX_QUEUES"):
+    from kombu.entity import Exchange, Queue
+
+    app.conf.task_queues = [
+        Queue(
+            name,
+            Exchange(name),
+            routing_key=name,
+            durable=True,
+            queue_arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": name},
+        )  # fmt: skip
+        for name in os.environ["CELERY_FAIR_DLX_QUEUES"].split(",")
+    ]
+if os.environ.get("CELERY_FAIR_CODEL"):
+    parts = os.environ["CELERY_FAIR_CODEL"].split(",")
+    app.conf.fair_codel_target = float(parts[0])
+    app.conf.fair_codel_interval = float(parts[1])
+    if len(parts) > 2:
+        app.conf.fair_codel_action = parts[2]
+    if len(parts) > 3:
+        app.conf.fair_codel_max_requeues = int(parts[3])
+if os.environ.get("CELERY_FAIR_PREFETCH"):
+    value = os.environ["CELERY_FAIR_PREFETCH"]
+    app.conf.fair_prefetch = value if value == "auto" else int(value)
+if os.environ.get("CELERY_FAIR_PREFETCH_MULTIPLIER"):
+    app.conf.worker_prefetch_multiplier = int(os.environ["CELERY_FAIR_PREFETCH_MULTIPLIER"])
+if os.environ.get("CELERY_FAIR_ACKS_LATE") == "1":
+    app.conf.task_acks_late = True
+    app.conf.task_reject_on_worker_lost = True
+if os.environ.get("CELERY_FAIR_VISIBILITY"):
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["CELERY_FAIR_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 
@@ -60,3 +104,29 @@ def nap(ms: float = 0.0) -> None:
     """Sleep ``ms`` milliseconds: occupies a pool slot without using a core."""
     if ms:
         time.sleep(ms / 1000.0)
+
+
+@app.task(name="ledger", bind=True)
+def ledger(self: object, ms: float = 0.0) -> None:
+    """Sleep ``ms`` (plus this worker's slowdown) and record the run in a Redis list."""
+    import json
+
+    import redis
+
+    started = time.time()
+    slow = float(os.environ.get("CELERY_FAIR_SLOW_MS", "0") or 0)
+    if started < float(os.environ.get("CELERY_FAIR_SLOW_FROM", "0") or 0):
+        slow = 0.0
+    if ms or slow:
+        time.sleep((ms + slow) / 1000.0)
+    url = os.environ.get("CELERY_FAIR_LEDGER")
+    if url:
+        request = self.request  # type: ignore[attr-defined]
+        entry = {
+            "id": request.id,
+            "worker": request.hostname,
+            "requeues": int(getattr(request, "fair_codel_requeues", 0) or 0),
+            "started": started,
+            "published": getattr(request, "fair_published", None),
+        }
+        redis.Redis.from_url(url).rpush("ledger", json.dumps(entry))

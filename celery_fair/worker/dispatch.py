@@ -52,11 +52,19 @@ def install_on_semaphore(semaphore: Any, service: FairService) -> None:
             scheduler.wait(_queue_of(service, entry[1]), entry)
 
     def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        with lock:
-            taken = scheduler.next_waiting()
-        if taken is None:
-            raise IndexError("no task is waiting")
-        return taken[1]  # type: ignore[return-value]
+        shedder = service.shedder
+        while True:
+            with lock:
+                taken = scheduler.next_waiting()
+                backlog = len(scheduler.waiting)
+            if taken is None:
+                if shedder is not None:
+                    shedder.empty()
+                raise IndexError("no task is waiting")
+            entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+            entry = taken[1]  # type: ignore[assignment]
+            if shedder is None or shedder.admit(entry[1][0], backlog):
+                return entry
 
     semaphore._add_waiter = add_waiter
     semaphore._pop_waiter = pop_waiter
@@ -106,15 +114,23 @@ class FairGate:
             self._pumping = True
         try:
             while True:
+                shedder = self.service.shedder
                 with self._lock:
                     if self.free <= 0:
                         return
                     taken = self.service.scheduler.next_waiting()
+                    backlog = len(self.service.scheduler.waiting)
                     if taken is None:
+                        if shedder is not None:
+                            shedder.empty()
                         return
                     self.free -= 1
                 entry: Any = taken[1]
                 run, request = entry
+                if shedder is not None and not shedder.admit(request, backlog):
+                    with self._lock:
+                        self.free += 1  # returned to the broker: the slot stays free
+                    continue
                 run(request)
         finally:
             with self._lock:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from time import monotonic
 from typing import Any
 
 from ..kombu.cycle import DWRRCycle, install_on_channel
+from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
 from .settings import FairSettings
 
@@ -45,6 +47,10 @@ class FairService:
         self.cycle: DWRRCycle | None = None
         self.gate: Any = None  # a FairGate on threads/solo pools
         self.tracker: Any = None  # a TaskTracker
+        self.shedder: Any = None  # a Shedder when CoDel is on
+        self.adaptive: AdaptivePrefetch | None = None
+        self._qos: Any = None
+        self._base_window = 0
         self.windows: dict[str, int] = {}
         self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
@@ -61,7 +67,28 @@ class FairService:
         with self.lock:
             self.scheduler.reset_held()
         self.cycle = install_on_channel(channel, self.scheduler, lock=self.lock)
+        if self.cycle is not None and self.shedder is not None:
+            self._hold_fetch_while_dropping(channel.qos)
         return self.cycle is not None
+
+    def _hold_fetch_while_dropping(self, qos: Any) -> None:
+        """A worker whose buffer CoDel finds stale fetches nothing more.
+
+        Otherwise the slot freed by each returned task is refilled at once,
+        often with the very task just returned (it is first in line), and the
+        tasks bounce instead of reaching an idle worker.  Kombu's Redis
+        transport asks ``can_consume()`` before every BRPOP (and holds back a
+        pending reply while it is false).
+        """
+        can_consume = qos.can_consume
+        shedder, waiting = self.shedder, self.scheduler.waiting
+
+        def fair_can_consume() -> bool:
+            if shedder.controller.dropping and len(waiting) > 0:
+                return False
+            return bool(can_consume())
+
+        qos.can_consume = fair_can_consume
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
@@ -100,10 +127,11 @@ class FairService:
     def _windows(self, total: int) -> dict[str, int]:
         setting = self.settings.prefetch
         auto = self.scheduler.push_windows(total, cap=max(4 * total, 1))
-        if setting is None:
+        if setting is None or setting == "auto":
             return auto
         if isinstance(setting, int):
             return dict.fromkeys(auto, setting)
+        assert not isinstance(setting, str)
         return {q: setting.get(q, w) for q, w in auto.items()}
 
     def window_for(self, queue: str) -> int:
@@ -116,6 +144,50 @@ class FairService:
                 queue, 1
             )
         return window
+
+    def adapt_prefetch(self, consumer: Any, channel: Any) -> None:
+        """``fair_prefetch="auto"`` on a polling transport (Redis).
+
+        The fetch round trip is measured from Kombu's own BRPOP send time to
+        the reply; task run times come from the tracker.  The window is
+        applied through Celery's QoS object (``c.qos.set``), which changes
+        the channel's prefetch count in place: no reconnection.
+        """
+        qos = getattr(consumer, "qos", None)
+        if qos is None or not hasattr(channel, "_brpop_read"):
+            return
+        base = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
+        self.adaptive = AdaptivePrefetch(
+            slots=self.concurrency,
+            minimum=self.concurrency,
+            maximum=self.settings.prefetch_max or base,
+        )
+        self._qos, self._base_window = qos, base
+        read, clock = channel._brpop_read, self.clock
+
+        def fair_brpop_read(**options: Any) -> Any:
+            sent = getattr(channel, "_brpop_sent_at", None)
+            result = read(**options)
+            if sent is not None and self.adaptive is not None:
+                self.adaptive.observe_fetch(clock() - sent)
+            return result
+
+        channel._brpop_read = fair_brpop_read
+        channel.handlers["BRPOP"] = fair_brpop_read
+
+    def observe_service(self, runtime: float) -> None:
+        """A task ran for ``runtime`` s: resize the adaptive window if needed."""
+        adaptive = self.adaptive
+        if adaptive is None:
+            return
+        adaptive.observe_service(runtime)
+        wanted = adaptive.window()
+        if wanted != self._base_window and self._qos is not None:
+            # Keep Celery's own additions (ETA tasks) on top of our base.
+            current = int(getattr(self._qos, "value", self._base_window) or self._base_window)
+            self._qos.set(max(1, current + wanted - self._base_window))
+            self._base_window = wanted
+            self.windows = {"*": wanted}
 
     def _map_queues(self, queues: Iterable[Any]) -> None:
         self._queue_by_key = {}
@@ -142,4 +214,7 @@ class FairService:
         with self.lock:
             stats = self.scheduler.statistics(window).as_dict()
         stats["prefetch_windows"] = dict(self.windows)
+        stats["codel"] = self.shedder.statistics() if self.shedder is not None else None
+        if self.adaptive is not None:
+            stats["adaptive_prefetch"] = asdict(self.adaptive.statistics())
         return stats

@@ -26,8 +26,15 @@ DEFAULTS: dict[str, Any] = {
     "fair_runtime_quantum": 0.001,
     "fair_credit": None,
     "fair_prefetch": None,
+    "fair_prefetch_max": None,
     "fair_telemetry_dir": None,
+    "fair_codel_target": None,
+    "fair_codel_interval": None,
+    "fair_codel_action": "requeue",
+    "fair_codel_max_requeues": 3,
 }
+
+CODEL_ACTIONS = ("requeue", "reject")
 
 
 class FairConfigError(ImproperlyConfigured, click.ClickException):
@@ -96,13 +103,52 @@ def _window(setting: str, value: Any) -> int:
     return value
 
 
-def _prefetch(value: Any) -> int | dict[str, int] | None:
-    """``fair_prefetch``: None (auto), one window for every queue, or per queue."""
-    if value is None or value == "auto":
+def _prefetch(value: Any) -> int | dict[str, int] | str | None:
+    """``fair_prefetch``: None, ``"auto"``, one window for every queue, or per queue."""
+    if value is None:
         return None
+    if value == "auto":
+        return "auto"
     if isinstance(value, Mapping):
         return {str(q): _window(f"fair_prefetch[{q!r}]", w) for q, w in value.items()}
     return _window("fair_prefetch", value)
+
+
+def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
+    target, interval = conf.get("fair_codel_target"), conf.get("fair_codel_interval")
+    action = conf.get("fair_codel_action") or "requeue"
+    if action not in CODEL_ACTIONS:
+        raise FairConfigError(
+            f"fair_codel_action must be one of {', '.join(CODEL_ACTIONS)}; got {action!r}"
+        )
+    max_requeues = conf.get("fair_codel_max_requeues")
+    if max_requeues is None:
+        max_requeues = 3
+    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
+        raise FairConfigError(
+            f"fair_codel_max_requeues must be an integer >= 0, got {max_requeues!r}"
+        )
+    if target is None and interval is None:
+        return {"codel_action": action, "codel_max_requeues": max_requeues}
+    if target is None or interval is None:
+        missing = "fair_codel_target" if target is None else "fair_codel_interval"
+        raise FairConfigError(
+            f"{missing} must be set too: CoDel needs both fair_codel_target and "
+            f"fair_codel_interval (got target={target!r}, interval={interval!r})"
+        )
+    target_s = _positive("fair_codel_target", None, target)
+    interval_s = _positive("fair_codel_interval", None, interval)
+    if not target_s < interval_s:
+        raise FairConfigError(
+            f"fair_codel_target must be less than fair_codel_interval, got "
+            f"target={target!r} and interval={interval!r}"
+        )
+    return {
+        "codel_target": target_s,
+        "codel_interval": interval_s,
+        "codel_action": action,
+        "codel_max_requeues": max_requeues,
+    }
 
 
 @dataclass(frozen=True)
@@ -114,8 +160,18 @@ class FairSettings:
     cost: CostMode = "count"
     runtime_quantum: float = 0.001
     credit: int | None = None
-    prefetch: int | Mapping[str, int] | None = None
+    prefetch: int | Mapping[str, int] | str | None = None
+    prefetch_max: int | None = None
     telemetry_dir: str | None = None
+    codel_target: float | None = None
+    codel_interval: float | None = None
+    codel_action: str = "requeue"
+    codel_max_requeues: int = 3
+
+    @property
+    def codel(self) -> bool:
+        """Whether CoDel is on (both ``fair_codel_target`` and ``_interval`` set)."""
+        return self.codel_target is not None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
@@ -148,9 +204,16 @@ class FairSettings:
             raise FairConfigError(
                 f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
             )
+        codel = _codel(conf)
         return cls(
+            **codel,
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
+            prefetch_max=(
+                None
+                if conf.get("fair_prefetch_max") is None
+                else _window("fair_prefetch_max", conf.get("fair_prefetch_max"))
+            ),
             weights=weights,
             default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),
             cost=cost,

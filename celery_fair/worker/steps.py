@@ -9,7 +9,8 @@ from celery.utils.log import get_logger
 
 from .dispatch import FairGate, install_on_semaphore
 from .service import FairService
-from .settings import FairSettings
+from .settings import FairConfigError, FairSettings
+from .shedding import Shedder
 from .tracking import TaskTracker
 
 __all__ = ("FairConsumerStep", "FairWorkerStep")
@@ -33,6 +34,20 @@ class FairWorkerStep(bootsteps.StartStopStep):
         concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
         w.fair = FairService(settings, concurrency=concurrency)
         w.fair.tracker = TaskTracker(w.fair, hostname=getattr(w, "hostname", None))
+        if settings.codel:
+            assert settings.codel_target is not None and settings.codel_interval is not None
+            w.fair.shedder = Shedder(
+                w.app,
+                target=settings.codel_target,
+                interval=settings.codel_interval,
+                action=settings.codel_action,
+                max_requeues=settings.codel_max_requeues,
+                clock=w.fair.clock,
+                on_returned=w.fair.tracker.returned,
+                queue_of=w.fair.queue_of,
+            )
+            if settings.codel_action == "reject":
+                _check_dead_lettering(w.app)
         if settings.telemetry_dir is not None:
             # Fails here, at start, if the telemetry extra is missing.
             from ..telemetry import TelemetryWriter  # noqa: F401
@@ -107,6 +122,8 @@ class FairConsumerStep(bootsteps.StartStopStep):
             return
         channel = c.task_consumer.channel
         if service.attach(channel, c.task_consumer.queues):
+            if service.settings.prefetch == "auto":
+                service.adapt_prefetch(c, channel)
             logger.info(
                 "celery-fair: DWRR fetch order on %s, weights %s, cost %s",
                 ", ".join(service.scheduler.queues) or "(no queues yet)",
@@ -153,3 +170,16 @@ def _hold_during_drain(connection: Any, gate: Any) -> None:
             gate.open()
 
     connection.drain_events = fair_drain_events
+
+
+def _check_dead_lettering(app: Any) -> None:
+    """``fair_codel_action="reject"`` must not silently drop tasks."""
+    from kombu.connection import Connection
+
+    transport = Connection(app.conf.broker_url).transport
+    if getattr(transport, "driver_type", "") != "amqp":
+        raise FairConfigError(
+            "fair_codel_action='reject' needs a broker that dead-letters rejected "
+            f"messages (RabbitMQ with a dead-letter exchange); got broker transport "
+            f"{transport.driver_type!r}. Use fair_codel_action='requeue'."
+        )

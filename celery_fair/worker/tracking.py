@@ -16,6 +16,8 @@ from typing import Any
 
 from celery.exceptions import Retry
 
+from .shedding import RECEIVED_MONOTONIC
+
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
 
 #: Header stamped by the producer (``before_task_publish``) with its wall time.
@@ -45,19 +47,55 @@ class TaskTracker:
 
     @property
     def active(self) -> bool:
-        return self.writer is not None or self.service.settings.cost == "runtime"
+        settings = self.service.settings
+        return self.writer is not None or settings.cost == "runtime" or settings.prefetch == "auto"
 
     def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """Stamp the receipt time (only needed for telemetry)."""
-        if self.writer is None:
+        """Stamp the receipt time (telemetry, and CoDel's sojourn).
+
+        ``receive`` is the worker's ``process_task``: called on receipt, or
+        when an ETA task comes due, so an ETA task's sojourn starts then.
+        """
+        codel = self.service.settings.codel
+        if self.writer is None and not codel:
             return receive
-        wall = self.wall
+        wall, clock = self.wall, self.service.clock
 
         def fair_receive(request: Any) -> Any:
             setattr(request, RECEIVED_ATTR, wall())
+            if codel:
+                setattr(request, RECEIVED_MONOTONIC, clock())
             return receive(request)
 
         return fair_receive
+
+    def returned(self, request: Any, outcome: str) -> None:
+        """A task CoDel sent back or rejected: record it (it never ran here)."""
+        if self.writer is None:
+            return
+        from ..telemetry import TaskRecord
+
+        queue = self.service.queue_of(request)
+        info = getattr(request, "delivery_info", None) or {}
+        published = _header(request, PUBLISHED_HEADER)
+        key = _header(request, KEY_HEADER)
+        self.writer.record(
+            TaskRecord(
+                task_id=request.id,
+                task_name=request.name,
+                queue=queue,
+                outcome=outcome,
+                received=getattr(request, RECEIVED_ATTR, None),
+                finished=self.wall(),
+                routing_key=info.get("routing_key"),
+                fair_key=None if key is None else str(key),
+                published=float(published) if isinstance(published, (int, float)) else None,
+                cost=0.0,
+                target_weight=None if queue is None else self.service.scheduler.weight(queue),
+                hostname=self.hostname,
+                pid=self.pid,
+            )
+        )
 
     def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Follow each task handed to the pool until it finishes."""
@@ -80,11 +118,20 @@ class TaskTracker:
                 if done:
                     return
                 done = True
+                # The wrappers below refer to the request and the request to
+                # them: drop them now so reference counting frees the request
+                # (left to the cyclic GC, every request and its message would
+                # pile up between collections: 6-8% of throughput, measured).
+                attrs = getattr(request, "__dict__", None)
+                if attrs is not None:
+                    attrs.pop("on_success", None)
+                    attrs.pop("on_failure", None)
                 if runtime is None:
                     runtime = clock() - started
                 if runtime_cost:
                     with lock:
                         scheduler.finished(queue, runtime)
+                service.observe_service(runtime)
                 if self.writer is not None:
                     record(request, queue, outcome, runtime, dispatched)
 

@@ -174,3 +174,22 @@ def test_cycle_protocol_reports_skips_and_service() -> None:
 def test_cost_mode_is_validated() -> None:
     with pytest.raises(ValueError, match="'bogus'"):
         FairScheduler(cost="bogus")  # type: ignore[arg-type]
+
+
+def test_adaptive_prefetch_follows_round_trip_over_service_time() -> None:
+    from celery_fair.scheduling.prefetch import AdaptivePrefetch
+
+    p = AdaptivePrefetch(slots=1, minimum=1, maximum=64)
+    assert p.window() == 64  # no estimates yet: Celery's own window
+    for _ in range(10):
+        p.observe_fetch(0.104)
+        p.observe_service(0.004)
+    assert p.window() == 26 + 1  # the seed's 104 ms / 4 ms, plus one spare
+    for _ in range(60):
+        p.observe_service(0.040)  # processing slowed down: a smaller window
+    assert p.window() <= 5
+    p.observe_fetch(5.0)  # a fetch that waited on an empty queue is not round trip
+    assert p.round_trip == pytest.approx(0.104)
+    assert p.statistics().changes >= 2
+    with pytest.raises(ValueError, match="minimum"):
+        AdaptivePrefetch(slots=1, minimum=5, maximum=2)

@@ -83,3 +83,27 @@ def test_install_adds_and_never_replaces_configuration() -> None:
     assert names.count("celery_fair.worker") == 1
     options = [o.name for o in app.user_options["worker"]]
     assert options.count("fair_weights") == 1
+
+
+@pytest.mark.parametrize(
+    ("conf", "fragment"),
+    [
+        ({"fair_codel_target": 0.5, "fair_codel_interval": 0.1}, "must be less than"),
+        ({"fair_codel_target": 0.1}, "fair_codel_interval must be set too"),
+        ({"fair_codel_interval": 1}, "fair_codel_target must be set too"),
+        ({"fair_codel_target": -1, "fair_codel_interval": 1}, "fair_codel_target must be a"),
+        ({"fair_codel_target": 0.1, "fair_codel_interval": "x"}, "got 'x'"),
+        ({"fair_codel_action": "drop"}, "fair_codel_action must be one of requeue, reject"),
+        ({"fair_codel_max_requeues": -1}, "fair_codel_max_requeues must be an integer >= 0"),
+    ],
+)
+def test_codel_settings_are_validated(conf: dict[str, object], fragment: str) -> None:
+    with pytest.raises(FairConfigError) as info:
+        FairSettings.from_conf(conf)
+    assert fragment in str(info.value)
+
+
+def test_codel_is_off_unless_both_are_set() -> None:
+    assert not FairSettings.from_conf({}).codel
+    on = FairSettings.from_conf({"fair_codel_target": 0.1, "fair_codel_interval": 1.0})
+    assert on.codel and on.codel_action == "requeue" and on.codel_max_requeues == 3

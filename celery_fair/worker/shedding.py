@@ -1,0 +1,176 @@
+"""CoDel in the worker: prefetched tasks that waited too long go back.
+
+Each task about to leave the wait buffer for a pool slot is shown to a
+:class:`~celery_fair.scheduling.codel.CoDelController` with its sojourn (time
+since the worker received it, or since it came due for an ETA task).  When
+CoDel says drop (RFC 8289: the *minimum* sojourn stayed above ``target`` for
+an ``interval``), the task is returned to the broker, where an idle worker
+can take it, and the next waiting task is considered at once.
+
+``requeue`` puts a copy back with the ``fair_codel_requeues`` header
+incremented, then acknowledges the original (basic.reject with requeue cannot
+carry a count, and a count is what stops a task from bouncing between slow
+workers forever).  A crash between the two steps leaves a duplicate, never a
+loss.  On Redis the copy goes to the *front* of its queue (it keeps its place
+in line: the next fetch by any worker takes it); on RabbitMQ it is published
+to the same exchange and routing key and joins the back of the queue.
+After ``fair_codel_max_requeues`` returns a task runs here.  ``reject``
+rejects without requeue: RabbitMQ dead-letters it when the queue has a
+dead-letter exchange (checked at start: other brokers would drop it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..scheduling.codel import CoDelController
+
+__all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder")
+
+logger = logging.getLogger(__name__)
+
+#: How many times CoDel sent this task back (a message header).
+REQUEUE_HEADER = "fair_codel_requeues"
+#: Monotonic receipt (or due) time stamped on the request by the tracker.
+RECEIVED_MONOTONIC = "_fair_received_monotonic"
+
+_PROPERTIES = (
+    "correlation_id", "reply_to", "priority", "expiration", "message_id",
+    "timestamp", "type", "user_id", "app_id", "delivery_mode",
+)  # fmt: skip
+
+
+class Shedder:
+    """Decides, per task leaving the wait buffer, whether to send it back."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        target: float,
+        interval: float,
+        action: str = "requeue",
+        max_requeues: int = 3,
+        clock: Callable[[], float],
+        on_returned: Callable[[Any, str], None] | None = None,
+        queue_of: Callable[[Any], str | None] | None = None,
+    ) -> None:
+        self.app = app
+        self.clock = clock
+        self.controller = CoDelController(target, interval, clock=clock)
+        self.action = action
+        self.max_requeues = max_requeues
+        self.on_returned = on_returned
+        self.queue_of = queue_of
+        self.requeued = 0
+        self.rejected = 0
+        self.kept = 0  # stale, but at the requeue cap: ran here
+        self.errors = 0
+
+    def admit(self, request: Any, backlog: int) -> bool:
+        """True: dispatch ``request`` now.  False: it went back to the broker."""
+        received = getattr(request, RECEIVED_MONOTONIC, None)
+        if received is None:
+            return True
+        now = self.clock()
+        if not self.controller.should_drop(now - received, now, backlog=backlog):
+            return True
+        count = _requeues(request)
+        if self.action == "requeue" and count >= self.max_requeues:
+            self.kept += 1
+            return True
+        try:
+            if self.action == "requeue":
+                self._requeue(request, count)
+                self.requeued += 1
+                outcome = "codel-requeue"
+            else:
+                request.reject(requeue=False)
+                self.rejected += 1
+                outcome = "codel-reject"
+        except Exception:  # noqa: BLE001 - running the task beats losing it
+            self.errors += 1
+            logger.warning(
+                "celery-fair: could not return %s to the broker", request.id, exc_info=True
+            )
+            return True
+        from celery.worker.state import task_ready
+
+        task_ready(request)
+        if self.on_returned is not None:
+            self.on_returned(request, outcome)
+        return False
+
+    def empty(self) -> None:
+        """The wait buffer is empty (CoDel leaves its dropping state)."""
+        self.controller.empty(self.clock())
+
+    def _requeue(self, request: Any, count: int) -> None:
+        message = request.message
+        channel = getattr(message, "channel", None)
+        queue = self.queue_of(request) if self.queue_of is not None else None
+        if queue is not None and hasattr(channel, "_q_for_pri") and hasattr(message, "_raw"):
+            self._requeue_front_redis(channel, message, queue, count)
+            request.acknowledge()
+            return
+        headers = dict(message.headers or {})
+        headers[REQUEUE_HEADER] = count + 1
+        info = message.delivery_info or {}
+        properties = {
+            k: v
+            for k, v in (message.properties or {}).items()
+            if k in _PROPERTIES and v is not None
+        }
+        properties.setdefault("delivery_mode", 2)
+        with self.app.producer_or_acquire() as producer:
+            producer.publish(
+                message.body,
+                exchange=info.get("exchange") or "",
+                routing_key=info.get("routing_key"),
+                headers=headers,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                retry=True,
+                **properties,
+            )
+        request.acknowledge()
+
+    def _requeue_front_redis(self, channel: Any, message: Any, queue: str, count: int) -> None:
+        """Put the copy where BRPOP takes next (the front): it keeps its place.
+
+        Kombu publishes with LPUSH and fetches with BRPOP (right end), so an
+        RPUSH puts the message first in line.
+        """
+        import json
+        import uuid
+
+        payload = json.loads(json.dumps(message._raw))  # a deep copy
+        payload.setdefault("headers", {})[REQUEUE_HEADER] = count + 1
+        # A new delivery tag, as Kombu gives every published message (it keys
+        # the unacknowledged index; a copy must not share the original's).
+        payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
+        priority = channel._get_message_priority(payload, reverse=False)
+        with channel.conn_or_acquire() as client:
+            client.rpush(channel._q_for_pri(queue, priority), json.dumps(payload))
+
+    def statistics(self) -> dict[str, Any]:
+        stats = self.controller.statistics().as_dict()
+        stats.update(
+            action=self.action,
+            max_requeues=self.max_requeues,
+            requeued=self.requeued,
+            rejected=self.rejected,
+            kept_at_cap=self.kept,
+            errors=self.errors,
+        )
+        return stats
+
+
+def _requeues(request: Any) -> int:
+    headers = getattr(request, "_request_dict", None) or {}
+    try:
+        return max(0, int(headers.get(REQUEUE_HEADER) or 0))
+    except (TypeError, ValueError):
+        return 0

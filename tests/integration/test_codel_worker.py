@@ -1,0 +1,130 @@
+"""CoDel in real workers: stale prefetched tasks go back and run elsewhere."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+import redis as redis_lib
+
+from celery_fair.testing.harness import WorkerProcess, fill_queues
+
+pytestmark = pytest.mark.integration
+
+
+def ledger(url: str) -> list[dict]:
+    return [json.loads(x) for x in redis_lib.Redis.from_url(url).lrange("ledger", 0, -1)]
+
+
+def wait_for(url: str, n: int, workers: list[WorkerProcess], timeout: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in workers:
+            assert w.proc is not None and w.proc.poll() is None, w.log()[-3000:]
+        entries = ledger(url)
+        if len({e["id"] for e in entries}) >= n:
+            return entries
+        time.sleep(0.1)
+    raise AssertionError(f"only {len(ledger(url))} of {n} tasks ran")
+
+
+def test_slow_worker_returns_stale_tasks_and_a_fast_one_runs_them(redis_url: str) -> None:
+    n = 60
+    fill_queues(redis_url, {"jobs": n}, task="ledger", args=(5,))
+    common = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_PREFETCH_MULTIPLIER": "10"}
+    slow = WorkerProcess(
+        redis_url, ["jobs"], concurrency=1,
+        env={**common, "CELERY_FAIR_SLOW_MS": "200", "CELERY_FAIR_CODEL": "0.05,0.3"},
+    ).start()  # fmt: skip
+    try:
+        # Let the slow worker fill its window before the fast one arrives.
+        deadline = time.monotonic() + 60
+        while redis_lib.Redis.from_url(redis_url).llen("jobs") > n - 10:
+            assert time.monotonic() < deadline, slow.log()[-2000:]
+            time.sleep(0.05)
+        fast = WorkerProcess(redis_url, ["jobs"], concurrency=2, env=common).start()
+        try:
+            entries = wait_for(redis_url, n, [slow, fast])
+        finally:
+            fast.stop()
+    finally:
+        slow.stop()
+    runs = Counter(e["id"] for e in entries)
+    assert len(runs) == n and set(runs.values()) == {1}, "every task ran exactly once"
+    returned = [e for e in entries if e["requeues"] > 0]
+    assert returned, "the slow worker sent stale tasks back"
+    # The fast worker ran most of what the slow one sent back (the slow one
+    # may fetch a returned task again: it polls the same queue).
+    on_fast = [e for e in returned if e["worker"].split("@")[0] == fast.name]
+    assert len(on_fast) > len(returned) / 2, (len(on_fast), len(returned))
+
+
+def test_requeue_cap_is_honoured_and_nothing_is_lost(redis_url: str) -> None:
+    n = 30
+    fill_queues(redis_url, {"capped": n}, task="ledger", args=(0,))
+    worker = WorkerProcess(
+        redis_url, ["capped"], concurrency=1,
+        env={
+            "CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_PREFETCH_MULTIPLIER": "10",
+            "CELERY_FAIR_SLOW_MS": "100", "CELERY_FAIR_CODEL": "0.02,0.1,requeue,1",
+        },
+    ).start()  # fmt: skip
+    try:
+        entries = wait_for(redis_url, n, [worker])
+    finally:
+        worker.stop()
+    runs = Counter(e["id"] for e in entries)
+    assert len(runs) == n and set(runs.values()) == {1}
+    assert max(e["requeues"] for e in entries) == 1  # returned once at most, then ran
+
+
+@pytest.mark.rabbitmq
+def test_reject_mode_dead_letters_on_rabbitmq(rabbitmq_server: object, redis_url: str) -> None:
+    from kombu import Connection, Exchange, Queue
+
+    url = rabbitmq_server.url  # type: ignore[attr-defined]
+    n = 30
+    dead = Queue("dead-jobs", Exchange("dlx", type="direct"), routing_key="dljobs")
+    with Connection(url) as conn:
+        dead(conn.default_channel).declare()
+    env = {"CELERY_FAIR_DLX_QUEUES": "dljobs"}
+    import os
+
+    os.environ.update(env)  # the filler declares the queue like the worker
+    try:
+        from celery_fair.testing.brokers import AmqpBroker
+
+        broker = AmqpBroker(url)
+        broker.app.conf.task_queues = [
+            Queue("dljobs", Exchange("dljobs"), routing_key="dljobs", durable=True,
+                  queue_arguments={"x-dead-letter-exchange": "dlx",
+                                   "x-dead-letter-routing-key": "dljobs"})
+        ]  # fmt: skip
+        broker.fill({"dljobs": n}, task="ledger", args=(0,))
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+    worker = WorkerProcess(
+        url, ["dljobs"], concurrency=1,
+        env={
+            **env, "CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_PREFETCH": "10",
+            "CELERY_FAIR_SLOW_MS": "100", "CELERY_FAIR_CODEL": "0.02,0.1,reject",
+        },
+    ).start()  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+            ran = len(ledger(redis_url))
+            with Connection(url) as conn:
+                dead_count = dead(conn.default_channel).queue_declare(passive=True).message_count
+            if ran + dead_count >= n:
+                break
+            assert time.monotonic() < deadline, (ran, dead_count)
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+    assert dead_count > 0, "stale tasks were dead-lettered"
+    assert ran + dead_count == n, "each task either ran or was dead-lettered"
