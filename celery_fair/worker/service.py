@@ -182,10 +182,15 @@ class FairService:
             return
         adaptive.observe_service(runtime)
         wanted = adaptive.window()
-        if wanted != self._base_window and self._qos is not None:
-            # Keep Celery's own additions (ETA tasks) on top of our base.
-            current = int(getattr(self._qos, "value", self._base_window) or self._base_window)
-            self._qos.set(max(1, current + wanted - self._base_window))
+        qos = self._qos
+        if wanted != self._base_window and qos is not None:
+            # Move Celery's QoS *value* (its loop re-applies the value whenever
+            # it differs from what was last set), keeping Celery's own
+            # additions for ETA tasks on top of our base, then apply it now.
+            with qos._mutex:
+                current = int(qos.value or self._base_window)
+                qos.value = max(1, current + wanted - self._base_window)
+                qos.update()
             self._base_window = wanted
             self.windows = {"*": wanted}
 
