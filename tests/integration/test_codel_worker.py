@@ -128,3 +128,31 @@ def test_reject_mode_dead_letters_on_rabbitmq(rabbitmq_server: object, redis_url
         worker.stop()
     assert dead_count > 0, "stale tasks were dead-lettered"
     assert ran + dead_count == n, "each task either ran or was dead-lettered"
+
+
+def test_adaptive_prefetch_shrinks_the_window_of_a_slow_worker(redis_url: str) -> None:
+    # Regression: the window must really bind (Celery's loop re-applies its
+    # QoS value, so setting the prefetch count alone was undone at once).
+    fill_queues(redis_url, {"adapt": 200}, task="ledger", args=(30,))
+    client = redis_lib.Redis.from_url(redis_url)
+    worker = WorkerProcess(
+        redis_url, ["adapt"], concurrency=1,
+        env={"CELERY_FAIR_PREFETCH": "auto", "CELERY_FAIR_PREFETCH_MULTIPLIER": "26"},
+    ).start()  # fmt: skip
+    try:
+        # The first window (26) is fetched before there is any estimate; once
+        # it is worked off, the adaptive window must hold.
+        deadline = time.monotonic() + 60
+        while client.llen("adapt") > 150 or int(client.hlen("unacked")) > 3:
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-2000:]
+            assert time.monotonic() < deadline, "the window never shrank"
+            time.sleep(0.05)
+        samples: list[int] = []
+        while len(samples) < 30 and client.llen("adapt") > 0:
+            samples.append(int(client.hlen("unacked")))
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    # Plain Celery would hold 26 unacknowledged messages here; round trip /
+    # service time calls for 1 per slot plus 1 spare.
+    assert samples and max(samples) <= 3, samples
