@@ -71,31 +71,8 @@ class TaskTracker:
 
     def returned(self, request: Any, outcome: str) -> None:
         """A task CoDel sent back or rejected: record it (it never ran here)."""
-        if self.writer is None:
-            return
-        from ..telemetry import TaskRecord
-
-        queue = self.service.queue_of(request)
-        info = getattr(request, "delivery_info", None) or {}
-        published = _header(request, PUBLISHED_HEADER)
-        key = _header(request, KEY_HEADER)
-        self.writer.record(
-            TaskRecord(
-                task_id=request.id,
-                task_name=request.name,
-                queue=queue,
-                outcome=outcome,
-                received=getattr(request, RECEIVED_ATTR, None),
-                finished=self.wall(),
-                routing_key=info.get("routing_key"),
-                fair_key=None if key is None else str(key),
-                published=float(published) if isinstance(published, (int, float)) else None,
-                cost=0.0,
-                target_weight=None if queue is None else self.service.scheduler.weight(queue),
-                hostname=self.hostname,
-                pid=self.pid,
-            )
-        )
+        if self.writer is not None:
+            self._write(request, self.service.queue_of(request), outcome, cost=0.0)
 
     def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Follow each task handed to the pool until it finishes."""
@@ -161,10 +138,21 @@ class TaskTracker:
     def _record(
         self, request: Any, queue: str, outcome: str, runtime: float, dispatched: float
     ) -> None:
+        cost = runtime if self.service.scheduler.cost == "runtime" else 1.0
+        self._write(
+            request,
+            queue,
+            outcome,
+            cost=cost,
+            dispatched=dispatched,
+            started=getattr(request, "time_start", None),
+            runtime=runtime,
+        )
+
+    def _write(self, request: Any, queue: str | None, outcome: str, **times: Any) -> None:
+        """One telemetry record: the request's identity, headers and ``times``."""
         from ..telemetry import TaskRecord
 
-        scheduler = self.service.scheduler
-        cost = runtime if scheduler.cost == "runtime" else 1.0
         info = getattr(request, "delivery_info", None) or {}
         published = _header(request, PUBLISHED_HEADER)
         key = _header(request, KEY_HEADER)
@@ -179,12 +167,9 @@ class TaskTracker:
                 routing_key=info.get("routing_key"),
                 fair_key=None if key is None else str(key),
                 published=float(published) if isinstance(published, (int, float)) else None,
-                dispatched=dispatched,
-                started=getattr(request, "time_start", None),
-                runtime=runtime,
-                cost=cost,
-                target_weight=scheduler.weight(queue),
+                target_weight=None if queue is None else self.service.scheduler.weight(queue),
                 hostname=self.hostname,
                 pid=self.pid,
+                **times,
             )
         )
