@@ -39,10 +39,14 @@ def test_plain_celery_on_rabbitmq_flattens(rabbitmq_server: object) -> None:
     assert max(result.shares().values()) < 0.32
 
 
-def test_flood_cannot_starve_a_weight_one_queue(rabbitmq_server: object) -> None:
-    # The flood is 20x deeper and weighs 3; the quiet queue keeps its 1/4.
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_flood_cannot_starve_a_weight_one_queue(
+    request: pytest.FixtureRequest, broker: str
+) -> None:
+    # The flood is 5x deeper and weighs 3; the quiet queue keeps its 1/4.
+    server = request.getfixturevalue("redis_server" if broker == "redis" else "rabbitmq_server")
     result = run_backlogged(
-        rabbitmq_server.url,  # type: ignore[attr-defined]
+        server.url,
         {"flood": 6000, "quiet": 1200},
         target=1500,
         warmup=300,  # past the start, when every window fills at once
