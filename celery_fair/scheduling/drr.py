@@ -36,7 +36,7 @@ The core reads no clock and imports nothing from Celery or Kombu.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 __all__ = ("DRRStatistics", "DeficitRoundRobin", "QueueStatistics")
@@ -354,10 +354,3 @@ class DeficitRoundRobin:
 
     def __repr__(self) -> str:
         return f"<DeficitRoundRobin queues={len(self._queues)} active={len(self._active)}>"
-
-
-def shares(quanta: Iterable[tuple[str, float]]) -> dict[str, float]:
-    """Target share of each queue: Q[i] / sum(Q)."""
-    items = list(quanta)
-    total = sum(q for _, q in items)
-    return {name: q / total for name, q in items}

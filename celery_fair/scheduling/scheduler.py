@@ -197,12 +197,19 @@ class FairScheduler:
 
     def credit(self, queue: str, window: int | None) -> int | None:
         """How many unacknowledged messages ``queue`` may hold before demotion."""
+        credits = self._credits(window)
+        return None if credits is None else credits.get(queue, max(1, window or 1))
+
+    def _credits(self, window: int | None) -> dict[str, int] | None:
+        """Every queue's credit for this window (None: no credit applies)."""
+        names = self._drr.queues
         if self.credit_limit is not None:
-            return self.credit_limit
+            return dict.fromkeys(names, self.credit_limit)
         if not window:
             return None
-        fair = 2.0 * window * self._fetch_fractions().get(queue, 0.0)
-        return max(1, window - self.reserve, math.ceil(fair))
+        floor = max(1, window - self.reserve)
+        fractions = self._fetch_fractions()
+        return {n: max(floor, math.ceil(2.0 * window * fractions[n])) for n in names}
 
     def _fetch_fractions(self) -> dict[str, float]:
         # Expected fraction of fetches per queue: weight / cost per message.
@@ -216,14 +223,12 @@ class FairScheduler:
         self._demoted = set()
         if len(order) < 2 or not window:
             return order
-        held = self._held
-        fractions = self._fetch_fractions() if self.credit_limit is None else {}
-        floor = max(1, window - self.reserve)
+        held, credits = self._held, self._credits(window)
+        assert credits is not None
         below: list[str] = []
         above: list[str] = []
         for name in order:
-            credit = self.credit_limit or max(floor, math.ceil(2.0 * window * fractions[name]))
-            (below if held[name] < credit else above).append(name)
+            (below if held[name] < credits[name] else above).append(name)
         self._demoted = set(above)
         return below + above if above else order
 
