@@ -16,9 +16,9 @@ WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
 def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
     result = run_backlogged(
         rabbitmq_server.url,  # type: ignore[attr-defined]
-        dict.fromkeys(WEIGHTS, 800),
-        target=1200,
-        warmup=50,
+        dict.fromkeys(WEIGHTS, 1600),
+        target=2500,
+        warmup=200,  # past the start, when every window fills at once
         pool=pool,
         args=(100,),
         extra_args=["--fair-weights", WEIGHT_ARG],
