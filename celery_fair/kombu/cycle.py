@@ -143,7 +143,19 @@ def install_on_channel(
 
         def fair_restore_unacked(*args: Any, **kwargs: Any) -> Any:
             ledger.release_all()
-            return restore_unacked(*args, **kwargs)
+            try:
+                return restore_unacked(*args, **kwargs)
+            except _restore_errors(channel) as exc:
+                # Closing a channel whose connection is already gone (a broker
+                # restart): Kombu cannot reach Redis to restore now, and would
+                # take the worker down.  The messages stay in Redis's unacked
+                # index, and the visibility timeout restores them.
+                logger.warning(
+                    "celery-fair: could not restore unacknowledged messages now (%r); "
+                    "the visibility timeout will restore them",
+                    exc,
+                )
+                return None
 
         qos.restore_unacked = fair_restore_unacked
     return cycle
@@ -204,3 +216,10 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
     handlers = getattr(channel, "handlers", None)
     if isinstance(handlers, dict):
         handlers["BRPOP"] = fair_brpop_read
+
+
+def _restore_errors(channel: Any) -> tuple[type[Exception], ...]:
+    """Errors of restoring over a connection that is gone."""
+    errors = getattr(getattr(channel, "connection", None), "connection_errors", ())
+    found = tuple(e for e in errors if isinstance(e, type) and issubclass(e, Exception))
+    return (AttributeError, OSError, *found)
