@@ -34,6 +34,7 @@ from kombu.message import Message
 from kombu.mixins import ConsumerMixin
 
 from celery_fair.kombu import FairConsumerMixin
+from celery_fair.testing.brokers import publish_plain
 
 from .common import environment, summary, write
 
@@ -102,17 +103,6 @@ def fresh_names() -> list[str]:
     return [f"bench-mixin-{tag}-{i}" for i in range(len(WEIGHTS))]
 
 
-def publish(url: str, counts: dict[str, int]) -> None:
-    with Connection(url) as conn:
-        channel = conn.channel()
-        for name in counts:
-            Queue(name)(channel).declare()
-        producer = conn.Producer(serializer="json")
-        for name, count in counts.items():
-            for i in range(count):
-                producer.publish({"i": i}, routing_key=name, declare=[])
-
-
 def delete(url: str, names: list[str]) -> None:
     with Connection(url) as conn:
         channel = conn.channel()
@@ -122,7 +112,7 @@ def delete(url: str, names: list[str]) -> None:
 
 def idle_run(variant: str, url: str, duration: float) -> dict[str, Any]:
     names = fresh_names()
-    publish(url, dict.fromkeys(names, 0))
+    publish_plain(url, dict.fromkeys(names, 0))
     handled: list[float] = []
     consumer = make(variant, url, names, lambda q, b, m: handled.append(time.monotonic()))
     try:
@@ -161,7 +151,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 def shares_run(variant: str, url: str) -> dict[str, Any]:
     names = fresh_names()
-    publish(url, dict.fromkeys(names, PUBLISHED))
+    publish_plain(url, dict.fromkeys(names, PUBLISHED))
     counts: Counter[str] = Counter()
     stamps: list[float] = []
     consumer: Any = None

@@ -177,6 +177,9 @@ class DeficitRoundRobin:
         """The active list, head first."""
         return tuple(name for name, gen in self._ring if self._active.get(name) == gen)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._queues
+
     def is_active(self, name: str) -> bool:
         return name in self._active
 

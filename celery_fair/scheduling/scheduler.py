@@ -136,14 +136,20 @@ class FairScheduler:
         for name in set(self._drr.queues) - set(wanted):
             self._drr.remove(name)
         for name in wanted:
-            if name not in self._held:
-                self._held[name] = 0
-                self._fetched[name] = 0
-            self._drr.add(name)
+            self._adopt(name)
             # On a polling transport every consumed queue stays in the
             # active list; emptiness is observed per poll (pass_over).
             self._drr.activate(name)
         self._apply_quanta()
+
+    def _adopt(self, queue: str) -> bool:
+        """Start tracking ``queue``; True if the DRR did not know it yet."""
+        self._held.setdefault(queue, 0)
+        self._fetched.setdefault(queue, 0)
+        if queue in self._drr:
+            return False
+        self._drr.add(queue)
+        return True
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Change weights at run time; all are validated before any change."""
@@ -254,10 +260,7 @@ class FairScheduler:
             drr.defer(head)
             head = drr.head()
         if not drr.is_active(queue):
-            if queue not in self._held:
-                self._held[queue] = 0
-                self._fetched[queue] = 0
-                drr.add(queue)
+            if self._adopt(queue):
                 self._apply_quanta()
             drr.activate(queue)
         estimate = self._fetch_cost(queue)
@@ -294,10 +297,7 @@ class FairScheduler:
 
     def wait(self, queue: str, item: object) -> None:
         """Buffer a task of ``queue`` until a pool slot is free."""
-        if queue not in self._held:
-            self._held[queue] = 0
-            self._fetched[queue] = 0
-            self._drr.add(queue)
+        if self._adopt(queue):
             self._apply_quanta()
         self.waiting.put(queue, item)
 

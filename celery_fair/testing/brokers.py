@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ("AmqpBroker", "Broker", "RedisBroker", "broker_for")
+__all__ = ("AmqpBroker", "Broker", "RedisBroker", "broker_for", "publish_plain")
 
 Args = Sequence[object] | Mapping[str, Sequence[object]]
 
@@ -156,3 +156,22 @@ def broker_for(url: str, *, quorum: bool = False) -> RedisBroker | AmqpBroker:
     if url.startswith("redis://"):
         return RedisBroker(url)
     raise ValueError(f"unsupported broker URL {url!r}")
+
+
+def publish_plain(url: str, counts: Mapping[str, int]) -> None:
+    """Publish ``counts[q]`` plain Kombu messages ``{"queue": q, "i": n}`` to each queue.
+
+    For programs without Celery (``FairConsumerMixin``); works on every Kombu
+    transport, the in-memory one included.
+    """
+    from kombu.connection import Connection
+    from kombu.entity import Queue
+
+    with Connection(url) as conn:
+        channel = conn.channel()
+        for name in counts:
+            Queue(name)(channel).declare()
+        producer = conn.Producer(serializer="json")
+        for name, count in counts.items():
+            for i in range(count):
+                producer.publish({"queue": name, "i": i}, routing_key=name, declare=[])

@@ -43,6 +43,27 @@ def _queue_of(service: FairService, args: tuple[Any, ...]) -> str:
     return service.queue_of(request) or UNKNOWN_QUEUE
 
 
+def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> Any:
+    """The next waiting entry in DWRR order that CoDel lets run, or None.
+
+    Entries CoDel sends back to the broker are skipped; the next one is
+    considered at once (RFC 8289: drop and dequeue the next).  The CoDel
+    decision, which may publish, runs outside the lock.
+    """
+    scheduler, shedder = service.scheduler, service.shedder
+    while True:
+        with service.lock:
+            taken = scheduler.next_waiting()
+            backlog = len(scheduler.waiting)
+        if taken is None:
+            if shedder is not None:
+                shedder.empty()
+            return None
+        entry = taken[1]
+        if shedder is None or shedder.admit(request_of(entry), backlog):
+            return entry
+
+
 def install_on_semaphore(semaphore: Any, service: FairService) -> None:
     """Make a ``LaxBoundedSemaphore`` release its waiters in DWRR order."""
     scheduler, lock = service.scheduler, service.lock
@@ -52,19 +73,10 @@ def install_on_semaphore(semaphore: Any, service: FairService) -> None:
             scheduler.wait(_queue_of(service, entry[1]), entry)
 
     def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        shedder = service.shedder
-        while True:
-            with lock:
-                taken = scheduler.next_waiting()
-                backlog = len(scheduler.waiting)
-            if taken is None:
-                if shedder is not None:
-                    shedder.empty()
-                raise IndexError("no task is waiting")
-            entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-            entry = taken[1]  # type: ignore[assignment]
-            if shedder is None or shedder.admit(entry[1][0], backlog):
-                return entry
+        entry = _next_admitted(service, lambda e: e[1][0])
+        if entry is None:
+            raise IndexError("no task is waiting")
+        return entry
 
     semaphore._add_waiter = add_waiter
     semaphore._pop_waiter = pop_waiter
@@ -114,23 +126,16 @@ class FairGate:
             self._pumping = True
         try:
             while True:
-                shedder = self.service.shedder
                 with self._lock:
                     if self.free <= 0:
                         return
-                    taken = self.service.scheduler.next_waiting()
-                    backlog = len(self.service.scheduler.waiting)
-                    if taken is None:
-                        if shedder is not None:
-                            shedder.empty()
-                        return
                     self.free -= 1
-                entry: Any = taken[1]
-                run, request = entry
-                if shedder is not None and not shedder.admit(request, backlog):
+                entry = _next_admitted(self.service, lambda e: e[1])
+                if entry is None:
                     with self._lock:
-                        self.free += 1  # returned to the broker: the slot stays free
-                    continue
+                        self.free += 1
+                    return
+                run, request = entry
                 run(request)
         finally:
             with self._lock:

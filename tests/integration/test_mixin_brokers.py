@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from kombu import Connection, Queue
 from kombu.message import Message
 
 from celery_fair.kombu import FairConsumerMixin
+from celery_fair.testing.brokers import publish_plain
 
 pytestmark = pytest.mark.integration
 
@@ -49,17 +50,6 @@ def names(broker_url: str) -> Iterator[list[str]]:
         channel = conn.channel()
         for name in queue_names:
             Queue(name)(channel).delete()
-
-
-def publish(url: str, counts: Mapping[str, int]) -> None:
-    with Connection(url) as conn:
-        channel = conn.channel()
-        for name in counts:
-            Queue(name)(channel).declare()
-        producer = conn.Producer(serializer="json")
-        for name, count in counts.items():
-            for i in range(count):
-                producer.publish({"i": i}, routing_key=name, declare=[])
 
 
 def remaining(url: str, names: list[str]) -> dict[str, int]:
@@ -109,7 +99,7 @@ def test_backlogged_queues_get_their_weight_shares_and_nothing_is_lost(
     broker_url: str, names: list[str]
 ) -> None:
     weights = dict(zip(names, WEIGHTS, strict=True))
-    publish(broker_url, dict.fromkeys(names, PUBLISHED))
+    publish_plain(broker_url, dict.fromkeys(names, PUBLISHED))
     handler = Counting(stop_after=HANDLED)
     consumer = FairConsumerMixin(Connection(broker_url), weights, handler=handler)
     handler.consumer = consumer
@@ -139,7 +129,7 @@ def test_backlogged_queues_get_their_weight_shares_and_nothing_is_lost(
 def test_idle_consumer_wakes_on_a_delivery_and_stops_on_request(
     broker_url: str, names: list[str]
 ) -> None:
-    publish(broker_url, dict.fromkeys(names, 0))
+    publish_plain(broker_url, dict.fromkeys(names, 0))
     handler = Counting()
     consumer = FairConsumerMixin(
         Connection(broker_url),
@@ -151,7 +141,7 @@ def test_idle_consumer_wakes_on_a_delivery_and_stops_on_request(
     try:
         wait_for(lambda: consumer.statistics().idle_waits >= 2, "two idle waits")
         assert handler.counts.total() == 0
-        publish(broker_url, {names[0]: 1, names[3]: 2})
+        publish_plain(broker_url, {names[0]: 1, names[3]: 2})
         wait_for(lambda: handler.counts.total() == 3, "three deliveries")
         assert handler.counts == Counter({names[0]: 1, names[3]: 2})
     finally:
@@ -163,7 +153,7 @@ def test_handler_errors_reject_or_requeue_without_losing_messages(
     broker_url: str, names: list[str]
 ) -> None:
     failing, requeueing = names[:2]
-    publish(broker_url, {failing: 10, requeueing: 10})
+    publish_plain(broker_url, {failing: 10, requeueing: 10})
     seen: Counter[tuple[str, int]] = Counter()
     done = threading.Event()
 

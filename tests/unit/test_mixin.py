@@ -18,6 +18,7 @@ from kombu.message import Message
 import celery_fair.kombu
 from celery_fair.kombu import FairConsumerMixin
 from celery_fair.kombu.mixin import split_window
+from celery_fair.testing.brokers import publish_plain
 
 URL = "memory://"
 DEADLINE = 60.0
@@ -31,14 +32,7 @@ def names() -> list[str]:
 
 
 def publish(counts: Mapping[str, int], url: str = URL) -> None:
-    with Connection(url) as conn:
-        channel = conn.channel()
-        for name in counts:
-            Queue(name)(channel).declare()
-        producer = conn.Producer(serializer="json")
-        for name, count in counts.items():
-            for i in range(count):
-                producer.publish({"queue": name, "i": i}, routing_key=name, declare=[])
+    publish_plain(url, counts)
 
 
 def remaining(names: list[str], url: str = URL) -> dict[str, int]:
