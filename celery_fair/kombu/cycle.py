@@ -14,9 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
+from kombu.transport.virtual import QoS as VirtualQoS
+
 from ..scheduling.scheduler import FairScheduler
+from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch
 
 __all__ = ("MALFORMED_SUFFIX", "DWRRCycle", "install_on_channel")
 
@@ -44,6 +48,7 @@ class DWRRCycle:
         self.items: list[str] = []
         self._sent: list[str] = []
         self.last_fetched: str | None = None
+        self.atomic: AtomicFetch | None = None
 
     def update(self, items: Iterable[str]) -> None:
         """Kombu: the consumed queues changed."""
@@ -100,7 +105,11 @@ class _HeldLedger:
 
 
 def install_on_channel(
-    channel: Any, scheduler: FairScheduler, *, lock: threading.RLock | None = None
+    channel: Any,
+    scheduler: FairScheduler,
+    *,
+    lock: threading.RLock | None = None,
+    atomic: bool = False,
 ) -> DWRRCycle | None:
     """Make a polling Kombu channel fetch in DWRR order.
 
@@ -109,6 +118,10 @@ def install_on_channel(
     The channel's QoS is wrapped per instance (``append``, ``ack``,
     ``reject``, ``restore_unacked``) to count each queue's held messages:
     Kombu keeps them in one dict without the queue name.
+
+    ``atomic`` (Redis) replaces BRPOP with :mod:`celery_fair.kombu.atomic`'s
+    fetch script, which writes the unacknowledged record itself: the QoS
+    then skips its own write for the messages the script delivered.
     """
     if not hasattr(channel, "_queue_cycle"):
         return None
@@ -125,8 +138,15 @@ def install_on_channel(
     append, ack, reject = qos.append, qos.ack, qos.reject
     restore_unacked = getattr(qos, "restore_unacked", None)
 
+    fetch = install_atomic_fetch(channel, cycle) if atomic else None
+    cycle.atomic = fetch
+    recorded_append = partial(VirtualQoS.append, qos)
+
     def fair_append(message: Any, delivery_tag: Any) -> Any:
         ledger.add(delivery_tag)
+        if fetch is not None and fetch.recorded == delivery_tag:
+            # Already in the unacked hash and index, written by the script.
+            return recorded_append(message, delivery_tag)
         return append(message, delivery_tag)
 
     def fair_ack(delivery_tag: Any) -> Any:
@@ -138,7 +158,8 @@ def install_on_channel(
         return reject(delivery_tag, requeue=requeue)
 
     qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
-    _quarantine_malformed(channel, cycle)
+    if fetch is None:
+        _quarantine_malformed(channel, cycle)
     if restore_unacked is not None:
 
         def fair_restore_unacked(*args: Any, **kwargs: Any) -> Any:
@@ -159,10 +180,6 @@ def install_on_channel(
 
         qos.restore_unacked = fair_restore_unacked
     return cycle
-
-
-#: Where a payload that cannot be decoded is kept (a Redis list per queue).
-MALFORMED_SUFFIX = ".fair-malformed"
 
 
 def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:

@@ -18,6 +18,8 @@ and celery-fair side by side:
 ``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
 ``CELERY_FAIR_ACKS_LATE``  "1": acknowledge after the task ran (``task_acks_late``)
 ``CELERY_FAIR_VISIBILITY``  Redis ``visibility_timeout`` (s), restored every second
+``CELERY_FAIR_POLL``  Redis ``polling_interval``: the server-side timeout of an idle wait (s)
+``CELERY_FAIR_ATOMIC``  "0": Kombu's BRPOP fetch instead of the atomic script
 """
 
 from __future__ import annotations
@@ -86,6 +88,13 @@ if os.environ.get("CELERY_FAIR_VISIBILITY"):
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     }
+if os.environ.get("CELERY_FAIR_POLL"):
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),
+        "polling_interval": float(os.environ["CELERY_FAIR_POLL"]),
+    }
+if os.environ.get("CELERY_FAIR_ATOMIC") == "0":
+    app.conf.fair_atomic_fetch = False
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

@@ -66,7 +66,9 @@ class FairService:
         self._map_queues(queues)
         with self.lock:
             self.scheduler.reset_held()
-        self.cycle = install_on_channel(channel, self.scheduler, lock=self.lock)
+        self.cycle = install_on_channel(
+            channel, self.scheduler, lock=self.lock, atomic=self.settings.atomic_fetch
+        )
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)
         return self.cycle is not None
@@ -163,6 +165,11 @@ class FairService:
             maximum=self.settings.prefetch_max or base,
         )
         self._qos, self._base_window = qos, base
+        fetch = self.cycle.atomic if self.cycle is not None else None
+        if fetch is not None:
+            # The atomic fetch times only fetches that returned a message.
+            fetch.on_fetch = self.adaptive.observe_fetch
+            return
         read, clock = channel._brpop_read, self.clock
 
         def fair_brpop_read(**options: Any) -> Any:
@@ -222,4 +229,6 @@ class FairService:
         stats["codel"] = self.shedder.statistics() if self.shedder is not None else None
         if self.adaptive is not None:
             stats["adaptive_prefetch"] = asdict(self.adaptive.statistics())
+        fetch = self.cycle.atomic if self.cycle is not None else None
+        stats["atomic_fetch"] = fetch.statistics() if fetch is not None else None
         return stats

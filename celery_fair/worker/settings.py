@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_codel_interval": None,
     "fair_codel_action": "requeue",
     "fair_codel_max_requeues": 3,
+    "fair_atomic_fetch": True,
 }
 
 CODEL_ACTIONS = ("requeue", "reject")
@@ -167,6 +168,7 @@ class FairSettings:
     codel_interval: float | None = None
     codel_action: str = "requeue"
     codel_max_requeues: int = 3
+    atomic_fetch: bool = True
 
     @property
     def codel(self) -> bool:
@@ -205,7 +207,11 @@ class FairSettings:
                 f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
             )
         codel = _codel(conf)
+        atomic = get("fair_atomic_fetch")
+        if not isinstance(atomic, bool):
+            raise FairConfigError(f"fair_atomic_fetch must be True or False, got {atomic!r}")
         return cls(
+            atomic_fetch=atomic,
             **codel,
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
