@@ -1,0 +1,160 @@
+"""Loss under a broker crash and a worker crash, on durable Redis.
+
+Redis runs with AOF and ``appendfsync always``; tasks use late acks and a
+10 s visibility timeout.  Each run publishes 1,500 ledger tasks, starts a
+``celery worker -P prefork -c 2``, kills the broker (SIGKILL) mid-run and
+restarts it on the same data and port, then kills the worker (SIGKILL) and
+starts another, which finishes the queue and the restored unacked messages.
+A ledger on a separate Redis records every task run: an id that never
+appears is a lost task; an id that appears twice is an at-least-once
+duplicate (counted, allowed).
+
+Kombu's BRPOP removes a message before the client records it as unacked, so
+a message in flight when the broker dies can exist only in the dead worker's
+memory.  celery-fair's atomic fetch (on by default on Redis) pops and records
+in one server-side script.  Modes alternate within each repetition.
+
+    python -m bench.redis_crash_loss [--runs 10] [--tasks 1500] [--modes plain,fair]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import redis as redis_lib
+
+from celery_fair.testing.harness import WorkerProcess, fill_queues
+from celery_fair.testing.redis import RedisServer
+
+from .common import environment, summary, write
+
+MODES: dict[str, dict[str, str]] = {
+    "plain": {"CELERY_FAIR": "0"},
+    "fair": {"CELERY_FAIR": "1"},
+    "fair-brpop": {"CELERY_FAIR": "1", "CELERY_FAIR_ATOMIC": "0"},
+}
+QUEUES = ["crash-a", "crash-b"]
+
+
+def _wait(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.01)
+
+
+def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
+    """One crash run; returns lost and duplicate counts."""
+    ledger = redis_lib.Redis.from_url(ledger_url)
+    ledger.delete("ledger")
+
+    def ran() -> Counter[str]:
+        return Counter(json.loads(e)["id"] for e in ledger.lrange("ledger", 0, -1))
+
+    env = {
+        **MODES[mode],
+        "CELERY_FAIR_LEDGER": ledger_url,
+        "CELERY_FAIR_ACKS_LATE": "1",
+        "CELERY_FAIR_VISIBILITY": "10",
+    }
+    with RedisServer(appendonly=True) as broker:
+        per_queue = tasks // len(QUEUES)
+        fill_queues(broker.url, dict.fromkeys(QUEUES, per_queue), task="ledger", args=(1,))
+        client = redis_lib.Redis.from_url(broker.url)
+        ids = {json.loads(r)["headers"]["id"] for q in QUEUES for r in client.lrange(q, 0, -1)}
+        client.close()
+        first = WorkerProcess(broker.url, QUEUES, fair=mode != "plain", env=env).start()
+        try:
+            _wait(lambda: ledger.llen("ledger") >= tasks // 3, 120, "first third")
+            broker.restart(kill=True)
+            mark = ledger.llen("ledger")
+            _wait(lambda: ledger.llen("ledger") >= mark + tasks // 4, 120, "after restart")
+        finally:
+            if first.proc is not None and first.proc.poll() is None:
+                os.killpg(first.proc.pid, signal.SIGKILL)
+            first.wait(timeout=30)
+        with WorkerProcess(broker.url, QUEUES, fair=mode != "plain", env=env):
+            started = time.monotonic()
+            # Everything, or 60 s past the visibility timeout: then it is lost.
+            with contextlib.suppress(TimeoutError):
+                _wait(lambda: ids <= set(ran()), 70, "all ids")
+            settle = time.monotonic() - started
+    counts = ran()
+    lost = len(ids - set(counts))
+    duplicates = sum(n - 1 for i, n in counts.items() if i in ids and n > 1)
+    return {"lost": lost, "duplicates": duplicates, "tasks": len(ids), "settle_s": settle}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=1500)
+    parser.add_argument("--modes", default="plain,fair")
+    parser.add_argument("--name", default="redis_crash_loss")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in modes:
+        if mode not in MODES:
+            parser.error(f"--modes: unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    with RedisServer() as ledger_server:
+        for rep in range(args.runs):
+            order = modes if rep % 2 == 0 else modes[::-1]
+            for mode in order:
+                result = one_run(mode, args.tasks, ledger_server.url)
+                runs[mode].append(result)
+                print(
+                    f"run {rep + 1}/{args.runs} {mode:>10}: lost {result['lost']}, "
+                    f"duplicates {result['duplicates']} of {result['tasks']}",
+                    flush=True,
+                )
+    table = [
+        "| mode | runs | runs with a loss | tasks lost (total) | duplicates (median, max) |",
+        "|---|---|---|---|---|",
+    ]
+    data: dict[str, Any] = {"environment": environment(), "args": vars(args), "modes": {}}
+    for mode in modes:
+        lost = [r["lost"] for r in runs[mode]]
+        dups = [r["duplicates"] for r in runs[mode]]
+        data["modes"][mode] = {
+            "runs": runs[mode],
+            "runs_with_loss": sum(1 for n in lost if n),
+            "lost_total": sum(lost),
+            "duplicates": summary([float(d) for d in dups]),
+        }
+        table.append(
+            f"| {mode} | {len(lost)} | {sum(1 for n in lost if n)} | {sum(lost)} | "
+            f"{summary([float(d) for d in dups])['median']:.0f}, {max(dups)} |"
+        )
+    markdown = "\n".join(
+        [
+            "# Broker crash, then worker crash: tasks lost (Redis, AOF always, late acks)",
+            "",
+            f"`python -m bench.redis_crash_loss --runs {args.runs} --tasks {args.tasks} "
+            f"--modes {args.modes}`",
+            "",
+            f"{args.tasks} tasks per run; the broker is SIGKILLed after a third ran and "
+            "restarted on the same data; the worker is SIGKILLed a quarter later and "
+            "another started; visibility timeout 10 s.  A lost task is an id that "
+            "never reached the ledger (a separate Redis).",
+            "",
+            *table,
+            "",
+        ]
+    )
+    write(args.name, data, markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
