@@ -113,6 +113,8 @@ class RunResult:
 
     consumed: dict[str, int]
     elapsed: float
+    #: CPU seconds (user + system) the workers' main processes used in the interval.
+    main_cpu: float | None = None
 
     @property
     def total(self) -> int:
@@ -174,6 +176,7 @@ def run_backlogged(
             worker.start()
         start_counts: dict[str, int] | None = None
         started = 0.0
+        cpu_start: float | None = None
         while True:
             if time.monotonic() > deadline:
                 logs = "\n".join(w.log()[-2000:] for w in pool_of_workers)
@@ -188,18 +191,40 @@ def run_backlogged(
             if start_counts is None:
                 if total >= max(1, warmup):
                     start_counts, started = consumed, now
+                    cpu_start = _main_cpu(pool_of_workers)
             else:
                 if on_sample is not None:
                     on_sample({q: consumed[q] - start_counts[q] for q in counts}, now - started)
                 if total - sum(start_counts.values()) < target:
                     time.sleep(0.005)
                     continue
+                cpu_end = _main_cpu(pool_of_workers)
                 return RunResult(
                     consumed={q: consumed[q] - start_counts[q] for q in counts},
                     elapsed=now - started,
+                    main_cpu=(
+                        None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+                    ),
                 )
             time.sleep(0.005)
     finally:
         for worker in pool_of_workers:
             worker.stop()
         broker.purge(counts)
+
+
+def _main_cpu(workers: Sequence[WorkerProcess]) -> float | None:
+    """User + system CPU seconds of the workers' main processes (Linux ``/proc``)."""
+    total = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    for worker in workers:
+        if worker.proc is None:
+            return None
+        try:
+            stat = Path(f"/proc/{worker.proc.pid}/stat").read_text()
+        except OSError:
+            return None
+        # Fields after the command name (which may hold spaces) start at ")".
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total

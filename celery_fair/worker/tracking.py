@@ -26,9 +26,17 @@ KEY_HEADER = "fair_key"
 RECEIVED_ATTR = "_fair_received"
 
 
-def _header(request: Any, name: str) -> Any:
-    headers = getattr(request, "_request_dict", None) or {}
-    return headers.get(name)
+_RECORD_TYPE: Any = None
+
+
+def _task_record() -> Any:
+    """``TaskRecord``, imported once (the telemetry package loads pyarrow)."""
+    global _RECORD_TYPE
+    if _RECORD_TYPE is None:
+        from ..telemetry import TaskRecord
+
+        _RECORD_TYPE = TaskRecord
+    return _RECORD_TYPE
 
 
 class TaskTracker:
@@ -151,11 +159,11 @@ class TaskTracker:
 
     def _write(self, request: Any, queue: str | None, outcome: str, **times: Any) -> None:
         """One telemetry record: the request's identity, headers and ``times``."""
-        from ..telemetry import TaskRecord
-
+        TaskRecord = _task_record()
         info = getattr(request, "delivery_info", None) or {}
-        published = _header(request, PUBLISHED_HEADER)
-        key = _header(request, KEY_HEADER)
+        headers = getattr(request, "_request_dict", None) or {}
+        published = headers.get(PUBLISHED_HEADER)
+        key = headers.get(KEY_HEADER)
         self.writer.record(
             TaskRecord(
                 task_id=request.id,
