@@ -77,7 +77,19 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
             _wait(lambda: ledger.llen("ledger") >= tasks // 3, 120, "first third")
             broker.restart(kill=True)
             mark = ledger.llen("ledger")
-            _wait(lambda: ledger.llen("ledger") >= mark + tasks // 4, 120, "after restart")
+            # The worker should rejoin and go on; if it exits or stalls instead,
+            # the run goes on to the worker kill all the same (and says so).
+            with contextlib.suppress(TimeoutError):
+                _wait(
+                    lambda: (
+                        ledger.llen("ledger") >= mark + tasks // 4
+                        or (first.proc is not None and first.proc.poll() is not None)
+                    ),
+                    60,
+                    "after restart",
+                )
+            exited = first.proc is not None and first.proc.poll() is not None
+            resumed = ledger.llen("ledger") >= mark + tasks // 4
         finally:
             if first.proc is not None and first.proc.poll() is None:
                 os.killpg(first.proc.pid, signal.SIGKILL)
@@ -91,7 +103,14 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
     counts = ran()
     lost = len(ids - set(counts))
     duplicates = sum(n - 1 for i, n in counts.items() if i in ids and n > 1)
-    return {"lost": lost, "duplicates": duplicates, "tasks": len(ids), "settle_s": settle}
+    return {
+        "lost": lost,
+        "duplicates": duplicates,
+        "tasks": len(ids),
+        "settle_s": settle,
+        "resumed_after_restart": resumed,
+        "worker_exited_at_restart": exited,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                 runs[mode].append(result)
                 print(
                     f"run {rep + 1}/{args.runs} {mode:>10}: lost {result['lost']}, "
-                    f"duplicates {result['duplicates']} of {result['tasks']}",
+                    f"duplicates {result['duplicates']} of {result['tasks']}"
+                    + ("" if result["resumed_after_restart"] else ", stalled after the restart")
+                    + (", worker exited" if result["worker_exited_at_restart"] else ""),
                     flush=True,
                 )
     table = [
-        "| mode | runs | runs with a loss | tasks lost (total) | duplicates (median, max) |",
-        "|---|---|---|---|---|",
+        "| mode | runs | runs with a loss | tasks lost (total) | duplicates (median, max) "
+        "| runs where the worker did not resume after the broker restart |",
+        "|---|---|---|---|---|---|",
     ]
     data: dict[str, Any] = {"environment": environment(), "args": vars(args), "modes": {}}
     for mode in modes:
@@ -133,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         table.append(
             f"| {mode} | {len(lost)} | {sum(1 for n in lost if n)} | {sum(lost)} | "
-            f"{summary([float(d) for d in dups])['median']:.0f}, {max(dups)} |"
+            f"{summary([float(d) for d in dups])['median']:.0f}, {max(dups)} | "
+            f"{sum(1 for r in runs[mode] if not r['resumed_after_restart'])} |"
         )
     markdown = "\n".join(
         [
