@@ -110,6 +110,7 @@ def install_on_channel(
     *,
     lock: threading.RLock | None = None,
     atomic: bool = False,
+    live_channel: Callable[[], Any] | None = None,
 ) -> DWRRCycle | None:
     """Make a polling Kombu channel fetch in DWRR order.
 
@@ -122,6 +123,14 @@ def install_on_channel(
     ``atomic`` (Redis) replaces BRPOP with :mod:`celery_fair.kombu.atomic`'s
     fetch script, which writes the unacknowledged record itself: the QoS
     then skips its own write for the messages the script delivered.
+
+    ``live_channel`` returns the consumer's current channel.  A task that
+    finishes after a reconnection (late acks) is acknowledged on the channel
+    it came from, which is closed: Kombu raises and Celery 5.7's worker stops
+    ("Unrecoverable error").  On Redis the unacked hash and index are shared
+    by every channel, so the acknowledgement is made through the live one;
+    if that fails too, the message stays unacknowledged and the visibility
+    timeout redelivers it (a duplicate run, never a loss).
     """
     if not hasattr(channel, "_queue_cycle"):
         return None
@@ -149,13 +158,32 @@ def install_on_channel(
             return recorded_append(message, delivery_tag)
         return append(message, delivery_tag)
 
+    errors = _restore_errors(channel)
+
     def fair_ack(delivery_tag: Any) -> Any:
         ledger.release(delivery_tag)
-        return ack(delivery_tag)
+        try:
+            return ack(delivery_tag)
+        except errors as exc:
+            if not _closed(channel):
+                raise
+            _ack_elsewhere(channel, live_channel, delivery_tag, exc)
+            return None
 
     def fair_reject(delivery_tag: Any, requeue: bool = False) -> Any:
         ledger.release(delivery_tag)
-        return reject(delivery_tag, requeue=requeue)
+        try:
+            return reject(delivery_tag, requeue=requeue)
+        except errors as exc:
+            if not _closed(channel):
+                raise
+            # Left unacknowledged: the visibility timeout redelivers it.
+            logger.warning(
+                "celery-fair: reject of %s on a closed channel (%r); the visibility "
+                "timeout will redeliver it",
+                delivery_tag, exc,
+            )  # fmt: skip
+            return None
 
     qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
     if fetch is None:
@@ -233,6 +261,34 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
     handlers = getattr(channel, "handlers", None)
     if isinstance(handlers, dict):
         handlers["BRPOP"] = fair_brpop_read
+
+
+def _closed(channel: Any) -> bool:
+    """Whether a Kombu virtual channel was closed (by a reconnection)."""
+    return bool(getattr(channel, "closed", False)) or getattr(channel, "connection", 1) is None
+
+
+def _ack_elsewhere(
+    channel: Any, live_channel: Callable[[], Any] | None, delivery_tag: Any, exc: Exception
+) -> None:
+    """Acknowledge through the live channel (Redis: the unacked keys are shared)."""
+    live = live_channel() if live_channel is not None else None
+    remove = getattr(getattr(live, "qos", None), "_remove_from_indices", None)
+    if live is not None and live is not channel and remove is not None and not _closed(live):
+        try:
+            remove(delivery_tag).execute()
+            logger.info(
+                "celery-fair: acknowledged %s through the new channel (its own closed: %r)",
+                delivery_tag, exc,
+            )  # fmt: skip
+            return
+        except _restore_errors(live) as again:
+            exc = again
+    logger.warning(
+        "celery-fair: could not acknowledge %s (%r); the visibility timeout will "
+        "redeliver it",
+        delivery_tag, exc,
+    )  # fmt: skip
 
 
 def _restore_errors(channel: Any) -> tuple[type[Exception], ...]:

@@ -54,6 +54,7 @@ class FairService:
         self.windows: dict[str, int] = {}
         self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
+        self._channel: Any = None  # the task consumer's current channel
 
     # -- consumer side --------------------------------------------------------
 
@@ -66,8 +67,13 @@ class FairService:
         self._map_queues(queues)
         with self.lock:
             self.scheduler.reset_held()
+        self._channel = channel
         self.cycle = install_on_channel(
-            channel, self.scheduler, lock=self.lock, atomic=self.settings.atomic_fetch
+            channel,
+            self.scheduler,
+            lock=self.lock,
+            atomic=self.settings.atomic_fetch,
+            live_channel=lambda: self._channel,
         )
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)

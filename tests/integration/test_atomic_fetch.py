@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -142,3 +143,43 @@ def test_broker_killed_mid_fetch_then_worker_killed_loses_nothing(redis_url: str
                 )
                 time.sleep(0.1)
     assert ids <= ran_ids(ledger)
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_a_late_ack_on_a_closed_channel_goes_through_the_live_one(
+    redis_url: str, live: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a reconnection, a late ack reaches the closed channel it came from.
+
+    Kombu raises there (Celery 5.7's worker then stops).  The unacked keys
+    are shared, so celery-fair acknowledges through the live channel; with
+    none, the record stays for the visibility timeout (a duplicate, no loss).
+    """
+    caplog.set_level(logging.INFO, logger="celery_fair")
+    client = redis_lib.Redis.from_url(redis_url)
+    queue = Queue("lq", Exchange("lq"), routing_key="lq")
+    with Connection(redis_url) as conn:
+        channel = conn.channel()
+        Producer(channel).publish({"n": 1}, exchange=queue.exchange, routing_key="lq",
+                                  declare=[queue])  # fmt: skip
+        got: list[Any] = []
+        current: list[Any] = [None]
+        install_on_channel(
+            channel, FairScheduler({"lq": 1}), atomic=True, live_channel=lambda: current[0]
+        )
+        with Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]):
+            conn.drain_events(timeout=5)
+        assert len(got) == 1 and client.hlen("unacked") == 1
+        # As when the broker was down at close: nothing restored, the record stays.
+        channel.qos.restore_at_shutdown = False
+        channel.close()
+        if live:
+            current[0] = conn.channel()
+        got[0].ack()  # must not raise
+    if live:
+        assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0
+        assert "through the new channel" in caplog.text
+    else:
+        assert client.hlen("unacked") == 1  # the visibility timeout will restore it
+        assert "visibility timeout will redeliver" in caplog.text
+    assert client.llen("lq") == 0

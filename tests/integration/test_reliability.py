@@ -135,6 +135,30 @@ def test_broker_restart_is_rejoined_and_shares_restored(redis_server: object) ->
         assert consumed["r3"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.05)
 
 
+def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) -> None:
+    """Tasks running when the broker dies finish after the channel is closed.
+
+    Their late acknowledgement goes to a closed channel: Kombu raises and
+    Celery 5.7's worker stops ("Unrecoverable error").  celery-fair
+    acknowledges through the new channel (or leaves the message to the
+    visibility timeout): the same worker finishes every task.
+    """
+    from celery_fair.testing.redis import RedisServer
+
+    with RedisServer(appendonly=True) as broker:
+        fill_queues(broker.url, {"la": 40}, task="ledger", args=(300,))
+        ids = published_ids(broker.url, "la")
+        env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_ACKS_LATE": "1",
+               "CELERY_FAIR_VISIBILITY": "5"}  # fmt: skip
+        with WorkerProcess(broker.url, ["la"], env=env) as worker:
+            wait_some(redis_url, 4)
+            broker.restart(kill=True)  # two tasks are running: their acks come later
+            wait_all(redis_url, ids, worker, timeout=120)
+            log = worker.log()
+    assert "Unrecoverable error" not in log
+    assert ids <= set(ran_ids(redis_url))
+
+
 def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(redis_url: str) -> None:
     client = redis_lib.Redis.from_url(redis_url)
     fill_queues(redis_url, {"m": 50}, task="nap", args=(1,))
