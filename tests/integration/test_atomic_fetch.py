@@ -183,3 +183,44 @@ def test_a_late_ack_on_a_closed_channel_goes_through_the_live_one(
         assert client.hlen("unacked") == 1  # the visibility timeout will restore it
         assert "visibility timeout will redeliver" in caplog.text
     assert client.llen("lq") == 0
+
+
+def consume_with_priorities(redis_url: str, prefix: str, atomic: bool) -> list[int]:
+    client = redis_lib.Redis.from_url(redis_url)
+    options = {"global_keyprefix": prefix} if prefix else {}
+    queue = Queue("pq", Exchange("pq"), routing_key="pq", max_priority=9)
+    order: list[int] = []
+    with Connection(redis_url, transport_options=options) as conn:
+        channel = conn.channel()
+        producer = Producer(channel)
+        for n, priority in enumerate([0, 6, 9, 0, 9, 3]):
+            producer.publish({"n": n}, exchange=queue.exchange, routing_key="pq",
+                             priority=priority, declare=[queue])  # fmt: skip
+        cycle = install_on_channel(channel, FairScheduler({"pq": 1}), atomic=atomic)
+        assert cycle is not None and (cycle.atomic is not None) == atomic
+
+        def on_message(body: dict[str, Any], message: Any) -> None:
+            assert client.hget(f"{prefix}unacked", message.delivery_tag) is not None
+            order.append(body["n"])
+            message.ack()
+
+        with Consumer(channel, [queue], callbacks=[on_message]):
+            deadline = time.monotonic() + 20
+            while len(order) < 6:
+                assert time.monotonic() < deadline, order
+                conn.drain_events(timeout=5)
+    assert client.hlen(f"{prefix}unacked") == 0
+    return order
+
+
+@pytest.mark.parametrize("prefix", ["", "tenant-a:"])
+def test_priorities_and_a_global_key_prefix_are_honoured(redis_url: str, prefix: str) -> None:
+    """Kombu's priority sub-queues and ``global_keyprefix`` reach the script's keys.
+
+    The atomic fetch serves priorities in the order Kombu's BRPOP does.
+    """
+    atomic = consume_with_priorities(redis_url, prefix, atomic=True)
+    brpop = consume_with_priorities(redis_url, prefix, atomic=False)
+    assert atomic == brpop
+    # Kombu's Redis serves the lowest priority number first, FIFO within one.
+    assert atomic == [0, 3, 5, 1, 2, 4]
