@@ -135,6 +135,41 @@ def test_broker_restart_is_rejoined_and_shares_restored(redis_server: object) ->
         assert consumed["r3"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.05)
 
 
+def test_rabbitmq_restart_is_rejoined_with_shares_restored_and_nothing_lost(
+    redis_url: str,
+) -> None:
+    from celery_fair.testing.rabbitmq import RabbitMQServer
+
+    weights = {"rr1": 1, "rr3": 3}
+    per_queue = 1200
+    with RabbitMQServer() as server:
+        b = broker_for(server.url)
+        fill_queues(server.url, dict.fromkeys(weights, per_queue), task="ledger", args=(2,))
+        arg = ",".join(f"{q}={w}" for q, w in weights.items())
+        env = {"CELERY_FAIR_LEDGER": redis_url}
+        with WorkerProcess(server.url, list(weights), env=env,
+                           extra_args=["--fair-weights", arg]) as worker:  # fmt: skip
+            wait_some(redis_url, 300)
+            server.restart()  # same port, same durable queues and messages
+            deadline = time.monotonic() + 90
+            while (before := b.lengths(weights)) and sum(before.values()) > 2 * per_queue - 700:
+                assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+                assert time.monotonic() < deadline, "the worker did not rejoin the broker"
+                time.sleep(0.05)
+            # Shares over the next 800 tasks, all queues still backlogged.
+            while sum(before.values()) - sum((after := b.lengths(weights)).values()) < 800:
+                assert time.monotonic() < deadline, worker.log()[-3000:]
+                time.sleep(0.05)
+            consumed = {q: before[q] - after[q] for q in weights}
+            deadline = time.monotonic() + 120
+            while len(ran_ids(redis_url)) < 2 * per_queue:
+                assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+                assert time.monotonic() < deadline, f"{len(ran_ids(redis_url))} ran"
+                time.sleep(0.1)
+    assert consumed["rr3"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.05)
+    assert len(ran_ids(redis_url)) == 2 * per_queue  # every distinct id ran: nothing lost
+
+
 def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) -> None:
     """Tasks running when the broker dies finish after the channel is closed.
 
