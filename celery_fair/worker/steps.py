@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
 from .dispatch import FairGate, install_on_semaphore
@@ -81,6 +81,7 @@ class FairWorkerStep(bootsteps.StartStopStep):
 
             writer = TelemetryWriter(directory, hostname=getattr(w, "hostname", None))
             service.tracker.writer.target = writer
+            signals.task_revoked.connect(service.tracker.on_revoked, weak=False)
             logger.info("celery-fair: telemetry to %s", directory)
 
     def stop(self, w: Any) -> None:
@@ -93,7 +94,8 @@ class FairWorkerStep(bootsteps.StartStopStep):
         tracker = getattr(getattr(w, "fair", None), "tracker", None)
         deferred = getattr(tracker, "writer", None)
         writer = getattr(deferred, "target", None)
-        if deferred is not None and writer is not None:
+        if tracker is not None and deferred is not None and writer is not None:
+            signals.task_revoked.disconnect(tracker.on_revoked)
             deferred.target = None
             writer.close()
             logger.info("celery-fair: telemetry %s", writer.statistics())

@@ -82,6 +82,38 @@ class TaskTracker:
         if self.writer is not None:
             self._write(request, self.service.queue_of(request), outcome, cost=0.0)
 
+    def on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+        """Celery's ``task_revoked`` signal: record the task with outcome ``revoked``.
+
+        Celery skips a revoked (or expired) task at receipt or just before it
+        runs, in the main process; ``request`` is then the task's context.
+        """
+        task_id = getattr(request, "id", None)
+        if self.writer is None or task_id is None:
+            return
+        info = getattr(request, "delivery_info", None) or {}
+        key = info.get("routing_key")
+        queue = self.service.queue_of(request)
+        published = getattr(request, PUBLISHED_HEADER, None)
+        fair_key = getattr(request, KEY_HEADER, None)
+        self.writer.record(
+            _task_record()(
+                task_id=str(task_id),
+                task_name=getattr(sender, "name", None) or getattr(request, "task", None),
+                queue=queue,
+                outcome="revoked",
+                received=None,
+                finished=self.wall(),
+                routing_key=key,
+                fair_key=None if fair_key is None else str(fair_key),
+                published=float(published) if isinstance(published, (int, float)) else None,
+                target_weight=None if queue is None else self.service.scheduler.weight(queue),
+                hostname=self.hostname,
+                pid=self.pid,
+                cost=0.0,
+            )
+        )
+
     def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Follow each task handed to the pool until it finishes."""
         if not self.active:

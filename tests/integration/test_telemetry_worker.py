@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,33 @@ def test_worker_telemetry_feeds_the_report(redis_url: str, tmp_path: Path) -> No
         row = report["queues"][queue]
         assert row["target_share"] == pytest.approx(weight / 4)
         assert row["share"] == pytest.approx(weight / 4, abs=0.04)
+
+
+def test_revoked_and_expired_tasks_are_recorded(redis_url: str, tmp_path: Path) -> None:
+    """A task Celery skips (revoked or expired) gets a record with outcome ``revoked``."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import datetime
+
+    import redis as redis_lib
+
+    from celery_fair.testing.harness import WorkerProcess
+    from celery_fair.testing.workload import app
+
+    app.conf.broker_url = redis_url
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    expired = [app.send_task("nap", args=(1,), queue="rv", expires=past).id for _ in range(5)]
+    fine = [app.send_task("nap", args=(1,), queue="rv").id for _ in range(5)]
+    telemetry = tmp_path / "telemetry"
+    client = redis_lib.Redis.from_url(redis_url)
+    with WorkerProcess(redis_url, ["rv"], env={"CELERY_FAIR_TELEMETRY_DIR": str(telemetry)}) as w:
+        deadline = time.monotonic() + 60
+        while client.llen("rv") > 0 or w.log().count(" succeeded in ") < len(fine):
+            assert time.monotonic() < deadline, w.log()[-3000:]
+            time.sleep(0.05)
+    # Warm shutdown: running tasks finish, the writer flushes.
+    rows = pq.read_table(telemetry).to_pylist()
+    outcomes = {r["task_id"]: r["outcome"] for r in rows}
+    assert {outcomes.get(i) for i in expired} == {"revoked"}
+    assert {outcomes.get(i) for i in fine} == {"success"}
+    revoked = next(r for r in rows if r["outcome"] == "revoked")
+    assert revoked["queue"] == "rv" and revoked["task_name"] == "nap"
