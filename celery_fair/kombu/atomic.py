@@ -292,14 +292,7 @@ class AtomicFetch:
 
     def _report_malformed(self, queue: str, item: Any) -> None:
         self.malformed += 1
-        cycle = self.cycle
-        with cycle.lock:
-            cycle.scheduler.released(queue)
-        cycle.last_fetched = None
-        logger.error(
-            "celery-fair: undecodable message on queue %r moved to %r: %r",
-            queue, queue + MALFORMED_SUFFIX, item[:200],
-        )  # fmt: skip
+        malformed_moved(self.cycle, queue, item)
 
     def statistics(self) -> dict[str, object]:
         """Counters for ``inspect fair_stats``."""
@@ -310,6 +303,17 @@ class AtomicFetch:
             "wakeups": self.wakeups,
             "malformed": self.malformed,
         }
+
+
+def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
+    """A payload of ``queue`` was moved aside: release its slot and say so."""
+    with cycle.lock:
+        cycle.scheduler.released(queue)
+    cycle.last_fetched = None
+    logger.error(
+        "celery-fair: undecodable message on queue %r moved to %r: %r",
+        queue, queue + MALFORMED_SUFFIX, item[:200],
+    )  # fmt: skip
 
 
 def _text(value: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from kombu.transport.virtual import QoS as VirtualQoS
 
 from ..scheduling.scheduler import FairScheduler
-from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch
+from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch, malformed_moved
 
 __all__ = ("MALFORMED_SUFFIX", "DWRRCycle", "install_on_channel")
 
@@ -245,13 +245,7 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
             queue = key.rsplit(getattr(channel, "sep", "\x06\x16"), 1)[0]
             with channel.conn_or_acquire() as conn:
                 conn.lpush(queue + MALFORMED_SUFFIX, item)
-            with cycle.lock:
-                cycle.scheduler.released(queue)
-            cycle.last_fetched = None
-            logger.error(
-                "celery-fair: undecodable message on queue %r moved to %r: %r",
-                queue, queue + MALFORMED_SUFFIX, item[:200],
-            )  # fmt: skip
+            malformed_moved(cycle, queue, item)
             from queue import Empty
 
             raise Empty() from None

@@ -194,13 +194,16 @@ def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) ->
     assert ids <= set(ran_ids(redis_url))
 
 
-def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(redis_url: str) -> None:
+@pytest.mark.parametrize("atomic", ["1", "0"], ids=["atomic-fetch", "brpop"])
+def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
+    redis_url: str, atomic: str
+) -> None:
     client = redis_lib.Redis.from_url(redis_url)
     fill_queues(redis_url, {"m": 50}, task="nap", args=(1,))
     fill_queues(redis_url, {"m": 5}, task="no.such.task", args=(1,))
     client.lpush("m", b"this is not json")
     fill_queues(redis_url, {"m": 50}, task="nap", args=(1,))
-    with WorkerProcess(redis_url, ["m"]) as worker:
+    with WorkerProcess(redis_url, ["m"], env={"CELERY_FAIR_ATOMIC": atomic}) as worker:
         deadline = time.monotonic() + 60
         while client.llen("m") > 0:
             assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
