@@ -18,6 +18,7 @@ and celery-fair side by side:
 ``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
 ``CELERY_FAIR_ACKS_LATE``  "1": acknowledge after the task ran (``task_acks_late``)
 ``CELERY_FAIR_VISIBILITY``  Redis ``visibility_timeout`` (s), restored every second
+``CELERY_FAIR_METRICS_PORT``  the ``fair_metrics_port`` setting (Prometheus metrics)
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ if os.environ.get("CELERY_FAIR_VISIBILITY"):
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     }
+if os.environ.get("CELERY_FAIR_METRICS_PORT"):
+    app.conf.fair_metrics_port = os.environ["CELERY_FAIR_METRICS_PORT"]
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 
@@ -124,6 +127,7 @@ def ledger(self: object, ms: float = 0.0) -> None:
         request = self.request  # type: ignore[attr-defined]
         entry = {
             "id": request.id,
+            "queue": (request.delivery_info or {}).get("routing_key"),
             "worker": request.hostname,
             "requeues": int(getattr(request, "fair_codel_requeues", 0) or 0),
             "started": started,
