@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from celery import Celery
 
@@ -109,6 +110,9 @@ def nap(ms: float = 0.0) -> None:
         time.sleep(ms / 1000.0)
 
 
+_LEDGERS: dict[str, Any] = {}
+
+
 @app.task(name="ledger", bind=True)
 def ledger(self: object, ms: float = 0.0) -> None:
     """Sleep ``ms`` (plus this worker's slowdown) and record the run in a Redis list."""
@@ -133,4 +137,9 @@ def ledger(self: object, ms: float = 0.0) -> None:
             "started": started,
             "published": getattr(request, "fair_published", None),
         }
-        redis.Redis.from_url(url).rpush("ledger", json.dumps(entry))
+        client = _LEDGERS.get(url)
+        if client is None:
+            # One client per process: a connection per task would pile up
+            # sockets in TIME_WAIT over a long run (the soak runs ~100k tasks).
+            client = _LEDGERS[url] = redis.Redis.from_url(url)
+        client.rpush("ledger", json.dumps(entry))
