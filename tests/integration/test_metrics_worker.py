@@ -77,13 +77,14 @@ def served(metrics: dict[str, dict], queue: str) -> float:
     return value(metrics, "celery_fair_served_tasks", queue, "_total")
 
 
-def test_metrics_count_every_task_and_follow_the_weights(redis_url: str) -> None:
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_metrics_count_every_task_and_follow_the_weights(redis_url: str, pool: str) -> None:
     counts = {"m1": 300, "m3": 900}
     fill_queues(redis_url, counts, task="ledger", args=(2,))
     port = free_port()
     env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_METRICS_PORT": str(port)}
     with WorkerProcess(
-        redis_url, list(counts), env=env, extra_args=["--fair-weights", "m1=1,m3=3"]
+        redis_url, list(counts), pool=pool, env=env, extra_args=["--fair-weights", "m1=1,m3=3"]
     ) as worker:
         wait_ran(redis_url, 200, worker)
         first = scrape(port, worker)
