@@ -377,6 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         f"Broker restart: {outage}. Worst share deviation {worst:.1%} "
         f"({'within' if results['shares_hold'] else 'OUTSIDE'} +-5%).",
     ]
+    if lost:
+        lines += [
+            "",
+            f"Where the lost tasks are: {len(where['queued'])} still queued, "
+            f"{len(where['unacked'])} in Kombu's unacknowledged index (not restored), "
+            f"{len(where['nowhere'])} nowhere in Redis (taken by BRPOP but never recorded as "
+            "unacknowledged: the broker went down between the two commands).",
+        ]
     write(name, results, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if (results["shares_hold"] or args.plain) and not lost else 1
