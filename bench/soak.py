@@ -258,9 +258,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"draining: {len(producer.published)} published", flush=True)
             deadline = time.monotonic() + 120 + VISIBILITY
             published = set(producer.published)
+            client = redis_lib.Redis.from_url(broker.url)
+            idle_since = time.monotonic()
             while time.monotonic() < deadline:
-                entries += read_ledger(ledger, len(entries))
+                count = len(entries)
+                entries += read_ledger(ledger, count)
                 if published <= {e["id"] for e in entries}:
+                    break
+                if len(entries) > count:
+                    idle_since = time.monotonic()
+                # Nothing left anywhere in Redis and nothing running: the rest is lost.
+                left = sum(int(client.llen(q)) for q in QUEUES) + int(client.hlen("unacked"))  # type: ignore[arg-type]
+                if not left and time.monotonic() - idle_since > 5:
                     break
                 time.sleep(0.5)
             time.sleep(2)  # a duplicate may still be running
@@ -340,12 +349,18 @@ def main(argv: list[str] | None = None) -> int:
         "# Soak: weight changes and a broker restart under mixed load"
         + (" (plain Celery)" if args.plain else ""),
         "",
-        f"Reproduce: `python -m bench.soak --minutes {args.minutes:g}` "
+        f"Reproduce: `python -m bench.soak --minutes {args.minutes:g}"
+        f"{' --plain' if args.plain else ''}` "
         f"({results['env']['when']}; one `celery worker -P prefork -c 2` with "
         f"{'plain Celery (weights not applied)' if args.plain else 'celery-fair'} on "
         f"Redis, queues {', '.join(QUEUES)} kept backlogged with `ledger` tasks of "
-        f"{'/'.join(map(str, TASK_MS))} ms at random; weights changed with "
-        f"`control fair_weights` at each phase; Redis restarted on the same port in phase 3). "
+        f"{'/'.join(map(str, TASK_MS))} ms at random; "
+        + (
+            "the targets are what weights would give"
+            if args.plain
+            else "weights changed with `control fair_weights` at each phase"
+        )
+        + "; Redis restarted on the same port in phase 3). "
         f"Shares are counts of tasks started from {SETTLE:g} s after the weight change to the "
         f"end of the phase; in the restart phase the outage plus the {VISIBILITY:g} s "
         f"visibility timeout is left out.",
