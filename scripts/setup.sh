@@ -28,7 +28,7 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e ".[dev,spark]"
+    .venv/bin/pip install -q -e ".[dev,spark,prometheus]"
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

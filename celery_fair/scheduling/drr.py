@@ -233,6 +233,17 @@ class DeficitRoundRobin:
         queue.deficit = min(queue.deficit, queue.quantum)
         self._to_tail(name)
 
+    def forgive(self, name: str) -> None:
+        """Cancel ``name``'s debt (a negative deficit); a credit is kept.
+
+        For a queue that ran up the debt while no other queue had work: DRR
+        with only that queue on the active list would have granted it quanta
+        until it could be served, so there is nobody to repay.
+        """
+        queue = self._queue(name)
+        if queue.deficit < 0:
+            queue.deficit = 0.0
+
     def _to_tail(self, name: str) -> None:
         if self._ring and self._ring[0][0] == name and self._live(self._ring[0]):
             self._ring.rotate(-1)

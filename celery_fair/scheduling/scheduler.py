@@ -241,7 +241,9 @@ class FairScheduler:
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
         """A message of ``queue`` was fetched; ``skipped`` were polled first.
 
-        The skipped queues were empty when polled: their DRR visit ends.
+        The skipped queues were empty when polled: their DRR visit ends, and
+        any turn they come to again before ``queue``'s ends too (a queue
+        served alone owes nobody: it runs up no debt).
         Queues ahead of ``queue`` that were polled last because they held
         their credit defer their turn, keeping their credit (capped at one
         quantum), so ``queue`` is served in its own turn.  Serving it out of
@@ -253,11 +255,27 @@ class FairScheduler:
         drr = self._drr
         for name in skipped:
             drr.pass_over(name)
-        demoted = self._demoted
+        demoted, empty = self._demoted, set(skipped)
+        passed: set[str] = set()
         head = drr.head()
-        while head is not None and head != queue and head in demoted:
-            demoted.discard(head)
-            drr.defer(head)
+        while head is not None and head != queue:
+            if head in demoted:
+                demoted.discard(head)
+                drr.defer(head)
+            elif head in empty:
+                # Found empty by this very poll: DRR would have taken it off
+                # the active list, and the round would come back to ``queue``.
+                # A second meeting means a whole round found only empty
+                # queues: ``queue`` is alone, and what it would owe is
+                # forgiven.  Charging it out of turn instead made a queue that
+                # ran alone for a while run up an unbounded debt, then starve
+                # once the others had work again.
+                if head in passed:
+                    drr.forgive(queue)
+                passed.add(head)
+                drr.pass_over(head)
+            else:
+                break
             head = drr.head()
         if not drr.is_active(queue):
             if self._adopt(queue):

@@ -20,12 +20,14 @@ and celery-fair side by side:
 ``CELERY_FAIR_VISIBILITY``  Redis ``visibility_timeout`` (s), restored every second
 ``CELERY_FAIR_POLL``  Redis ``polling_interval``: the server-side timeout of an idle wait (s)
 ``CELERY_FAIR_ATOMIC``  "0": Kombu's BRPOP fetch instead of the atomic script
+``CELERY_FAIR_METRICS_PORT``  the ``fair_metrics_port`` setting (Prometheus metrics)
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from celery import Celery
 
@@ -95,6 +97,8 @@ if os.environ.get("CELERY_FAIR_POLL"):
     }
 if os.environ.get("CELERY_FAIR_ATOMIC") == "0":
     app.conf.fair_atomic_fetch = False
+if os.environ.get("CELERY_FAIR_METRICS_PORT"):
+    app.conf.fair_metrics_port = os.environ["CELERY_FAIR_METRICS_PORT"]
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 
@@ -115,6 +119,9 @@ def nap(ms: float = 0.0) -> None:
         time.sleep(ms / 1000.0)
 
 
+_LEDGERS: dict[str, Any] = {}
+
+
 @app.task(name="ledger", bind=True)
 def ledger(self: object, ms: float = 0.0) -> None:
     """Sleep ``ms`` (plus this worker's slowdown) and record the run in a Redis list."""
@@ -133,9 +140,15 @@ def ledger(self: object, ms: float = 0.0) -> None:
         request = self.request  # type: ignore[attr-defined]
         entry = {
             "id": request.id,
+            "queue": (request.delivery_info or {}).get("routing_key"),
             "worker": request.hostname,
             "requeues": int(getattr(request, "fair_codel_requeues", 0) or 0),
             "started": started,
             "published": getattr(request, "fair_published", None),
         }
-        redis.Redis.from_url(url).rpush("ledger", json.dumps(entry))
+        client = _LEDGERS.get(url)
+        if client is None:
+            # One client per process: a connection per task would pile up
+            # sockets in TIME_WAIT over a long run (the soak runs ~100k tasks).
+            client = _LEDGERS[url] = redis.Redis.from_url(url)
+        client.rpush("ledger", json.dumps(entry))

@@ -114,7 +114,13 @@ class FairService:
         with self.lock:
             self.scheduler.reset_held()
             self.scheduler.set_queues(q.name for q in task_consumer.queues)
-        total = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
+        # Celery's full window, not the count it lowers for a while after a
+        # reconnection: these windows are fixed until the next one.
+        total = int(
+            getattr(consumer, "max_prefetch_count", 0)
+            or getattr(consumer, "initial_prefetch_count", 0)
+            or 4 * self.concurrency
+        )
         self.windows = self._windows(total)
         basic_consume = channel.basic_consume
 

@@ -5,6 +5,7 @@ Every error names the setting (or the command-line option) and the value.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -33,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "fair_codel_action": "requeue",
     "fair_codel_max_requeues": 3,
     "fair_atomic_fetch": True,
+    "fair_metrics_port": None,
+    "fair_metrics_addr": "127.0.0.1",
 }
 
 CODEL_ACTIONS = ("requeue", "reject")
@@ -152,6 +155,30 @@ def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _metrics(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``fair_metrics_port`` (None: off; 0: any free port) and ``fair_metrics_addr``."""
+    port, addr = conf.get("fair_metrics_port"), conf.get("fair_metrics_addr")
+    if addr is None:
+        addr = DEFAULTS["fair_metrics_addr"]
+    if port is not None:
+        if isinstance(port, str) and port.strip().isdigit():
+            port = int(port)  # from an environment variable or a config file
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise FairConfigError(
+                f"fair_metrics_port must be a TCP port number 0-65535 (0: any free port) "
+                f"or None, got {port!r}"
+            )
+    try:
+        if not isinstance(addr, str):
+            raise ValueError(addr)
+        ipaddress.ip_address(addr)
+    except ValueError:
+        raise FairConfigError(
+            f"fair_metrics_addr must be an IP address to listen on (e.g. '127.0.0.1'), got {addr!r}"
+        ) from None
+    return {"metrics_port": port, "metrics_addr": str(addr)}
+
+
 @dataclass(frozen=True)
 class FairSettings:
     """The validated configuration of one worker."""
@@ -169,6 +196,8 @@ class FairSettings:
     codel_action: str = "requeue"
     codel_max_requeues: int = 3
     atomic_fetch: bool = True
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def codel(self) -> bool:
@@ -213,6 +242,7 @@ class FairSettings:
         return cls(
             atomic_fetch=atomic,
             **codel,
+            **_metrics(conf),
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
             prefetch=_prefetch(conf.get("fair_prefetch")),
             prefetch_max=(

@@ -68,6 +68,9 @@ class Shedder:
         self.rejected = 0
         self.kept = 0  # stale, but at the requeue cap: ran here
         self.errors = 0
+        #: Tasks returned per queue (only shedding touches these: off the hot path).
+        self.requeued_by_queue: dict[str, int] = {}
+        self.rejected_by_queue: dict[str, int] = {}
 
     def admit(self, request: Any, backlog: int) -> bool:
         """True: dispatch ``request`` now.  False: it went back to the broker."""
@@ -85,10 +88,12 @@ class Shedder:
             if self.action == "requeue":
                 self._requeue(request, count)
                 self.requeued += 1
+                self._count(self.requeued_by_queue, request)
                 outcome = "codel-requeue"
             else:
                 request.reject(requeue=False)
                 self.rejected += 1
+                self._count(self.rejected_by_queue, request)
                 outcome = "codel-reject"
         except Exception:  # noqa: BLE001 - running the task beats losing it
             self.errors += 1
@@ -102,6 +107,10 @@ class Shedder:
         if self.on_returned is not None:
             self.on_returned(request, outcome)
         return False
+
+    def _count(self, counts: dict[str, int], request: Any) -> None:
+        queue = (self.queue_of(request) if self.queue_of is not None else None) or "<unknown>"
+        counts[queue] = counts.get(queue, 0) + 1
 
     def empty(self) -> None:
         """The wait buffer is empty (CoDel leaves its dropping state)."""
@@ -162,6 +171,8 @@ class Shedder:
             max_requeues=self.max_requeues,
             requeued=self.requeued,
             rejected=self.rejected,
+            requeued_by_queue=dict(self.requeued_by_queue),
+            rejected_by_queue=dict(self.rejected_by_queue),
             kept_at_cap=self.kept,
             errors=self.errors,
         )

@@ -8,6 +8,7 @@ from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
 from .dispatch import FairGate, install_on_semaphore
+from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .service import FairService
 from .settings import FairConfigError, FairSettings
 from .shedding import Shedder
@@ -51,6 +52,16 @@ class FairWorkerStep(bootsteps.StartStopStep):
         if settings.telemetry_dir is not None:
             # Fails here, at start, if the telemetry extra is missing.
             from ..telemetry import TelemetryWriter  # noqa: F401
+        self.metrics: MetricsServer | None = None
+        if settings.metrics_port is not None:
+            require_prometheus_client()
+            meter = DispatchMeter(cost_at_dispatch=settings.cost == "count")
+            w.fair.tracker.meter = meter
+            collector = FairCollector(w.fair, meter, worker=getattr(w, "hostname", "") or "")
+            self.metrics = MetricsServer(
+                collector, port=settings.metrics_port, addr=settings.metrics_addr
+            )
+            self.metrics.check()
 
     def create(self, w: Any) -> None:
         service: FairService = w.fair
@@ -83,6 +94,15 @@ class FairWorkerStep(bootsteps.StartStopStep):
             service.tracker.writer.target = writer
             signals.task_revoked.connect(service.tracker.on_revoked, weak=False)
             logger.info("celery-fair: telemetry to %s", directory)
+        if self.metrics is not None:
+            # Here, after the pool has forked: the HTTP thread lives in the
+            # main process only, where the scheduler is.
+            port = self.metrics.start()
+            logger.info(
+                "celery-fair: Prometheus metrics on http://%s:%d/metrics",
+                _host(self.metrics.addr),
+                port,
+            )
 
     def stop(self, w: Any) -> None:
         self._close(w)
@@ -91,6 +111,9 @@ class FairWorkerStep(bootsteps.StartStopStep):
         self._close(w)
 
     def _close(self, w: Any) -> None:
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.stop()
         tracker = getattr(getattr(w, "fair", None), "tracker", None)
         deferred = getattr(tracker, "writer", None)
         writer = getattr(deferred, "target", None)
@@ -99,6 +122,10 @@ class FairWorkerStep(bootsteps.StartStopStep):
             deferred.target = None
             writer.close()
             logger.info("celery-fair: telemetry %s", writer.statistics())
+
+
+def _host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
 
 
 class _Deferred:

@@ -52,9 +52,17 @@ class TaskTracker:
         self.hostname = hostname
         self.pid = os.getpid()
         self.wall: Callable[[], float] = time.time
+        #: A :class:`~celery_fair.worker.metrics.DispatchMeter` when metrics are on.
+        self.meter: Any = None
 
     @property
     def active(self) -> bool:
+        """Whether tasks are followed at all (``wrap_dispatch`` wraps)."""
+        return self.follows_completion or self.meter is not None
+
+    @property
+    def follows_completion(self) -> bool:
+        """Whether each task must be followed until it finishes."""
         settings = self.service.settings
         return self.writer is not None or settings.cost == "runtime" or settings.prefetch == "auto"
 
@@ -64,14 +72,15 @@ class TaskTracker:
         ``receive`` is the worker's ``process_task``: called on receipt, or
         when an ETA task comes due, so an ETA task's sojourn starts then.
         """
-        codel = self.service.settings.codel
-        if self.writer is None and not codel:
+        # CoDel and the metrics' sojourn histogram measure from this stamp.
+        monotonic = self.service.settings.codel or self.meter is not None
+        if self.writer is None and not monotonic:
             return receive
         wall, clock = self.wall, self.service.clock
 
         def fair_receive(request: Any) -> Any:
             setattr(request, RECEIVED_ATTR, wall())
-            if codel:
+            if monotonic:
                 setattr(request, RECEIVED_MONOTONIC, clock())
             return receive(request)
 
@@ -121,13 +130,26 @@ class TaskTracker:
         service, clock, wall = self.service, self.service.clock, self.wall
         scheduler, lock = service.scheduler, service.lock
         runtime_cost = service.settings.cost == "runtime"
-        record = self._record
+        record, meter = self._record, self.meter
+        if not self.follows_completion:
+            # Metrics alone: count at dispatch, nothing wrapped per request.
+            def fair_count_dispatch(request: Any) -> Any:
+                queue = service.queue_of(request)
+                if queue is not None:
+                    received = getattr(request, RECEIVED_MONOTONIC, None)
+                    meter.dispatched(queue, None if received is None else clock() - received)
+                return process(request)
+
+            return fair_count_dispatch
 
         def fair_process_task(request: Any) -> Any:
             queue = service.queue_of(request)
             if queue is None:
                 return process(request)
             started, dispatched = clock(), wall()
+            if meter is not None:
+                received = getattr(request, RECEIVED_MONOTONIC, None)
+                meter.dispatched(queue, None if received is None else started - received)
             done = False
 
             def finish(runtime: float | None, outcome: str) -> None:
@@ -148,6 +170,8 @@ class TaskTracker:
                 if runtime_cost:
                     with lock:
                         scheduler.finished(queue, runtime)
+                    if meter is not None:
+                        meter.charge(queue, runtime)
                 service.observe_service(runtime)
                 if self.writer is not None:
                     record(request, queue, outcome, runtime, dispatched)

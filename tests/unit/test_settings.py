@@ -107,3 +107,28 @@ def test_codel_is_off_unless_both_are_set() -> None:
     assert not FairSettings.from_conf({}).codel
     on = FairSettings.from_conf({"fair_codel_target": 0.1, "fair_codel_interval": 1.0})
     assert on.codel and on.codel_action == "requeue" and on.codel_max_requeues == 3
+
+
+@pytest.mark.parametrize(
+    ("conf", "fragment"),
+    [
+        ({"fair_metrics_port": 70000}, "fair_metrics_port must be a TCP port number 0-65535"),
+        ({"fair_metrics_port": -1}, "got -1"),
+        ({"fair_metrics_port": True}, "got True"),
+        ({"fair_metrics_port": "http"}, "got 'http'"),
+        ({"fair_metrics_port": 9100, "fair_metrics_addr": "localhost"}, "got 'localhost'"),
+        ({"fair_metrics_port": 9100, "fair_metrics_addr": 5}, "fair_metrics_addr must be an IP"),
+    ],
+)
+def test_metrics_settings_are_validated(conf: dict[str, object], fragment: str) -> None:
+    with pytest.raises(FairConfigError) as info:
+        FairSettings.from_conf(conf)
+    assert fragment in str(info.value)
+
+
+def test_metrics_are_off_by_default_and_listen_on_loopback() -> None:
+    assert FairSettings.from_conf({}).metrics_port is None
+    on = FairSettings.from_conf({"fair_metrics_port": "9100"})
+    assert on.metrics_port == 9100 and on.metrics_addr == "127.0.0.1"
+    everywhere = FairSettings.from_conf({"fair_metrics_port": 0, "fair_metrics_addr": "::"})
+    assert everywhere.metrics_port == 0 and everywhere.metrics_addr == "::"

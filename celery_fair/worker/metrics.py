@@ -1,0 +1,282 @@
+"""Prometheus metrics of one worker, served over HTTP by its main process.
+
+Optional: ``fair_metrics_port`` turns it on and needs the ``prometheus``
+extra (``pip install celery-fair[prometheus]``).
+
+The hot path stays cheap.  Per task the worker only does what no snapshot
+can reconstruct: it counts the task handed to the pool and files its sojourn
+(receipt -> dispatch) in a fixed bucket (:class:`DispatchMeter`, a bisect and
+three additions under an uncontended lock).  Everything else (weights,
+deficits, held and waiting tasks, fetch counts, CoDel counters) is read from
+the scheduler's :meth:`~celery_fair.worker.service.FairService.statistics`
+when Prometheus scrapes, by a custom collector (:class:`FairCollector`).
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = (
+    "SOJOURN_BUCKETS",
+    "DispatchMeter",
+    "FairCollector",
+    "MeterStatistics",
+    "MetricsServer",
+    "require_prometheus_client",
+)
+
+#: Upper bounds (seconds) of the sojourn histogram's buckets; +Inf is implied.
+SOJOURN_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+PREFIX = "celery_fair"
+
+
+@dataclass(frozen=True)
+class MeterStatistics:
+    """A snapshot of a :class:`DispatchMeter` (per queue)."""
+
+    served: dict[str, int]
+    cost: dict[str, float]
+    #: Per queue: the count in each bucket (not cumulative), the last one +Inf.
+    sojourn_buckets: dict[str, list[int]]
+    sojourn_sum: dict[str, float]
+
+
+class DispatchMeter:
+    """Counts the tasks handed to the pool, their cost and their sojourn.
+
+    ``cost_at_dispatch``: in ``"count"`` mode a task costs 1 when it is
+    dispatched; in ``"runtime"`` mode its measured run time is added by
+    :meth:`charge` when it finishes.  Called from the consumer thread and,
+    with ``-P threads``, from pool threads: one lock guards the counters.
+    """
+
+    def __init__(
+        self, *, cost_at_dispatch: bool = True, buckets: Sequence[float] = SOJOURN_BUCKETS
+    ) -> None:
+        bounds = tuple(float(b) for b in buckets)
+        if not bounds or list(bounds) != sorted(set(bounds)) or bounds[0] <= 0:
+            raise ValueError(f"buckets must be increasing positive numbers, got {buckets!r}")
+        self.buckets = bounds
+        self.cost_at_dispatch = cost_at_dispatch
+        self._lock = threading.Lock()
+        self._served: dict[str, int] = {}
+        self._cost: dict[str, float] = {}
+        self._counts: dict[str, list[int]] = {}
+        self._sum: dict[str, float] = {}
+
+    def dispatched(self, queue: str, sojourn: float | None) -> None:
+        """A task of ``queue`` went to the pool ``sojourn`` s after its receipt."""
+        with self._lock:
+            self._served[queue] = self._served.get(queue, 0) + 1
+            if self.cost_at_dispatch:
+                self._cost[queue] = self._cost.get(queue, 0.0) + 1.0
+            if sojourn is None:
+                return
+            sojourn = max(0.0, sojourn)
+            counts = self._counts.get(queue)
+            if counts is None:
+                counts = self._counts[queue] = [0] * (len(self.buckets) + 1)
+                self._sum[queue] = 0.0
+            # bisect_left: a value equal to a bound belongs to that bucket (le).
+            counts[bisect_left(self.buckets, sojourn)] += 1
+            self._sum[queue] += sojourn
+
+    def charge(self, queue: str, cost: float) -> None:
+        """Add cost measured after the task ran (runtime mode)."""
+        with self._lock:
+            self._cost[queue] = self._cost.get(queue, 0.0) + max(0.0, cost)
+
+    def statistics(self) -> MeterStatistics:
+        with self._lock:
+            return MeterStatistics(
+                served=dict(self._served),
+                cost=dict(self._cost),
+                sojourn_buckets={q: list(c) for q, c in self._counts.items()},
+                sojourn_sum=dict(self._sum),
+            )
+
+
+def require_prometheus_client(setting: str = "fair_metrics_port") -> None:
+    """Raise :class:`FairConfigError` if ``prometheus_client`` is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        from .settings import FairConfigError
+
+        raise FairConfigError(
+            f"{setting} is set but the Python package prometheus_client is not "
+            "installed: pip install 'celery-fair[prometheus]'"
+        ) from None
+
+
+class FairCollector:
+    """A Prometheus collector that reads one worker's state at scrape time.
+
+    ``service`` is the worker's :class:`~celery_fair.worker.service.FairService`
+    and ``meter`` its :class:`DispatchMeter`.
+    """
+
+    def __init__(self, service: Any, meter: DispatchMeter, *, worker: str = "") -> None:
+        self.service = service
+        self.meter = meter
+        self.worker = worker
+
+    def describe(self) -> list[Any]:
+        # Registering must not run a collection (the worker is not started yet).
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        stats = self.service.statistics()
+        metered = self.meter.statistics()
+        labels = ["worker", "queue"]
+        w = self.worker
+
+        def family(kind: Any, name: str, doc: str, values: dict[str, Any]) -> Any:
+            metric = kind(f"{PREFIX}_{name}", doc, labels=labels)
+            for queue, value in sorted(values.items()):
+                metric.add_metric([w, queue], float(value))
+            return metric
+
+        cost_unit = "seconds of run time" if stats["cost"] == "runtime" else "tasks"
+        yield family(
+            CounterMetricFamily,
+            "served_tasks",
+            "Tasks handed to the pool, per queue.",
+            metered.served,
+        )
+        yield family(
+            CounterMetricFamily,
+            "served_cost",
+            f"Cost of the tasks handed to the pool, per queue ({cost_unit}).",
+            metered.cost,
+        )
+        yield family(
+            CounterMetricFamily,
+            "fetched_tasks",
+            "Messages fetched from the broker in DWRR order, per queue (polling brokers).",
+            stats["fetched"],
+        )
+        yield family(GaugeMetricFamily, "weight", "Weight in force, per queue.", stats["weights"])
+        drr = stats["drr"]["queues"]
+        yield family(
+            GaugeMetricFamily,
+            "deficit",
+            "Fetch DRR deficit, per queue (negative: a post-charged debt).",
+            {q: s["deficit"] for q, s in drr.items()},
+        )
+        yield family(
+            GaugeMetricFamily,
+            "held_tasks",
+            "Prefetched, unacknowledged messages held, per queue (polling brokers).",
+            stats["held"],
+        )
+        yield family(
+            GaugeMetricFamily,
+            "buffer_tasks",
+            "Tasks in the worker's buffer waiting for a pool slot, per queue.",
+            stats["waiting"],
+        )
+        codel = stats.get("codel") or {}
+        yield family(
+            CounterMetricFamily,
+            "codel_requeued",
+            "Stale tasks CoDel sent back to the broker, per queue.",
+            codel.get("requeued_by_queue", {}),
+        )
+        yield family(
+            CounterMetricFamily,
+            "codel_rejected",
+            "Stale tasks CoDel rejected (dead-lettered), per queue.",
+            codel.get("rejected_by_queue", {}),
+        )
+        dropping = GaugeMetricFamily(
+            f"{PREFIX}_codel_dropping",
+            "1 while CoDel finds the buffer stale (0 when off or not dropping).",
+            labels=["worker"],
+        )
+        dropping.add_metric([w], 1.0 if codel.get("dropping") else 0.0)
+        yield dropping
+        sojourn = HistogramMetricFamily(
+            f"{PREFIX}_sojourn_seconds",
+            "Time from a task's receipt (or ETA) to its dispatch to the pool, per queue.",
+            labels=labels,
+        )
+        bounds = [*(repr(b) for b in self.meter.buckets), "+Inf"]
+        for queue, counts in sorted(metered.sojourn_buckets.items()):
+            cumulative, running = [], 0
+            for bound, count in zip(bounds, counts, strict=True):
+                running += count
+                cumulative.append((bound, float(running)))
+            sojourn.add_metric([w, queue], cumulative, metered.sojourn_sum[queue])
+        yield sojourn
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``) of one worker's main process."""
+
+    def __init__(self, collector: FairCollector, *, port: int, addr: str) -> None:
+        self.collector = collector
+        self.port = port
+        self.addr = addr
+        self._server: Any = None
+
+    def check(self) -> None:
+        """Fail early, with one line, if the port cannot be bound.
+
+        Called before the pool forks; the real listener is opened in
+        :meth:`start`, after it, so that no child process inherits it.
+        """
+        if self.port == 0:
+            return
+        import socket
+
+        family = socket.AF_INET6 if ":" in self.addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As the HTTP server will: a port in TIME_WAIT is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.addr, self.port))
+            except OSError as exc:
+                raise self._error(exc) from None
+
+    def _error(self, exc: OSError) -> Exception:
+        from .settings import FairConfigError
+
+        return FairConfigError(
+            f"fair_metrics_port: cannot listen on {self.addr}:{self.port} "
+            f"(fair_metrics_addr={self.addr!r}, fair_metrics_port={self.port!r}): {exc}"
+        )
+
+    def start(self) -> int:
+        """Listen and serve from a daemon thread; return the port bound."""
+        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        # The main process's memory and CPU: what an operator watches next to queues.
+        ProcessCollector(namespace=PREFIX, registry=registry)
+        try:
+            self._server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
+        except OSError as exc:
+            raise self._error(exc) from exc
+        return int(self._server.server_port)
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

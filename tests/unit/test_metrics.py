@@ -1,0 +1,131 @@
+"""Prometheus metrics: the per-task meter and the scrape-time collector."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from celery_fair.worker.metrics import (
+    SOJOURN_BUCKETS,
+    DispatchMeter,
+    FairCollector,
+    MetricsServer,
+    require_prometheus_client,
+)
+from celery_fair.worker.service import FairService
+from celery_fair.worker.settings import FairConfigError, FairSettings
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+
+def test_meter_files_sojourns_in_le_buckets() -> None:
+    meter = DispatchMeter(buckets=(0.01, 0.1))
+    for sojourn in (0.0, 0.01, 0.05, 0.1, 5.0, -1.0):
+        meter.dispatched("q", sojourn)
+    meter.dispatched("q", None)  # no receipt stamp: counted, not timed
+    stats = meter.statistics()
+    # le 0.01: 0.0, 0.01 and the negative (clamped); le 0.1: 0.05, 0.1; +Inf: 5.0
+    assert stats.sojourn_buckets["q"] == [3, 2, 1]
+    assert stats.served == {"q": 7} and stats.cost == {"q": 7.0}
+    assert stats.sojourn_sum["q"] == pytest.approx(5.16)
+
+
+def test_runtime_cost_is_charged_at_finish() -> None:
+    meter = DispatchMeter(cost_at_dispatch=False)
+    meter.dispatched("q", 0.001)
+    assert meter.statistics().cost == {}
+    meter.charge("q", 0.25)
+    assert meter.statistics().cost == {"q": 0.25}
+
+
+def test_meter_rejects_bad_buckets() -> None:
+    with pytest.raises(ValueError, match="increasing positive"):
+        DispatchMeter(buckets=(1.0, 0.5))
+
+
+def _service() -> tuple[FairService, DispatchMeter]:
+    service = FairService(FairSettings(weights={"a": 1, "b": 3}))
+    service.scheduler.set_queues(["a", "b"])
+    for queue in ("b", "a", "b", "b"):
+        service.scheduler.fetched(queue)
+    service.scheduler.wait("a", object())
+    meter = DispatchMeter()
+    meter.dispatched("a", 0.002)
+    meter.dispatched("b", 0.2)
+    meter.dispatched("b", 0.3)
+    return service, meter
+
+
+def _samples(collector: FairCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in collector.collect()
+        for s in family.samples
+    }
+
+
+def test_collector_reads_the_scheduler_at_scrape_time() -> None:
+    service, meter = _service()
+    samples = _samples(FairCollector(service, meter, worker="w@h"))
+
+    def value(name: str, queue: str, **extra: str) -> float:
+        labels = tuple(sorted({"worker": "w@h", "queue": queue, **extra}.items()))
+        return samples[(name, labels)]
+
+    assert value("celery_fair_served_tasks_total", "b") == 2
+    assert value("celery_fair_served_cost_total", "a") == 1
+    assert value("celery_fair_fetched_tasks_total", "b") == 3
+    assert value("celery_fair_held_tasks", "b") == 3
+    assert value("celery_fair_buffer_tasks", "a") == 1
+    assert value("celery_fair_weight", "b") == 3
+    assert value("celery_fair_sojourn_seconds_count", "b") == 2
+    assert value("celery_fair_sojourn_seconds_bucket", "b", le="0.25") == 1
+    assert value("celery_fair_sojourn_seconds_bucket", "b", le="+Inf") == 2
+    assert value("celery_fair_sojourn_seconds_sum", "b") == pytest.approx(0.5)
+    # Scrape time is the only time the scheduler is read: a later fetch shows.
+    service.scheduler.fetched("a")
+    samples = _samples(FairCollector(service, meter, worker="w@h"))
+    assert value("celery_fair_fetched_tasks_total", "a") == 2
+
+
+def test_server_serves_the_text_format_on_loopback() -> None:
+    service, meter = _service()
+    server = MetricsServer(FairCollector(service, meter, worker="w@h"), port=0, addr="127.0.0.1")
+    port = server.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.stop()
+    assert 'celery_fair_served_tasks_total{queue="b",worker="w@h"} 2.0' in text
+    assert "# TYPE celery_fair_sojourn_seconds histogram" in text
+    assert "celery_fair_process_resident_memory_bytes" in text
+    buckets = [
+        line
+        for line in text.splitlines()
+        if line.startswith("celery_fair_sojourn_seconds_bucket{") and 'queue="b"' in line
+    ]
+    assert len(buckets) == len(SOJOURN_BUCKETS) + 1  # and +Inf
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    service, meter = _service()
+    first = MetricsServer(FairCollector(service, meter), port=0, addr="127.0.0.1")
+    port = first.start()
+    try:
+        second = MetricsServer(FairCollector(service, meter), port=port, addr="127.0.0.1")
+        with pytest.raises(FairConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            second.check()
+        with pytest.raises(FairConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            second.start()
+    finally:
+        first.stop()
+
+
+def test_missing_prometheus_client_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    with pytest.raises(FairConfigError, match=r"celery-fair\[prometheus\]"):
+        require_prometheus_client()
