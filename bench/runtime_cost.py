@@ -25,13 +25,13 @@ TASK_US = {"long": 10_000, "short": 1_000}
 
 
 def one_run(url: str, cost: str, measure: int, pool: str) -> dict[str, Any]:
-    from celery_fair.testing.workload import app
+    from celery_fair.testing.control import control_app
 
     client = redis_lib.Redis.from_url(url)
     client.flushdb()
     initial = {"long": measure, "short": 4 * measure}
     fill_queues(url, initial, args={q: (us,) for q, us in TASK_US.items()})
-    app.conf.broker_url = url
+    app = control_app(url)
     with WorkerProcess(url, list(TASK_US), pool=pool, env={"CELERY_FAIR_COST": cost}) as worker:
         deadline = time.monotonic() + 300
         while sum(initial[q] - client.llen(q) for q in initial) < measure:

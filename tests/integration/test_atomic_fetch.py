@@ -72,9 +72,9 @@ def test_an_idle_worker_is_woken_by_the_broker_not_by_a_timeout(redis_url: str) 
     env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_POLL": "60"}
     client = redis_lib.Redis.from_url(redis_url)
     with WorkerProcess(redis_url, ["idle"], env=env) as worker:
-        from celery_fair.testing.workload import app
+        from celery_fair.testing.control import control_app
 
-        app.conf.broker_url = redis_url
+        app = control_app(redis_url)
 
         def stats() -> dict[str, Any]:
             replies = app.control.inspect(timeout=3, limit=1)._request("fair_stats") or {}

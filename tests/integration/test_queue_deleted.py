@@ -50,9 +50,9 @@ def wait_until(
 
 
 def fair_stats(broker_url: str) -> dict:
-    from celery_fair.testing.workload import app
+    from celery_fair.testing.control import control_app
 
-    app.conf.broker_url = broker_url
+    app = control_app(broker_url)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         replies = app.control.inspect(timeout=2)._request("fair_stats") or {}
@@ -97,7 +97,7 @@ def test_redis_list_deleted_mid_run(redis_url: str) -> None:
 
 
 def test_redis_queue_removed_from_the_consumer_and_added_back(redis_url: str) -> None:
-    from celery_fair.testing.workload import app
+    from celery_fair.testing.control import control_app
 
     counts = {"a": 1000, "b": 2000, "c": 600}
     broker = broker_for(redis_url)
@@ -106,10 +106,10 @@ def test_redis_queue_removed_from_the_consumer_and_added_back(redis_url: str) ->
     env = {"CELERY_FAIR_LEDGER": redis_url}
     args = ["--fair-weights", "a=1,b=2,c=1"]
     client = redis_lib.Redis.from_url(redis_url)
-    app.conf.broker_url = redis_url
+    app = control_app(redis_url)
     with WorkerProcess(redis_url, list(counts), env=env, extra_args=args) as worker:
         wait_until(lambda: len(ledger(redis_url)) >= 150, worker, "150 tasks")
-        reply = app.control.cancel_consumer("c", reply=True, timeout=5)
+        reply = app.control.cancel_consumer("c", reply=True, timeout=5, limit=1)
         assert reply and "ok" in next(iter(reply[0].values())), reply
         removed_at = len(ledger(redis_url))
         left_in_c = client.llen("c")
@@ -118,7 +118,7 @@ def test_redis_queue_removed_from_the_consumer_and_added_back(redis_url: str) ->
         # c is no longer polled: its tasks wait in Redis, and it left the scheduler.
         assert client.llen("c") == left_in_c > 0
         assert set(stats["weights"]) == {"a", "b"}, stats["weights"]
-        reply = app.control.add_consumer("c", reply=True, timeout=5)
+        reply = app.control.add_consumer("c", reply=True, timeout=5, limit=1)
         assert reply and "ok" in next(iter(reply[0].values())), reply
         wait_until(lambda: every <= {e["id"] for e in ledger(redis_url)}, worker, "every task")
         back = fair_stats(redis_url)

@@ -39,9 +39,9 @@ def test_plain_celery_flattens_the_same_workload(redis_url: str) -> None:
 
 
 def _fair_stats(redis_url: str) -> dict:
-    from celery_fair.testing.workload import app
+    from celery_fair.testing.control import control_app
 
-    app.conf.broker_url = redis_url
+    app = control_app(redis_url)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         replies = app.control.inspect(timeout=2)._request("fair_stats") or {}
@@ -113,13 +113,13 @@ def test_bad_settings_stop_the_worker_at_start(
 def test_weights_change_at_run_time(redis_url: str) -> None:
     import redis
 
-    from celery_fair.testing.workload import app
+    from celery_fair.testing.control import control_app
 
     fill_queues(redis_url, {"a": 2000, "b": 2000}, task="nap", args=(5,))
     client = redis.Redis.from_url(redis_url)
     with WorkerProcess(redis_url, ["a", "b"]) as worker:
         _wait_consumed(redis_url, {"a": 2000, "b": 2000}, 50, worker)
-        app.conf.broker_url = redis_url
+        app = control_app(redis_url)
         replies = app.control.broadcast(
             "fair_weights", arguments={"weights": ["a=x"]}, reply=True, timeout=5, limit=1
         )

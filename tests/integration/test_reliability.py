@@ -209,9 +209,9 @@ def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
             assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
             assert time.monotonic() < deadline, worker.log()[-3000:]
             time.sleep(0.05)
-        from celery_fair.testing.workload import app
+        from celery_fair.testing.control import control_app
 
-        app.conf.broker_url = redis_url
+        app = control_app(redis_url)
         stats = next(iter(app.control.inspect(timeout=3, limit=1)._request("fair_stats").values()))
     log = worker.log()
     assert "no.such.task" in log  # Celery reports the unknown task as it always does

@@ -63,10 +63,10 @@ def test_revoked_and_expired_tasks_are_recorded(redis_url: str, tmp_path: Path) 
 
     import redis as redis_lib
 
+    from celery_fair.testing.control import control_app
     from celery_fair.testing.harness import WorkerProcess
-    from celery_fair.testing.workload import app
 
-    app.conf.broker_url = redis_url
+    app = control_app(redis_url)
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
     expired = [app.send_task("nap", args=(1,), queue="rv", expires=past).id for _ in range(5)]
     fine = [app.send_task("nap", args=(1,), queue="rv").id for _ in range(5)]

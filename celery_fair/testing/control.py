@@ -1,0 +1,28 @@
+"""A remote-control client for the workers of the tests, benchmarks and demo.
+
+Celery caches an app's connection pool with the broker URL it first saw, so
+pointing a shared app at another broker (``app.conf.broker_url = ...``) makes
+its broadcasts go to the old one.  Each client here is a fresh app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ("control_app", "fair_stats")
+
+
+def control_app(broker_url: str) -> Any:
+    """A throw-away Celery app on ``broker_url``, for ``app.control``."""
+    from celery import Celery
+
+    return Celery("celery_fair_control", broker=broker_url, set_as_current=False)
+
+
+def fair_stats(broker_url: str, *, timeout: float = 2.0, limit: int | None = 1) -> dict[str, Any]:
+    """``inspect fair_stats`` replies by worker name (empty if none came)."""
+    app = control_app(broker_url)
+    try:
+        return app.control.inspect(timeout=timeout, limit=limit)._request("fair_stats") or {}
+    finally:
+        app.close()
