@@ -12,6 +12,7 @@ The scenario logic lives in :mod:`celery_fair.showcase`.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import replace
 from typing import Any
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the demo's short versions")
     parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
     parser.add_argument("--name", default=None, help="result file name")
+    parser.add_argument(
+        "--resummarise", action="store_true", help="rebuild .md and .png from the stored .json"
+    )
     args = parser.parse_args(argv)
     scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
     config = (ShowcaseConfig.quick if args.quick else ShowcaseConfig)(
@@ -39,38 +43,61 @@ def main(argv: list[str] | None = None) -> int:
     if args.flood is not None:
         config = replace(config, flood=replace(config.flood, flood=args.flood))
     name = args.name or f"noisy_neighbour_{args.broker}" + ("_quick" if args.quick else "")
+    if args.resummarise:
+        # Rebuild the tables and the chart from the runs stored in the JSON file.
+        stored = json.loads((RESULTS / f"{name}.json").read_text())
+        publish(name, stored["broker"], stored["config"], stored["runs"], stored["env"])
+        return 0
     live = Live()
     with RedisServer() as ledger_server, server_for(args.broker) as broker:
         live.line(f"{args.broker} on 127.0.0.1, ledger on its own redis-server; {name}")
         runs = run_showcase(config, broker.url, ledger_server.url, live)
+    publish(name, args.broker, config.to_dict(), runs, environment(), quick=args.quick)
+    return 0
+
+
+def publish(
+    name: str,
+    broker: str,
+    config: dict[str, Any],
+    runs: dict[str, Any],
+    env: dict[str, Any],
+    *,
+    quick: bool | None = None,
+) -> None:
+    """Summarise the runs and write ``<name>.json``, ``.md`` and ``.png`` in bench/results."""
+    if quick is None:
+        quick = bool(config.get("quick"))
+    config = {**config, "quick": quick}
     summary = summarise(runs)
     results: dict[str, Any] = {
-        "env": environment(),
-        "broker": args.broker,
-        "config": config.to_dict(),
+        "env": env,
+        "broker": broker,
+        "config": config,
         "summary": summary,
         "runs": runs,
     }
+    reps = config["reps"]
     chart = None
     if "A" in summary:
         chart = f"{name}.png"
         write_chart(
             summary, LABELS, RESULTS / chart,
-            title=f"Scenario A on {args.broker}: quiet tenants' wait during a "
-                  f"{config.flood.flood:,}-task flood (medians of {args.reps} runs)",
+            title=f"Scenario A on {broker}: quiet tenants' wait during a "
+                  f"{config['A']['flood']:,}-task flood (medians of {reps} runs)",
         )  # fmt: skip
-    flags = f"--broker {args.broker} --scenarios {','.join(scenarios)} --reps {args.reps}"
-    flags += " --quick" if args.quick else ""
-    loads = [r["load"] for modes in runs.values() for reps in modes.values() for r in reps]
+    flags = f"--broker {broker} --scenarios {','.join(config['scenarios'])} --reps {reps}"
+    flags += " --quick" if quick else ""
+    loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
     text = "\n".join(
         [
-            f"# Noisy neighbour ({args.broker})",
+            f"# Noisy neighbour ({broker})",
             "",
-            f"Reproduce: `python -m bench.noisy_neighbour {flags}` ({results['env']['when']}, "
-            f"celery {results['env']['celery']}, kombu {results['env']['kombu']}, "
-            f"{results['env']['cpus']} CPUs shared with other work: 1-minute load average "
+            f"Reproduce: `python -m bench.noisy_neighbour {flags}` ({env['when']}, "
+            f"celery {env['celery']}, kombu {env['kombu']}, "
+            f"{env['cpus']} CPUs shared with other work: 1-minute load average "
             f"{min(loads):.1f} to {max(loads):.1f} during the runs). Medians over "
-            f"{args.reps} repetitions, [min, max]; the modes alternate within each repetition.",
+            f"{reps} repetitions, [min, max]; the modes alternate within each repetition.",
             "",
             _setup(config),
             "",
@@ -79,24 +106,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     write(name, results, text)
     print(text)
-    return 0
 
 
-def _setup(config: ShowcaseConfig) -> str:
-    f, d, b, c = config.flood, config.slow, config.heavy, config.tiers
-    lay = config.layout
+def _setup(config: dict[str, Any]) -> str:
+    f, d, b, c = config["A"], config["D"], config["B"], config["C"]
     return (
-        f"Setup: {len(lay.quiet)} quiet tenants at {f.rate:g} tasks/s each and one flooding "
-        f"tenant, routed by `tenant_id` with `ConsistentHashRouter` onto {len(lay.shards)} "
-        f"shard queues ({lay.flood} -> {lay.flood_shard}, shared with "
-        f"{', '.join(lay.neighbours) or 'no quiet tenant'}). Tasks sleep {f.task_ms:g} ms. "
-        f"A: one worker `-P prefork -c {f.concurrency}`, {f.baseline:g} s unloaded, then a "
-        f"burst of {f.flood:,} tasks. D: two workers `-c {d.concurrency}`, a {d.flood:,}-task "
-        f"burst, from which one worker's tasks take {d.task_ms + d.slow_ms:g} ms. "
-        f"B: tasks busy the CPU {b.heavy_us / 1000:g} ms (heavy tenant) and "
-        f"{b.light_us / 1000:g} ms ({b.light} light tenants), {b.target:,} tasks measured. "
-        f"C: {c.premium} premium and {c.standard} standard shards weighted {c.weight}:1, "
-        f"{c.task_ms:g} ms tasks, {c.target:,} tasks measured."
+        f"Setup: {config['quiet_tenants']} quiet tenants at {f['rate']:g} tasks/s each and one "
+        f"flooding tenant, routed by `tenant_id` with `ConsistentHashRouter` onto "
+        f"{len(config['shards'])} shard queues ({config['flood_tenant']} -> "
+        f"{config['flood_shard']}, shared with "
+        f"{', '.join(config['flood_shard_neighbours']) or 'no quiet tenant'}). Tasks sleep "
+        f"{f['task_ms']:g} ms. A: one worker `-P prefork -c {f['concurrency']}`, "
+        f"{f['baseline']:g} s unloaded, then a burst of {f['flood']:,} tasks. D: two workers "
+        f"`-c {d['concurrency']}`, a {d['flood']:,}-task burst, from which one worker's tasks "
+        f"take {d['task_ms'] + d['slow_ms']:g} ms. B: tasks busy the CPU "
+        f"{b['heavy_us'] / 1000:g} ms (heavy tenant) and {b['light_us'] / 1000:g} ms "
+        f"({b['light']} light tenants), {b['target']:,} tasks measured. C: {c['premium']} "
+        f"premium and {c['standard']} standard shards weighted {c['weight']}:1, "
+        f"{c['task_ms']:g} ms tasks, {c['target']:,} tasks measured."
     )
 
 

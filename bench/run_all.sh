@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every benchmark of the scheduler, one after the other (about 40 minutes on
-# two cores). Results go to bench/results/.
+# Runs every benchmark of the scheduler, one after the other (about 80 minutes on
+# two cores; the noisy-neighbour showcase is about 20 minutes per broker). Results go to bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -11,3 +11,5 @@ $PY -m bench.dwrr_article --broker redis --workers 2 --concurrency 1 --pools pre
 $PY -m bench.dwrr_article --broker rabbitmq --workers 2 --concurrency 1 --pools prefork --task-us 100
 $PY -m bench.runtime_cost
 $PY -m bench.telemetry_overhead
+$PY -m bench.noisy_neighbour --broker redis --reps 3
+$PY -m bench.noisy_neighbour --broker rabbitmq --reps 3

@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(telemetry, ignore_errors=True)
     telemetry.mkdir(parents=True, exist_ok=True)
     scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
-    config = ShowcaseConfig.quick(scenarios=scenarios, reps=1, telemetry_dir=str(telemetry))
+    config = ShowcaseConfig.quick(
+        scenarios=scenarios, reps=1, telemetry_dir=str(telemetry.resolve())
+    )
     if args.flood:
         config = replace(config, flood=replace(config.flood, flood=args.flood))
     live = Live()

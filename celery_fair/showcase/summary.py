@@ -78,14 +78,24 @@ def summarise_flood(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]
             "quiet": len(reps[0]["tenants"]),
             "tenants": tenants,
         }
-    fair = next((m for m in ("fair", "fair-codel") if m in out["modes"]), None)
-    if fair is not None:
+    # Keys "fair-mode/plain-mode". Runs of one repetition are adjacent in time and
+    # saw about the same load from the rest of the machine: the ratio within a
+    # repetition is the steadier comparison when that load changes between them.
+    out["throughput_vs"] = {}
+    out["throughput_vs_paired"] = {}
+    for fair in (m for m in out["modes"] if m.startswith("fair")):
         ft = out["modes"][fair]["flood.throughput"]["median"]
-        out["throughput_vs"] = {
-            m: ft / d["flood.throughput"]["median"]
-            for m, d in out["modes"].items()
-            if m.startswith("plain") and d["flood.throughput"]["median"]
-        }
+        for plain in (m for m in out["modes"] if m.startswith("plain")):
+            pt = out["modes"][plain]["flood.throughput"]["median"]
+            key = f"{fair}/{plain}"
+            out["throughput_vs"][key] = ft / pt if pt else math.nan
+            out["throughput_vs_paired"][key] = spread(
+                [
+                    f["flood"]["throughput"] / p["flood"]["throughput"]
+                    for f, p in zip(modes[fair], modes[plain], strict=False)
+                    if p["flood"]["throughput"]
+                ]
+            )
     return out
 
 
@@ -120,11 +130,20 @@ def summarise_tiers(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]
     return out
 
 
+#: The order modes are shown in: plain deployments first.
+MODE_ORDER = ("plain-shared", "plain-sharded", "fair", "fair-runtime", "fair-codel")
+
+
+def _ordered(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    rank = {m: i for i, m in enumerate(MODE_ORDER)}
+    return {m: modes[m] for m in sorted(modes, key=lambda m: (rank.get(m, len(rank)), m))}
+
+
 def summarise(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Summaries of every scenario that has runs."""
     makers = {"A": summarise_flood, "B": summarise_heavy, "C": summarise_tiers,
               "D": summarise_flood}  # fmt: skip
-    return {s: makers[s](modes) for s, modes in runs.items()}
+    return {s: makers[s](_ordered(runs[s])) for s in sorted(runs)}
 
 
 def _ms(d: Mapping[str, float]) -> str:
@@ -155,8 +174,15 @@ def _flood_table(s: dict[str, Any], labels: Mapping[str, str]) -> list[str]:
             f"| {t['median']:.0f} ({t['spread']:.0%}) | {d['requeued_fraction']['median']:.2%} "
             f"| {d['lost']} / {d['duplicates']} / {d['misrouted']} of {d['published']:,} |"
         )
-    for mode, ratio in s.get("throughput_vs", {}).items():
-        lines.append(f"\nFlood throughput of celery-fair vs {labels.get(mode, mode)}: {ratio:.1%}.")
+    lines.append("")
+    for key, ratio in s.get("throughput_vs", {}).items():
+        fair, plain = key.split("/")
+        paired = s.get("throughput_vs_paired", {}).get(key)
+        within = f"; within each repetition {_pct(paired)}" if paired and paired["n"] else ""
+        lines.append(
+            f"- Flood throughput of {labels.get(fair, fair)} vs {labels.get(plain, plain)}: "
+            f"{ratio:.1%} (ratio of medians){within}."
+        )
     return lines
 
 
@@ -316,8 +342,12 @@ def terminal(summary: Mapping[str, Any], labels: Mapping[str, str]) -> str:
                     f"{_cell(d['neighbours.p99']):>12} "
                     f"{d['flood.throughput']['median']:>8.0f} {d['lost']:>5}"
                 )
-            for m, ratio in s.get("throughput_vs", {}).items():
-                out.append(f"  flood throughput, celery-fair / {labels.get(m, m)}: {ratio:.0%}")
+            for key, ratio in s.get("throughput_vs", {}).items():
+                fair, plain = key.split("/")
+                out.append(
+                    f"  flood throughput, {labels.get(fair, fair)} / {labels.get(plain, plain)}: "
+                    f"{ratio:.0%}"
+                )
         elif scenario == "B":
             modes = list(s["modes"])
             out.append(
