@@ -56,6 +56,10 @@ def _report(telemetry: Path, out: Path, live: Live) -> int:
     cmd = [sys.executable, "-m", "celery_fair.cli", "report", str(telemetry), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     print(proc.stdout.rstrip())
+    print(
+        "(target = a shard's weight share when every shard is backlogged; DWRR is "
+        "work-conserving, so the flood's shard takes what the idle shards leave.)"
+    )
     if proc.returncode:
         print(proc.stderr[-2000:], file=sys.stderr)
     return proc.returncode
