@@ -31,14 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="the demo's short versions")
     parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
+    parser.add_argument(
+        "--modes", default=None, help="only these modes, e.g. fair,fair-isolated (default: all)"
+    )
     parser.add_argument("--name", default=None, help="result file name")
     parser.add_argument(
         "--resummarise", action="store_true", help="rebuild .md and .png from the stored .json"
     )
     args = parser.parse_args(argv)
     scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     config = (ShowcaseConfig.quick if args.quick else ShowcaseConfig)(
-        scenarios=scenarios, reps=args.reps
+        scenarios=scenarios, reps=args.reps, modes=modes
     )
     if args.flood is not None:
         config = replace(config, flood=replace(config.flood, flood=args.flood))
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer() as ledger_server, server_for(args.broker) as broker:
         live.line(f"{args.broker} on 127.0.0.1, ledger on its own redis-server; {name}")
         runs = run_showcase(config, broker.url, ledger_server.url, live)
-    publish(name, args.broker, config.to_dict(), runs, environment(), quick=args.quick)
+    stored_config = {**config.to_dict(), "modes_arg": args.modes}
+    publish(name, args.broker, stored_config, runs, environment(), quick=args.quick)
     return 0
 
 
@@ -88,6 +93,8 @@ def publish(
         )  # fmt: skip
     flags = f"--broker {broker} --scenarios {','.join(config['scenarios'])} --reps {reps}"
     flags += " --quick" if quick else ""
+    flags += f" --modes {config['modes_arg']}" if config.get("modes_arg") else ""
+    flags += f" --name {name}" if not name.startswith(f"noisy_neighbour_{broker}") else ""
     loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
     text = "\n".join(
         [

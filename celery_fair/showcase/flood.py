@@ -33,7 +33,7 @@ from typing import Any
 from celery_fair.testing.brokers import broker_for
 from celery_fair.testing.harness import WorkerProcess
 
-from .layout import SHARED_QUEUE, Mode, TenantLayout, TenantProducer
+from .layout import ISOLATED_QUEUE, SHARED_QUEUE, Mode, TenantLayout, TenantProducer
 from .ledger import Entry, Ledger, percentile
 
 __all__ = ("FloodParams", "analyse_flood", "run_flood")
@@ -95,7 +95,7 @@ def run_flood(
     """Run one flood scenario for ``mode`` and return :func:`analyse_flood`'s record."""
     queues = layout.queues(mode)
     broker = broker_for(broker_url)
-    broker.purge([*layout.shards, SHARED_QUEUE])
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
     ledger = Ledger(ledger_url)
     ledger.reset()
     producer = TenantProducer(broker_url, layout, mode)
@@ -190,7 +190,7 @@ def run_flood(
             w.stop()
         producer.close()
     entries = ledger.entries()
-    broker.purge([*layout.shards, SHARED_QUEUE])
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
     return analyse_flood(entries, published, layout, mode, marks, params)
 
 

@@ -9,10 +9,19 @@ from typing import Any
 
 from celery_fair.routing import ConsistentHashRouter, HashRing
 
-__all__ = ("MODES", "Mode", "SHARED_QUEUE", "TenantLayout", "TenantProducer")
+__all__ = (
+    "ISOLATED_QUEUE",
+    "MODES",
+    "SHARED_QUEUE",
+    "Mode",
+    "TenantLayout",
+    "TenantProducer",
+)
 
 #: The one queue of the "plain Celery, one shared queue" deployment.
 SHARED_QUEUE = "shared"
+#: The flooding tenant's own queue in the ``fair-isolated`` deployment.
+ISOLATED_QUEUE = "heavy"
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,8 @@ class Mode:
     ``fair``: the worker runs celery-fair; ``sharded``: tasks are routed by
     tenant onto the shard queues (else every task goes to :data:`SHARED_QUEUE`).
     ``env`` is extra worker environment (see :mod:`celery_fair.testing.workload`).
+    ``isolate_flood``: a route placed before the router sends the flooding
+    tenant to :data:`ISOLATED_QUEUE`, one of the options for its neighbours.
     """
 
     name: str
@@ -29,6 +40,7 @@ class Mode:
     fair: bool
     sharded: bool
     env: Mapping[str, str] = field(default_factory=dict)
+    isolate_flood: bool = False
 
 
 #: The deployments the showcase compares. ``fair-codel`` adds CoDel and the
@@ -47,6 +59,14 @@ MODES: dict[str, Mode] = {
             fair=True,
             sharded=True,
             env={"CELERY_FAIR_PREFETCH": "8"},
+        ),
+        Mode(
+            "fair-isolated",
+            "celery-fair, flood tenant on its own queue",
+            fair=True,
+            sharded=True,
+            env={"CELERY_FAIR_PREFETCH": "8"},
+            isolate_flood=True,
         ),
         Mode(
             "fair-codel",
@@ -101,11 +121,29 @@ class TenantLayout:
 
     def queues(self, mode: Mode) -> list[str]:
         """The queues a worker of ``mode`` consumes."""
-        return list(self.shards) if mode.sharded else [SHARED_QUEUE]
+        if not mode.sharded:
+            return [SHARED_QUEUE]
+        return [*self.shards, ISOLATED_QUEUE] if mode.isolate_flood else list(self.shards)
 
     def expected_queue(self, mode: Mode, tenant: str) -> str:
         """Where ``mode`` must have routed ``tenant``'s tasks."""
+        if mode.isolate_flood and tenant == self.flood:
+            return ISOLATED_QUEUE
         return self.shard_of(tenant) if mode.sharded else SHARED_QUEUE
+
+    def isolating_route(self) -> Any:
+        """A ``task_routes`` entry sending the flooding tenant to :data:`ISOLATED_QUEUE`.
+
+        Placed before the router, as a user would route one known heavy tenant.
+        """
+        flood = self.flood
+
+        def route(
+            name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+        ) -> dict[str, str] | None:
+            return {"queue": ISOLATED_QUEUE} if (kwargs or {}).get("tenant_id") == flood else None
+
+        return route
 
 
 class TenantProducer:
@@ -125,7 +163,9 @@ class TenantProducer:
         self.app = Celery("celery_fair_showcase_producer", broker=broker_url, set_as_current=False)
         self.app.conf.task_create_missing_queues = True
         self.app.conf.broker_connection_retry_on_startup = True
-        if mode.sharded:
+        if mode.sharded and mode.isolate_flood:
+            self.app.conf.task_routes = (layout.isolating_route(), layout.router())
+        elif mode.sharded:
             self.app.conf.task_routes = (layout.router(),)
         else:
             self.app.conf.task_default_queue = SHARED_QUEUE

@@ -34,6 +34,7 @@ LABELS: dict[str, str] = {
     **{name: m.label for name, m in MODES.items()},
     "fair-runtime": "celery-fair (runtime cost)",
     "fair": "celery-fair",
+    "fair-isolated": "celery-fair, flood tenant on its own queue",
 }
 
 
@@ -51,6 +52,7 @@ class ShowcaseConfig:
     heavy: HeavyParams = field(default_factory=HeavyParams)
     tiers: TierParams = field(default_factory=TierParams)
     telemetry_dir: str | None = None  # fair runs of A and D write telemetry here
+    modes: tuple[str, ...] | None = None  # only these modes (of each scenario's own)
 
     @classmethod
     def quick(cls, **kw: Any) -> ShowcaseConfig:
@@ -63,10 +65,18 @@ class ShowcaseConfig:
             **kw,
         )
 
+    def modes_of(self, scenario: str) -> tuple[str, ...]:
+        """The modes to run for ``scenario``: its own, or those of ``modes`` that apply."""
+        if self.modes is None:
+            return SCENARIO_MODES[scenario]
+        known = {"B": set(HEAVY_MODES), "C": set(TIER_MODES)}.get(scenario, set(MODES))
+        return tuple(m for m in self.modes if m in known)
+
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a plain record (for result files)."""
         return {
             "scenarios": list(self.scenarios),
+            "modes": {s: list(self.modes_of(s)) for s in self.scenarios},
             "reps": self.reps,
             "shards": list(self.layout.shards),
             "quiet_tenants": len(self.layout.quiet),
@@ -152,11 +162,11 @@ def run_showcase(
     """
     live = live or Live()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        s: {m: [] for m in SCENARIO_MODES[s]} for s in config.scenarios
+        s: {m: [] for m in config.modes_of(s)} for s in config.scenarios
     }
     for rep in range(config.reps):
         for scenario in config.scenarios:
-            modes: Sequence[str] = SCENARIO_MODES[scenario]
+            modes: Sequence[str] = config.modes_of(scenario)
             if rep % 2:
                 modes = tuple(reversed(modes))
             for mode in modes:

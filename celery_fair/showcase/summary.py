@@ -147,7 +147,14 @@ def summarise_tiers(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]
 
 
 #: The order modes are shown in: plain deployments first.
-MODE_ORDER = ("plain-shared", "plain-sharded", "fair", "fair-runtime", "fair-codel")
+MODE_ORDER = (
+    "plain-shared",
+    "plain-sharded",
+    "fair",
+    "fair-isolated",
+    "fair-runtime",
+    "fair-codel",
+)
 
 
 def _ordered(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
@@ -306,7 +313,7 @@ def write_chart(
     fig, ax = plt.subplots(figsize=(13, 5.5))
     width = 0.8 / len(modes)
     colours = {"plain-shared": "#d62728", "plain-sharded": "#ff7f0e", "fair": "#2ca02c",
-               "fair-codel": "#1f77b4"}  # fmt: skip
+               "fair-codel": "#1f77b4", "fair-isolated": "#9467bd"}  # fmt: skip
     xs = range(len(tenants))
     for i, m in enumerate(modes):
         p99 = [max(1e-4, s["modes"][m]["tenants"][t]["p99"]) for t in tenants]
