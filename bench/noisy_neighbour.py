@@ -94,7 +94,8 @@ def publish(
     flags = f"--broker {broker} --scenarios {','.join(config['scenarios'])} --reps {reps}"
     flags += " --quick" if quick else ""
     flags += f" --modes {config['modes_arg']}" if config.get("modes_arg") else ""
-    flags += f" --name {name}" if not name.startswith(f"noisy_neighbour_{broker}") else ""
+    default_name = f"noisy_neighbour_{broker}" + ("_quick" if quick else "")
+    flags += f" --name {name}" if name != default_name else ""
     loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
     text = "\n".join(
         [
@@ -117,21 +118,37 @@ def publish(
 
 def _setup(config: dict[str, Any]) -> str:
     f, d, b, c = config["A"], config["D"], config["B"], config["C"]
-    return (
+    ran = set(config["scenarios"])
+    parts = [
         f"Setup: {config['quiet_tenants']} quiet tenants at {f['rate']:g} tasks/s each and one "
         f"flooding tenant, routed by `tenant_id` with `ConsistentHashRouter` onto "
         f"{len(config['shards'])} shard queues ({config['flood_tenant']} -> "
         f"{config['flood_shard']}, shared with "
         f"{', '.join(config['flood_shard_neighbours']) or 'no quiet tenant'}). Tasks sleep "
-        f"{f['task_ms']:g} ms. A: one worker `-P prefork -c {f['concurrency']}`, "
-        f"{f['baseline']:g} s unloaded, then a burst of {f['flood']:,} tasks. D: two workers "
-        f"`-c {d['concurrency']}`, a {d['flood']:,}-task burst, from which one worker's tasks "
-        f"take {d['task_ms'] + d['slow_ms']:g} ms. B: tasks busy the CPU "
-        f"{b['heavy_us'] / 1000:g} ms (heavy tenant) and {b['light_us'] / 1000:g} ms "
-        f"({b['light']} light tenants), {b['target']:,} tasks measured. C: {c['premium']} "
-        f"premium and {c['standard']} standard shards weighted {c['weight']}:1, "
-        f"{c['task_ms']:g} ms tasks, {c['target']:,} tasks measured."
-    )
+        f"{f['task_ms']:g} ms."
+    ]
+    if "A" in ran:
+        parts.append(
+            f"A: one worker `-P prefork -c {f['concurrency']}`, {f['baseline']:g} s unloaded, "
+            f"then a burst of {f['flood']:,} tasks."
+        )
+    if "D" in ran:
+        parts.append(
+            f"D: two workers `-c {d['concurrency']}`, a {d['flood']:,}-task burst, from which "
+            f"one worker's tasks take {d['task_ms'] + d['slow_ms']:g} ms."
+        )
+    if "B" in ran:
+        parts.append(
+            f"B: tasks busy the CPU {b['heavy_us'] / 1000:g} ms (heavy tenant) and "
+            f"{b['light_us'] / 1000:g} ms ({b['light']} light tenants), {b['target']:,} tasks "
+            "measured."
+        )
+    if "C" in ran:
+        parts.append(
+            f"C: {c['premium']} premium and {c['standard']} standard shards weighted "
+            f"{c['weight']}:1, {c['task_ms']:g} ms tasks, {c['target']:,} tasks measured."
+        )
+    return " ".join(parts)
 
 
 if __name__ == "__main__":
