@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every benchmark of the scheduler, one after the other (about 55 minutes on
-# two cores). Results go to bench/results/.
+# Runs every benchmark, one after the other (about 110 minutes on two cores; the
+# noisy-neighbour showcase is about 20 minutes per broker, the crash-loss runs about
+# 25). Results go to bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -13,3 +14,6 @@ $PY -m bench.runtime_cost
 $PY -m bench.telemetry_overhead
 $PY -m bench.memory
 $PY -m bench.soak
+$PY -m bench.noisy_neighbour --broker redis --reps 3
+$PY -m bench.noisy_neighbour --broker rabbitmq --reps 3
+$PY -m bench.redis_crash_loss

@@ -1,96 +1,147 @@
-"""``make demo``: plain Celery against celery-fair, side by side, on a local Redis.
+"""``make demo``: the noisy-neighbour showcase, plain Celery against celery-fair, in a few minutes.
 
-Starts its own ``redis-server`` on a free loopback port, fills ten queues
-p0..p9 (quanta 4, 8, .., 40, the DWRR article's experiment), runs a real
-``celery worker -P prefork -c 2`` on them twice, once plain and once with
-celery-fair, shows live progress, and ends with the consumed counts side by
-side.  Takes about a minute.
+Starts its own ``redis-server`` on a free loopback port (and a second one
+for the run ledger), then runs short versions of the four scenarios of
+:mod:`celery_fair.showcase` with real ``celery worker -P prefork -c 2``
+processes, plain Celery and celery-fair side by side:
+
+A. a flood: one tenant bursts 3,000 tasks while 20 quiet tenants trickle;
+B. heavy tasks: one tenant's tasks take 10x longer;
+C. tiers: premium and standard shards weighted 4:1;
+D. a slow worker: one of two workers slows down 10x during a flood.
+
+It shows live progress, ends with side-by-side tables and a PNG chart of
+the quiet tenants' waits, and runs ``celery-fair report`` (Spark) on the
+telemetry the celery-fair workers wrote. Everything goes to ``--out``
+(default ``demo-output/``). The full-size benchmark is ``bench/noisy_neighbour.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
+import subprocess
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from .testing.harness import RunResult, run_backlogged
+from .showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase
+from .showcase.summary import markdown, summarise, terminal, write_chart
 from .testing.redis import RedisServer
 
-QUANTA = {f"p{i}": 4 * (i + 1) for i in range(10)}
 
-
-def _progress(label: str, target: int) -> object:
-    last = [0.0]
-
-    def show(consumed: dict[str, int], elapsed: float) -> None:
-        now = time.monotonic()
-        total = sum(consumed.values())
-        if now - last[0] < 0.25 and total < target:
-            return
-        last[0] = now
-        done = min(1.0, total / target)
-        bar = "#" * int(done * 30) + "." * (30 - int(done * 30))
-        rate = total / elapsed if elapsed > 0 else 0.0
-        ratio = consumed["p9"] / consumed["p0"] if consumed["p0"] else float("nan")
-        sys.stdout.write(
-            f"\r  {label:12} [{bar}] {total:6}/{target} tasks  {rate:6.0f}/s  p9/p0 {ratio:5.2f}"
-        )
-        sys.stdout.flush()
-
-    return show
-
-
-def table(plain: RunResult, fair: RunResult) -> str:
-    total_q = sum(QUANTA.values())
-    rows = [
-        f"{'Queue':6} {'Quantum':>7} | {'plain Celery':>12} {'share':>6} | "
-        f"{'celery-fair':>11} {'share':>6} | {'target':>6}",
-        "-" * 70,
+def _explain(config: ShowcaseConfig) -> list[str]:
+    lay = config.layout
+    return [
+        f"{len(lay.quiet)} quiet tenants send {config.flood.rate:g} tasks/s each; "
+        f"'{lay.flood}' bursts {config.flood.flood:,} tasks.",
+        f"Tasks are routed by tenant_id with celery_fair.ConsistentHashRouter onto "
+        f"{len(lay.shards)} shards; the flood lands on {lay.flood_shard}, shared with "
+        f"{', '.join(lay.neighbours) or 'nobody'}.",
+        "Compared: plain Celery with one shared queue, plain Celery with the same shards "
+        "(polled round-robin), and celery-fair (DWRR over the shards).",
     ]
-    for q, quantum in QUANTA.items():
-        rows.append(
-            f"{q:6} {quantum:7} | {plain.consumed[q]:12} {plain.shares()[q]:6.1%} | "
-            f"{fair.consumed[q]:11} {fair.shares()[q]:6.1%} | {quantum / total_q:6.1%}"
-        )
-    rows.append("-" * 70)
-    pr = plain.consumed["p9"] / max(1, plain.consumed["p0"])
-    fr = fair.consumed["p9"] / max(1, fair.consumed["p0"])
-    rows.append(f"{'p9/p0':14} | {pr:19.2f} | {fr:18.2f} | {10:6.2f}")
-    rows.append(f"{'tasks/s':14} | {plain.rate:19.0f} | {fair.rate:18.0f} |")
-    return "\n".join(rows)
+
+
+def _report(telemetry: Path, out: Path, live: Live) -> int:
+    """Run ``celery-fair report`` on the telemetry; returns its exit status."""
+    if not any(telemetry.rglob("*.parquet")):
+        live.line("no telemetry was written; skipping the report")
+        return 1
+    live.line("")
+    live.line(f"celery-fair report {telemetry} --out {out} (Spark, local mode):")
+    cmd = [sys.executable, "-m", "celery_fair.cli", "report", str(telemetry), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    print(proc.stdout.rstrip())
+    print(
+        "(target = a shard's weight share when every shard is backlogged; DWRR is "
+        "work-conserving, so the flood's shard takes what the idle shards leave.)"
+    )
+    if proc.returncode:
+        print(proc.stderr[-2000:], file=sys.stderr)
+    return proc.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="plain Celery vs celery-fair on a local Redis")
-    parser.add_argument("--per-queue", type=int, default=2500)
-    parser.add_argument("--target", type=int, default=8000)
-    parser.add_argument("--task-us", type=int, default=100, help="task duration (0: no-op)")
+    parser = argparse.ArgumentParser(description="the noisy-neighbour showcase, in a few minutes")
+    parser.add_argument("--out", default="demo-output", help="directory for tables, PNG, report")
+    parser.add_argument("--scenarios", default="A,B,C,D")
+    parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
+    parser.add_argument("--no-report", action="store_true", help="skip the Spark report")
     args = parser.parse_args(argv)
-    weights = ",".join(f"{q}={w}" for q, w in QUANTA.items())
-    print("celery-fair demo: 10 queues p0..p9, quanta 4..40, every queue backlogged,")
-    print(f"celery worker -P prefork -c 2, {args.task_us} us tasks, {args.target} tasks measured.")
-    with RedisServer() as redis:
-        print(f"  started redis-server on 127.0.0.1:{redis.port}")
-        results = {}
-        for label, fair in (("plain Celery", False), ("celery-fair", True)):
-            results[label] = run_backlogged(
-                redis.url,
-                dict.fromkeys(QUANTA, args.per_queue),
-                target=args.target,
-                warmup=200,
-                fair=fair,
-                args=(args.task_us,),
-                extra_args=["--fair-weights", weights] if fair else [],
-                on_sample=_progress(label, args.target),  # type: ignore[arg-type]
+    out = Path(args.out)
+    telemetry = out / "telemetry"
+    shutil.rmtree(telemetry, ignore_errors=True)
+    telemetry.mkdir(parents=True, exist_ok=True)
+    scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
+    config = ShowcaseConfig.quick(
+        scenarios=scenarios, reps=1, telemetry_dir=str(telemetry.resolve())
+    )
+    if args.flood:
+        config = replace(config, flood=replace(config.flood, flood=args.flood))
+    live = Live()
+    started = time.monotonic()
+    live.line("celery-fair demo: the noisy neighbour, plain Celery vs celery-fair")
+    for line in _explain(config):
+        live.line("  " + line)
+    with RedisServer() as broker, RedisServer() as ledger:
+        live.line(f"  started redis-server on 127.0.0.1:{broker.port} (ledger on :{ledger.port})")
+        live.line("")
+        runs = run_showcase(config, broker.url, ledger.url, live)
+    summary = summarise(runs)
+    print(terminal(summary, LABELS))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(markdown(summary, LABELS, chart="quiet_tenant_waits.png"))
+    print()
+    if "A" in summary:
+        chart = write_chart(
+            summary, LABELS, out / "quiet_tenant_waits.png",
+            title=f"Quiet tenants' wait during a {config.flood.flood:,}-task flood (Redis)",
+        )  # fmt: skip
+        print(f"chart: {chart}")
+    print(f"tables: {out / 'summary.md'}")
+    status = 0 if args.no_report else _report(telemetry, out / "report", live)
+    print()
+    _conclusions(summary)
+    print(f"\ndemo finished in {time.monotonic() - started:.0f} s. Full-size benchmarks with")
+    print("repetitions: python -m bench.noisy_neighbour --broker redis|rabbitmq (see README).")
+    return status
+
+
+def _conclusions(summary: dict[str, Any]) -> None:
+    """What the tables mean, in one line per scenario."""
+    if "A" in summary:
+        modes = summary["A"]["modes"]
+        if {"plain-shared", "fair"} <= set(modes):
+            shared = modes["plain-shared"]["quiet_others.p99"]["median"]
+            fair = modes["fair"]["quiet_others.p99"]["median"]
+            print(
+                f"A: quiet tenants' p99 wait {shared:.2f} s with one shared queue, "
+                f"{fair * 1000:.0f} ms with celery-fair; tenants on the flood's shard still "
+                "queue behind it (give a noisy tenant its own queue, or use more shards)."
             )
-            print()
-    print()
-    print(table(results["plain Celery"], results["celery-fair"]))
-    print()
-    print("Plain Celery polls its queues round-robin: every backlogged queue gets the same")
-    print("share whatever its quantum.  celery-fair fetches in DWRR order, so shares follow")
-    print("the quanta (target p9/p0 = 10).  Benchmarks with repetitions: see bench/.")
-    return 0
+    if "B" in summary and "fair-runtime" in summary["B"]["modes"]:
+        heavy = summary["B"]["modes"]
+        print(
+            "B: the heavy tenant's share of worker time: "
+            f"{heavy['plain-sharded']['time_share']['b-heavy']['median']:.0%} round-robin by "
+            f"count, {heavy['fair-runtime']['time_share']['b-heavy']['median']:.0%} with "
+            'fair_cost="runtime" (4 tenants: 25% is fair).'
+        )
+    if "C" in summary and "fair" in summary["C"]["modes"]:
+        tiers = summary["C"]["modes"]
+        print(
+            f"C: premium tier {tiers['plain-sharded']['premium_share']['median']:.0%} "
+            f"round-robin, {tiers['fair']['premium_share']['median']:.0%} with weights 4:1 "
+            "(target 80%)."
+        )
+    if "D" in summary:
+        d = summary["D"]["modes"]
+        parts = [f"{m} {v['quiet_others.p99']['median'] * 1000:.0f} ms" for m, v in d.items()]
+        print("D: quiet tenants' p99 wait with a slow worker: " + ", ".join(parts) + ".")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""The noisy-neighbour showcase (issue #8): plain Celery against celery-fair, four scenarios.
+
+A flood, B heavy tasks, C tiers, D slow worker; real ``celery worker -P prefork
+-c 2`` processes on a real Redis or RabbitMQ; the modes alternate within each
+repetition. Results: ``bench/results/noisy_neighbour_<broker>.{json,md,png}``.
+The scenario logic lives in :mod:`celery_fair.showcase`.
+
+    python -m bench.noisy_neighbour [--broker redis|rabbitmq] [--scenarios A,B,C,D]
+                                    [--reps 3] [--quick] [--flood 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+from celery_fair.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, server_for
+from celery_fair.showcase.summary import markdown, summarise, write_chart
+from celery_fair.testing.redis import RedisServer
+
+from .common import RESULTS, environment, write
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument("--scenarios", default="A,B,C,D", help="comma-separated, e.g. A,D")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="the demo's short versions")
+    parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
+    parser.add_argument(
+        "--modes", default=None, help="only these modes, e.g. fair,fair-isolated (default: all)"
+    )
+    parser.add_argument("--name", default=None, help="result file name")
+    parser.add_argument(
+        "--resummarise", action="store_true", help="rebuild .md and .png from the stored .json"
+    )
+    args = parser.parse_args(argv)
+    scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
+    modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
+    config = (ShowcaseConfig.quick if args.quick else ShowcaseConfig)(
+        scenarios=scenarios, reps=args.reps, modes=modes
+    )
+    if args.flood is not None:
+        config = replace(config, flood=replace(config.flood, flood=args.flood))
+    name = args.name or f"noisy_neighbour_{args.broker}" + ("_quick" if args.quick else "")
+    if args.resummarise:
+        # Rebuild the tables and the chart from the runs stored in the JSON file.
+        stored = json.loads((RESULTS / f"{name}.json").read_text())
+        publish(name, stored["broker"], stored["config"], stored["runs"], stored["env"])
+        return 0
+    live = Live()
+    with RedisServer() as ledger_server, server_for(args.broker) as broker:
+        live.line(f"{args.broker} on 127.0.0.1, ledger on its own redis-server; {name}")
+        runs = run_showcase(config, broker.url, ledger_server.url, live)
+    stored_config = {**config.to_dict(), "modes_arg": args.modes}
+    publish(name, args.broker, stored_config, runs, environment(), quick=args.quick)
+    return 0
+
+
+def publish(
+    name: str,
+    broker: str,
+    config: dict[str, Any],
+    runs: dict[str, Any],
+    env: dict[str, Any],
+    *,
+    quick: bool | None = None,
+) -> None:
+    """Summarise the runs and write ``<name>.json``, ``.md`` and ``.png`` in bench/results."""
+    if quick is None:
+        quick = bool(config.get("quick"))
+    config = {**config, "quick": quick}
+    summary = summarise(runs)
+    results: dict[str, Any] = {
+        "env": env,
+        "broker": broker,
+        "config": config,
+        "summary": summary,
+        "runs": runs,
+    }
+    reps = config["reps"]
+    chart = None
+    if "A" in summary:
+        chart = f"{name}.png"
+        write_chart(
+            summary, LABELS, RESULTS / chart,
+            title=f"Scenario A on {broker}: quiet tenants' wait during a "
+                  f"{config['A']['flood']:,}-task flood (medians of {reps} runs)",
+        )  # fmt: skip
+    flags = f"--broker {broker} --scenarios {','.join(config['scenarios'])} --reps {reps}"
+    flags += " --quick" if quick else ""
+    flags += f" --modes {config['modes_arg']}" if config.get("modes_arg") else ""
+    default_name = f"noisy_neighbour_{broker}" + ("_quick" if quick else "")
+    flags += f" --name {name}" if name != default_name else ""
+    loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
+    text = "\n".join(
+        [
+            f"# Noisy neighbour ({broker})",
+            "",
+            f"Reproduce: `python -m bench.noisy_neighbour {flags}` ({env['when']}, "
+            f"celery {env['celery']}, kombu {env['kombu']}, "
+            f"{env['cpus']} CPUs shared with other work: 1-minute load average "
+            f"{min(loads):.1f} to {max(loads):.1f} during the runs). Medians over "
+            f"{reps} repetitions, [min, max]; the modes alternate within each repetition.",
+            "",
+            _setup(config),
+            "",
+            markdown(summary, LABELS, chart=chart),
+        ]
+    )
+    write(name, results, text)
+    print(text)
+
+
+def _setup(config: dict[str, Any]) -> str:
+    f, d, b, c = config["A"], config["D"], config["B"], config["C"]
+    ran = set(config["scenarios"])
+    parts = [
+        f"Setup: {config['quiet_tenants']} quiet tenants at {f['rate']:g} tasks/s each and one "
+        f"flooding tenant, routed by `tenant_id` with `ConsistentHashRouter` onto "
+        f"{len(config['shards'])} shard queues ({config['flood_tenant']} -> "
+        f"{config['flood_shard']}, shared with "
+        f"{', '.join(config['flood_shard_neighbours']) or 'no quiet tenant'}). Tasks sleep "
+        f"{f['task_ms']:g} ms."
+    ]
+    if "A" in ran:
+        parts.append(
+            f"A: one worker `-P prefork -c {f['concurrency']}`, {f['baseline']:g} s unloaded, "
+            f"then a burst of {f['flood']:,} tasks."
+        )
+    if "D" in ran:
+        parts.append(
+            f"D: two workers `-c {d['concurrency']}`, a {d['flood']:,}-task burst, from which "
+            f"one worker's tasks take {d['task_ms'] + d['slow_ms']:g} ms."
+        )
+    if "B" in ran:
+        parts.append(
+            f"B: tasks busy the CPU {b['heavy_us'] / 1000:g} ms (heavy tenant) and "
+            f"{b['light_us'] / 1000:g} ms ({b['light']} light tenants), {b['target']:,} tasks "
+            "measured."
+        )
+    if "C" in ran:
+        parts.append(
+            f"C: {c['premium']} premium and {c['standard']} standard shards weighted "
+            f"{c['weight']}:1, {c['task_ms']:g} ms tasks, {c['target']:,} tasks measured."
+        )
+    return " ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Scenarios A and D: one tenant floods while quiet tenants trickle.
+
+One run, for one mode (:data:`~celery_fair.showcase.layout.MODES`):
+
+1. start ``workers`` real ``celery worker -P prefork`` processes on the
+   mode's queues and wait until they log ``ready``;
+2. **unloaded phase**: every quiet tenant publishes a steady trickle of
+   ``ledger(task_ms)`` tasks for ``settle + baseline`` seconds (the first
+   ``settle`` seconds are not counted);
+3. **flood phase**: the flooding tenant publishes ``flood`` tasks in one
+   burst from a second thread while the trickle goes on, until the ledger
+   shows every flood task started; with ``slow_ms`` the last worker's tasks
+   take that much longer from the flood's start on (scenario D);
+4. the trickle stops, the run waits until every published task is in the
+   ledger, and the workers are stopped.
+
+Waits are publish -> start from the ledger, per quiet tenant and phase; the
+flood's throughput is its task count over the time from its first publish
+to its last finish. The ledger also proves that no task was lost or run
+twice and that every task ran from its tenant's queue.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from celery_fair.testing.brokers import broker_for
+from celery_fair.testing.harness import WorkerProcess
+
+from .layout import ISOLATED_QUEUE, SHARED_QUEUE, Mode, TenantLayout, TenantProducer
+from .ledger import Entry, Ledger, percentile
+
+__all__ = ("FloodParams", "analyse_flood", "run_flood")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FloodParams:
+    """The size of one flood run."""
+
+    flood: int = 20_000
+    rate: float = 5.0  # tasks per second per quiet tenant
+    task_ms: float = 3.0  # every task sleeps this long (a pool slot, not a core)
+    baseline: float = 5.0  # counted seconds of the unloaded phase
+    settle: float = 1.0  # uncounted seconds after the workers are ready
+    workers: int = 1
+    concurrency: int = 2
+    slow_ms: float = 0.0  # scenario D: extra ms per task on the last worker, from the flood on
+    startup: float = 8.0  # with slow_ms: seconds allowed for the workers to start
+    timeout: float = 240.0  # the flood must drain within this many seconds
+    telemetry_dir: str | None = None  # fair modes: the workers' fair_telemetry_dir
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as a plain record (for result files)."""
+        return asdict(self)
+
+
+def _ready(workers: list[WorkerProcess], timeout: float) -> None:
+    """Poll the worker logs until each says ``ready``; raise with the log otherwise."""
+    deadline = time.monotonic() + timeout
+    pending = list(workers)
+    while pending:
+        for w in list(pending):
+            if w.proc is None or w.proc.poll() is not None:
+                raise RuntimeError(f"worker exited at start:\n{w.log()[-3000:]}")
+            if " ready." in w.log():
+                pending.remove(w)
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"worker not ready in {timeout}s:\n{pending[0].log()[-3000:]}")
+        time.sleep(0.05)
+
+
+def _worker_env(ledger_url: str, mode: Mode, params: FloodParams) -> dict[str, str]:
+    env = {"CELERY_FAIR_LEDGER": ledger_url, **mode.env}
+    if mode.fair and params.telemetry_dir:
+        env["CELERY_FAIR_TELEMETRY_DIR"] = params.telemetry_dir
+    return env
+
+
+def run_flood(
+    broker_url: str,
+    ledger_url: str,
+    layout: TenantLayout,
+    mode: Mode,
+    params: FloodParams,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run one flood scenario for ``mode`` and return :func:`analyse_flood`'s record."""
+    queues = layout.queues(mode)
+    broker = broker_for(broker_url)
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
+    ledger = Ledger(ledger_url)
+    ledger.reset()
+    producer = TenantProducer(broker_url, layout, mode)
+    producer.declare(queues)
+    env = _worker_env(ledger_url, mode, params)
+    launched = time.time()
+    flood_at: float | None = None
+    workers = []
+    for i in range(params.workers):
+        wenv = dict(env)
+        if params.slow_ms and i == params.workers - 1:
+            # The slowdown is switched on by the wall clock: the flood is
+            # published at exactly this time, whatever the start-up took.
+            flood_at = launched + params.startup + params.settle + params.baseline
+            wenv.update(
+                CELERY_FAIR_SLOW_MS=str(params.slow_ms), CELERY_FAIR_SLOW_FROM=str(flood_at)
+            )
+        workers.append(
+            WorkerProcess(
+                broker_url, queues, concurrency=params.concurrency, fair=mode.fair, env=wenv
+            )
+        )
+    published: dict[str, tuple[str, float]] = {}  # id -> (tenant, local publish time)
+    flood_ids: list[str] = []
+    marks: dict[str, float] = {}
+    try:
+        for w in workers:
+            w.start()
+        _ready(workers, timeout=params.startup + 30)
+        ready = time.time()
+        if flood_at is None:
+            flood_at = ready + params.settle + params.baseline
+        elif flood_at - ready < params.settle + 1.0:
+            raise TimeoutError("workers took too long to start for the planned slowdown")
+        marks["counted_from"] = min(ready + params.settle, flood_at - 1.0)
+        marks["flood_at"] = flood_at
+        total_rate = params.rate * len(layout.quiet)
+        flooder: threading.Thread | None = None
+        k = 0
+        t0 = time.time()
+        next_report = 0.0
+        drained_at: float | None = None
+        deadline = flood_at + params.timeout
+        with producer.app.producer_pool.acquire(block=True) as prod:
+            while drained_at is None:
+                now = time.time()
+                # The trickle: publish every send that is due (catching up after a stall).
+                while t0 + k / total_rate <= now:
+                    tenant = layout.quiet[k % len(layout.quiet)]
+                    published[producer.send(tenant, params.task_ms, producer=prod)] = (tenant, now)
+                    k += 1
+                if flooder is None and now >= flood_at:
+                    marks["flood_published_from"] = time.time()
+                    flooder = threading.Thread(
+                        target=producer.burst,
+                        args=(layout.flood, params.flood, params.task_ms, flood_ids),
+                        daemon=True,
+                    )
+                    flooder.start()
+                if now >= next_report:
+                    next_report = now + 0.25
+                    counts = ledger.per_tenant()
+                    done = counts.get(layout.flood, 0)
+                    quiet_done = sum(v for t, v in counts.items() if t != layout.flood)
+                    if progress is not None:
+                        phase = "unloaded" if flooder is None else "flood"
+                        progress(
+                            f"{phase:8} flood {done:6}/{params.flood} started, "
+                            f"quiet {quiet_done:5}/{len(published):5}"
+                        )
+                    for w in workers:
+                        if w.proc is None or w.proc.poll() is not None:
+                            raise RuntimeError(f"worker exited early:\n{w.log()[-3000:]}")
+                    if flooder is not None and done >= params.flood:
+                        drained_at = now
+                        break
+                    if now > deadline:
+                        raise TimeoutError(
+                            f"the flood did not drain in {params.timeout}s "
+                            f"({done}/{params.flood}):\n{workers[0].log()[-2000:]}"
+                        )
+                time.sleep(max(0.0, min(t0 + k / total_rate, next_report) - time.time()))
+        if flooder is not None:
+            flooder.join(timeout=60)
+        marks["drained_at"] = drained_at
+        for tid in flood_ids:
+            published[tid] = (layout.flood, marks["flood_published_from"])
+        complete = ledger.wait_for(len(published), timeout=120, alive=workers)
+        marks["complete"] = float(complete)
+    finally:
+        for w in workers:
+            w.stop()
+        producer.close()
+    entries = ledger.entries()
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
+    return analyse_flood(entries, published, layout, mode, marks, params)
+
+
+def _waits(entries: list[Entry]) -> list[float]:
+    return [e.wait for e in entries if e.wait is not None]
+
+
+def _p(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": percentile(values, 0.50),
+        "p99": percentile(values, 0.99),
+        "n": float(len(values)),
+    }
+
+
+def analyse_flood(
+    entries: list[Entry],
+    published: Mapping[str, tuple[str, float]],
+    layout: TenantLayout,
+    mode: Mode,
+    marks: Mapping[str, float | None],
+    params: FloodParams,
+) -> dict[str, Any]:
+    """Turn the ledger of one run into waits per tenant and phase, throughput and checks.
+
+    A quiet task belongs to the *unloaded* phase if it was published between
+    ``counted_from`` and the flood's start, to the *flood* phase if it was
+    published after the flood's start and before the flood's last task
+    started. ``within_2x`` counts quiet tenants whose flood-phase p99 stays
+    within twice the unloaded p99 of all quiet tenants of the same run (a
+    tenant's own unloaded phase holds too few tasks for a p99).
+    """
+    first: dict[str, Entry] = {}
+    runs = Counter(e.id for e in entries)
+    for e in entries:
+        if e.id not in first or e.started < first[e.id].started:
+            first[e.id] = e
+    lost = [tid for tid in published if tid not in first]
+    misrouted = sum(
+        1 for e in first.values() if e.tenant and e.queue != layout.expected_queue(mode, e.tenant)
+    )
+    flood_runs = [
+        first[t] for t, (ten, _) in published.items() if ten == layout.flood and t in first
+    ]
+    flood_start = float(marks["flood_at"] or 0.0)
+    counted_from = float(marks["counted_from"] or 0.0)
+    flood_published = float(marks.get("flood_published_from") or flood_start)
+    last_flood_start = max((e.started for e in flood_runs), default=math.nan)
+    last_flood_finish = max((e.finished for e in flood_runs), default=math.nan)
+    unloaded: dict[str, list[Entry]] = {t: [] for t in layout.quiet}
+    loaded: dict[str, list[Entry]] = {t: [] for t in layout.quiet}
+    for e in first.values():
+        if e.tenant not in unloaded or e.published is None:
+            continue
+        if counted_from <= e.published < flood_start:
+            unloaded[e.tenant].append(e)
+        elif flood_start <= e.published < last_flood_start:
+            loaded[e.tenant].append(e)
+    all_unloaded = [w for t in layout.quiet for w in _waits(unloaded[t])]
+    base = _p(all_unloaded)
+    neighbours = set(layout.neighbours)
+    tenants: dict[str, Any] = {}
+    for t in layout.quiet:
+        lw = _waits(loaded[t])
+        tenants[t] = {
+            "shard": layout.expected_queue(mode, t),
+            "neighbour": t in neighbours,
+            "unloaded": _p(_waits(unloaded[t])),
+            "flood": _p(lw),
+            "within_2x": bool(lw) and percentile(lw, 0.99) <= 2 * base["p99"],
+        }
+    others = [t for t in layout.quiet if t not in neighbours]
+    other_waits = [w for t in others for w in _waits(loaded[t])]
+    neighbour_waits = [w for t in neighbours for w in _waits(loaded[t])]
+    drain = last_flood_finish - flood_published
+    requeued = sum(1 for e in first.values() if e.requeues > 0)
+    return {
+        "mode": mode.name,
+        "published": len(published),
+        "ran": len(first),
+        "lost": len(lost),
+        "duplicates": sum(n - 1 for n in runs.values() if n > 1),
+        "misrouted": misrouted,
+        "complete": bool(marks.get("complete")),
+        "requeued_fraction": requeued / max(1, len(first)),
+        "flood": {
+            "tasks": len(flood_runs),
+            "drain_seconds": drain,
+            "throughput": len(flood_runs) / drain if drain > 0 else math.nan,
+        },
+        "unloaded": base,
+        "quiet_others": _p(other_waits),
+        "neighbours": _p(neighbour_waits),
+        "worst_other_p99": max(
+            (tenants[t]["flood"]["p99"] for t in others if tenants[t]["flood"]["n"]),
+            default=math.nan,
+        ),
+        "within_2x": sum(1 for t in layout.quiet if tenants[t]["within_2x"]),
+        "within_2x_others": sum(1 for t in others if tenants[t]["within_2x"]),
+        "others": len(others),
+        "tenants": tenants,
+        "params": params.to_dict(),
+    }

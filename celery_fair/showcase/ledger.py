@@ -1,0 +1,130 @@
+"""The run ledger: every task that ran, read back from Redis, and the statistics made of it.
+
+The workload's ``ledger`` task appends one JSON entry per run to the Redis
+list ``ledger`` (task id, worker, queue, tenant, publish / start / finish
+times, CoDel requeues) and counts runs per tenant in the hash
+``ledger:tenants``. The ledger is kept on its own ``redis-server`` so that it
+works the same whichever broker is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ("Entry", "Ledger", "percentile", "spread")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One run of one task, as the worker recorded it."""
+
+    id: str
+    worker: str
+    queue: str | None
+    tenant: str | None
+    published: float | None
+    started: float
+    finished: float
+    requeues: int
+
+    @property
+    def wait(self) -> float | None:
+        """Publish -> start, seconds (``None`` if the producer did not stamp it)."""
+        return None if self.published is None else self.started - self.published
+
+
+class Ledger:
+    """Read and reset the ledger kept in the Redis at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.url = url
+        self.client = redis.Redis.from_url(url)
+
+    def reset(self) -> None:
+        """Forget every entry and counter."""
+        self.client.delete("ledger", "ledger:tenants")
+
+    def count(self) -> int:
+        """Runs recorded so far."""
+        return int(self.client.llen("ledger"))
+
+    def per_tenant(self) -> dict[str, int]:
+        """Runs recorded so far per tenant (cheap: one hash read)."""
+        raw = self.client.hgetall("ledger:tenants")
+        return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
+
+    def entries(self) -> list[Entry]:
+        """Every run recorded, in the order they were recorded."""
+        out = []
+        for raw in self.client.lrange("ledger", 0, -1):
+            e: dict[str, Any] = json.loads(raw)
+            out.append(
+                Entry(
+                    id=e["id"],
+                    worker=str(e.get("worker") or ""),
+                    queue=e.get("queue"),
+                    tenant=e.get("tenant"),
+                    published=e.get("published"),
+                    started=float(e["started"]),
+                    finished=float(e.get("finished") or e["started"]),
+                    requeues=int(e.get("requeues") or 0),
+                )
+            )
+        return out
+
+    def wait_for(
+        self,
+        n: int,
+        *,
+        timeout: float,
+        alive: Iterable[Any] = (),
+        poll: float = 0.1,
+    ) -> bool:
+        """Poll until ``n`` runs are recorded; ``False`` at the deadline.
+
+        ``alive`` are :class:`~celery_fair.testing.harness.WorkerProcess`
+        objects that must keep running; one that exits raises with its log.
+        """
+        workers = list(alive)
+        deadline = time.monotonic() + timeout
+        while True:
+            for w in workers:
+                if w.proc is None or w.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited early:\n{w.log()[-3000:]}")
+            if self.count() >= n:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by the nearest-rank method; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max and relative spread ``(max - min) / median`` of repetitions."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return {"median": math.nan, "min": math.nan, "max": math.nan, "spread": 0.0, "n": 0}
+    med = statistics.median(finite)
+    return {
+        "median": med,
+        "min": min(finite),
+        "max": max(finite),
+        "spread": (max(finite) - min(finite)) / med if med else 0.0,
+        "n": len(finite),
+    }
