@@ -147,12 +147,13 @@ class FairService:
                 maximum=self.settings.prefetch_max or total,
             )
         cap = max(4 * total, 1)
-        self.push = PushWindows(
-            self.adaptive,
-            self.windows,
-            lambda adaptive_total: self.scheduler.push_windows(adaptive_total, cap=cap),
-            clock=self.clock,
-        )
+
+        def split(adaptive_total: int) -> dict[str, int]:
+            return self.scheduler.push_windows(adaptive_total, cap=cap)
+
+        # After a reconnection, consume with the window the estimates call for.
+        self.windows.update(split(self.adaptive.window()))
+        self.push = PushWindows(self.adaptive, self.windows, split, clock=self.clock)
         self.push.attach(channel, task_consumer)
         return self.push
 

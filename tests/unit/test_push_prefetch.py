@@ -211,3 +211,27 @@ def test_fixed_windows_are_never_re_consumed() -> None:
     world.service.observe_service(0.040)
     assert world.channel.methods() == []
     assert world.service.push is None
+
+
+def test_a_reconnection_consumes_with_the_adapted_window_at_once() -> None:
+    world = World({"q": 1})
+    world.service.observe_service(0.040)
+    assert world.service.windows == {"q": 2}
+    # The connection is lost; Celery revives the consumer on a new channel.
+    channel = FakeChannel(world.clock)
+    task_consumer = Consumer(
+        channel,  # type: ignore[arg-type]
+        queues=[Queue("q")],
+        on_message=world.received.append,
+        auto_declare=False,
+    )
+    world.service.attach_push(
+        SimpleNamespace(
+            task_consumer=task_consumer, initial_prefetch_count=26, qos_global=False, qos=None
+        )
+    )
+    task_consumer.consume()
+    assert channel.methods() == [
+        ("qos", 2, False),
+        ("consume", "q", task_consumer._active_tags["q"]),
+    ]
