@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=150.0, help="tasks published per second")
     parser.add_argument("--steady", type=float, default=6.0, help="seconds before the slowdown")
     parser.add_argument("--slow", type=float, default=12.0, help="seconds of slowdown")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the result files (a run with other parameters)"
+    )
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with RedisServer() as ledger_server, _server(args.broker) as broker:
@@ -176,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Slow consumer ({args.broker})",
         "",
-        f"Reproduce: `python -m bench.codel_slow_consumer --broker {args.broker}` "
+        f"Reproduce: `python -m bench.codel_slow_consumer --broker {args.broker}"
+        + (f" --rate {args.rate:g} --tag {args.tag}" if args.tag else "")
+        + "` "
         f"({results['env']['when']}; two `-P prefork -c 1` workers, {args.rate:.0f} tasks/s of "
         f"4 ms, one worker slows to 40 ms after {args.steady:.0f} s for {args.slow:.0f} s; "
         f"{args.reps} alternating repetitions, medians).",
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         f"workers and broker included; 2 cores): median {load['median']:.1f}, "
         f"range {load['min']:.1f}-{load['max']:.1f}.",
     ]
-    write(f"codel_slow_consumer_{args.broker}", results, "\n".join(lines) + "\n")
+    suffix = f"_{args.tag}" if args.tag else ""
+    write(f"codel_slow_consumer_{args.broker}{suffix}", results, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
