@@ -151,8 +151,10 @@ class FairService:
         def split(adaptive_total: int) -> dict[str, int]:
             return self.scheduler.push_windows(adaptive_total, cap=cap)
 
-        # After a reconnection, consume with the window the estimates call for.
-        self.windows.update(split(self.adaptive.window()))
+        estimates = self.adaptive.statistics()
+        if estimates.round_trip is not None and estimates.service is not None:
+            # After a reconnection, consume with the window the estimates call for.
+            self.windows.update(split(self.adaptive.window()))
         self.push = PushWindows(self.adaptive, self.windows, split, clock=self.clock)
         self.push.attach(channel, task_consumer)
         return self.push

@@ -235,3 +235,8 @@ def test_a_reconnection_consumes_with_the_adapted_window_at_once() -> None:
         ("qos", 2, False),
         ("consume", "q", task_consumer._active_tags["q"]),
     ]
+
+
+def test_before_any_estimate_the_windows_are_celerys_even_with_a_larger_maximum() -> None:
+    world = World({"q": 1}, prefetch_max=100)
+    assert world.channel.methods() == [("qos", 26, False), ("consume", "q", world.tag("q"))]
