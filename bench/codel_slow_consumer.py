@@ -45,6 +45,7 @@ def one_run(
     broker_url: str, ledger_url: str, mode: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     spec = MODES[mode]
+    load_before = os.getloadavg()[0]
     ledger = redis_lib.Redis.from_url(ledger_url)
     ledger.delete("ledger")
     queue = f"stream-{uuid.uuid4().hex[:6]}"
@@ -110,7 +111,8 @@ def one_run(
         phases[phase].append(first["started"] - pub)
         requeued[phase] += any(e["requeues"] > 0 for e in ran[tid])
     out: dict[str, Any] = {"published": len(published), "missing": len(missing),
-                           "duplicates": duplicates}  # fmt: skip
+                           "duplicates": duplicates,
+                           "load": [load_before, os.getloadavg()[0]]}  # fmt: skip
     for phase, lat in phases.items():
         out[phase] = {
             "n": len(lat),
@@ -137,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=150.0, help="tasks published per second")
     parser.add_argument("--steady", type=float, default=6.0, help="seconds before the slowdown")
     parser.add_argument("--slow", type=float, default=12.0, help="seconds of slowdown")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the result files (a run with other parameters)"
+    )
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with RedisServer() as ledger_server, _server(args.broker) as broker:
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"rep {rep} {mode:14} slow p50 {r['slow']['p50'] * 1000:7.1f} ms  "
                     f"p99 {r['slow']['p99'] * 1000:7.1f} ms  max {r['slow']['max'] * 1000:7.1f} ms"
                     f"  steady requeued {r['steady']['requeued_fraction']:.2%}  "
-                    f"missing {r['missing']}  dup {r['duplicates']}",
+                    f"missing {r['missing']}  dup {r['duplicates']}  "
+                    f"load {r['load'][0]:.1f}-{r['load'][1]:.1f}",
                     flush=True,
                 )
     results: dict[str, Any] = {"env": environment(), "params": vars(args), "modes": {}}
@@ -166,28 +172,46 @@ def main(argv: list[str] | None = None) -> int:
     base = results["modes"]["plain-26"]["slow"]["p99"]["median"]
     fair = results["modes"]["fair-codel-auto"]["slow"]["p99"]["median"]
     results["p99_cut_vs_plain_26"] = base / fair if fair else float("nan")
+    auto = results["modes"]["fair-auto"]["slow"]["p99"]["median"]
+    results["p99_cut_auto_only_vs_plain_26"] = base / auto if auto else float("nan")
+    loads = [x for reps in runs.values() for r in reps for x in r["load"]]
+    results["load_average"] = summary(loads)
     lines = [
         f"# Slow consumer ({args.broker})",
         "",
-        f"Reproduce: `python -m bench.codel_slow_consumer --broker {args.broker}` "
+        f"Reproduce: `python -m bench.codel_slow_consumer --broker {args.broker}"
+        + (f" --rate {args.rate:g} --tag {args.tag}" if args.tag else "")
+        + "` "
         f"({results['env']['when']}; two `-P prefork -c 1` workers, {args.rate:.0f} tasks/s of "
         f"4 ms, one worker slows to 40 ms after {args.steady:.0f} s for {args.slow:.0f} s; "
         f"{args.reps} alternating repetitions, medians).",
         "",
-        "| mode | slow phase p50 | p99 | max | steady p99 | steady requeued | lost | dup |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | slow phase p50 | p99 | max | slow requeued | steady p99 | steady requeued "
+        "| lost | dup |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, d in results["modes"].items():
         s, st = d["slow"], d["steady"]
         lines.append(
             f"| {mode} | {s['p50']['median'] * 1000:.0f} ms | {s['p99']['median'] * 1000:.0f} ms "
-            f"| {s['max']['median'] * 1000:.0f} ms | {st['p99']['median'] * 1000:.0f} ms "
+            f"| {s['max']['median'] * 1000:.0f} ms | {s['requeued_fraction']['median']:.2%} "
+            f"| {st['p99']['median'] * 1000:.0f} ms "
             f"| {st['requeued_fraction']['median']:.2%} | {d['missing']} of {d['published']} "
             f"| {d['duplicates']} |"
         )
-    lines += ["", f"Slow-phase p99 with CoDel and `fair_prefetch=\"auto\"`: cut by "
-              f"{results['p99_cut_vs_plain_26']:.1f}x against plain prefetch 26."]  # fmt: skip
-    write(f"codel_slow_consumer_{args.broker}", results, "\n".join(lines) + "\n")
+    load = results["load_average"]
+    lines += [
+        "",
+        f'Slow-phase p99 with CoDel and `fair_prefetch="auto"`: cut by '
+        f"{results['p99_cut_vs_plain_26']:.1f}x against plain prefetch 26 "
+        f'(`fair_prefetch="auto"` alone: {results["p99_cut_auto_only_vs_plain_26"]:.1f}x).',
+        "",
+        "1-min load average at the start and end of each run (the benchmark's own two "
+        f"workers and broker included; 2 cores): median {load['median']:.1f}, "
+        f"range {load['min']:.1f}-{load['max']:.1f}.",
+    ]
+    suffix = f"_{args.tag}" if args.tag else ""
+    write(f"codel_slow_consumer_{args.broker}{suffix}", results, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -35,11 +35,15 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 from kombu.message import Message
 from kombu.messaging import Consumer as KombuConsumer
+from kombu.messaging import Producer as KombuProducer
 from kombu.mixins import ConsumerMixin
 
+from ..scheduling.codel import CoDelController, CoDelStatistics
 from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
+from .requeue import REQUEUE_HEADER, copy_properties, push_front_redis, requeue_count
 
 __all__ = (
+    "CODEL_ACTIONS",
     "COST_MODES",
     "ERROR_POLICIES",
     "FairConsumerMixin",
@@ -54,10 +58,12 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[str, Any, Message], None]
 CostMode = Literal["count", "runtime"]
 ErrorPolicy = Literal["reject", "requeue", "raise"]
+CoDelAction = Literal["requeue", "reject"]
 #: Queues (names or :class:`kombu.Queue` objects) with their weights.
 QueueWeights = Mapping[str, float] | Mapping[Queue, float] | Iterable[tuple[str | Queue, float]]
 COST_MODES: tuple[str, ...] = ("count", "runtime")
 ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
+CODEL_ACTIONS: tuple[str, ...] = ("requeue", "reject")
 
 #: Default total window per consumed queue (split between them by weight).
 WINDOW_PER_QUEUE = 25
@@ -77,6 +83,11 @@ class FairQueueStatistics:
     served_cost: float
     deficit: float
     active: bool
+    #: CoDel: stale messages sent back to the broker, rejected, and handled
+    #: here because they had been sent back ``codel_max_requeues`` times.
+    codel_requeued: int = 0
+    codel_rejected: int = 0
+    codel_kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,8 @@ class FairConsumerStatistics:
     handled: int
     idle_waits: int
     drr: DRRStatistics
+    #: The CoDel controller's state and counters (None: CoDel is off).
+    codel: CoDelStatistics | None = None
 
     def queue(self, name: str) -> FairQueueStatistics:
         """The record of queue ``name``."""
@@ -115,10 +128,14 @@ class FairConsumerStatistics:
                     "served_cost": q.served_cost,
                     "deficit": q.deficit,
                     "active": q.active,
+                    "codel_requeued": q.codel_requeued,
+                    "codel_rejected": q.codel_rejected,
+                    "codel_kept": q.codel_kept,
                 }
                 for q in self.queues
             },
             "drr": self.drr.as_dict(),
+            "codel": None if self.codel is None else self.codel.as_dict(),
         }
 
 
@@ -132,6 +149,28 @@ def _positive_number(option: str, value: object) -> float:
     if not 0 < value < math.inf:
         raise _option_error(option, value, "must be a positive number")
     return float(value)
+
+
+def _check_codel(
+    target: object, interval: object, action: object, max_requeues: object
+) -> tuple[float, float] | None:
+    if action not in CODEL_ACTIONS:
+        raise _option_error("codel_action", action, f"must be one of {CODEL_ACTIONS}")
+    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
+        raise _option_error("codel_max_requeues", max_requeues, "must be an integer >= 0")
+    if target is None and interval is None:
+        return None
+    if target is None or interval is None:
+        if target is None:
+            missing, other, given = "codel_target", "codel_interval", interval
+        else:
+            missing, other, given = "codel_interval", "codel_target", target
+        raise _option_error(missing, None, f"must be set with {other}={given!r} (CoDel needs both)")
+    target_s = _positive_number("codel_target", target)
+    interval_s = _positive_number("codel_interval", interval)
+    if not target_s < interval_s:
+        raise _option_error("codel_target", target, f"must be below codel_interval={interval!r}")
+    return target_s, interval_s
 
 
 def _positive_int(option: str, value: object) -> int:
@@ -207,9 +246,19 @@ class FairConsumerMixin(ConsumerMixin):
       (reject without requeue: dropped, or dead-lettered where the broker is
       set up for it), ``"requeue"`` (back to the queue) or ``"raise"``
       (requeue and let the exception end :meth:`run`).  Every case is logged.
+    * ``codel_target``, ``codel_interval``: CoDel (RFC 8289) on the buffered
+      messages, off unless both are set (seconds, ``0 < target < interval``).
+      A message's sojourn is the time since this consumer received it; when
+      the sojourn has stayed at or above the target for an interval, stale
+      messages leave the buffer by ``codel_action``: ``"requeue"`` (default:
+      a copy goes back to its queue for another consumer, with the header
+      ``fair_codel_requeues`` incremented, and the original is acked) or
+      ``"reject"`` (reject without requeue: dead-lettered where the queue has
+      a dead-letter exchange, dropped otherwise).  A message already sent back
+      ``codel_max_requeues`` times (default 3) is handled here instead.
     * ``stop_check_interval``: the longest time an idle consumer takes to
       notice :attr:`should_stop` (seconds, default 1).
-    * ``clock``: the clock that times handlers (``time.monotonic``).
+    * ``clock``: the clock that times handlers and sojourns (``time.monotonic``).
     * ``accept``: content types to accept, as for :class:`kombu.Consumer`.
     """
 
@@ -224,6 +273,10 @@ class FairConsumerMixin(ConsumerMixin):
         cost: CostMode = "count",
         runtime_quantum: float = 0.001,
         on_error: ErrorPolicy = "reject",
+        codel_target: float | None = None,
+        codel_interval: float | None = None,
+        codel_action: CoDelAction = "requeue",
+        codel_max_requeues: int = 3,
         stop_check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         accept: Iterable[str] | None = None,
@@ -250,11 +303,15 @@ class FairConsumerMixin(ConsumerMixin):
         if on_error not in ERROR_POLICIES:
             raise _option_error("on_error", on_error, f"must be one of {ERROR_POLICIES}")
         self.on_error: ErrorPolicy = on_error
+        codel = _check_codel(codel_target, codel_interval, codel_action, codel_max_requeues)
+        self.codel_action: CoDelAction = codel_action
+        self.codel_max_requeues = codel_max_requeues
         self.stop_check_interval = _positive_number("stop_check_interval", stop_check_interval)
         if not callable(clock):
             raise _option_error("clock", clock, "must be callable")
         self._clock = clock
         self._accept = None if accept is None else list(accept)
+        self._codel = None if codel is None else CoDelController(*codel, clock=clock)
 
         # Quanta are the weights scaled so that the heaviest queue gets one
         # cost unit per DWRR visit: shares depend only on the ratios, and no
@@ -265,11 +322,17 @@ class FairConsumerMixin(ConsumerMixin):
         heaviest = max(self._weights.values())
         unit = 1.0 if cost == "count" else self.runtime_quantum
         self._drr = DeficitRoundRobin({n: unit * w / heaviest for n, w in self._weights.items()})
-        self._buffers: dict[str, deque[tuple[Any, Message]]] = {n: deque() for n in self._queues}
+        # (body, message, time received) per queue.
+        self._buffers: dict[str, deque[tuple[Any, Message, float]]] = {
+            n: deque() for n in self._queues
+        }
         self._buffered = 0
         self._in_hand: Message | None = None
         self._acked = dict.fromkeys(self._queues, 0)
         self._failed = dict.fromkeys(self._queues, 0)
+        self._codel_requeued = dict.fromkeys(self._queues, 0)
+        self._codel_rejected = dict.fromkeys(self._queues, 0)
+        self._codel_kept = dict.fromkeys(self._queues, 0)
         self._idle_waits = 0
         # Guards the buffers and the scheduler against statistics() readers.
         self._lock = threading.Lock()
@@ -317,6 +380,7 @@ class FairConsumerMixin(ConsumerMixin):
             for name in self._queues:
                 channels[name] = conn.channel()
                 stack.callback(self._quietly, conn, channels[name].close)
+                self._hold_fetch_while_dropping(channels[name])
             stack.callback(self._requeue_buffered, conn)
             consumers = []
             for name, queue in self._queues.items():
@@ -338,10 +402,30 @@ class FairConsumerMixin(ConsumerMixin):
             yield conn, default_channel, consumers
             self.on_consume_end(conn, default_channel)
 
+    def _hold_fetch_while_dropping(self, channel: Any) -> None:
+        # A consumer whose buffer CoDel finds stale fetches nothing more, or
+        # the slot freed by each returned message is refilled at once, often
+        # with the message just returned (on Redis it is first in line).
+        # Kombu's virtual transports (Redis, memory) ask can_consume() before
+        # each fetch; RabbitMQ pushes, and its returned copies join the back
+        # of the queue instead.
+        codel = self._codel
+        qos: Any = getattr(channel, "qos", None) if codel is not None else None
+        can_consume = getattr(qos, "can_consume", None)
+        if codel is None or can_consume is None:
+            return
+
+        def fair_can_consume() -> bool:
+            if codel.dropping and self._buffered:
+                return False
+            return bool(can_consume())
+
+        qos.can_consume = fair_can_consume
+
     def _on_delivery(self, name: str, body: Any, message: Message) -> None:
         with self._lock:
             buffer = self._buffers[name]
-            buffer.append((body, message))
+            buffer.append((body, message, self._clock()))
             self._buffered += 1
             if len(buffer) == 1:
                 # DRR: a queue that gets work joins the tail of the active list.
@@ -414,19 +498,38 @@ class FairConsumerMixin(ConsumerMixin):
                 return
 
     def _dispatch_one(self) -> None:
-        with self._lock:
-            name = self._drr.head()
-            if name is None:
-                return
-            buffer = self._buffers[name]
-            body, message = buffer.popleft()
-            self._buffered -= 1
-            # Count mode charges now; runtime mode post-charges (DRR++).
-            self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
-            if not buffer:
-                # DRR: a queue found empty leaves the active list.
-                self._drr.deactivate(name)
-            self._in_hand = message
+        codel = self._codel
+        now = self._clock() if codel is not None else 0.0
+        while True:
+            with self._lock:
+                name = self._drr.head()
+                if name is None:
+                    if codel is not None:
+                        codel.empty(now)  # RFC 8289: a dequeue that found nothing
+                    return
+                buffer = self._buffers[name]
+                body, message, received = buffer.popleft()
+                self._buffered -= 1
+                # The decision about the head, and after a drop about the next
+                # head with the same `now` (RFC 8289 §5.5).
+                stale = codel is not None and codel.should_drop(
+                    now - received, now, backlog=self._buffered
+                )
+                if not stale:
+                    # Count mode charges now; runtime mode post-charges (DRR++).
+                    # A message sent back is not served and costs nothing.
+                    self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
+                if not buffer:
+                    # DRR: a queue found empty leaves the active list.
+                    self._drr.deactivate(name)
+                self._in_hand = message
+            if stale and self._shed(name, message):
+                self._in_hand = None
+                continue
+            if stale:
+                with self._lock:
+                    self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
+            break
         started = self._clock()
         try:
             self.handle(name, body, message)
@@ -442,6 +545,48 @@ class FairConsumerMixin(ConsumerMixin):
                     self._drr.charge(name, max(0.0, self._clock() - started))
         # Left set if the handler raised a BaseException: shutdown requeues it.
         self._in_hand = None
+
+    def _shed(self, name: str, message: Message) -> bool:
+        """CoDel found ``message`` stale: True if it left, False to handle it here."""
+        count = requeue_count(message.headers)
+        if self.codel_action == "requeue" and count >= self.codel_max_requeues:
+            self._codel_kept[name] += 1
+            return False
+        try:
+            if self.codel_action == "requeue":
+                self._requeue_copy(name, message, count + 1)
+                self._codel_requeued[name] += 1
+            else:
+                message.reject(requeue=False)
+                self._codel_rejected[name] += 1
+        except Exception:  # noqa: BLE001 - handling it beats losing it
+            logger.warning(
+                "CoDel could not return a message of queue %r; handling it here",
+                name,
+                exc_info=True,
+            )
+            return message.acknowledged  # acked anyway: the copy is out
+        return True
+
+    def _requeue_copy(self, name: str, message: Message, count: int) -> None:
+        # The copy first, then the ack: a crash between them duplicates the
+        # message, never loses it.
+        queue = self._queues[name]
+        if not push_front_redis(message, queue.name, {REQUEUE_HEADER: count}):
+            headers = dict(message.headers or {})
+            headers[REQUEUE_HEADER] = count
+            # The default exchange routes by queue name on every transport:
+            # the copy goes to this queue only, whatever it is bound to.
+            KombuProducer(message.channel, auto_declare=False).publish(
+                message.body,
+                exchange="",
+                routing_key=queue.name,
+                headers=headers,
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                **copy_properties(message),
+            )
+        message.ack()
 
     def _handler_failed(self, name: str, message: Message, exc: Exception) -> None:
         self._failed[name] += 1
@@ -466,7 +611,7 @@ class FairConsumerMixin(ConsumerMixin):
         # that requeue at the head (Redis) keep the original order.  If the
         # connection is gone the broker redelivers unacked messages itself.
         with self._lock:
-            pending = [m for buffer in self._buffers.values() for _, m in buffer]
+            pending = [m for buffer in self._buffers.values() for _, m, _ in buffer]
             if self._in_hand is not None:
                 pending.insert(0, self._in_hand)
         for message in reversed(pending):
@@ -481,6 +626,8 @@ class FairConsumerMixin(ConsumerMixin):
                 self._drr.deactivate(name)
             self._buffered = 0
             self._in_hand = None
+        if self._codel is not None:
+            self._codel.reset()  # the broker has the buffered messages again
 
     @staticmethod
     def _quietly(conn: Connection, fun: Callable[[], object]) -> None:
@@ -507,6 +654,9 @@ class FairConsumerMixin(ConsumerMixin):
                     served_cost=q.served_cost,
                     deficit=q.deficit,
                     active=q.active,
+                    codel_requeued=self._codel_requeued[q.name],
+                    codel_rejected=self._codel_rejected[q.name],
+                    codel_kept=self._codel_kept[q.name],
                 )
                 for q in drr.queues
             )
@@ -517,6 +667,7 @@ class FairConsumerMixin(ConsumerMixin):
                 handled=sum(self._acked.values()) + sum(self._failed.values()),
                 idle_waits=self._idle_waits,
                 drr=drr,
+                codel=None if self._codel is None else self._codel.statistics(),
             )
 
     def __repr__(self) -> str:

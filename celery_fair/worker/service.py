@@ -15,6 +15,7 @@ from typing import Any
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
+from .push_prefetch import PushWindows
 from .settings import FairSettings
 
 __all__ = ("FairService",)
@@ -49,6 +50,7 @@ class FairService:
         self.tracker: Any = None  # a TaskTracker
         self.shedder: Any = None  # a Shedder when CoDel is on
         self.adaptive: AdaptivePrefetch | None = None
+        self.push: PushWindows | None = None  # adaptive windows on AMQP
         self._qos: Any = None
         self._base_window = 0
         self.windows: dict[str, int] = {}
@@ -122,10 +124,15 @@ class FairService:
             or 4 * self.concurrency
         )
         self.windows = self._windows(total)
-        basic_consume = channel.basic_consume
+        push = self._adapt_push(channel, task_consumer, total)
+        basic_consume, clock = channel.basic_consume, self.clock
 
         def fair_basic_consume(queue: str, *args: Any, **kwargs: Any) -> Any:
-            channel.basic_qos(0, self.window_for(queue), False)
+            window = self.window_for(queue)
+            sent = clock()
+            channel.basic_qos(0, window, False)
+            if push is not None:
+                push.consuming(queue, kwargs, window, clock() - sent)
             return basic_consume(queue, *args, **kwargs)
 
         channel.basic_consume = fair_basic_consume
@@ -137,6 +144,34 @@ class FairService:
             # per-queue windows that would bring the global limit back.
             qos.callback = lambda prefetch_count: None
         return self.windows
+
+    def _adapt_push(self, channel: Any, task_consumer: Any, total: int) -> PushWindows | None:
+        """``fair_prefetch="auto"`` on AMQP: windows re-consumed as estimates move.
+
+        See :mod:`celery_fair.worker.push_prefetch`.  The estimates survive a
+        reconnection; the per-channel accounting starts afresh.
+        """
+        if self.settings.prefetch != "auto":
+            self.push = None
+            return None
+        if self.adaptive is None:
+            self.adaptive = AdaptivePrefetch(
+                slots=self.concurrency,
+                minimum=self.concurrency,
+                maximum=self.settings.prefetch_max or total,
+            )
+        cap = max(4 * total, 1)
+
+        def split(adaptive_total: int) -> dict[str, int]:
+            return self.scheduler.push_windows(adaptive_total, cap=cap)
+
+        estimates = self.adaptive.statistics()
+        if estimates.round_trip is not None and estimates.service is not None:
+            # After a reconnection, consume with the window the estimates call for.
+            self.windows.update(split(self.adaptive.window()))
+        self.push = PushWindows(self.adaptive, self.windows, split, clock=self.clock)
+        self.push.attach(channel, task_consumer)
+        return self.push
 
     def _windows(self, total: int) -> dict[str, int]:
         setting = self.settings.prefetch
@@ -201,6 +236,9 @@ class FairService:
             return
         adaptive.observe_service(runtime)
         wanted = adaptive.window()
+        if self.push is not None:
+            self.push.resize(wanted)
+            return
         qos = self._qos
         if wanted != self._base_window and qos is not None:
             # Move Celery's QoS *value* (its loop re-applies the value whenever
@@ -240,7 +278,10 @@ class FairService:
         stats["prefetch_windows"] = dict(self.windows)
         stats["codel"] = self.shedder.statistics() if self.shedder is not None else None
         if self.adaptive is not None:
-            stats["adaptive_prefetch"] = asdict(self.adaptive.statistics())
+            adaptive = asdict(self.adaptive.statistics())
+            if self.push is not None:
+                adaptive.update(self.push.statistics())
+            stats["adaptive_prefetch"] = adaptive
         fetch = self.cycle.atomic if self.cycle is not None else None
         stats["atomic_fetch"] = fetch.statistics() if fetch is not None else None
         return stats

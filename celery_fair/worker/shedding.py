@@ -25,21 +25,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..kombu.requeue import REQUEUE_HEADER, copy_properties, push_front_redis, requeue_count
 from ..scheduling.codel import CoDelController
 
 __all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder")
 
 logger = logging.getLogger(__name__)
 
-#: How many times CoDel sent this task back (a message header).
-REQUEUE_HEADER = "fair_codel_requeues"
 #: Monotonic receipt (or due) time stamped on the request by the tracker.
 RECEIVED_MONOTONIC = "_fair_received_monotonic"
-
-_PROPERTIES = (
-    "correlation_id", "reply_to", "priority", "expiration", "message_id",
-    "timestamp", "type", "user_id", "app_id", "delivery_mode",
-)  # fmt: skip
 
 
 class Shedder:
@@ -118,21 +112,13 @@ class Shedder:
 
     def _requeue(self, request: Any, count: int) -> None:
         message = request.message
-        channel = getattr(message, "channel", None)
         queue = self.queue_of(request) if self.queue_of is not None else None
-        if queue is not None and hasattr(channel, "_q_for_pri") and hasattr(message, "_raw"):
-            self._requeue_front_redis(channel, message, queue, count)
+        if queue is not None and push_front_redis(message, queue, {REQUEUE_HEADER: count + 1}):
             request.acknowledge()
             return
         headers = dict(message.headers or {})
         headers[REQUEUE_HEADER] = count + 1
         info = message.delivery_info or {}
-        properties = {
-            k: v
-            for k, v in (message.properties or {}).items()
-            if k in _PROPERTIES and v is not None
-        }
-        properties.setdefault("delivery_mode", 2)
         with self.app.producer_or_acquire() as producer:
             producer.publish(
                 message.body,
@@ -142,27 +128,9 @@ class Shedder:
                 content_type=message.content_type,
                 content_encoding=message.content_encoding,
                 retry=True,
-                **properties,
+                **copy_properties(message),
             )
         request.acknowledge()
-
-    def _requeue_front_redis(self, channel: Any, message: Any, queue: str, count: int) -> None:
-        """Put the copy where BRPOP takes next (the front): it keeps its place.
-
-        Kombu publishes with LPUSH and fetches with BRPOP (right end), so an
-        RPUSH puts the message first in line.
-        """
-        import json
-        import uuid
-
-        payload = json.loads(json.dumps(message._raw))  # a deep copy
-        payload.setdefault("headers", {})[REQUEUE_HEADER] = count + 1
-        # A new delivery tag, as Kombu gives every published message (it keys
-        # the unacknowledged index; a copy must not share the original's).
-        payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
-        priority = channel._get_message_priority(payload, reverse=False)
-        with channel.conn_or_acquire() as client:
-            client.rpush(channel._q_for_pri(queue, priority), json.dumps(payload))
 
     def statistics(self) -> dict[str, Any]:
         stats = self.controller.statistics().as_dict()
@@ -180,8 +148,4 @@ class Shedder:
 
 
 def _requeues(request: Any) -> int:
-    headers = getattr(request, "_request_dict", None) or {}
-    try:
-        return max(0, int(headers.get(REQUEUE_HEADER) or 0))
-    except (TypeError, ValueError):
-        return 0
+    return requeue_count(getattr(request, "_request_dict", None))

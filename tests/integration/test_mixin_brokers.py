@@ -183,3 +183,138 @@ def test_handler_errors_reject_or_requeue_without_losing_messages(
     # Requeued: message 3 of the second queue came back and was handled.
     assert seen[requeueing, 3] == 2 and requeue.statistics().queue(requeueing).acked == 10
     wait_for(lambda: sum(remaining(broker_url, names).values()) == 0, "empty queues")
+
+
+# -- CoDel ---------------------------------------------------------------------
+
+
+class Ledger:
+    """Handler: records (consumer, message number, CoDel returns) of each run.
+
+    ``seconds`` is real work (a slow consumer); the ledger is what proves
+    that nothing was lost or handled twice.
+    """
+
+    def __init__(self, who: str, seconds: float, ledger: list[tuple[str, int, int]]) -> None:
+        self.who = who
+        self.seconds = seconds
+        self.ledger = ledger
+
+    def __call__(self, queue: str, body: Any, message: Message) -> None:
+        if self.seconds:
+            time.sleep(self.seconds)
+        returns = int((message.headers or {}).get("fair_codel_requeues", 0))
+        self.ledger.append((self.who, body["i"], returns))
+
+
+def handled_once(ledger: list[tuple[str, int, int]], n: int) -> bool:
+    return len({i for _, i, _ in ledger}) >= n
+
+
+def test_codel_returns_a_slow_consumers_stale_messages_to_another_consumer(
+    broker_url: str, names: list[str]
+) -> None:
+    n = 60
+    publish_plain(broker_url, {names[0]: n})
+    ledger: list[tuple[str, int, int]] = []
+    slow = FairConsumerMixin(
+        Connection(broker_url), {names[0]: 1}, handler=Ledger("slow", 0.05, ledger),
+        window=10, codel_target=0.05, codel_interval=0.3, stop_check_interval=0.2,
+    )  # fmt: skip
+    slow_thread = start(slow)
+    try:
+        # The slow consumer fills its window before the other one arrives.
+        wait_for(lambda: slow.statistics().buffered >= 8, "the slow consumer's window")
+        fast = FairConsumerMixin(
+            Connection(broker_url), {names[0]: 1}, handler=Ledger("fast", 0.0, ledger),
+            window=10, stop_check_interval=0.2,
+        )  # fmt: skip
+        fast_thread = start(fast)
+        try:
+            wait_for(lambda: handled_once(ledger, n), f"{n} messages handled")
+        finally:
+            stop(fast, fast_thread)
+    finally:
+        stop(slow, slow_thread)
+    runs = Counter(i for _, i, _ in ledger)
+    assert sorted(runs) == list(range(n)) and set(runs.values()) == {1}, "each handled once"
+    record = slow.statistics().queue(names[0])
+    assert record.codel_requeued > 0, "the slow consumer sent stale messages back"
+    # Every return is accounted for by the count its message came back with.
+    assert sum(r for _, _, r in ledger) == record.codel_requeued
+    returned_to_fast = [i for who, i, r in ledger if who == "fast" and r > 0]
+    assert returned_to_fast, "the other consumer handled returned messages"
+    wait_for(lambda: remaining(broker_url, names[:1]) == {names[0]: 0}, "an empty queue")
+
+
+def test_codel_requeue_cap_is_honoured(broker_url: str, names: list[str]) -> None:
+    # Alone, a slow consumer gets its returned messages back; after one return
+    # a stale message is handled here.
+    n = 40
+    publish_plain(broker_url, {names[0]: n})
+    ledger: list[tuple[str, int, int]] = []
+    consumer = FairConsumerMixin(
+        Connection(broker_url), {names[0]: 1}, handler=Ledger("one", 0.02, ledger),
+        window=10, codel_target=0.02, codel_interval=0.1, codel_max_requeues=1,
+        stop_check_interval=0.2,
+    )  # fmt: skip
+    thread = start(consumer)
+    try:
+        wait_for(lambda: handled_once(ledger, n), f"{n} messages handled")
+    finally:
+        stop(consumer, thread)
+    runs = Counter(i for _, i, _ in ledger)
+    assert sorted(runs) == list(range(n)) and set(runs.values()) == {1}, "each handled once"
+    record = consumer.statistics().queue(names[0])
+    assert record.codel_requeued > 0
+    assert max(r for _, _, r in ledger) == 1, "never returned more than once"
+    assert sum(r for _, _, r in ledger) == record.codel_requeued
+    wait_for(lambda: remaining(broker_url, names[:1]) == {names[0]: 0}, "an empty queue")
+
+
+@pytest.mark.rabbitmq
+def test_codel_reject_dead_letters_on_rabbitmq(rabbitmq_server: object) -> None:
+    url = str(rabbitmq_server.url)  # type: ignore[attr-defined]
+    n = 40
+    tag = uuid.uuid4().hex[:8]
+    names = [f"fair-codel-{tag}", f"fair-codel-{tag}-dead"]
+    dead = names[1]
+    # Dead-lettered through the default exchange, which routes by queue name.
+    queue = Queue(
+        names[0],
+        queue_arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead},
+    )
+    with Connection(url) as conn:
+        channel = conn.channel()
+        Queue(dead)(channel).declare()
+        queue(channel).declare()
+        producer = conn.Producer(serializer="json")
+        for i in range(n):
+            producer.publish({"i": i}, routing_key=names[0], declare=[])
+    ledger: list[tuple[str, int, int]] = []
+    consumer = FairConsumerMixin(
+        Connection(url), {queue: 1}, handler=Ledger("one", 0.02, ledger),
+        window=10, codel_target=0.02, codel_interval=0.1, codel_action="reject",
+        stop_check_interval=0.2,
+    )  # fmt: skip
+    thread = start(consumer)
+    try:
+        wait_for(
+            lambda: len(ledger) + remaining(url, [dead])[dead] >= n,
+            "every message handled or dead-lettered",
+        )
+    finally:
+        stop(consumer, thread)
+    record = consumer.statistics().queue(names[0])
+    dead_count = remaining(url, [dead])[dead]
+    assert dead_count > 0 and dead_count == record.codel_rejected
+    handled = [i for _, i, _ in ledger]
+    assert len(set(handled)) == len(handled) == n - dead_count, "each handled once or dead"
+    with Connection(url) as conn:
+        channel = conn.channel()
+        messages = [Queue(dead)(channel).get(no_ack=True) for _ in range(dead_count)]
+    assert sorted(handled + [m.payload["i"] for m in messages]) == list(range(n))
+    with Connection(url) as conn:
+        channel = conn.channel()
+        for name in names:
+            Queue(name)(channel).delete()

@@ -388,6 +388,16 @@ def test_queues_may_be_kombu_queues_or_pairs() -> None:
         ({"clock": 3}, "clock=3"),
         ({"handler": None}, "handler=None"),
         ({"handler": "print"}, "handler='print'"),
+        ({"codel_target": 0.1}, "codel_interval=None: must be set with codel_target=0.1"),
+        ({"codel_interval": 1}, "codel_target=None: must be set with codel_interval=1"),
+        ({"codel_target": 0, "codel_interval": 1}, "codel_target=0"),
+        ({"codel_target": 0.1, "codel_interval": -1}, "codel_interval=-1"),
+        ({"codel_target": 0.1, "codel_interval": "1s"}, "codel_interval='1s'"),
+        ({"codel_target": 2, "codel_interval": 1}, "codel_target=2: must be below codel_interval"),
+        ({"codel_target": 1, "codel_interval": 1}, "codel_target=1: must be below codel_interval"),
+        ({"codel_action": "drop"}, "codel_action='drop'"),
+        ({"codel_max_requeues": -1}, "codel_max_requeues=-1"),
+        ({"codel_max_requeues": True}, "codel_max_requeues=True"),
     ],
 )
 def test_bad_options_fail_at_construction_naming_option_and_value(
@@ -420,6 +430,136 @@ def test_statistics_is_a_frozen_record(names: list[str]) -> None:
     as_dict = stats.as_dict()
     assert set(as_dict["queues"]) == set(names[:2])  # type: ignore[call-overload]
     assert "deficit" in as_dict["queues"][names[0]]  # type: ignore[index]
+
+
+# -- CoDel ---------------------------------------------------------------------------
+
+
+class Slow(Recorder):
+    """A handler whose every message takes ``seconds`` of the fake clock.
+
+    Records the body and the CoDel return count of every handled message;
+    stops the consumer once ``distinct`` different messages were handled.
+    """
+
+    def __init__(self, clock: FakeClock, seconds: float, distinct: int) -> None:
+        super().__init__()
+        self.clock = clock
+        self.seconds = seconds
+        self.distinct = distinct
+        self.returns: list[int] = []
+
+    def __call__(self, queue: str, body: Any, message: Message) -> None:
+        self.clock.now += self.seconds
+        self.returns.append(int((message.headers or {}).get("fair_codel_requeues", 0)))
+        super().__call__(queue, body, message)
+        assert self.consumer is not None
+        if len({b["i"] for _, b in self.calls}) >= self.distinct:
+            self.consumer.should_stop = True
+
+
+def test_codel_is_off_unless_set(names: list[str]) -> None:
+    publish({names[0]: 30})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=30)
+    consumer = make({names[0]: 1}, recorder, window=10, clock=recorder.clock)
+    consumer.run()
+    assert [b["i"] for _, b in recorder.calls] == list(range(30))
+    assert set(recorder.returns) == {0}
+    assert consumer.statistics().codel is None
+
+
+def test_fresh_messages_are_never_returned(names: list[str]) -> None:
+    # Ten buffered messages of 10 ms wait at most 0.1 s: below the target.
+    publish({names[0]: 50})
+    recorder = Slow(FakeClock(), seconds=0.01, distinct=50)
+    consumer = make(
+        {names[0]: 1}, recorder, window=10, clock=recorder.clock,
+        codel_target=0.2, codel_interval=1.0,
+    )  # fmt: skip
+    consumer.run()
+    assert [b["i"] for _, b in recorder.calls] == list(range(50))
+    stats = consumer.statistics()
+    assert stats.codel is not None and stats.codel.drops == 0 and stats.codel.decisions == 50
+    assert stats.queue(names[0]).codel_requeued == 0
+
+
+def test_stale_messages_go_back_with_a_count_and_the_cap_holds(names: list[str]) -> None:
+    # One consumer, ten buffered messages of 1 s each: a standing queue.
+    n = 40
+    publish({names[0]: n})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=n)
+    consumer = make(
+        {names[0]: 1}, recorder, window=10, clock=recorder.clock,
+        codel_target=0.5, codel_interval=2.0, codel_max_requeues=2,
+    )  # fmt: skip
+    consumer.run()
+    record = consumer.statistics().queue(names[0])
+    # Each message handled exactly once: a return replaces it, never copies it.
+    assert sorted(b["i"] for _, b in recorder.calls) == list(range(n))
+    assert record.codel_requeued > 0
+    # The ledger: every return shows up in the count the message came back with.
+    assert sum(recorder.returns) == record.codel_requeued
+    # The cap: a message returned twice is handled here when stale again.
+    assert max(recorder.returns) == 2 and record.codel_kept > 0
+    assert remaining(names[:1]) == {names[0]: 0}
+    codel = consumer.statistics().codel
+    assert codel is not None and codel.drops == record.codel_requeued + record.codel_kept
+
+
+def test_the_first_drop_waits_for_a_whole_interval_above_target(names: list[str]) -> None:
+    # RFC 8289: nothing leaves before the sojourn stayed above target for an
+    # interval, however stale the messages look.
+    publish({names[0]: 12})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=12)
+    consumer = make(
+        {names[0]: 1}, recorder, window=12, clock=recorder.clock,
+        codel_target=0.5, codel_interval=100.0,
+    )  # fmt: skip
+    consumer.run()
+    assert [b["i"] for _, b in recorder.calls] == list(range(12))
+    assert consumer.statistics().queue(names[0]).codel_requeued == 0
+
+
+def test_reject_action_rejects_stale_messages_without_requeue(
+    names: list[str], in_thread: Callable[[FairConsumerMixin], threading.Thread]
+) -> None:
+    # The memory transport has no dead-lettering: rejected messages are gone.
+    n = 40
+    publish({names[0]: n})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=n + 1)  # stopped below
+    consumer = make(
+        {names[0]: 1}, recorder, window=10, clock=recorder.clock,
+        codel_target=0.5, codel_interval=2.0, codel_action="reject",
+    )  # fmt: skip
+    thread = in_thread(consumer)
+
+    def accounted() -> bool:
+        return len(recorder.calls) + consumer.statistics().queue(names[0]).codel_rejected >= n
+
+    wait_for(accounted, "every message handled or rejected")
+    consumer.should_stop = True
+    thread.join(DEADLINE)
+    record = consumer.statistics().queue(names[0])
+    handled = sorted(b["i"] for _, b in recorder.calls)
+    assert record.codel_rejected > 0 and record.codel_requeued == 0
+    assert len(set(handled)) == len(handled) == n - record.codel_rejected
+    assert set(recorder.returns) == {0}
+    assert remaining(names[:1]) == {names[0]: 0}
+
+
+def test_codel_statistics_are_reported(names: list[str]) -> None:
+    publish({names[0]: 20})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=20)
+    consumer = make(
+        {names[0]: 1}, recorder, window=10, clock=recorder.clock,
+        codel_target=0.5, codel_interval=2.0,
+    )  # fmt: skip
+    consumer.run()
+    as_dict = consumer.statistics().as_dict()
+    codel = as_dict["codel"]
+    assert isinstance(codel, dict) and codel["target"] == 0.5 and codel["interval"] == 2.0
+    queue = as_dict["queues"][names[0]]  # type: ignore[index]
+    assert queue["codel_requeued"] == codel["drops"] - queue["codel_kept"]
 
 
 def test_package_exports() -> None:

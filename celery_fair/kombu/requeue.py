@@ -1,0 +1,70 @@
+"""Send a message back to its queue as a copy that counts its returns.
+
+``basic.reject(requeue=True)`` cannot change a message, so it cannot count
+how often the message came back; a count is what stops a message from
+bouncing between slow consumers for ever.  A return is therefore a copy with
+the header :data:`REQUEUE_HEADER` incremented, published before the original
+is acknowledged: a crash between the two leaves a duplicate, never a loss.
+
+On Redis the copy goes to the *front* of its list, where the next BRPOP of
+any consumer takes it (it keeps its place in line); on the other transports
+it is published again and joins the back of the queue.  Used by the worker's
+CoDel shedder and by :class:`~celery_fair.kombu.FairConsumerMixin`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ("REQUEUE_HEADER", "copy_properties", "push_front_redis", "requeue_count")
+
+#: How many times CoDel sent this message back (a message header).
+REQUEUE_HEADER = "fair_codel_requeues"
+
+#: The AMQP basic properties a copy keeps (the transport's own are dropped).
+_PROPERTIES = (
+    "correlation_id", "reply_to", "priority", "expiration", "message_id",
+    "timestamp", "type", "user_id", "app_id", "delivery_mode",
+)  # fmt: skip
+
+
+def requeue_count(headers: Mapping[str, Any] | None) -> int:
+    """The :data:`REQUEUE_HEADER` of ``headers`` (0 if absent or malformed)."""
+    try:
+        return max(0, int((headers or {}).get(REQUEUE_HEADER) or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def copy_properties(message: Any) -> dict[str, Any]:
+    """The publish properties of ``message`` worth keeping on its copy."""
+    properties = {
+        k: v for k, v in (message.properties or {}).items() if k in _PROPERTIES and v is not None
+    }
+    properties.setdefault("delivery_mode", 2)
+    return properties
+
+
+def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bool:
+    """Redis: put a copy of ``message`` with ``headers`` added where BRPOP takes next.
+
+    Kombu publishes with LPUSH and fetches with BRPOP (the right end), so an
+    RPUSH puts the copy first in line.  Returns False, doing nothing, on any
+    other transport.
+    """
+    channel: Any = getattr(message, "channel", None)
+    raw = getattr(message, "_raw", None)
+    if raw is None or not hasattr(channel, "_q_for_pri"):
+        return False
+    payload = json.loads(json.dumps(raw))  # a deep copy
+    payload.setdefault("headers", {}).update(headers)
+    # A new delivery tag, as Kombu gives every published message (it keys
+    # the unacknowledged index; a copy must not share the original's).
+    payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
+    priority = channel._get_message_priority(payload, reverse=False)
+    with channel.conn_or_acquire() as client:
+        client.rpush(channel._q_for_pri(queue, priority), json.dumps(payload))
+    return True
