@@ -23,11 +23,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from celery_fair.telemetry.schema import TaskRecord, records_to_table
+from celery_fair.telemetry.schema import TaskRecord, as_row, rows_to_table
 
 __all__ = ("TelemetryWriter", "WriterStatistics", "write_parquet")
 
@@ -100,7 +101,7 @@ class TelemetryWriter:
         self._prefix = f"fair-{host}-{pid if pid is not None else os.getpid()}-{int(clock())}"
         self._sequence = itertools.count()
 
-        self._buffer: deque[TaskRecord] = deque()
+        self._buffer: deque[tuple[Any, ...]] = deque()  # as_row tuples: GC-untracked
         self._lock = threading.Lock()  # guards _buffer and the counters record() touches
         self._write_lock = threading.Lock()  # one file written at a time
         self._wake = threading.Event()
@@ -129,7 +130,7 @@ class TelemetryWriter:
             if len(self._buffer) >= self.max_buffer:
                 self._buffer.popleft()
                 self._dropped += 1
-            self._buffer.append(rec)
+            self._buffer.append(as_row(rec))
             self._recorded += 1
             full = len(self._buffer) >= self.rotate_records
         if full:
@@ -169,13 +170,13 @@ class TelemetryWriter:
             self._last_flush = self._clock()
         return written
 
-    def _write_file(self, batch: list[TaskRecord]) -> bool:
+    def _write_file(self, batch: list[tuple[Any, ...]]) -> bool:
         name = f"{self._prefix}-{next(self._sequence):06d}.parquet"
         final = self.directory / name
         tmp = self.directory / f".{name}.tmp"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._write_table(records_to_table(batch), str(tmp))
+            self._write_table(rows_to_table(batch), str(tmp))
             os.replace(tmp, final)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -187,7 +188,7 @@ class TelemetryWriter:
             self._files += 1
         return True
 
-    def _requeue(self, batch: list[TaskRecord]) -> None:
+    def _requeue(self, batch: list[tuple[Any, ...]]) -> None:
         # The batch is older than anything recorded since: it goes back in
         # front, and whatever no longer fits is dropped from the old end.
         with self._lock:
