@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ("control_app", "fair_stats")
+__all__ = ("control_app", "fair_stats", "wait_fair_stats")
 
 
 def control_app(broker_url: str) -> Any:
@@ -26,3 +26,15 @@ def fair_stats(broker_url: str, *, timeout: float = 2.0, limit: int | None = 1) 
         return app.control.inspect(timeout=timeout, limit=limit)._request("fair_stats") or {}
     finally:
         app.close()
+
+
+def wait_fair_stats(broker_url: str, *, timeout: float = 30.0) -> dict[str, Any]:
+    """The first worker's ``fair_stats``, asking until one replies within ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        replies = fair_stats(broker_url, timeout=2.0)
+        if replies:
+            return next(iter(replies.values()))
+    raise AssertionError(f"no fair_stats reply within {timeout:g} s")

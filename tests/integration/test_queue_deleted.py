@@ -25,6 +25,7 @@ import pytest
 import redis as redis_lib
 
 from celery_fair.testing.brokers import broker_for
+from celery_fair.testing.control import wait_fair_stats
 from celery_fair.testing.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
@@ -49,18 +50,6 @@ def wait_until(
         time.sleep(0.05)
 
 
-def fair_stats(broker_url: str) -> dict:
-    from celery_fair.testing.control import control_app
-
-    app = control_app(broker_url)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        replies = app.control.inspect(timeout=2)._request("fair_stats") or {}
-        if replies:
-            return next(iter(replies.values()))
-    raise AssertionError("no fair_stats reply")
-
-
 def share_between(entries: list[dict], first: int, last: int, queue: str) -> float:
     window = Counter(e["queue"] for e in entries[first:last])
     return window[queue] / sum(window.values())
@@ -79,7 +68,7 @@ def test_redis_list_deleted_mid_run(redis_url: str) -> None:
         deleted_at = len(ledger(redis_url))
         wait_until(lambda: len(ledger(redis_url)) >= deleted_at + 700, worker, "700 more")
         wait_until(lambda: kept <= {e["id"] for e in ledger(redis_url)}, worker, "a and b")
-        stats = fair_stats(redis_url)
+        stats = wait_fair_stats(redis_url)
     entries = ledger(redis_url)
     ran = Counter(e["id"] for e in entries)
     assert kept <= set(ran) and all(ran[i] == 1 for i in kept)  # all ran, once
@@ -114,14 +103,14 @@ def test_redis_queue_removed_from_the_consumer_and_added_back(redis_url: str) ->
         removed_at = len(ledger(redis_url))
         left_in_c = client.llen("c")
         wait_until(lambda: len(ledger(redis_url)) >= removed_at + 700, worker, "700 more")
-        stats = fair_stats(redis_url)
+        stats = wait_fair_stats(redis_url)
         # c is no longer polled: its tasks wait in Redis, and it left the scheduler.
         assert client.llen("c") == left_in_c > 0
         assert set(stats["weights"]) == {"a", "b"}, stats["weights"]
         reply = app.control.add_consumer("c", reply=True, timeout=5, limit=1)
         assert reply and "ok" in next(iter(reply[0].values())), reply
         wait_until(lambda: every <= {e["id"] for e in ledger(redis_url)}, worker, "every task")
-        back = fair_stats(redis_url)
+        back = wait_fair_stats(redis_url)
     entries = ledger(redis_url)
     assert Counter(e["id"] for e in entries) == Counter(every)  # each ran exactly once
     assert share_between(entries, removed_at + 50, removed_at + 650, "b") == pytest.approx(
@@ -146,7 +135,7 @@ def test_rabbitmq_queue_deleted_while_consumed(redis_url: str, rabbitmq_server: 
     try:
         with WorkerProcess(url, list(counts), env=env, extra_args=args) as worker:
             wait_until(lambda: len(ledger(redis_url)) >= 150, worker, "150 tasks")
-            before = fair_stats(url)
+            before = wait_fair_stats(url)
             with Connection(url) as conn:
                 conn.channel().queue_delete(queue="dc")
             deleted_at = len(ledger(redis_url))
@@ -157,7 +146,7 @@ def test_rabbitmq_queue_deleted_while_consumed(redis_url: str, rabbitmq_server: 
                 worker,
                 "every task of da and db",
             )
-            after = fair_stats(url)
+            after = wait_fair_stats(url)
             log = worker.log()
         entries = ledger(redis_url)
     finally:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from celery_fair.testing.control import wait_fair_stats
 from celery_fair.testing.harness import WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = pytest.mark.integration
@@ -38,18 +39,6 @@ def test_plain_celery_flattens_the_same_workload(redis_url: str) -> None:
         assert share == pytest.approx(0.25, abs=0.02)
 
 
-def _fair_stats(redis_url: str) -> dict:
-    from celery_fair.testing.control import control_app
-
-    app = control_app(redis_url)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        replies = app.control.inspect(timeout=2)._request("fair_stats") or {}
-        if replies:
-            return next(iter(replies.values()))
-    raise AssertionError("no fair_stats reply")
-
-
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_runtime_cost_splits_worker_time(redis_url: str, pool: str) -> None:
     fill_queues(redis_url, {"long": 300, "short": 3000}, args={"long": (8000,), "short": (800,)})
@@ -57,7 +46,7 @@ def test_runtime_cost_splits_worker_time(redis_url: str, pool: str) -> None:
         redis_url, ["long", "short"], pool=pool, env={"CELERY_FAIR_COST": "runtime"}
     ) as worker:
         _wait_consumed(redis_url, {"long": 300, "short": 3000}, 1200, worker)
-        stats = _fair_stats(redis_url)
+        stats = wait_fair_stats(redis_url)
     served = {q: s["served_cost"] for q, s in stats["drr"]["queues"].items()}
     counts = stats["fetched"]
     assert served["long"] / (served["long"] + served["short"]) == pytest.approx(0.5, abs=0.05)
