@@ -65,6 +65,12 @@ class DWRRCycle:
 
     def rotate(self, last_used: str) -> str:
         """Kombu: a message of ``last_used`` was fetched."""
+        if self.items and last_used not in self.items:
+            # A fetch sent before the queue's consumer was cancelled: Kombu
+            # rejects the message back to Redis (no consumer); the scheduler
+            # must not take the queue back in.
+            self.last_fetched = None
+            return last_used
         sent = self._sent
         try:
             skipped = sent[: sent.index(last_used)]

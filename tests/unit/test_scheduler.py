@@ -233,3 +233,16 @@ def test_a_queue_served_alone_runs_up_no_debt(cost: str) -> None:
         if cost == "runtime":
             s.finished(queue, 0.004)
     assert counts == pytest.approx({"s1": 10, "s2": 20, "s3": 40}, abs=2)
+
+
+def test_a_fetch_of_a_cancelled_queue_does_not_bring_it_back() -> None:
+    # A fetch sent while "c" was consumed returns after its consumer was cancelled.
+    scheduler = FairScheduler({"a": 1, "b": 2, "c": 1})
+    cycle = DWRRCycle(scheduler)
+    cycle.update(["a", "b", "c"])
+    cycle.consume(3)
+    cycle.update(["a", "b"])  # cancel_consumer("c")
+    cycle.rotate("c")
+    assert set(scheduler.queues) == {"a", "b"}
+    assert cycle.last_fetched is None  # not counted as held either
+    assert "c" not in scheduler.statistics().weights
