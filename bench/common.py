@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from celery_fair.showcase.ledger import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
     """Median, min, max and relative spread ((max - min) / median)."""
-    med = statistics.median(values)
-    return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "spread": (max(values) - min(values)) / med if med else 0.0,
-        "n": len(values),
-    }
+    return spread(values)
 
 
 def environment() -> dict[str, Any]:

@@ -29,8 +29,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from queue import Empty
 from time import monotonic, time
 from typing import Any
+
+from kombu.utils.json import loads
+from redis.exceptions import ResponseError
 
 __all__ = ("FETCH_SCRIPT", "AtomicFetch", "install_atomic_fetch")
 
@@ -116,6 +120,7 @@ class AtomicFetch:
         self._prefix = prefix
         self._wake_key = f"{prefix}_fair.wake.{uuid.uuid4().hex}"
         self._sep = getattr(channel, "sep", "\x06\x16")
+        self._malformed: dict[str, str] = {}  # queue key -> its "malformed" list key
 
     # -- Kombu's poller calls these ---------------------------------------
 
@@ -140,7 +145,7 @@ class AtomicFetch:
                 for pri in channel.priority_steps
                 for queue in queues
             ]
-            malformed = [self._malformed_key(key) for key in keys]
+            malformed = [self._malformed_key(key) for key in keys]  # cached per key
             unacked = [self._prefix + channel.unacked_key, self._prefix + channel.unacked_index_key]
             self.pending = _FETCH
             conn.send_command(
@@ -155,8 +160,6 @@ class AtomicFetch:
 
     def read(self, **options: Any) -> Any:
         """Kombu's ``_brpop_read``: handle a reply, or a push during a wait."""
-        from redis.exceptions import ResponseError
-
         channel = self.channel
         conn = channel.client.connection
         keep_polling = False
@@ -164,14 +167,14 @@ class AtomicFetch:
             try:
                 if self.pending == _WAIT:
                     keep_polling = self._read_wait(conn)
-                    raise _empty()
+                    raise Empty()
                 if self.pending is None:
                     # Only pushes can arrive with nothing outstanding.
                     conn.read_response(push_request=True)
                     self._drain(conn)
                     if self._woken:
                         self.mode = _FETCH
-                    raise _empty()
+                    raise Empty()
                 self.pending = None
                 reply = conn.read_response()
             except ResponseError as error:
@@ -183,10 +186,12 @@ class AtomicFetch:
             # Pushes that came before the reply were for changes the script
             # has seen; only those after it can mean a new message.
             self._woken = False
-            self._drain(conn)
             if not reply:
+                # About to wait: a push already received would not wake the
+                # poller.  (After a message the next fetch reads past them.)
+                self._drain(conn)
                 self.mode = _FETCH if self._woken else _WAIT
-                raise _empty()
+                raise Empty()
             return self._deliver(reply)
         finally:
             if not keep_polling:
@@ -209,15 +214,13 @@ class AtomicFetch:
         return False
 
     def _deliver(self, reply: Any) -> bool:
-        from kombu.utils.json import loads
-
         channel = self.channel
         self.fetches += 1
         key = _text(reply[0])
         queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
         if len(reply) > 2:
             self._report_malformed(queue, reply[1])
-            raise _empty()
+            raise Empty()
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(_text(reply[1]))
@@ -233,8 +236,6 @@ class AtomicFetch:
 
     def _arm(self, conn: Any) -> None:
         """A new connection: load the script and turn tracking on."""
-        from redis.exceptions import ResponseError
-
         parser = getattr(conn, "_parser", None)
         setter = getattr(parser, "set_invalidation_push_handler", None)
         self.tracking = False
@@ -283,12 +284,15 @@ class AtomicFetch:
             # The script cache was flushed (SCRIPT FLUSH, or a restart the
             # connection survived): load it again on the next fetch.
             self._armed_sock = None
-            raise _empty()
+            raise Empty()
         raise error
 
     def _malformed_key(self, key: str) -> str:
-        queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
-        return self._prefix + queue + MALFORMED_SUFFIX
+        found = self._malformed.get(key)
+        if found is None:
+            queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+            found = self._malformed[key] = self._prefix + queue + MALFORMED_SUFFIX
+        return found
 
     def _report_malformed(self, queue: str, item: Any) -> None:
         self.malformed += 1
@@ -318,12 +322,6 @@ def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _empty() -> Exception:
-    from queue import Empty
-
-    return Empty()
 
 
 def install_atomic_fetch(channel: Any, cycle: Any) -> AtomicFetch | None:
