@@ -72,7 +72,11 @@ def test_capture_maps_task_events_to_records(redis_url: str, tmp_path: Path) -> 
     for r in rows:
         assert r["source"] == "events" and r["pid"] and "@" in r["hostname"]
         assert r["target_weight"] == {"alpha": 3.0, "beta": 1.0}[r["queue"]]
-        assert r["published"] <= r["received"] <= r["started"] <= r["finished"]
+        # Celery sends task-sent after publishing, so a worker that receives
+        # within a millisecond can stamp task-received first; the task has
+        # started by then all the same.
+        assert r["published"] <= r["started"]
+        assert r["received"] <= r["started"] <= r["finished"]
         assert r["fair_key"] is None and r["dispatched"] is None
     for r in by_outcome["success"]:
         assert r["runtime"] > 0 and r["cost"] == r["runtime"]
