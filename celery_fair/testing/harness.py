@@ -115,6 +115,8 @@ class RunResult:
     elapsed: float
     #: CPU seconds (user + system) the workers' main processes used in the interval.
     main_cpu: float | None = None
+    #: CPU seconds the workers' pool processes (their children) used in the interval.
+    pool_cpu: float | None = None
 
     @property
     def total(self) -> int:
@@ -177,6 +179,7 @@ def run_backlogged(
         start_counts: dict[str, int] | None = None
         started = 0.0
         cpu_start: float | None = None
+        pool_start: dict[int, float] = {}
         while True:
             if time.monotonic() > deadline:
                 logs = "\n".join(w.log()[-2000:] for w in pool_of_workers)
@@ -192,6 +195,7 @@ def run_backlogged(
                 if total >= max(1, warmup):
                     start_counts, started = consumed, now
                     cpu_start = _main_cpu(pool_of_workers)
+                    pool_start = _pool_cpu(pool_of_workers)
             else:
                 if on_sample is not None:
                     on_sample({q: consumed[q] - start_counts[q] for q in counts}, now - started)
@@ -199,11 +203,18 @@ def run_backlogged(
                     time.sleep(0.005)
                     continue
                 cpu_end = _main_cpu(pool_of_workers)
+                pool_end = _pool_cpu(pool_of_workers)
                 return RunResult(
                     consumed={q: consumed[q] - start_counts[q] for q in counts},
                     elapsed=now - started,
                     main_cpu=(
                         None if cpu_start is None or cpu_end is None else cpu_end - cpu_start
+                    ),
+                    # A pool process that started during the interval counts from 0.
+                    pool_cpu=(
+                        sum(t - pool_start.get(pid, 0.0) for pid, t in pool_end.items())
+                        if pool_end
+                        else None
                     ),
                 )
             time.sleep(0.005)
@@ -213,18 +224,41 @@ def run_backlogged(
         broker.purge(counts)
 
 
+def _process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of one process (Linux ``/proc``), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name (which may hold spaces) start at ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _main_cpu(workers: Sequence[WorkerProcess]) -> float | None:
-    """User + system CPU seconds of the workers' main processes (Linux ``/proc``)."""
+    """User + system CPU seconds of the workers' main processes."""
     total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
+    for worker in workers:
+        cpu = None if worker.proc is None else _process_cpu(worker.proc.pid)
+        if cpu is None:
+            return None
+        total += cpu
+    return total
+
+
+def _pool_cpu(workers: Sequence[WorkerProcess]) -> dict[int, float]:
+    """CPU seconds of each live pool process (child) of the workers, by pid."""
+    found: dict[int, float] = {}
     for worker in workers:
         if worker.proc is None:
-            return None
+            continue
+        pid = worker.proc.pid
         try:
-            stat = Path(f"/proc/{worker.proc.pid}/stat").read_text()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except OSError:
-            return None
-        # Fields after the command name (which may hold spaces) start at ")".
-        fields = stat.rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+            continue
+        for child in map(int, children):
+            cpu = _process_cpu(child)
+            if cpu is not None:
+                found[child] = cpu
+    return found

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from celery import Celery
 
@@ -116,6 +117,20 @@ def nap(ms: float = 0.0) -> None:
     """Sleep ``ms`` milliseconds: occupies a pool slot without using a core."""
     if ms:
         time.sleep(ms / 1000.0)
+
+
+@app.task(name="fail")
+def fail(message: str = "failed on purpose") -> None:
+    """Raise ``ValueError`` (a task failure)."""
+    raise ValueError(message)
+
+
+@app.task(name="retry_once", bind=True, max_retries=1, default_retry_delay=0)
+def retry_once(self: Any) -> str:
+    """Ask for one retry, then succeed on the second run."""
+    if not self.request.retries:
+        raise self.retry(countdown=0)
+    return "done"
 
 
 #: One Redis client per ledger URL and process: a new connection per task would

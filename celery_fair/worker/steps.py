@@ -9,6 +9,7 @@ from celery.utils.log import get_logger
 
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
+from .recorder import PoolRecorder
 from .service import FairService
 from .settings import FairConfigError, FairSettings
 from .shedding import Shedder
@@ -53,6 +54,7 @@ class FairWorkerStep(bootsteps.StartStopStep):
             # Fails here, at start, if the telemetry extra is missing.
             from ..telemetry import TelemetryWriter  # noqa: F401
         self.metrics: MetricsServer | None = None
+        self.recorder: PoolRecorder | None = None  # with telemetry, from create()
         if settings.metrics_port is not None:
             require_prometheus_client()
             meter = DispatchMeter(cost_at_dispatch=settings.cost == "count")
@@ -69,8 +71,12 @@ class FairWorkerStep(bootsteps.StartStopStep):
         threaded = getattr(w.process_task, "__func__", None) is type(w)._process_task
         # The tracker reads its writer at call time: the writer is opened in
         # start(), after the pool has forked its children.
-        if service.settings.telemetry_dir is not None:
+        directory = service.settings.telemetry_dir
+        if directory is not None:
             tracker.writer = _Deferred()
+            self.recorder = _pool_recorder(
+                w, directory, runtime_cost=service.settings.cost == "runtime"
+            )
         process = tracker.wrap_dispatch(w._process_task)
         if getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
@@ -92,7 +98,12 @@ class FairWorkerStep(bootsteps.StartStopStep):
 
             writer = TelemetryWriter(directory, hostname=getattr(w, "hostname", None))
             service.tracker.writer.target = writer
+            recorder = self.recorder
+            if recorder is not None:
+                # solo/threads run tasks here, in the main process.
+                recorder.open(writer)
             signals.task_revoked.connect(service.tracker.on_revoked, weak=False)
+            signals.task_failure.connect(service.tracker.on_task_failure, weak=False)
             logger.info("celery-fair: telemetry to %s", directory)
         if self.metrics is not None:
             # Here, after the pool has forked: the HTTP thread lives in the
@@ -117,15 +128,41 @@ class FairWorkerStep(bootsteps.StartStopStep):
         tracker = getattr(getattr(w, "fair", None), "tracker", None)
         deferred = getattr(tracker, "writer", None)
         writer = getattr(deferred, "target", None)
+        recorder = getattr(self, "recorder", None)
+        if recorder is not None:
+            # The pool has stopped: its processes flushed their own records.
+            recorder.disconnect()
+            recorder.writer = None
         if tracker is not None and deferred is not None and writer is not None:
             signals.task_revoked.disconnect(tracker.on_revoked)
+            signals.task_failure.disconnect(tracker.on_task_failure)
             deferred.target = None
             writer.close()
-            logger.info("celery-fair: telemetry %s", writer.statistics())
+            logger.info("celery-fair: telemetry (main process) %s", writer.statistics())
 
 
 def _host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
+
+
+def _pool_recorder(w: Any, directory: str, *, runtime_cost: bool) -> PoolRecorder:
+    """A :class:`PoolRecorder` connected to the task and pool-process signals.
+
+    Connected here, before the prefork pool forks, so that every pool process
+    (including those started later, ``max_tasks_per_child``) inherits the
+    receivers; each pool process opens its own writer when it starts and
+    flushes it when it exits.
+    """
+    from ..telemetry import TelemetryWriter
+
+    hostname = getattr(w, "hostname", None)
+    recorder = PoolRecorder(
+        lambda pid: TelemetryWriter(directory, hostname=hostname, pid=pid),
+        hostname=hostname,
+        runtime_cost=runtime_cost,
+    )
+    recorder.connect()
+    return recorder
 
 
 class _Deferred:

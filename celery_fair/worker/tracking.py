@@ -1,10 +1,12 @@
 """Follows each task from receipt to completion, in the worker's main process.
 
 Feeds the scheduler the measured run time (``fair_cost="runtime"``) and, when
-``fair_telemetry_dir`` is set, writes one telemetry record per task.  It only
-wraps a request's ``on_success``/``on_failure`` (a ``Request`` has a
-``__dict__``, so an instance attribute overrides the method); nothing is
-wrapped when neither feature is on, so the plain path costs nothing.
+``fair_telemetry_dir`` is set, stamps what the main process knows of a task
+into its request headers for the pool process that records it
+(:mod:`celery_fair.worker.recorder`).  It only wraps a request's
+``on_success``/``on_failure`` (a ``Request`` has a ``__dict__``, so an
+instance attribute overrides the method) when the run time is needed; nothing
+is wrapped when no feature is on, so the plain path costs nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery.exceptions import Retry
+from billiard.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded
 
+from .recorder import DISPATCHED_STAMP, QUEUE_STAMP, RECEIVED_STAMP, WEIGHT_STAMP
 from .shedding import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
@@ -23,7 +27,6 @@ __all__ = ("PUBLISHED_HEADER", "TaskTracker")
 #: Header stamped by the producer (``before_task_publish``) with its wall time.
 PUBLISHED_HEADER = "fair_published"
 KEY_HEADER = "fair_key"
-RECEIVED_ATTR = "_fair_received"
 
 
 _RECORD_TYPE: Any = None
@@ -39,11 +42,20 @@ def _task_record() -> Any:
     return _RECORD_TYPE
 
 
+def _headers(request: Any) -> dict[str, Any]:
+    """The request's header dict, which Celery hands to the pool as it is."""
+    headers = getattr(request, "_request_dict", None)
+    return headers if isinstance(headers, dict) else {}
+
+
 class TaskTracker:
-    """Per-task bookkeeping for run-time cost and telemetry.
+    """Per-task bookkeeping for run-time cost, metrics and telemetry.
 
     ``service`` is the worker's :class:`~celery_fair.worker.service.FairService`;
-    ``writer`` a :class:`~celery_fair.telemetry.TelemetryWriter` or None.
+    ``writer`` the main process's :class:`~celery_fair.telemetry.TelemetryWriter`
+    or None.  Tasks that run on the pool are recorded there (see
+    :mod:`celery_fair.worker.recorder`); the main process's writer gets the
+    tasks that never ran or whose pool process died.
     """
 
     def __init__(self, service: Any, writer: Any = None, *, hostname: str | None = None) -> None:
@@ -57,14 +69,14 @@ class TaskTracker:
 
     @property
     def active(self) -> bool:
-        """Whether tasks are followed at all (``wrap_dispatch`` wraps)."""
-        return self.follows_completion or self.meter is not None
+        """Whether dispatch is wrapped at all (``wrap_dispatch``)."""
+        return self.follows_completion or self.meter is not None or self.writer is not None
 
     @property
     def follows_completion(self) -> bool:
-        """Whether each task must be followed until it finishes."""
+        """Whether each task must be followed until it finishes (its run time)."""
         settings = self.service.settings
-        return self.writer is not None or settings.cost == "runtime" or settings.prefetch == "auto"
+        return settings.cost == "runtime" or settings.prefetch == "auto"
 
     def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Stamp the receipt time (telemetry, and CoDel's sojourn).
@@ -74,12 +86,14 @@ class TaskTracker:
         """
         # CoDel and the metrics' sojourn histogram measure from this stamp.
         monotonic = self.service.settings.codel or self.meter is not None
-        if self.writer is None and not monotonic:
+        telemetry = self.writer is not None
+        if not telemetry and not monotonic:
             return receive
         wall, clock = self.wall, self.service.clock
 
         def fair_receive(request: Any) -> Any:
-            setattr(request, RECEIVED_ATTR, wall())
+            if telemetry:
+                _headers(request)[RECEIVED_STAMP] = wall()
             if monotonic:
                 setattr(request, RECEIVED_MONOTONIC, clock())
             return receive(request)
@@ -100,59 +114,73 @@ class TaskTracker:
         task_id = getattr(request, "id", None)
         if self.writer is None or task_id is None:
             return
-        info = getattr(request, "delivery_info", None) or {}
-        key = info.get("routing_key")
-        queue = self.service.queue_of(request)
-        published = getattr(request, PUBLISHED_HEADER, None)
-        fair_key = getattr(request, KEY_HEADER, None)
-        self.writer.record(
-            _task_record()(
-                task_id=str(task_id),
-                task_name=getattr(sender, "name", None) or getattr(request, "task", None),
-                queue=queue,
-                outcome="revoked",
-                received=None,
-                finished=self.wall(),
-                routing_key=key,
-                fair_key=None if fair_key is None else str(fair_key),
-                published=float(published) if isinstance(published, (int, float)) else None,
-                target_weight=None if queue is None else self.service.scheduler.weight(queue),
-                hostname=self.hostname,
-                pid=self.pid,
-                cost=0.0,
-            )
-        )
+        self._write_context(sender, request, "revoked", cost=0.0)
+
+    def on_task_failure(
+        self, sender: Any = None, task_id: Any = None, exception: Any = None, **kwargs: Any
+    ) -> None:
+        """Celery's ``task_failure`` signal, for a pool process that died.
+
+        The main process sends it when a task's pool process was lost
+        (``WorkerLostError``) or killed at the hard time limit; no pool
+        process is left to record that task, so the main process does.  Any
+        other failure is recorded where the task ran.
+        """
+        if self.writer is None or os.getpid() != self.pid:
+            return
+        if not isinstance(exception, (WorkerLostError, TimeLimitExceeded)):
+            return
+        # Celery pushes the request's context for the signal's receivers.
+        request = getattr(sender, "request", None)
+        if getattr(request, "id", None) != task_id:
+            return
+        self._write_context(sender, request, "failure")
 
     def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """Follow each task handed to the pool until it finishes."""
+        """Stamp each task handed to the pool, and follow it if run times are needed."""
         if not self.active:
             return process
         service, clock, wall = self.service, self.service.clock, self.wall
         scheduler, lock = service.scheduler, service.lock
         runtime_cost = service.settings.cost == "runtime"
-        record, meter = self._record, self.meter
+        meter = self.meter
+        telemetry = self.writer is not None
+
+        def stamp(request: Any, queue: str) -> None:
+            # Read back by the pool process that runs the task (recorder.py).
+            headers = _headers(request)
+            headers[QUEUE_STAMP] = queue
+            headers[WEIGHT_STAMP] = scheduler.weight(queue)
+            headers[DISPATCHED_STAMP] = wall()
+
         if not self.follows_completion:
-            # Metrics alone: count at dispatch, nothing wrapped per request.
-            def fair_count_dispatch(request: Any) -> Any:
+            # Metrics and/or telemetry: stamp and count at dispatch, nothing
+            # wrapped per request.
+            def fair_stamp_dispatch(request: Any) -> Any:
                 queue = service.queue_of(request)
                 if queue is not None:
-                    received = getattr(request, RECEIVED_MONOTONIC, None)
-                    meter.dispatched(queue, None if received is None else clock() - received)
+                    if telemetry:
+                        stamp(request, queue)
+                    if meter is not None:
+                        received = getattr(request, RECEIVED_MONOTONIC, None)
+                        meter.dispatched(queue, None if received is None else clock() - received)
                 return process(request)
 
-            return fair_count_dispatch
+            return fair_stamp_dispatch
 
         def fair_process_task(request: Any) -> Any:
             queue = service.queue_of(request)
             if queue is None:
                 return process(request)
-            started, dispatched = clock(), wall()
+            if telemetry:
+                stamp(request, queue)
+            started = clock()
             if meter is not None:
                 received = getattr(request, RECEIVED_MONOTONIC, None)
                 meter.dispatched(queue, None if received is None else started - received)
             done = False
 
-            def finish(runtime: float | None, outcome: str) -> None:
+            def finish(runtime: float | None) -> None:
                 nonlocal done
                 if done:
                     return
@@ -173,8 +201,6 @@ class TaskTracker:
                     if meter is not None:
                         meter.charge(queue, runtime)
                 service.observe_service(runtime)
-                if self.writer is not None:
-                    record(request, queue, outcome, runtime, dispatched)
 
             on_success, on_failure = request.on_success, request.on_failure
 
@@ -182,16 +208,15 @@ class TaskTracker:
                 # The pool reports the task's own run time (without the IPC to
                 # the pool); charge that, as a user means by "run time".
                 try:
-                    failed, _, runtime = failed__retval__runtime
+                    _, _, runtime = failed__retval__runtime
                     runtime = float(runtime)
                 except (TypeError, ValueError):
-                    failed, runtime = False, None
-                finish(runtime, "failure" if failed else "success")
+                    runtime = None
+                finish(runtime)
                 return on_success(failed__retval__runtime, **kwargs)
 
             def fair_on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
-                exception = getattr(exc_info, "exception", None)
-                finish(None, "retry" if isinstance(exception, Retry) else "failure")
+                finish(None)
                 return on_failure(exc_info, *args, **kwargs)
 
             request.on_success, request.on_failure = fair_on_success, fair_on_failure
@@ -199,34 +224,48 @@ class TaskTracker:
 
         return fair_process_task
 
-    def _record(
-        self, request: Any, queue: str, outcome: str, runtime: float, dispatched: float
-    ) -> None:
-        cost = runtime if self.service.scheduler.cost == "runtime" else 1.0
-        self._write(
-            request,
-            queue,
-            outcome,
-            cost=cost,
-            dispatched=dispatched,
-            started=getattr(request, "time_start", None),
-            runtime=runtime,
+    def _write_context(self, task: Any, request: Any, outcome: str, **times: Any) -> None:
+        """A main-process record from a task's context (a signal's ``request``)."""
+        info = getattr(request, "delivery_info", None) or {}
+        queue = getattr(request, QUEUE_STAMP, None) or self.service.queue_of(request)
+        published = getattr(request, PUBLISHED_HEADER, None)
+        fair_key = getattr(request, KEY_HEADER, None)
+        received = getattr(request, RECEIVED_STAMP, None)
+        dispatched = getattr(request, DISPATCHED_STAMP, None)
+        self.writer.record(
+            _task_record()(
+                task_id=str(request.id),
+                task_name=getattr(task, "name", None) or getattr(request, "task", None),
+                queue=queue,
+                outcome=outcome,
+                received=float(received) if isinstance(received, (int, float)) else None,
+                finished=self.wall(),
+                routing_key=info.get("routing_key"),
+                fair_key=None if fair_key is None else str(fair_key),
+                published=float(published) if isinstance(published, (int, float)) else None,
+                dispatched=float(dispatched) if isinstance(dispatched, (int, float)) else None,
+                target_weight=None if queue is None else self.service.scheduler.weight(queue),
+                hostname=self.hostname,
+                pid=self.pid,
+                **times,
+            )
         )
 
     def _write(self, request: Any, queue: str | None, outcome: str, **times: Any) -> None:
-        """One telemetry record: the request's identity, headers and ``times``."""
+        """A main-process record from a worker ``Request`` and ``times``."""
         TaskRecord = _task_record()
         info = getattr(request, "delivery_info", None) or {}
-        headers = getattr(request, "_request_dict", None) or {}
+        headers = _headers(request)
         published = headers.get(PUBLISHED_HEADER)
         key = headers.get(KEY_HEADER)
+        received = headers.get(RECEIVED_STAMP)
         self.writer.record(
             TaskRecord(
                 task_id=request.id,
                 task_name=request.name,
                 queue=queue,
                 outcome=outcome,
-                received=getattr(request, RECEIVED_ATTR, None),
+                received=float(received) if isinstance(received, (int, float)) else None,
                 finished=self.wall(),
                 routing_key=info.get("routing_key"),
                 fair_key=None if key is None else str(key),

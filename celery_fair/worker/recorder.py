@@ -1,0 +1,205 @@
+"""Telemetry records made where the task runs: in the pool process.
+
+With no-op tasks a prefork worker's main process is the bottleneck: it
+receives, schedules and dispatches every task, while the pool processes idle
+part of the time.  So the main process only *stamps* what it alone knows into
+the task's request headers (:data:`STAMPS`: receipt and dispatch times, the
+queue and its weight), a few dictionary writes; the pool process that runs the
+task reads them back from ``task.request``, adds its own start and finish
+times and outcome, and buffers the record in its own
+:class:`~celery_fair.telemetry.TelemetryWriter` (one set of Parquet files per
+process, named by its pid).
+
+The headers reach the pool process because Celery hands the request's header
+dict to the pool as it is (``Request._request_dict``), and ``task.request``
+is built from it.  With the ``solo`` and ``threads`` pools the task runs in
+the main process and the same code records it there.
+
+What the main process still records itself: tasks that never reach the pool
+(CoDel returns, revoked tasks) and tasks whose pool process died
+(``WorkerLostError``, hard time limit), for which no pool process is left to
+write anything; see :class:`~celery_fair.worker.tracking.TaskTracker`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals, states
+
+__all__ = (
+    "DISPATCHED_STAMP",
+    "PoolRecorder",
+    "QUEUE_STAMP",
+    "RECEIVED_STAMP",
+    "STAMPS",
+    "WEIGHT_STAMP",
+    "outcome_of",
+)
+
+#: Request headers the main process stamps (wall times, queue, target weight).
+RECEIVED_STAMP = "fair_received"
+DISPATCHED_STAMP = "fair_dispatched"
+QUEUE_STAMP = "fair_queue"
+WEIGHT_STAMP = "fair_weight"
+STAMPS = (RECEIVED_STAMP, DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP)
+
+# Where the recorder keeps a running task's start on its ``task.request``.
+_STARTED = "_fair_started"
+_STARTED_PERF = "_fair_started_perf"
+
+# Celery's final task states, as telemetry outcomes. ``Ignore`` (also raised
+# by ``Task.replace``) ends the task without an error; ``Reject`` is a
+# failure to run it here.
+_OUTCOMES = {
+    states.SUCCESS: "success",
+    states.RETRY: "retry",
+    states.IGNORED: "success",
+}
+
+
+def outcome_of(state: str | None) -> str:
+    """The telemetry outcome of a Celery task state (``FAILURE`` and the rest: failure)."""
+    return _OUTCOMES.get(state or "", "failure")
+
+
+class PoolRecorder:
+    """Records each task the current process runs, from Celery's task signals.
+
+    Connect :meth:`on_prerun` and :meth:`on_postrun` to ``task_prerun`` and
+    ``task_postrun`` *before* the pool forks, so every pool process inherits
+    them; call :meth:`open` in each process that runs tasks (a prefork pool
+    process from ``worker_process_init``, or the main process) and
+    :meth:`close` when it ends.  ``make_writer(pid)`` builds the process's
+    writer; ``runtime_cost`` records the run time as the task's cost (as the
+    scheduler charges it), otherwise every task costs 1.
+    """
+
+    def __init__(
+        self,
+        make_writer: Callable[[int], Any],
+        *,
+        hostname: str | None,
+        runtime_cost: bool,
+        wall: Callable[[], float] = time.time,
+        perf: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.make_writer = make_writer
+        self.hostname = hostname
+        self.runtime_cost = runtime_cost
+        self.wall = wall
+        self.perf = perf
+        #: This process's writer; None before :meth:`open` (records are not made).
+        self.writer: Any = None
+        self.pid: int | None = None
+
+    def connect(self) -> None:
+        """Connect to Celery's task and pool-process signals (in the main process)."""
+        signals.task_prerun.connect(self.on_prerun, weak=False)
+        signals.task_postrun.connect(self.on_postrun, weak=False)
+        signals.worker_process_init.connect(self.on_process_init, weak=False)
+        signals.worker_process_shutdown.connect(self.on_process_shutdown, weak=False)
+
+    def disconnect(self) -> None:
+        """Undo :meth:`connect`."""
+        signals.task_prerun.disconnect(self.on_prerun)
+        signals.task_postrun.disconnect(self.on_postrun)
+        signals.worker_process_init.disconnect(self.on_process_init)
+        signals.worker_process_shutdown.disconnect(self.on_process_shutdown)
+
+    def on_process_init(self, **kwargs: Any) -> None:
+        """``worker_process_init``: a prefork pool process starts; give it a writer."""
+        self.open()
+
+    def on_process_shutdown(self, **kwargs: Any) -> None:
+        """``worker_process_shutdown``: a pool process exits; flush its records."""
+        self.close()
+
+    def open(self, writer: Any = None) -> Any:
+        """Start recording in this process, with ``writer`` or a new one."""
+        # A pool process forked after the main process opened its writer
+        # inherits that writer object, its buffer included: never write
+        # through it here (the main process flushes its own records).
+        pid = os.getpid()
+        self.writer = writer if writer is not None else self.make_writer(pid)
+        self.pid = pid
+        return self.writer
+
+    def close(self) -> Any:
+        """Stop recording and flush this process's writer (returns it, or None)."""
+        writer, self.writer = self.writer, None
+        if writer is not None and self.pid == os.getpid():
+            writer.close()
+            return writer
+        return None
+
+    def on_prerun(self, task: Any = None, **kwargs: Any) -> None:
+        """``task_prerun``: note when the task body starts."""
+        if self.writer is None or task is None:
+            return
+        request = task.request
+        setattr(request, _STARTED, self.wall())
+        setattr(request, _STARTED_PERF, self.perf())
+
+    def on_postrun(
+        self, task: Any = None, task_id: Any = None, state: str | None = None, **kwargs: Any
+    ) -> None:
+        """``task_postrun``: buffer the task's record (the body has ended)."""
+        writer = self.writer
+        if writer is None or task is None or state is None:
+            # No state: the body did not end, an exception such as the
+            # SystemExit of a pool process being terminated (the hard time
+            # limit) went through it; the main process records that task.
+            return
+        request = task.request
+        dispatched = getattr(request, DISPATCHED_STAMP, None)
+        if dispatched is None:
+            # Not dispatched by a fair worker (an eager call inside a task).
+            return
+        finished_perf = self.perf()
+        started_perf = getattr(request, _STARTED_PERF, None)
+        runtime = None if started_perf is None else finished_perf - started_perf
+        writer.record(
+            _record_type()(
+                task_id=str(task_id if task_id is not None else request.id),
+                task_name=task.name,
+                queue=getattr(request, QUEUE_STAMP, None),
+                outcome=outcome_of(state),
+                received=_float(getattr(request, RECEIVED_STAMP, None)),
+                finished=self.wall(),
+                routing_key=(getattr(request, "delivery_info", None) or {}).get("routing_key"),
+                fair_key=_text(getattr(request, "fair_key", None)),
+                published=_float(getattr(request, "fair_published", None)),
+                dispatched=_float(dispatched),
+                started=getattr(request, _STARTED, None),
+                runtime=runtime,
+                cost=(runtime if self.runtime_cost else 1.0),
+                target_weight=_float(getattr(request, WEIGHT_STAMP, None)),
+                hostname=self.hostname,
+                pid=self.pid,
+            )
+        )
+
+
+_RECORD_TYPE: Any = None
+
+
+def _record_type() -> Any:
+    """``TaskRecord``, imported once (the telemetry package loads pyarrow)."""
+    global _RECORD_TYPE
+    if _RECORD_TYPE is None:
+        from ..telemetry import TaskRecord
+
+        _RECORD_TYPE = TaskRecord
+    return _RECORD_TYPE
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

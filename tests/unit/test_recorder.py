@@ -1,0 +1,145 @@
+"""The pool-side telemetry recorder, driven by hand (no worker, no broker)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from celery_fair.worker.recorder import (
+    DISPATCHED_STAMP,
+    QUEUE_STAMP,
+    RECEIVED_STAMP,
+    WEIGHT_STAMP,
+    PoolRecorder,
+    outcome_of,
+)
+
+
+class FakeWriter:
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self.records: list[Any] = []
+        self.closed = False
+
+    def record(self, rec: Any) -> None:
+        self.records.append(rec)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Context:
+    """The attributes of ``task.request`` the recorder reads (a Celery Context)."""
+
+    def __init__(self, **headers: Any) -> None:
+        self.id = "t-1"
+        self.delivery_info = {"routing_key": "rk"}
+        self.__dict__.update(headers)
+
+
+class FakeTask:
+    name = "proj.work"
+
+    def __init__(self, request: Context) -> None:
+        self.request = request
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _recorder(*, runtime_cost: bool = False) -> tuple[PoolRecorder, Clock, Clock]:
+    wall, perf = Clock(1000.0), Clock(5.0)
+    writers: list[FakeWriter] = []
+
+    def make(pid: int) -> FakeWriter:
+        writers.append(FakeWriter(pid))
+        return writers[-1]
+
+    recorder = PoolRecorder(make, hostname="w1@h", runtime_cost=runtime_cost, wall=wall, perf=perf)
+    return recorder, wall, perf
+
+
+def _stamped(**extra: Any) -> Context:
+    headers = {
+        RECEIVED_STAMP: 990.0,
+        DISPATCHED_STAMP: 995.0,
+        QUEUE_STAMP: "q1",
+        WEIGHT_STAMP: 3,
+        "fair_published": 980.5,
+        "fair_key": 42,
+    }
+    headers.update(extra)
+    return Context(**headers)
+
+
+def test_a_run_gives_one_record_with_the_stamped_and_measured_times() -> None:
+    recorder, wall, perf = _recorder()
+    writer = recorder.open()
+    task = FakeTask(_stamped())
+    recorder.on_prerun(task=task, task_id="t-1")
+    wall.now, perf.now = 1000.25, 5.2
+    recorder.on_postrun(task=task, task_id="t-1", state="SUCCESS")
+    (rec,) = writer.records
+    assert (rec.task_id, rec.task_name, rec.queue, rec.outcome) == (
+        "t-1",
+        "proj.work",
+        "q1",
+        "success",
+    )
+    assert (rec.published, rec.received, rec.dispatched) == (980.5, 990.0, 995.0)
+    assert (rec.started, rec.finished) == (1000.0, 1000.25)
+    assert rec.runtime == pytest.approx(0.2)
+    assert rec.cost == 1.0 and rec.target_weight == 3.0
+    assert (rec.fair_key, rec.routing_key) == ("42", "rk")
+    assert (rec.hostname, rec.pid) == ("w1@h", os.getpid())
+
+
+def test_runtime_cost_records_the_run_time_as_cost() -> None:
+    recorder, _, perf = _recorder(runtime_cost=True)
+    writer = recorder.open()
+    task = FakeTask(_stamped())
+    recorder.on_prerun(task=task)
+    perf.now += 0.5
+    recorder.on_postrun(task=task, task_id="t-1", state="FAILURE")
+    (rec,) = writer.records
+    assert rec.outcome == "failure" and rec.cost == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("state", "outcome"),
+    [("SUCCESS", "success"), ("FAILURE", "failure"), ("RETRY", "retry"),
+     ("IGNORED", "success"), ("REJECTED", "failure")],
+)  # fmt: skip
+def test_celery_states_map_to_outcomes(state: str, outcome: str) -> None:
+    assert outcome_of(state) == outcome
+
+
+def test_no_record_without_a_final_state_or_a_dispatch_stamp_or_a_writer() -> None:
+    recorder, _, _ = _recorder()
+    task = FakeTask(_stamped())
+    recorder.on_postrun(task=task, task_id="t-1", state="SUCCESS")  # not opened yet
+    writer = recorder.open()
+    recorder.on_postrun(task=task, task_id="t-1", state=None)  # body interrupted
+    eager = FakeTask(Context())  # run inside a task, never dispatched by the worker
+    recorder.on_prerun(task=eager)
+    recorder.on_postrun(task=eager, task_id="t-2", state="SUCCESS")
+    assert writer.records == []
+
+
+def test_close_flushes_only_a_writer_this_process_opened() -> None:
+    recorder, _, _ = _recorder()
+    inherited = FakeWriter()
+    recorder.open(inherited)
+    # As in a pool process forked after the main process opened its writer.
+    recorder.pid = -1
+    assert recorder.close() is None and not inherited.closed
+    own = recorder.open()
+    assert own is not inherited and own.pid == os.getpid()
+    assert recorder.close() is own and own.closed and recorder.writer is None
