@@ -59,6 +59,25 @@ def test_phases_waits_and_checks() -> None:
     assert r["flood"]["throughput"] == pytest.approx(10 / 10.003)
 
 
+def test_worker_throughput_and_the_publishing_phase() -> None:
+    entries, published = synthetic("fair", 0.003)
+    marks = {"flood_at": FLOOD_AT, "counted_from": 94.0, "complete": 1.0,
+             "flood_published_from": FLOOD_AT, "flood_published_to": 102.5}  # fmt: skip
+    r = analyse_flood(entries, published, LAYOUT, MODES["fair"], marks, FloodParams(flood=10))
+    # Every tenant's tasks count: 10 flood + 5 per quiet tenant finished in the window.
+    quiet = 5 * len(LAYOUT.quiet)
+    assert r["flood"]["worker_throughput"] == pytest.approx((10 + quiet) / 10.003)
+    assert r["flood"]["quiet_served"] == pytest.approx(quiet / 10.003)
+    assert r["flood"]["publish_seconds"] == pytest.approx(2.5)
+    # Published at 101 and 102: during the burst; 103..105: after it.
+    assert r["quiet_others_publishing"]["n"] == 2 * r["others"]
+    assert r["quiet_others_after"]["n"] == 3 * r["others"]
+    assert r["within_2x_others_after"] == r["others"]
+    s = summarise({"A": {"plain-shared": [r], "fair": [r]}})["A"]
+    assert s["worker_vs"]["fair/plain-shared"] == pytest.approx(1.0)
+    assert "Worker throughput during the flood" in markdown({"A": s}, {}, per_tenant=False)
+
+
 def test_a_slow_quiet_tenant_misses_the_2x_target() -> None:
     assert analyse("fair", 0.005)["within_2x"] == 0
 
