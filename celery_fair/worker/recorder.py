@@ -162,39 +162,29 @@ class PoolRecorder:
         finished_perf = self.perf()
         started_perf = getattr(request, _STARTED_PERF, None)
         runtime = None if started_perf is None else finished_perf - started_perf
-        writer.record(
-            _record_type()(
-                task_id=str(task_id if task_id is not None else request.id),
-                task_name=task.name,
-                queue=getattr(request, QUEUE_STAMP, None),
-                outcome=outcome_of(state),
-                received=_float(getattr(request, RECEIVED_STAMP, None)),
-                finished=self.wall(),
-                routing_key=(getattr(request, "delivery_info", None) or {}).get("routing_key"),
-                fair_key=_text(getattr(request, "fair_key", None)),
-                published=_float(getattr(request, "fair_published", None)),
-                dispatched=_float(dispatched),
-                started=getattr(request, _STARTED, None),
-                runtime=runtime,
-                cost=(runtime if self.runtime_cost else 1.0),
-                target_weight=_float(getattr(request, WEIGHT_STAMP, None)),
-                hostname=self.hostname,
-                pid=self.pid,
+        # A row in the schema's FIELDS order (TaskRecord's field order; a
+        # unit test holds the two together).
+        writer.record_row(
+            (
+                str(task_id if task_id is not None else request.id),  # task_id
+                task.name,  # task_name
+                getattr(request, QUEUE_STAMP, None),  # queue
+                _OUTCOMES.get(state, "failure"),  # outcome
+                _float(getattr(request, RECEIVED_STAMP, None)),  # received
+                self.wall(),  # finished
+                (getattr(request, "delivery_info", None) or {}).get("routing_key"),
+                _text(getattr(request, "fair_key", None)),  # fair_key
+                _float(getattr(request, "fair_published", None)),  # published
+                _float(dispatched),  # dispatched
+                getattr(request, _STARTED, None),  # started
+                runtime,  # runtime
+                runtime if self.runtime_cost else 1.0,  # cost
+                _float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
+                self.hostname,  # hostname
+                self.pid,  # pid
+                "worker",  # source
             )
         )
-
-
-_RECORD_TYPE: Any = None
-
-
-def _record_type() -> Any:
-    """``TaskRecord``, imported once (the telemetry package loads pyarrow)."""
-    global _RECORD_TYPE
-    if _RECORD_TYPE is None:
-        from ..telemetry import TaskRecord
-
-        _RECORD_TYPE = TaskRecord
-    return _RECORD_TYPE
 
 
 def _float(value: Any) -> float | None:

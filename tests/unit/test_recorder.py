@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from celery_fair.telemetry.schema import FIELDS, TaskRecord, as_row
 from celery_fair.worker.recorder import (
     DISPATCHED_STAMP,
     QUEUE_STAMP,
@@ -24,6 +25,13 @@ class FakeWriter:
         self.closed = False
 
     def record(self, rec: Any) -> None:
+        self.records.append(rec)
+
+    def record_row(self, row: tuple[Any, ...]) -> None:
+        # The recorder builds rows in FIELDS order by hand: hold it to the schema.
+        assert len(row) == len(FIELDS)
+        rec = TaskRecord(*row)
+        assert as_row(rec) == row
         self.records.append(rec)
 
     def close(self) -> None:
