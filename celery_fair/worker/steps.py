@@ -204,15 +204,23 @@ class _MainWriter:
         self._factory, self.opened = factory, True
 
     def record(self, rec: Any) -> None:
+        writer = self._get()
+        if writer is not None:
+            writer.record(rec)
+
+    def record_row(self, row: tuple[Any, ...]) -> None:
+        writer = self._get()
+        if writer is not None:
+            writer.record_row(row)
+
+    def _get(self) -> Any:
         writer = self._writer
-        if writer is None:
-            if self._factory is None:
-                return
+        if writer is None and self._factory is not None:
             with self._lock:
-                if self._writer is None:
+                if self._writer is None and self._factory is not None:
                     self._writer = self._factory()
                 writer = self._writer
-        writer.record(rec)
+        return writer
 
     def close(self) -> Any:
         """Flush and close the writer if one was created; return its statistics."""
