@@ -67,12 +67,15 @@ def test_prefork_pool_processes_record_success_failure_and_retry(
     assert min(r["runtime"] for r in naps) >= 0.001  # each slept 1 ms
 
 
-def test_solo_pool_records_in_the_main_process(redis_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool", ["solo", "threads"])
+def test_solo_and_threads_pools_record_in_the_main_process(
+    redis_url: str, tmp_path: Path, pool: str
+) -> None:
     app = control_app(redis_url)
     ids = [app.send_task("nap", args=(1,), queue="s1").id for _ in range(5)]
     telemetry = tmp_path / "telemetry"
     env = {"CELERY_FAIR_TELEMETRY_DIR": str(telemetry), "CELERY_FAIR_COST": "runtime"}
-    with WorkerProcess(redis_url, ["s1"], pool="solo", concurrency=1, env=env) as worker:
+    with WorkerProcess(redis_url, ["s1"], pool=pool, concurrency=2, env=env) as worker:
         _wait_for_log(worker, " succeeded in ", len(ids))
         main_pid = worker.proc.pid if worker.proc is not None else None
     rows = {r["task_id"]: r for r in _rows(telemetry)}
