@@ -23,8 +23,10 @@ twice and that every task ran from its tenant's queue.
 from __future__ import annotations
 
 import math
-import threading
+import multiprocessing
+import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -55,6 +57,10 @@ class FloodParams:
     slow_ms: float = 0.0  # scenario D: extra ms per task on the last worker, from the flood on
     startup: float = 8.0  # with slow_ms: seconds allowed for the workers to start
     timeout: float = 240.0  # the flood must drain within this many seconds
+    # The burst is published by a separate process at this nice level,
+    # standing in for a producer on another machine: on a small machine a
+    # full-speed publisher takes a core from the worker and the broker.
+    burst_nice: int = 19
     telemetry_dir: str | None = None  # fair modes: the workers' fair_telemetry_dir
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,7 +125,7 @@ def run_flood(
             )
         )
     published: dict[str, tuple[str, float]] = {}  # id -> (tenant, local publish time)
-    flood_ids: list[str] = []
+    flood_ids = [str(uuid.uuid4()) for _ in range(params.flood)]
     marks: dict[str, float] = {}
     try:
         for w in workers:
@@ -133,7 +139,8 @@ def run_flood(
         marks["counted_from"] = min(ready + params.settle, flood_at - 1.0)
         marks["flood_at"] = flood_at
         total_rate = params.rate * len(layout.quiet)
-        flooder: threading.Thread | None = None
+        flooder: Any = None  # the burst's process
+        published_to: Any = multiprocessing.get_context("fork").Value("d", 0.0)
         k = 0
         t0 = time.time()
         next_report = 0.0
@@ -149,9 +156,10 @@ def run_flood(
                     k += 1
                 if flooder is None and now >= flood_at:
                     marks["flood_published_from"] = time.time()
-                    flooder = threading.Thread(
+                    flooder = multiprocessing.get_context("fork").Process(
                         target=_burst,
-                        args=(producer, layout.flood, params, flood_ids, marks),
+                        args=(broker_url, layout, mode, params, flood_ids, published_to),
+                        name="celery-fair-showcase-burst",
                         daemon=True,
                     )
                     flooder.start()
@@ -180,6 +188,9 @@ def run_flood(
                 time.sleep(max(0.0, min(t0 + k / total_rate, next_report) - time.time()))
         if flooder is not None:
             flooder.join(timeout=60)
+            if flooder.exitcode != 0:
+                raise RuntimeError(f"the burst's publisher exited with {flooder.exitcode}")
+            marks["flood_published_to"] = float(published_to.value)
         marks["drained_at"] = drained_at
         for tid in flood_ids:
             published[tid] = (layout.flood, marks["flood_published_from"])
@@ -195,15 +206,22 @@ def run_flood(
 
 
 def _burst(
-    producer: TenantProducer,
-    tenant: str,
+    broker_url: str,
+    layout: TenantLayout,
+    mode: Mode,
     params: FloodParams,
     ids: list[str],
-    marks: dict[str, float],
+    published_to: Any,
 ) -> None:
-    """Publish the flood, then mark when its last task was sent."""
-    producer.burst(tenant, params.flood, params.task_ms, ids)
-    marks["flood_published_to"] = time.time()
+    """The burst's process: publish one flood task per id, then note the time."""
+    if params.burst_nice:
+        os.nice(params.burst_nice)
+    producer = TenantProducer(broker_url, layout, mode)
+    try:
+        producer.burst(layout.flood, params.task_ms, ids)
+    finally:
+        producer.close()
+    published_to.value = time.time()
 
 
 def _waits(entries: list[Entry]) -> list[float]:

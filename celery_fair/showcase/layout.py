@@ -172,18 +172,20 @@ class TenantProducer:
         celery_fair.install(self.app)  # stamps the publish time into every message
         self._lock = threading.Lock()
 
-    def send(self, tenant: str, ms: float, *, producer: Any = None) -> str:
+    def send(
+        self, tenant: str, ms: float, *, producer: Any = None, task_id: str | None = None
+    ) -> str:
         """Publish one ``ledger(ms, tenant_id=tenant)`` task; returns its id."""
         result = self.app.send_task(
-            "ledger", args=(ms,), kwargs={"tenant_id": tenant}, producer=producer
+            "ledger", args=(ms,), kwargs={"tenant_id": tenant}, producer=producer, task_id=task_id
         )
         return str(result.id)
 
-    def burst(self, tenant: str, n: int, ms: float, ids: list[str]) -> None:
-        """Publish ``n`` tasks for ``tenant`` as fast as possible, appending their ids."""
+    def burst(self, tenant: str, ms: float, ids: Sequence[str]) -> None:
+        """Publish one task for ``tenant`` per id in ``ids``, as fast as possible."""
         with self.app.producer_pool.acquire(block=True) as producer:
-            for _ in range(n):
-                ids.append(self.send(tenant, ms, producer=producer))
+            for task_id in ids:
+                self.send(tenant, ms, producer=producer, task_id=task_id)
 
     def declare(self, queues: Sequence[str]) -> None:
         """Declare the queues (so a worker's first poll finds them on every broker)."""

@@ -11,6 +11,7 @@ and that every tenant's tasks came from its stable shard.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 
 import pytest
@@ -34,9 +35,10 @@ def run_tiny_flood(redis_url: str, mode_name: str) -> tuple[TenantLayout, list[E
     ids: list[str] = []
     try:
         # The flood first: in a shared queue the quiet tasks are behind all of it.
-        producer.burst(layout.flood, FLOOD, 2.0, ids)
-        for tenant in layout.quiet:
-            producer.burst(tenant, PER_QUIET, 2.0, ids)
+        for tenant, n in [(layout.flood, FLOOD)] + [(t, PER_QUIET) for t in layout.quiet]:
+            batch = [str(uuid.uuid4()) for _ in range(n)]
+            producer.burst(tenant, 2.0, batch)
+            ids += batch
     finally:
         producer.close()
     worker = WorkerProcess(
