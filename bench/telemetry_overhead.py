@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=int, default=12000)
     parser.add_argument("--task-us", type=int, default=0)
     parser.add_argument("--micro", type=int, default=200_000, help="tasks in the tracker micro-run")
+    parser.add_argument("--name", default="telemetry_overhead", help="results file name")
     args = parser.parse_args(argv)
     rates: dict[str, list[float]] = {"off": [], "on": []}
     cpu_us: dict[str, list[float]] = {"off": [], "on": []}
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Telemetry overhead (Redis, real worker)",
         "",
-        f"Reproduce: `python -m bench.telemetry_overhead` ({results['env']['when']}, "
+        f"Reproduce: `python -m bench.telemetry_overhead --task-us {args.task_us} "
+        f"--reps {args.reps}` ({results['env']['when']}, "
         f"-P prefork -c 2, {args.task_us} us tasks, {args.reps} alternating repetitions).",
         "",
         "| telemetry | tasks/s median [min, max] | main process CPU us/task | "
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         f"a real background Parquet writer) costs {pool_extra['median']:.1f} us CPU per task "
         f"[{pool_extra['min']:.1f}, {pool_extra['max']:.1f}], spent where the task runs.",
     ]
-    write("telemetry_overhead", results, "\n".join(lines) + "\n")
+    write(args.name, results, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

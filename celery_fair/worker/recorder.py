@@ -37,6 +37,8 @@ __all__ = (
     "RECEIVED_STAMP",
     "STAMPS",
     "WEIGHT_STAMP",
+    "as_float",
+    "as_text",
     "outcome_of",
 )
 
@@ -170,16 +172,16 @@ class PoolRecorder:
                 task.name,  # task_name
                 getattr(request, QUEUE_STAMP, None),  # queue
                 _OUTCOMES.get(state, "failure"),  # outcome
-                _float(getattr(request, RECEIVED_STAMP, None)),  # received
+                as_float(getattr(request, RECEIVED_STAMP, None)),  # received
                 self.wall(),  # finished
                 (getattr(request, "delivery_info", None) or {}).get("routing_key"),
-                _text(getattr(request, "fair_key", None)),  # fair_key
-                _float(getattr(request, "fair_published", None)),  # published
-                _float(dispatched),  # dispatched
+                as_text(getattr(request, "fair_key", None)),  # fair_key
+                as_float(getattr(request, "fair_published", None)),  # published
+                as_float(dispatched),  # dispatched
                 getattr(request, _STARTED, None),  # started
                 runtime,  # runtime
                 runtime if self.runtime_cost else 1.0,  # cost
-                _float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
+                as_float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
                 self.hostname,  # hostname
                 self.pid,  # pid
                 "worker",  # source
@@ -187,9 +189,11 @@ class PoolRecorder:
         )
 
 
-def _float(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
+    """A header's number as a float, None if absent or not a number."""
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _text(value: Any) -> str | None:
+def as_text(value: Any) -> str | None:
+    """A header's value as text, None if absent."""
     return None if value is None else str(value)

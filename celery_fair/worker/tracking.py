@@ -19,7 +19,14 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
-from .recorder import DISPATCHED_STAMP, QUEUE_STAMP, RECEIVED_STAMP, WEIGHT_STAMP
+from .recorder import (
+    DISPATCHED_STAMP,
+    QUEUE_STAMP,
+    RECEIVED_STAMP,
+    WEIGHT_STAMP,
+    as_float,
+    as_text,
+)
 from .shedding import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
@@ -226,50 +233,43 @@ class TaskTracker:
 
     def _write_context(self, task: Any, request: Any, outcome: str, **times: Any) -> None:
         """A main-process record from a task's context (a signal's ``request``)."""
-        info = getattr(request, "delivery_info", None) or {}
-        queue = getattr(request, QUEUE_STAMP, None) or self.service.queue_of(request)
-        published = getattr(request, PUBLISHED_HEADER, None)
-        fair_key = getattr(request, KEY_HEADER, None)
-        received = getattr(request, RECEIVED_STAMP, None)
-        dispatched = getattr(request, DISPATCHED_STAMP, None)
-        self.writer.record(
-            _task_record()(
-                task_id=str(request.id),
-                task_name=getattr(task, "name", None) or getattr(request, "task", None),
-                queue=queue,
-                outcome=outcome,
-                received=float(received) if isinstance(received, (int, float)) else None,
-                finished=self.wall(),
-                routing_key=info.get("routing_key"),
-                fair_key=None if fair_key is None else str(fair_key),
-                published=float(published) if isinstance(published, (int, float)) else None,
-                dispatched=float(dispatched) if isinstance(dispatched, (int, float)) else None,
-                target_weight=None if queue is None else self.service.scheduler.weight(queue),
-                hostname=self.hostname,
-                pid=self.pid,
-                **times,
-            )
-        )
+
+        def get(name: str) -> Any:
+            return getattr(request, name, None)
+
+        queue = get(QUEUE_STAMP) or self.service.queue_of(request)
+        name = getattr(task, "name", None) or get("task")
+        self._record(get, request.id, name, queue, get("delivery_info"), outcome, **times)
 
     def _write(self, request: Any, queue: str | None, outcome: str, **times: Any) -> None:
         """A main-process record from a worker ``Request`` and ``times``."""
-        TaskRecord = _task_record()
-        info = getattr(request, "delivery_info", None) or {}
-        headers = _headers(request)
-        published = headers.get(PUBLISHED_HEADER)
-        key = headers.get(KEY_HEADER)
-        received = headers.get(RECEIVED_STAMP)
+        info = getattr(request, "delivery_info", None)
+        get = _headers(request).get
+        self._record(get, request.id, request.name, queue, info, outcome, **times)
+
+    def _record(
+        self,
+        get: Callable[[str], Any],
+        task_id: Any,
+        task_name: str | None,
+        queue: str | None,
+        info: Any,
+        outcome: str,
+        **times: Any,
+    ) -> None:
+        """One record; ``get(header)`` reads the task's headers and stamps."""
         self.writer.record(
-            TaskRecord(
-                task_id=request.id,
-                task_name=request.name,
+            _task_record()(
+                task_id=str(task_id),
+                task_name=task_name,
                 queue=queue,
                 outcome=outcome,
-                received=float(received) if isinstance(received, (int, float)) else None,
+                received=as_float(get(RECEIVED_STAMP)),
                 finished=self.wall(),
-                routing_key=info.get("routing_key"),
-                fair_key=None if key is None else str(key),
-                published=float(published) if isinstance(published, (int, float)) else None,
+                routing_key=(info or {}).get("routing_key"),
+                fair_key=as_text(get(KEY_HEADER)),
+                published=as_float(get(PUBLISHED_HEADER)),
+                dispatched=as_float(get(DISPATCHED_STAMP)),
                 target_weight=None if queue is None else self.service.scheduler.weight(queue),
                 hostname=self.hostname,
                 pid=self.pid,

@@ -219,12 +219,15 @@ def test_codel_returns_a_slow_consumers_stale_messages_to_another_consumer(
     ledger: list[tuple[str, int, int]] = []
     slow = FairConsumerMixin(
         Connection(broker_url), {names[0]: 1}, handler=Ledger("slow", 0.05, ledger),
-        window=10, codel_target=0.05, codel_interval=0.3, stop_check_interval=0.2,
+        window=20, codel_target=0.05, codel_interval=0.3, stop_check_interval=0.2,
     )  # fmt: skip
     slow_thread = start(slow)
     try:
-        # The slow consumer fills its window before the other one arrives.
-        wait_for(lambda: slow.statistics().buffered >= 8, "the slow consumer's window")
+        # The slow consumer fills its window before the other one arrives: a
+        # large window makes many stale messages, so that at least one of
+        # them reaches the other consumer even when the slow one, freeing a
+        # slot, happens to fetch some of its own returns back first.
+        wait_for(lambda: slow.statistics().buffered >= 16, "the slow consumer's window")
         fast = FairConsumerMixin(
             Connection(broker_url), {names[0]: 1}, handler=Ledger("fast", 0.0, ledger),
             window=10, stop_check_interval=0.2,
