@@ -140,7 +140,8 @@ def run_flood(
         marks["flood_at"] = flood_at
         total_rate = params.rate * len(layout.quiet)
         flooder: Any = None  # the burst's process
-        published_to: Any = multiprocessing.get_context("fork").Value("d", 0.0)
+        fork = multiprocessing.get_context("fork")
+        published_to: Any = fork.Value("d", 0.0)
         k = 0
         t0 = time.time()
         next_report = 0.0
@@ -156,7 +157,7 @@ def run_flood(
                     k += 1
                 if flooder is None and now >= flood_at:
                     marks["flood_published_from"] = time.time()
-                    flooder = multiprocessing.get_context("fork").Process(
+                    flooder = fork.Process(
                         target=_burst,
                         args=(broker_url, layout, mode, params, flood_ids, published_to),
                         name="celery-fair-showcase-burst",

@@ -3,7 +3,7 @@
 With no-op tasks a prefork worker's main process is the bottleneck: it
 receives, schedules and dispatches every task, while the pool processes idle
 part of the time.  So the main process only *stamps* what it alone knows into
-the task's request headers (:data:`STAMPS`: receipt and dispatch times, the
+the task's request headers (receipt and dispatch times, the
 queue and its weight), a few dictionary writes; the pool process that runs the
 task reads them back from ``task.request``, adds its own start and finish
 times and outcome, and buffers the record in its own
@@ -32,10 +32,11 @@ from celery import signals, states
 
 __all__ = (
     "DISPATCHED_STAMP",
+    "KEY_HEADER",
+    "PUBLISHED_HEADER",
     "PoolRecorder",
     "QUEUE_STAMP",
     "RECEIVED_STAMP",
-    "STAMPS",
     "WEIGHT_STAMP",
     "as_float",
     "as_text",
@@ -47,7 +48,10 @@ RECEIVED_STAMP = "fair_received"
 DISPATCHED_STAMP = "fair_dispatched"
 QUEUE_STAMP = "fair_queue"
 WEIGHT_STAMP = "fair_weight"
-STAMPS = (RECEIVED_STAMP, DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP)
+#: Header stamped by the producer (``before_task_publish``) with its wall time.
+PUBLISHED_HEADER = "fair_published"
+#: Header the router stamps with the task's fairness key.
+KEY_HEADER = "fair_key"
 
 # Where the recorder keeps a running task's start on its ``task.request``.
 _STARTED = "_fair_started"
@@ -171,12 +175,12 @@ class PoolRecorder:
                 str(task_id if task_id is not None else request.id),  # task_id
                 task.name,  # task_name
                 getattr(request, QUEUE_STAMP, None),  # queue
-                _OUTCOMES.get(state, "failure"),  # outcome
+                outcome_of(state),  # outcome
                 as_float(getattr(request, RECEIVED_STAMP, None)),  # received
                 self.wall(),  # finished
                 (getattr(request, "delivery_info", None) or {}).get("routing_key"),
-                as_text(getattr(request, "fair_key", None)),  # fair_key
-                as_float(getattr(request, "fair_published", None)),  # published
+                as_text(getattr(request, KEY_HEADER, None)),  # fair_key
+                as_float(getattr(request, PUBLISHED_HEADER, None)),  # published
                 as_float(dispatched),  # dispatched
                 getattr(request, _STARTED, None),  # started
                 runtime,  # runtime

@@ -128,7 +128,7 @@ class FairWorkerStep(bootsteps.StartStopStep):
             metrics.stop()
         tracker = getattr(getattr(w, "fair", None), "tracker", None)
         writer = getattr(tracker, "writer", None)
-        recorder = getattr(self, "recorder", None)
+        recorder = self.recorder
         if recorder is not None:
             # The pool has stopped: its processes flushed their own records.
             recorder.disconnect()

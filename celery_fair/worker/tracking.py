@@ -21,6 +21,8 @@ from celery.exceptions import TimeLimitExceeded
 
 from .recorder import (
     DISPATCHED_STAMP,
+    KEY_HEADER,
+    PUBLISHED_HEADER,
     QUEUE_STAMP,
     RECEIVED_STAMP,
     WEIGHT_STAMP,
@@ -30,10 +32,6 @@ from .recorder import (
 from .shedding import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
-
-#: Header stamped by the producer (``before_task_publish``) with its wall time.
-PUBLISHED_HEADER = "fair_published"
-KEY_HEADER = "fair_key"
 
 
 _RECORD_TYPE: Any = None
