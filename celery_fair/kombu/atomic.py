@@ -14,14 +14,19 @@ one unit, so after any crash a message is either still in its queue or in
 the unacked index, where the visibility timeout restores it.
 
 Scripts cannot block.  The blocking wait is kept with client-side tracking
-(Redis >= 6, RESP3, the redis-py default): when every queue is empty the
-script reads their lengths, which makes the server remember those keys for
-this connection and push an ``invalidate`` message when any of them next
-changes.  Meanwhile the connection waits in ``BLPOP`` on a private wake key
-with Kombu's BRPOP timeout (so Kombu's liveness check still applies); an
-invalidation pushes that key, the ``BLPOP`` returns and the next fetch runs.
-Nothing is popped by the wait, so the wait has no window to lose a message.
-Without RESP3 the wait is a short ``BLPOP`` timeout (polling).
+(:mod:`celery_fair.kombu.wakeup`): when every queue is empty the script
+reads their lengths, which makes the server remember those keys for this
+connection and send an invalidation, redirected to a listener connection,
+when any of them next changes.  Meanwhile the fetch connection waits in
+``BLPOP`` on a private wake key with Kombu's BRPOP timeout (so Kombu's
+liveness check still applies); the listener pushes that key, the ``BLPOP``
+returns and the next fetch runs.  Nothing is popped by the wait, so the
+wait has no window to lose a message.  Without a listener (a server older
+than Redis 6, or one that refuses tracking) the wait is a short ``BLPOP``
+timeout: polling.
+
+Every private part of Kombu and redis-py it uses goes through
+:mod:`celery_fair.compat`, which probes them when the worker starts.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from queue import Empty
 from time import monotonic, time
 from typing import Any
@@ -36,7 +42,10 @@ from typing import Any
 from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
-__all__ = ("FETCH_SCRIPT", "AtomicFetch", "install_atomic_fetch")
+from .. import compat
+from .wakeup import InvalidationListener
+
+__all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +89,24 @@ return nil
 #: Where a payload that cannot be decoded is kept (a Redis list per queue).
 MALFORMED_SUFFIX = ".fair-malformed"
 
-#: A RESP2 connection cannot be told when a queue fills: poll this often.
+#: Without an invalidation listener, an idle fetch polls this often (seconds).
 POLL_WAIT = 0.05
 
+
+@dataclass(frozen=True)
+class AtomicFetchStatistics:
+    """Counters of one channel's atomic fetch."""
+
+    #: Whether idle waits are woken by invalidations (else they poll).
+    tracking: bool
+    fetches: int
+    waits: int
+    wakeups: int
+    malformed: int
+    listener_reconnects: int
+
+
 _FETCH, _WAIT = "fetch", "wait"
-
-
-class _Pushed:
-    """Marks a RESP3 push (an invalidation) read in place of a reply."""
-
-
-_PUSHED = _Pushed()
 
 
 class AtomicFetch:
@@ -111,45 +127,66 @@ class AtomicFetch:
         self.on_fetch: Callable[[float], None] | None = None
         self.fetches = self.waits = self.wakeups = self.malformed = 0
         self.tracking = False
-        self._woken = False
+        self.listener: InvalidationListener | None = None
         self._waking = False
         self._sha: str | None = None
         self._armed_sock: Any = None
+        self._armed_generation = -1
         self._sent_at = 0.0
-        prefix = getattr(channel, "global_keyprefix", "") or ""
-        self._prefix = prefix
-        self._wake_key = f"{prefix}_fair.wake.{uuid.uuid4().hex}"
-        self._sep = getattr(channel, "sep", "\x06\x16")
+        self._prefix = compat.key_prefix(channel)
+        self._wake_key = f"{self._prefix}_fair.wake.{uuid.uuid4().hex}"
+        self._sep = compat.key_separator(channel)
         self._malformed: dict[str, str] = {}  # queue key -> its "malformed" list key
+        self._unacked = tuple(self._prefix + key for key in compat.unacked_keys(channel))
+
+    def listen(self) -> bool:
+        """Start the invalidation listener; False if it could not subscribe."""
+        channel = self.channel
+        self.listener = InvalidationListener(
+            channel.client.connection_pool,
+            self._wake,
+            stop_when=lambda: bool(getattr(channel, "closed", False)),
+        )
+        if self.listener.start():
+            return True
+        logger.warning(
+            "celery-fair: no invalidation listener (Redis client tracking needs Redis >= 6); "
+            "idle fetches poll every %d ms",
+            POLL_WAIT * 1000,
+        )
+        return False
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
 
     # -- Kombu's poller calls these ---------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
         """Kombu's ``_brpop_start``: send the next fetch, or the next wait."""
         channel = self.channel
-        queues = channel._queue_cycle.consume(len(channel.active_queues))
+        queues = compat.queue_cycle(channel).consume(compat.active_queue_count(channel))
         if not queues:
             return
         conn = channel.client.connection
-        if conn._sock is not self._armed_sock:
+        listener = self.listener
+        generation = listener.generation if listener is not None else 0
+        if compat.socket_of(conn) is not self._armed_sock or generation != self._armed_generation:
             self._arm(conn)
-        if self._woken:
-            self.mode, self._woken = _FETCH, False
         if timeout is None:
-            timeout = channel.brpop_timeout
-        channel._in_poll = conn
-        channel._brpop_sent_at = self._sent_at = monotonic()
+            timeout = compat.brpop_timeout(channel)
+        self._sent_at = monotonic()
+        compat.begin_poll(channel, conn, self._sent_at)
         if self.mode == _FETCH:
             keys = [
-                self._prefix + channel._q_for_pri(queue, pri)
-                for pri in channel.priority_steps
+                self._prefix + compat.queue_key(channel, queue, pri)
+                for pri in compat.priority_steps(channel)
                 for queue in queues
             ]
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
-            unacked = [self._prefix + channel.unacked_key, self._prefix + channel.unacked_index_key]
             self.pending = _FETCH
             conn.send_command(
-                "EVALSHA", self._sha, 2 * len(keys) + 2, *keys, *malformed, *unacked,
+                "EVALSHA", self._sha, 2 * len(keys) + 2, *keys, *malformed, *self._unacked,
                 len(keys), repr(time()),
             )  # fmt: skip
         else:
@@ -159,59 +196,31 @@ class AtomicFetch:
             conn.send_command("BLPOP", self._wake_key, wait or 0)
 
     def read(self, **options: Any) -> Any:
-        """Kombu's ``_brpop_read``: handle a reply, or a push during a wait."""
+        """Kombu's ``_brpop_read``: handle a fetch's reply, or a wait's end."""
         channel = self.channel
         conn = channel.client.connection
-        keep_polling = False
         try:
+            pending, self.pending = self.pending, None
+            if pending is None:
+                raise Empty()  # nothing was sent (no queue to fetch from)
             try:
-                if self.pending == _WAIT:
-                    keep_polling = self._read_wait(conn)
-                    raise Empty()
-                if self.pending is None:
-                    # Only pushes can arrive with nothing outstanding.
-                    conn.read_response(push_request=True)
-                    self._drain(conn)
-                    if self._woken:
-                        self.mode = _FETCH
-                    raise Empty()
-                self.pending = None
                 reply = conn.read_response()
             except ResponseError as error:
                 return self._script_error(error)
             except channel.connection_errors:
                 conn.disconnect()
-                self.pending, self.mode, self._armed_sock = None, _FETCH, None
+                self.mode, self._armed_sock = _FETCH, None
                 raise
-            # Pushes that came before the reply were for changes the script
-            # has seen; only those after it can mean a new message.
-            self._woken = False
+            if pending == _WAIT:
+                # Woken by the listener, or the wait timed out: look again.
+                self.mode = _FETCH
+                raise Empty()
             if not reply:
-                # About to wait: a push already received would not wake the
-                # poller.  (After a message the next fetch reads past them.)
-                self._drain(conn)
-                self.mode = _FETCH if self._woken else _WAIT
+                self.mode = _WAIT
                 raise Empty()
             return self._deliver(reply)
         finally:
-            if not keep_polling:
-                channel._in_poll = None
-                flush = getattr(channel, "_flush_brpop_reauth", None)
-                if flush is not None:
-                    flush()
-
-    def _read_wait(self, conn: Any) -> bool:
-        """Read during a wait; True while the BLPOP reply is still due."""
-        while True:
-            reply = conn.read_response(push_request=True)
-            if reply is not _PUSHED:
-                break
-            # An invalidation: a watched queue changed.  End the BLPOP now.
-            self._wake()
-            if not conn.can_read(timeout=0):
-                return True
-        self.mode, self.pending = _FETCH, None
-        return False
+            compat.end_poll(channel)
 
     def _deliver(self, reply: Any) -> bool:
         channel = self.channel
@@ -224,10 +233,10 @@ class AtomicFetch:
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(_text(reply[1]))
-        channel._queue_cycle.rotate(queue)
+        compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:
-            channel.connection._deliver(payload, queue)
+            compat.deliver(channel, payload, queue)
         finally:
             self.recorded = None
         return True
@@ -235,13 +244,14 @@ class AtomicFetch:
     # -- internals -----------------------------------------------------------
 
     def _arm(self, conn: Any) -> None:
-        """A new connection: load the script and turn tracking on."""
-        parser = getattr(conn, "_parser", None)
-        setter = getattr(parser, "set_invalidation_push_handler", None)
+        """A new connection (or a new listener): load the script, redirect tracking."""
+        listener = self.listener
+        client_id = listener.client_id if listener is not None else None
         self.tracking = False
-        if setter is not None and str(getattr(conn, "protocol", 2)) == "3":
-            setter(self._on_invalidate)
-            conn.send_command("CLIENT", "TRACKING", "ON", "NOLOOP")
+        if client_id is not None:
+            conn.send_command("CLIENT", "TRACKING", "OFF")
+            conn.read_response()
+            conn.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", client_id, "NOLOOP")
             try:
                 conn.read_response()
                 self.tracking = True
@@ -251,24 +261,13 @@ class AtomicFetch:
                 )
         conn.send_command("SCRIPT", "LOAD", FETCH_SCRIPT)
         self._sha = _text(conn.read_response())
-        self._armed_sock = conn._sock
+        self._armed_sock = compat.socket_of(conn)
+        self._armed_generation = listener.generation if listener is not None else 0
         self.mode = _FETCH
 
-    def _on_invalidate(self, response: Any) -> _Pushed:
-        self._woken = True
-        self.wakeups += 1
-        return _PUSHED
-
-    def _drain(self, conn: Any) -> None:
-        """Read pushes already received (they would not wake the poller)."""
-        while conn.can_read(timeout=0):
-            if conn.read_response(push_request=True) is not _PUSHED:
-                # Nothing but pushes can follow a complete reply.
-                conn.disconnect()
-                self._armed_sock = None
-                return
-
     def _wake(self) -> None:
+        """End the current wait (called by the listener's thread)."""
+        self.wakeups += 1
         if self._waking:
             return
         self._waking = True
@@ -298,15 +297,17 @@ class AtomicFetch:
         self.malformed += 1
         malformed_moved(self.cycle, queue, item)
 
-    def statistics(self) -> dict[str, object]:
+    def statistics(self) -> AtomicFetchStatistics:
         """Counters for ``inspect fair_stats``."""
-        return {
-            "tracking": self.tracking,
-            "fetches": self.fetches,
-            "waits": self.waits,
-            "wakeups": self.wakeups,
-            "malformed": self.malformed,
-        }
+        listener = self.listener
+        return AtomicFetchStatistics(
+            tracking=self.tracking,
+            fetches=self.fetches,
+            waits=self.waits,
+            wakeups=self.wakeups,
+            malformed=self.malformed,
+            listener_reconnects=0 if listener is None else listener.reconnects,
+        )
 
 
 def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
@@ -324,15 +325,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def install_atomic_fetch(channel: Any, cycle: Any) -> AtomicFetch | None:
-    """Give a Kombu Redis channel the atomic fetch; None if not Redis."""
-    if not all(
-        hasattr(channel, name)
-        for name in ("_brpop_start", "_brpop_read", "handlers", "client", "unacked_index_key")
-    ):
-        return None
+def install_atomic_fetch(channel: Any, cycle: Any) -> AtomicFetch:
+    """Give a Kombu Redis channel the atomic fetch (probed: see :mod:`celery_fair.compat`)."""
     fetch = AtomicFetch(channel, cycle)
-    channel._brpop_start = fetch.start
-    channel._brpop_read = fetch.read
-    channel.handlers["BRPOP"] = fetch.read
+    fetch.listen()
+    compat.replace_fetch(channel, fetch.start, fetch.read)
     return fetch

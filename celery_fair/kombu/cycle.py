@@ -15,10 +15,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
+from queue import Empty
 from typing import Any
 
 from kombu.transport.virtual import QoS as VirtualQoS
 
+from .. import compat
 from ..scheduling.scheduler import FairScheduler
 from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch, malformed_moved
 
@@ -117,6 +119,7 @@ def install_on_channel(
     lock: threading.RLock | None = None,
     atomic: bool = False,
     live_channel: Callable[[], Any] | None = None,
+    probe: compat.Probe | None = None,
 ) -> DWRRCycle | None:
     """Make a polling Kombu channel fetch in DWRR order.
 
@@ -137,22 +140,33 @@ def install_on_channel(
     by every channel, so the acknowledgement is made through the live one;
     if that fails too, the message stays unacknowledged and the visibility
     timeout redelivers it (a duplicate run, never a loss).
+
+    The channel's private parts are probed first (``probe``, see
+    :mod:`celery_fair.compat`): without the fetch hooks the atomic fetch
+    falls back to Kombu's own BRPOP, still in DWRR order.
     """
-    if not hasattr(channel, "_queue_cycle"):
+    if not compat.is_polling_channel(channel):
         return None
+    probe = probe if probe is not None else compat.Probe()
+    redis = compat.is_redis_channel(channel)
+    if redis:
+        compat.probe_redis_channel(channel, probe)
+    else:
+        compat.probe_virtual_qos(channel.qos, probe)
     qos = channel.qos
 
     def window() -> int | None:
         return getattr(qos, "prefetch_count", None) or None
 
     cycle = DWRRCycle(scheduler, window=window, lock=lock)
-    channel._queue_cycle = cycle
+    compat.set_queue_cycle(channel, cycle)
     cycle.update(getattr(channel, "active_queues", []))
     ledger = _HeldLedger(cycle)
 
     append, ack, reject = qos.append, qos.ack, qos.reject
     restore_unacked = getattr(qos, "restore_unacked", None)
 
+    atomic = atomic and redis and probe.has("kombu.redis.fetch_hooks")
     fetch = install_atomic_fetch(channel, cycle) if atomic else None
     cycle.atomic = fetch
     recorded_append = partial(VirtualQoS.append, qos)
@@ -192,7 +206,7 @@ def install_on_channel(
             return None
 
     qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
-    if fetch is None:
+    if fetch is None and redis and probe.has("kombu.redis.parse_response"):
         _quarantine_malformed(channel, cycle)
     if restore_unacked is not None:
 
@@ -225,18 +239,13 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
     extra parsing), and when decoding fails the item is pushed to
     ``<queue>.fair-malformed``, an error is logged, and polling goes on.
     """
-    client = getattr(channel, "client", None)
-    read = getattr(channel, "_brpop_read", None)
-    if client is None or read is None or not hasattr(client, "parse_response"):
-        return
-    parse = client.parse_response
     last: list[Any] = [None]
 
-    def fair_parse_response(connection: Any, command_name: Any, **options: Any) -> Any:
-        response = parse(connection, command_name, **options)
+    def remember(command_name: Any, response: Any) -> None:
         if command_name == "BRPOP":
             last[0] = response
-        return response
+
+    read = compat.fetch_read(channel)
 
     def fair_brpop_read(**options: Any) -> Any:
         last[0] = None
@@ -248,19 +257,14 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
                 raise
             dest, item = response
             key = dest.decode() if isinstance(dest, bytes) else str(dest)
-            queue = key.rsplit(getattr(channel, "sep", "\x06\x16"), 1)[0]
+            queue = key.rsplit(compat.key_separator(channel), 1)[0]
             with channel.conn_or_acquire() as conn:
                 conn.lpush(queue + MALFORMED_SUFFIX, item)
             malformed_moved(cycle, queue, item)
-            from queue import Empty
-
             raise Empty() from None
 
-    client.parse_response = fair_parse_response
-    channel._brpop_read = fair_brpop_read
-    handlers = getattr(channel, "handlers", None)
-    if isinstance(handlers, dict):
-        handlers["BRPOP"] = fair_brpop_read
+    if compat.wrap_parse_response(channel.client, remember):
+        compat.replace_fetch_read(channel, fair_brpop_read)
 
 
 def _closed(channel: Any) -> bool:
@@ -273,7 +277,7 @@ def _ack_elsewhere(
 ) -> None:
     """Acknowledge through the live channel (Redis: the unacked keys are shared)."""
     live = live_channel() if live_channel is not None else None
-    remove = getattr(getattr(live, "qos", None), "_remove_from_indices", None)
+    remove = compat.remove_from_unacked(getattr(live, "qos", None))
     if live is not None and live is not channel and remove is not None and not _closed(live):
         try:
             remove(delivery_tag).execute()

@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .. import compat
+
 __all__ = ("REQUEUE_HEADER", "copy_properties", "push_front_redis", "requeue_count")
 
 #: How many times CoDel sent this message back (a message header).
@@ -56,15 +58,15 @@ def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bo
     other transport.
     """
     channel: Any = getattr(message, "channel", None)
-    raw = getattr(message, "_raw", None)
-    if raw is None or not hasattr(channel, "_q_for_pri"):
+    raw = compat.raw_payload(message)
+    if raw is None or not compat.can_push_front(channel):
         return False
     payload = json.loads(json.dumps(raw))  # a deep copy
     payload.setdefault("headers", {}).update(headers)
     # A new delivery tag, as Kombu gives every published message (it keys
     # the unacknowledged index; a copy must not share the original's).
     payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
-    priority = channel._get_message_priority(payload, reverse=False)
+    priority = compat.message_priority(channel, payload)
     with channel.conn_or_acquire() as client:
-        client.rpush(channel._q_for_pri(queue, priority), json.dumps(payload))
+        client.rpush(compat.queue_key(channel, queue, priority), json.dumps(payload))
     return True

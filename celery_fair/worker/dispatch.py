@@ -2,13 +2,15 @@
 
 * prefork: Celery parks such tasks in ``LaxBoundedSemaphore``'s FIFO.  The
   semaphore keeps ``_add_waiter``/``_pop_waiter`` as instance attributes, so
-  :func:`install_on_semaphore` swaps just those for the scheduler's buffer:
-  the semaphore's own counting and release paths are untouched.
-* threads and solo have no wait today (tasks go straight to the executor or
-  run inline).  :class:`FairGate` adds one: at most ``slots`` tasks are in
-  the pool; the others wait in the scheduler's buffer.  A slot is freed when
-  the pool reports the task done (the thread pool's future, or the return of
-  the solo pool's inline call).
+  :func:`install_on_semaphore` swaps just those for the scheduler's buffer
+  (through :func:`celery_fair.compat.install_waiters`): the semaphore's own
+  counting and release paths are untouched.
+* threads, solo, gevent and eventlet have no wait (tasks go straight to the
+  executor, run inline, or block in the green pool's ``spawn``).
+  :class:`FairGate` adds one: at most ``slots`` tasks are in the pool; the
+  others wait in the scheduler's buffer.  A slot is freed when the pool
+  reports the task done (the thread pool's future, the greenlet's ``link``,
+  or the return of the solo pool's inline call).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .. import compat
 from .service import FairService
 
 __all__ = ("FairGate", "install_on_semaphore")
@@ -78,9 +81,7 @@ def install_on_semaphore(semaphore: Any, service: FairService) -> None:
             raise IndexError("no task is waiting")
         return entry
 
-    semaphore._add_waiter = add_waiter
-    semaphore._pop_waiter = pop_waiter
-    semaphore._waiting = _WaitingView(service)
+    compat.install_waiters(semaphore, add_waiter, pop_waiter, _WaitingView(service))
 
 
 class FairGate:
@@ -150,11 +151,7 @@ class FairGate:
         def fair_on_apply(*args: Any, **kwargs: Any) -> Any:
             applied.flag = True
             result = on_apply(*args, **kwargs)
-            future = getattr(result, "f", None)
-            if future is not None and hasattr(future, "add_done_callback"):
-                future.add_done_callback(lambda _future: gate.release())
-            else:  # solo: the task already ran inline
-                gate.release()
+            compat.on_pool_done(result, gate.release)
             return result
 
         pool.on_apply = fair_on_apply

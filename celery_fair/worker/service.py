@@ -12,6 +12,7 @@ from dataclasses import asdict
 from time import monotonic
 from typing import Any
 
+from .. import compat
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
@@ -57,6 +58,8 @@ class FairService:
         self.concurrency = max(1, concurrency)
         self._queue_by_key: dict[str, str] = {}
         self._channel: Any = None  # the task consumer's current channel
+        #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
+        self.probe = compat.Probe()
 
     # -- consumer side --------------------------------------------------------
 
@@ -76,6 +79,7 @@ class FairService:
             lock=self.lock,
             atomic=self.settings.atomic_fetch,
             live_channel=lambda: self._channel,
+            probe=self.probe,
         )
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)
@@ -136,7 +140,7 @@ class FairService:
             return basic_consume(queue, *args, **kwargs)
 
         channel.basic_consume = fair_basic_consume
-        if getattr(consumer, "qos_global", False):
+        if compat.consumer_qos_global(consumer):
             channel.basic_qos(0, 0, True)  # 0: no channel-wide limit
         qos = getattr(consumer, "qos", None)
         if qos is not None:
@@ -197,13 +201,16 @@ class FairService:
     def adapt_prefetch(self, consumer: Any, channel: Any) -> None:
         """``fair_prefetch="auto"`` on a polling transport (Redis).
 
-        The fetch round trip is measured from Kombu's own BRPOP send time to
-        the reply; task run times come from the tracker.  The window is
-        applied through Celery's QoS object (``c.qos.set``), which changes
-        the channel's prefetch count in place: no reconnection.
+        The fetch round trip is measured from the send of Kombu's BRPOP to
+        its reply; task run times come from the tracker.  The window is
+        applied through Celery's QoS object, which changes the channel's
+        prefetch count in place: no reconnection.
         """
         qos = getattr(consumer, "qos", None)
-        if qos is None or not hasattr(channel, "_brpop_read"):
+        if not compat.is_redis_channel(channel):
+            return
+        compat.probe_consumer_qos(qos, self.probe)
+        if not self.probe.has("celery.consumer.qos"):
             return
         base = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
         self.adaptive = AdaptivePrefetch(
@@ -217,17 +224,21 @@ class FairService:
             # The atomic fetch times only fetches that returned a message.
             fetch.on_fetch = self.adaptive.observe_fetch
             return
-        read, clock = channel._brpop_read, self.clock
+        read, clock = compat.fetch_read(channel), self.clock
+        sent: list[float | None] = [None]
+
+        def fetch_sent() -> None:
+            sent[0] = clock()
 
         def fair_brpop_read(**options: Any) -> Any:
-            sent = getattr(channel, "_brpop_sent_at", None)
+            started, sent[0] = sent[0], None
             result = read(**options)
-            if sent is not None and self.adaptive is not None:
-                self.adaptive.observe_fetch(clock() - sent)
+            if started is not None and self.adaptive is not None:
+                self.adaptive.observe_fetch(clock() - started)
             return result
 
-        channel._brpop_read = fair_brpop_read
-        channel.handlers["BRPOP"] = fair_brpop_read
+        compat.wrap_fetch_start(channel, fetch_sent)
+        compat.replace_fetch_read(channel, fair_brpop_read)
 
     def observe_service(self, runtime: float) -> None:
         """A task ran for ``runtime`` s: resize the adaptive window if needed."""
@@ -241,13 +252,7 @@ class FairService:
             return
         qos = self._qos
         if wanted != self._base_window and qos is not None:
-            # Move Celery's QoS *value* (its loop re-applies the value whenever
-            # it differs from what was last set), keeping Celery's own
-            # additions for ETA tasks on top of our base, then apply it now.
-            with qos._mutex:
-                current = int(qos.value or self._base_window)
-                qos.value = max(1, current + wanted - self._base_window)
-                qos.update()
+            compat.move_qos_window(qos, self._base_window, wanted)
             self._base_window = wanted
             self.windows = {"*": wanted}
 
@@ -283,5 +288,6 @@ class FairService:
                 adaptive.update(self.push.statistics())
             stats["adaptive_prefetch"] = adaptive
         fetch = self.cycle.atomic if self.cycle is not None else None
-        stats["atomic_fetch"] = fetch.statistics() if fetch is not None else None
+        stats["atomic_fetch"] = asdict(fetch.statistics()) if fetch is not None else None
+        stats["compat_fallbacks"] = dict(self.probe.missing)
         return stats

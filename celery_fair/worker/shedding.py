@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .. import compat
 from ..kombu.requeue import REQUEUE_HEADER, copy_properties, push_front_redis, requeue_count
 from ..scheduling.codel import CoDelController
 
@@ -148,4 +149,4 @@ class Shedder:
 
 
 def _requeues(request: Any) -> int:
-    return requeue_count(getattr(request, "_request_dict", None))
+    return requeue_count(compat.request_headers(request))

@@ -10,6 +10,7 @@ from typing import Any
 from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
+from .. import compat
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .recorder import PoolRecorder
@@ -70,7 +71,8 @@ class FairWorkerStep(bootsteps.StartStopStep):
     def create(self, w: Any) -> None:
         service: FairService = w.fair
         tracker: TaskTracker = service.tracker
-        threaded = getattr(w.process_task, "__func__", None) is type(w)._process_task
+        compat.probe_worker(w, service.probe)
+        threaded = compat.dispatches_directly(w)
         # The tracker reads its writer at call time: the writer is opened in
         # start(), after the pool has forked its children.
         directory = service.settings.telemetry_dir
@@ -79,17 +81,17 @@ class FairWorkerStep(bootsteps.StartStopStep):
             self.recorder = _pool_recorder(
                 w, directory, runtime_cost=service.settings.cost == "runtime"
             )
-        process = tracker.wrap_dispatch(w._process_task)
+        process = tracker.wrap_dispatch(compat.dispatch_of(w))
         if getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
             install_on_semaphore(w.semaphore, service)
-            w._process_task = process
+            compat.set_dispatch(w, process)
             w.process_task = tracker.wrap_receive(w.process_task)
         if threaded:
             # threads/solo call _process_task directly: add a fair wait.
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
             service.gate = FairGate(service, slots)
-            w._process_task = process
+            compat.set_dispatch(w, process)
             w.process_task = tracker.wrap_receive(service.gate.wrap(process, w.pool))
 
     def start(self, w: Any) -> None:

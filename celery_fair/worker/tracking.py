@@ -19,6 +19,7 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
+from .. import compat
 from .recorder import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -45,12 +46,6 @@ def _task_record() -> Any:
 
         _RECORD_TYPE = TaskRecord
     return _RECORD_TYPE
-
-
-def _headers(request: Any) -> dict[str, Any]:
-    """The request's header dict, which Celery hands to the pool as it is."""
-    headers = getattr(request, "_request_dict", None)
-    return headers if isinstance(headers, dict) else {}
 
 
 class TaskTracker:
@@ -98,7 +93,7 @@ class TaskTracker:
 
         def fair_receive(request: Any) -> Any:
             if telemetry:
-                _headers(request)[RECEIVED_STAMP] = wall()
+                compat.request_headers(request)[RECEIVED_STAMP] = wall()
             if monotonic:
                 setattr(request, RECEIVED_MONOTONIC, clock())
             return receive(request)
@@ -153,7 +148,7 @@ class TaskTracker:
 
         def stamp(request: Any, queue: str) -> None:
             # Read back by the pool process that runs the task (recorder.py).
-            headers = _headers(request)
+            headers = compat.request_headers(request)
             headers[QUEUE_STAMP] = queue
             headers[WEIGHT_STAMP] = scheduler.weight(queue)
             headers[DISPATCHED_STAMP] = wall()
@@ -242,7 +237,7 @@ class TaskTracker:
     def _write(self, request: Any, queue: str | None, outcome: str, **times: Any) -> None:
         """A main-process record from a worker ``Request`` and ``times``."""
         info = getattr(request, "delivery_info", None)
-        get = _headers(request).get
+        get = compat.request_headers(request).get
         self._record(get, request.id, request.name, queue, info, outcome, **times)
 
     def _record(

@@ -1,0 +1,551 @@
+"""Every access to a private part of Celery, Kombu or redis-py, in one place.
+
+celery-fair acts where Celery and Kombu keep no public hook: the Redis
+channel's fetch (``_brpop_start``/``_brpop_read``/``_queue_cycle``), the
+prefork semaphore's waiters, a request's header dict.  Users run Celery 5.3
+to 5.7, Kombu 5.3 to 5.7 and redis-py 4.6 to 8, and those private parts move
+between releases (``Channel.brpop_timeout`` appeared in Kombu 5.6,
+``Consumer.qos_global`` in Celery 5.7).
+
+So the adapters never touch a private name themselves: they call the
+functions here.  Each function belongs to a :class:`Capability`, and every
+capability is *probed* when the worker starts (:func:`probe_worker`,
+:func:`probe_consumer`, :func:`probe_redis_channel`): a missing one either
+takes the documented fallback, logged once on one line, or stops the worker
+with a :class:`CompatibilityError` naming the versions.  Nothing here may
+fail later, at the first poll.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from .worker.settings import FairConfigError
+
+__all__ = (
+    "CAPABILITIES",
+    "Capability",
+    "CompatibilityError",
+    "Probe",
+    "versions",
+)
+
+logger = logging.getLogger(__name__)
+
+#: Kombu's BRPOP timeout before it became ``Channel.brpop_timeout`` (5.6).
+KOMBU_BRPOP_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One private part of a dependency that celery-fair relies on.
+
+    ``fallback`` says what celery-fair does without it; None means it cannot
+    keep its promise without it and the worker does not start.
+    """
+
+    name: str
+    needed_for: str
+    fallback: str | None
+
+
+#: Every capability, by name.  docs/compatibility.md lists the same table.
+CAPABILITIES: dict[str, Capability] = {
+    c.name: c
+    for c in (
+        Capability(
+            "kombu.redis.queue_cycle",
+            "DWRR fetch order on Redis (Channel._queue_cycle)",
+            None,
+        ),
+        Capability(
+            "kombu.redis.fetch_hooks",
+            "the atomic fetch (Channel._brpop_start/_brpop_read, handlers, _in_poll, "
+            "_q_for_pri, priority_steps, unacked keys, Transport._deliver)",
+            "Kombu's own BRPOP fetch, still in DWRR order; the unacked record is "
+            "written after the pop, as plain Celery does (a broker crash between the "
+            "two can lose that message)",
+        ),
+        Capability(
+            "kombu.redis.brpop_timeout",
+            "the idle wait's server-side timeout (Channel.brpop_timeout, Kombu >= 5.6)",
+            f"Kombu's earlier fixed timeout of {KOMBU_BRPOP_TIMEOUT:g} s",
+        ),
+        Capability(
+            "kombu.redis.parse_response",
+            "keeping undecodable payloads on Kombu's BRPOP path (client.parse_response)",
+            "an undecodable payload is handled as Kombu does (logged, lost)",
+        ),
+        Capability(
+            "kombu.redis.requeue_front",
+            "CoDel's requeue to the front of a Redis list (Message._raw, "
+            "Channel._q_for_pri, Channel._get_message_priority)",
+            "the returned copy is published again, to the back of the queue",
+        ),
+        Capability(
+            "kombu.redis.unacked_indices",
+            "acknowledging a late ack through the live channel (QoS._remove_from_indices)",
+            "the message is left to the visibility timeout (a duplicate run, not a loss)",
+        ),
+        Capability(
+            "kombu.qos.hooks",
+            "per-queue held counts and credit (virtual QoS append/ack/reject/can_consume)",
+            None,
+        ),
+        Capability(
+            "redis.connection.socket",
+            "noticing a reconnection of the fetch connection (Connection._sock)",
+            None,
+        ),
+        Capability(
+            "celery.worker.semaphore",
+            "DWRR order of tasks waiting for a prefork slot (LaxBoundedSemaphore "
+            "_add_waiter/_pop_waiter/_waiting)",
+            None,
+        ),
+        Capability(
+            "celery.worker.process_task",
+            "dispatch hooks (WorkController._process_task)",
+            None,
+        ),
+        Capability(
+            "celery.request.headers",
+            "CoDel requeue counts and telemetry stamps (Request._request_dict)",
+            None,
+        ),
+        Capability(
+            "celery.consumer.qos",
+            "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
+            "fair_prefetch='auto' keeps Celery's fixed window on Redis",
+        ),
+    )
+}
+
+
+class CompatibilityError(FairConfigError):
+    """A capability celery-fair cannot do without is missing from these versions.
+
+    A :class:`~celery_fair.worker.settings.FairConfigError`: ``celery worker``
+    prints it on one line and exits with status 1.
+    """
+
+
+def versions() -> str:
+    """The installed Celery, Kombu and redis-py versions, for messages."""
+    found = []
+    for dist in ("celery", "kombu", "redis"):
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:  # pragma: no cover - always installed with us
+            found.append(f"{dist} (not installed)")
+    return ", ".join(found)
+
+
+class Probe:
+    """The outcome of the start-up probes: what is missing, and what was given up.
+
+    ``missing`` maps capability names to what was found wrong.  A probe that
+    finds a capability missing calls :meth:`missing_capability`, which logs
+    the fallback once or raises :class:`CompatibilityError` when there is none.
+    """
+
+    def __init__(self, *, log: Callable[[str], None] | None = None) -> None:
+        self.missing: dict[str, str] = {}
+        self._log = log or logger.warning
+
+    def missing_capability(self, name: str, detail: str) -> None:
+        capability = CAPABILITIES[name]
+        first = name not in self.missing
+        self.missing[name] = detail
+        if capability.fallback is None:
+            raise CompatibilityError(
+                f"celery-fair cannot run with {versions()}: {capability.needed_for} is "
+                f"missing ({detail}). Supported: Celery 5.3-5.7, Kombu 5.3-5.7, "
+                f"redis-py 4.6-8 (see docs/compatibility.md)."
+            )
+        if first:
+            self._log(
+                f"celery-fair: {capability.needed_for} not available with {versions()} "
+                f"({detail}); instead: {capability.fallback}"
+            )
+
+    def has(self, name: str) -> bool:
+        """Whether capability ``name`` was found (or never probed)."""
+        return name not in self.missing
+
+
+def _lacks(obj: Any, names: Iterable[str]) -> list[str]:
+    return [name for name in names if not hasattr(obj, name)]
+
+
+def _callable_with(function: Any, *params: str) -> bool:
+    """Whether ``function`` is callable and accepts every keyword in ``params``."""
+    if not callable(function):
+        return False
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True  # a builtin: cannot tell, assume it does
+    accepted = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return True
+    return all(p in accepted for p in params)
+
+
+def _names_parameter(cls: type, name: str) -> bool:
+    """Whether some ``__init__`` in ``cls``'s MRO names parameter ``name`` explicitly."""
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        try:
+            if name in inspect.signature(init).parameters:
+                return True
+        except (TypeError, ValueError):
+            continue
+    return False
+
+
+# -- Kombu's Redis channel ------------------------------------------------------
+
+_FETCH_HOOKS = (
+    "_brpop_start",
+    "_brpop_read",
+    "handlers",
+    "client",
+    "_q_for_pri",
+    "priority_steps",
+    "unacked_key",
+    "unacked_index_key",
+    "active_queues",
+    "conn_or_acquire",
+)
+
+
+def is_polling_channel(channel: Any) -> bool:
+    """Whether ``channel`` fetches by polling through a queue cycle (Kombu's Redis)."""
+    return hasattr(channel, "_queue_cycle")
+
+
+def is_redis_channel(channel: Any) -> bool:
+    """Whether ``channel`` belongs to Kombu's Redis transport (Sentinel included)."""
+    transport = getattr(channel, "connection", None)
+    return getattr(transport, "driver_type", None) == "redis"
+
+
+def probe_redis_channel(channel: Any, probe: Probe) -> None:
+    """Check the parts of a Kombu Redis channel the fetch path uses."""
+    if not hasattr(channel, "_queue_cycle"):
+        probe.missing_capability("kombu.redis.queue_cycle", "Channel._queue_cycle")
+    lacking = _lacks(channel, _FETCH_HOOKS)
+    deliver = getattr(getattr(channel, "connection", None), "_deliver", None)
+    if deliver is None:
+        lacking.append("Transport._deliver")
+    if not lacking and not isinstance(channel.handlers, dict):
+        lacking.append("Channel.handlers (not a dict)")
+    if not lacking and not _callable_with(channel._q_for_pri, "queue", "pri"):
+        lacking.append("Channel._q_for_pri(queue, pri)")
+    if lacking:
+        probe.missing_capability("kombu.redis.fetch_hooks", ", ".join(lacking))
+    if not isinstance(getattr(channel, "brpop_timeout", None), (int, float)):
+        probe.missing_capability("kombu.redis.brpop_timeout", "Channel.brpop_timeout")
+    client = getattr(channel, "client", None)
+    if not callable(getattr(client, "parse_response", None)):
+        probe.missing_capability("kombu.redis.parse_response", "client.parse_response")
+    if _lacks(channel, ("_q_for_pri", "_get_message_priority")):
+        probe.missing_capability(
+            "kombu.redis.requeue_front", "Channel._q_for_pri/_get_message_priority"
+        )
+    qos = getattr(channel, "qos", None)
+    if not callable(getattr(qos, "_remove_from_indices", None)):
+        probe.missing_capability("kombu.redis.unacked_indices", "QoS._remove_from_indices")
+    probe_virtual_qos(qos, probe)
+    connection = getattr(client, "connection", None)
+    if connection is not None and not hasattr(connection, "_sock"):
+        probe.missing_capability("redis.connection.socket", "Connection._sock")
+
+
+def probe_virtual_qos(qos: Any, probe: Probe) -> None:
+    """Check the virtual transport QoS methods replaced per instance."""
+    lacking = [
+        n for n in ("append", "ack", "reject", "can_consume") if not callable(getattr(qos, n, None))
+    ]
+    if lacking:
+        probe.missing_capability("kombu.qos.hooks", "QoS." + "/".join(lacking))
+
+
+def set_queue_cycle(channel: Any, cycle: Any) -> None:
+    """Make ``cycle`` the channel's queue cycle (Kombu's ``queue_order_strategy``)."""
+    channel._queue_cycle = cycle
+
+
+def queue_cycle(channel: Any) -> Any:
+    return channel._queue_cycle
+
+
+def replace_fetch(channel: Any, start: Callable[..., Any], read: Callable[..., Any]) -> None:
+    """Replace the channel's fetch pair; Kombu's poller keeps driving it."""
+    channel._brpop_start = start
+    channel._brpop_read = read
+    channel.handlers["BRPOP"] = read
+
+
+def fetch_read(channel: Any) -> Callable[..., Any]:
+    """The channel's current fetch-reply handler (``_brpop_read``)."""
+    read: Callable[..., Any] = channel._brpop_read
+    return read
+
+
+def replace_fetch_read(channel: Any, read: Callable[..., Any]) -> None:
+    """Replace only the reply handler of Kombu's own BRPOP fetch."""
+    channel._brpop_read = read
+    channel.handlers["BRPOP"] = read
+
+
+def wrap_fetch_start(channel: Any, before: Callable[[], None]) -> None:
+    """Call ``before()`` each time Kombu sends its BRPOP (times the fetch)."""
+    start = channel._brpop_start
+
+    def fair_brpop_start(*args: Any, **kwargs: Any) -> Any:
+        before()
+        return start(*args, **kwargs)
+
+    channel._brpop_start = fair_brpop_start
+
+
+def brpop_timeout(channel: Any) -> float:
+    """The idle wait's server-side timeout (Kombu < 5.6: its fixed 1 s)."""
+    value = getattr(channel, "brpop_timeout", None)
+    return float(value) if isinstance(value, (int, float)) else KOMBU_BRPOP_TIMEOUT
+
+
+def queue_key(channel: Any, queue: str, priority: int) -> str:
+    """The Redis list of ``queue`` at ``priority``, without the global key prefix."""
+    key: str = channel._q_for_pri(queue, priority)
+    return key
+
+
+def priority_steps(channel: Any) -> Sequence[int]:
+    steps: Sequence[int] = channel.priority_steps
+    return steps
+
+
+def active_queue_count(channel: Any) -> int:
+    return len(channel.active_queues)
+
+
+def key_prefix(channel: Any) -> str:
+    return getattr(channel, "global_keyprefix", "") or ""
+
+
+def key_separator(channel: Any) -> str:
+    """The separator between a queue name and its priority in a Redis key."""
+    return getattr(channel, "sep", "\x06\x16")
+
+
+def unacked_keys(channel: Any) -> tuple[str, str]:
+    """The unacked hash and index keys, without the global key prefix."""
+    return channel.unacked_key, channel.unacked_index_key
+
+
+def begin_poll(channel: Any, connection: Any, sent_at: float) -> None:
+    """Tell Kombu a fetch is in flight on ``connection`` (its liveness check reads it)."""
+    channel._in_poll = connection
+    channel._brpop_sent_at = sent_at
+
+
+def end_poll(channel: Any) -> None:
+    """The fetch reply was read: the connection is idle again."""
+    channel._in_poll = None
+    flush = getattr(channel, "_flush_brpop_reauth", None)  # Kombu >= 5.7
+    if flush is not None:
+        flush()
+
+
+def deliver(channel: Any, payload: Any, queue: str) -> None:
+    """Hand a fetched payload to Kombu, as its own fetch does."""
+    channel.connection._deliver(payload, queue)
+
+
+def can_push_front(channel: Any) -> bool:
+    """Whether a copy can be put at the front of a Redis queue (``requeue_front``)."""
+    return is_redis_channel(channel) and not _lacks(
+        channel, ("_q_for_pri", "_get_message_priority")
+    )
+
+
+def message_priority(channel: Any, payload: Any) -> int:
+    priority: int = channel._get_message_priority(payload, reverse=False)
+    return priority
+
+
+def raw_payload(message: Any) -> Any:
+    """The payload a Kombu virtual-transport message was decoded from, or None."""
+    return getattr(message, "_raw", None)
+
+
+def remove_from_unacked(qos: Any) -> Callable[[Any], Any] | None:
+    """``QoS._remove_from_indices`` of a Redis QoS, or None."""
+    remove = getattr(qos, "_remove_from_indices", None)
+    return remove if callable(remove) else None
+
+
+def wrap_parse_response(client: Any, hook: Callable[[Any, Any], None]) -> bool:
+    """Call ``hook(command_name, response)`` after every reply the client parses."""
+    parse = getattr(client, "parse_response", None)
+    if not callable(parse):
+        return False
+
+    def fair_parse_response(connection: Any, command_name: Any, **options: Any) -> Any:
+        response = parse(connection, command_name, **options)
+        hook(command_name, response)
+        return response
+
+    client.parse_response = fair_parse_response
+    return True
+
+
+# -- redis-py --------------------------------------------------------------------
+
+
+def socket_of(connection: Any) -> Any:
+    """The socket of a redis-py connection (None when disconnected)."""
+    return getattr(connection, "_sock", None)
+
+
+def plain_connection(pool: Any) -> Any:
+    """A new RESP2 connection to the server of a redis-py ``pool``, outside the pool.
+
+    Built from the pool's public ``connection_class`` and
+    ``connection_kwargs`` (Sentinel pools put themselves there, so it reaches
+    the current master).  RESP2 because a RESP3 connection receives
+    invalidations as push messages that redis-py's parsers route elsewhere.
+    """
+    # redis-py 8's maintenance notifications need RESP3: not for this connection.
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_")}
+    cls = pool.connection_class
+    if "protocol" in kwargs or _names_parameter(cls, "protocol"):  # redis-py >= 5
+        kwargs["protocol"] = 2
+    return cls(**kwargs)
+
+
+# -- Celery's worker ---------------------------------------------------------------
+
+
+def probe_worker(worker: Any, probe: Probe) -> None:
+    """Check the worker's dispatch hooks (after the Pool bootstep created them)."""
+    if not callable(getattr(worker, "_process_task", None)):
+        probe.missing_capability("celery.worker.process_task", "WorkController._process_task")
+    semaphore = getattr(worker, "semaphore", None)
+    if semaphore is not None:
+        lacking = _lacks(semaphore, ("_add_waiter", "_pop_waiter", "_waiting"))
+        if lacking:
+            probe.missing_capability(
+                "celery.worker.semaphore", "LaxBoundedSemaphore." + "/".join(lacking)
+            )
+    from celery.worker.request import Request
+
+    if "__slots__" in vars(Request) and "_request_dict" not in Request.__slots__:
+        probe.missing_capability("celery.request.headers", "Request._request_dict")
+
+
+def dispatch_of(worker: Any) -> Callable[[Any], Any]:
+    """The worker's pool dispatch (``_process_task``)."""
+    process: Callable[[Any], Any] = worker._process_task
+    return process
+
+
+def set_dispatch(worker: Any, process: Callable[[Any], Any]) -> None:
+    worker._process_task = process
+
+
+def dispatches_directly(worker: Any) -> bool:
+    """Whether received tasks go straight to the pool, with no semaphore wait.
+
+    True for threads, solo, gevent and eventlet; prefork's ``process_task`` is
+    ``_process_task_sem``, which waits in the semaphore.
+    """
+    return getattr(worker.process_task, "__func__", None) is type(worker)._process_task
+
+
+def install_waiters(
+    semaphore: Any, add: Callable[[Any], None], pop: Callable[[], Any], waiting: Any
+) -> None:
+    """Replace a ``LaxBoundedSemaphore``'s FIFO of waiters (its counting stays)."""
+    semaphore._add_waiter = add
+    semaphore._pop_waiter = pop
+    semaphore._waiting = waiting
+
+
+def request_headers(request: Any) -> dict[str, Any]:
+    """A worker request's header dict, which Celery hands to the pool as it is."""
+    headers = getattr(request, "_request_dict", None)
+    return headers if isinstance(headers, dict) else {}
+
+
+def on_pool_done(result: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` when the pool has finished the task of ``result``.
+
+    ``result`` is what the pool's ``on_apply`` returned: a future (threads),
+    a greenlet (gevent, eventlet: both have ``link``), or anything else when
+    the task already ran inline (solo).
+    """
+    future = getattr(result, "f", None)
+    if future is not None and hasattr(future, "add_done_callback"):
+        future.add_done_callback(lambda _future: callback())
+    elif callable(getattr(result, "link", None)):
+        result.link(lambda *_args: callback())
+    else:
+        callback()
+
+
+# -- Celery's consumer -------------------------------------------------------------------
+
+
+def consumer_qos_global(consumer: Any) -> bool:
+    """Whether Celery applies its prefetch window channel-wide (``global=True``).
+
+    Celery 5.7 records it as ``Consumer.qos_global``; earlier releases compute
+    it in ``Tasks.start`` the same way and keep it local, so it is derived here
+    (``celery.worker.consumer.tasks``): global unless the broker follows the
+    AMQP spec's per-consumer semantics, and never with quorum queues.
+    """
+    recorded = getattr(consumer, "qos_global", None)
+    if isinstance(recorded, bool):
+        return recorded
+    connection = getattr(consumer, "connection", None)
+    if connection is None:
+        return False
+    qos_global = not connection.qos_semantics_matches_spec
+    conf = consumer.app.conf
+    if qos_global and conf.get("worker_detect_quorum_queues", False):
+        try:
+            from celery.utils.quorum_queues import detect_quorum_queues
+        except ImportError:  # Celery < 5.5: no quorum queue detection
+            return qos_global
+        using, _ = detect_quorum_queues(consumer.app, connection.transport.driver_type)
+        if using:
+            return False
+    return qos_global
+
+
+def probe_consumer_qos(qos: Any, probe: Probe) -> None:
+    if qos is None or _lacks(qos, ("value", "_mutex", "update")):
+        probe.missing_capability("celery.consumer.qos", "QoS.value/_mutex/update")
+
+
+def move_qos_window(qos: Any, base: int, wanted: int) -> None:
+    """Move Celery's QoS window from ``base`` to ``wanted``, keeping its own additions.
+
+    Celery re-applies its QoS *value* whenever it differs from what was last
+    set; ETA tasks add to it.  Under the QoS's own lock, as Celery does.
+    """
+    with qos._mutex:
+        current = int(qos.value or base)
+        qos.value = max(1, current + wanted - base)
+        qos.update()
