@@ -1,5 +1,5 @@
 # Two entry points: `make demo` and `make test`. Both install what they need.
-.PHONY: setup demo test lint typecheck docs unit integration bench
+.PHONY: setup demo test lint typecheck docs unit integration bench test-matrix test-matrix-ci
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,8 +11,8 @@ demo: setup
 	$(PY) -m celery_fair.demo
 
 lint: setup
-	$(VENV)/bin/ruff check celery_fair tests bench examples
-	$(VENV)/bin/ruff format --check celery_fair tests bench examples
+	$(VENV)/bin/ruff check celery_fair tests bench examples noxfile.py
+	$(VENV)/bin/ruff format --check celery_fair tests bench examples noxfile.py
 
 typecheck: setup
 	$(VENV)/bin/mypy celery_fair
@@ -28,3 +28,15 @@ test: setup lint typecheck docs
 
 bench: setup
 	bash bench/run_all.sh
+
+# The version matrix (Celery 5.3-5.7 with their Kombu and redis-py): the
+# compatibility tests and a small DWRR benchmark in every set, then the table
+# in bench/results/matrix.md.  About 90 minutes.
+test-matrix: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nox -s compat matrix_bench
+	$(PY) -m bench.matrix
+
+# What CI runs besides `make test`: the compatibility tests in the oldest and
+# the newest version sets.
+test-matrix-ci: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nox -s "compat(set='5.3')" "compat(set='5.7')"

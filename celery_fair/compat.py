@@ -488,6 +488,11 @@ def request_headers(request: Any) -> dict[str, Any]:
     return headers if isinstance(headers, dict) else {}
 
 
+def runs_inline(pool: Any) -> bool:
+    """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
+    return type(pool).__module__ == "celery.concurrency.solo"
+
+
 def on_pool_done(result: Any, callback: Callable[[], None]) -> None:
     """Call ``callback()`` when the pool has finished the task of ``result``.
 

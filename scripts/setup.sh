@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need on a fresh Debian machine:
-# Debian packages (redis-server, rabbitmq-server, a Java runtime) when they
+# Debian packages (redis-server, redis-sentinel, rabbitmq-server, a Java runtime) when they
 # are missing, then a virtual environment with this package and its extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need+=(rabbitmq-server)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 if [ ${#need[@]} -gt 0 ]; then

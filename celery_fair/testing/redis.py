@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ("RedisServer", "free_port")
+__all__ = ("RedisSentinel", "RedisServer", "free_port")
 
 
 def free_port() -> int:
@@ -124,4 +124,86 @@ class RedisServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+
+class RedisSentinel:
+    """Run ``redis-sentinel`` on a free loopback port, monitoring ``master``.
+
+    The sentinel names the master ``master_name``; Kombu reaches it with a
+    ``sentinel://127.0.0.1:<port>`` URL and the transport option
+    ``master_name``.
+    """
+
+    def __init__(self, master: RedisServer, *, master_name: str = "fair-master") -> None:
+        exe = shutil.which("redis-sentinel") or shutil.which(
+            "redis-sentinel", path="/usr/bin:/usr/sbin"
+        )
+        if exe is None:
+            raise RuntimeError(
+                "'redis-sentinel' not found: run `make setup` (it installs the Debian "
+                "package redis-sentinel)"
+            )
+        self.executable = exe
+        self.master = master
+        self.master_name = master_name
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-sentinel-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The broker URL (with ``broker_transport_options={"master_name": ...}``)."""
+        return f"sentinel://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisSentinel:
+        config = self.dir / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"logfile {self.dir / 'sentinel.log'}\n"
+            f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
+            f"sentinel down-after-milliseconds {self.master_name} 5000\n"
+        )
+        self.proc = subprocess.Popen(
+            [self.executable, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                log = (self.dir / "sentinel.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"redis-sentinel exited with {self.proc.returncode}: {log}")
+            if self._knows_master():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-sentinel did not report its master in {timeout}s")
+
+    def _knows_master(self) -> bool:
+        request = f"SENTINEL get-master-addr-by-name {self.master_name}\r\n".encode()
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(request)
+                return str(self.master.port).encode() in sock.recv(256)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisSentinel:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
         self.close()

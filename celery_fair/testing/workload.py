@@ -21,6 +21,9 @@ and celery-fair side by side:
 ``CELERY_FAIR_POLL``  Redis ``polling_interval``: the server-side timeout of an idle wait (s)
 ``CELERY_FAIR_ATOMIC``  "0": Kombu's BRPOP fetch instead of the atomic script
 ``CELERY_FAIR_METRICS_PORT``  the ``fair_metrics_port`` setting (Prometheus metrics)
+``CELERY_FAIR_MASTER_NAME``  Redis Sentinel's master name (a ``sentinel://`` broker)
+``CELERY_FAIR_DISABLE_PREFETCH``  "1": ``worker_disable_prefetch`` (Celery >= 5.6)
+``CELERY_FAIR_ETA_LIMIT``  ``worker_eta_task_limit`` (Celery >= 5.6)
 """
 
 from __future__ import annotations
@@ -99,6 +102,15 @@ if os.environ.get("CELERY_FAIR_ATOMIC") == "0":
     app.conf.fair_atomic_fetch = False
 if os.environ.get("CELERY_FAIR_METRICS_PORT"):
     app.conf.fair_metrics_port = os.environ["CELERY_FAIR_METRICS_PORT"]
+if os.environ.get("CELERY_FAIR_MASTER_NAME"):
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),
+        "master_name": os.environ["CELERY_FAIR_MASTER_NAME"],
+    }
+if os.environ.get("CELERY_FAIR_DISABLE_PREFETCH") == "1":
+    app.conf.worker_disable_prefetch = True
+if os.environ.get("CELERY_FAIR_ETA_LIMIT"):
+    app.conf.worker_eta_task_limit = int(os.environ["CELERY_FAIR_ETA_LIMIT"])
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

@@ -262,8 +262,10 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 service.settings.cost,
             )
             gate = service.gate
-            if gate is not None:
-                # threads/solo: order each burst of deliveries before running any.
+            if gate is not None and compat.runs_inline(c.controller.pool):
+                # solo: order each burst of deliveries before running any.  Not
+                # for pools that run tasks concurrently (gevent, eventlet): a
+                # task finishing during a blocking drain must start the next.
                 _hold_during_drain(c.connection, gate)
 
     def stop(self, c: Any) -> None:

@@ -6,13 +6,13 @@ import pytest
 
 from celery_fair.testing.harness import run_backlogged
 
-pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.compat]
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3, "w4": 4}
 WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent", "eventlet"])
 def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
     result = run_backlogged(
         rabbitmq_server.url,  # type: ignore[attr-defined]
@@ -39,9 +39,10 @@ def test_plain_celery_on_rabbitmq_flattens(rabbitmq_server: object) -> None:
     assert max(result.shares().values()) < 0.32
 
 
+@pytest.mark.parametrize("pool", ["prefork", "gevent", "eventlet"])
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_flood_cannot_starve_a_weight_one_queue(
-    request: pytest.FixtureRequest, broker: str
+    request: pytest.FixtureRequest, broker: str, pool: str
 ) -> None:
     # The flood is 5x deeper and weighs 3; the quiet queue keeps its 1/4.  Tasks
     # of 5 ms keep the pool the bottleneck, so tasks wait for a slot and the
@@ -53,6 +54,7 @@ def test_flood_cannot_starve_a_weight_one_queue(
         {"flood": 3000, "quiet": 600},
         target=800,
         warmup=100,  # past the start, when every window fills at once
+        pool=pool,
         task="nap",
         args=(5,),
         extra_args=["--fair-weights", "flood=3,quiet=1"],

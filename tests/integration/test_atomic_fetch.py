@@ -19,7 +19,7 @@ from celery_fair.scheduling.scheduler import FairScheduler
 from celery_fair.testing.harness import WorkerProcess, fill_queues
 from celery_fair.testing.redis import RedisServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import redis as redis_lib
 
 from celery_fair.testing.harness import WorkerProcess, fill_queues
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 
 def ledger(url: str) -> list[dict]:

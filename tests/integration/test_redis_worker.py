@@ -9,13 +9,13 @@ import pytest
 from celery_fair.testing.control import wait_fair_stats
 from celery_fair.testing.harness import WorkerProcess, fill_queues, run_backlogged
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3, "w4": 4}
 WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent", "eventlet"])
 def test_shares_follow_weights(redis_url: str, pool: str) -> None:
     result = run_backlogged(
         redis_url,

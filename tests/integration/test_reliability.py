@@ -72,6 +72,7 @@ def test_warm_shutdown_returns_buffered_tasks(redis_url: str, pool: str) -> None
     assert set(ran_ids(redis_url)) == ids
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_killed_worker_tasks_are_redelivered(
     request: pytest.FixtureRequest, redis_url: str, broker: str
@@ -194,6 +195,7 @@ def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) ->
     assert ids <= set(ran_ids(redis_url))
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("atomic", ["1", "0"], ids=["atomic-fetch", "brpop"])
 def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
     redis_url: str, atomic: str

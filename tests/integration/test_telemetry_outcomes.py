@@ -16,7 +16,7 @@ import pytest
 from celery_fair.testing.control import control_app
 from celery_fair.testing.harness import WorkerProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 
 def _rows(directory: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,70 @@
+"""The version matrix: the compatibility subset in every supported version set.
+
+Each session installs the project with one set of Celery, Kombu and redis-py
+pins into its own virtual environment (made by uv) and runs the tests marked
+``compat`` against real brokers and real ``celery worker`` processes::
+
+    nox -s compat            # every set (``make test-matrix`` runs this)
+    nox -s "compat(set='5.3')" "compat(set='5.7')"   # what CI runs
+
+``matrix_bench`` runs the DWRR article's experiment at small scale in each
+set, on both brokers and with every pool, fair against plain Celery, and
+writes ``bench/results/matrix/<set>_<broker>.json``; ``python -m
+bench.matrix`` turns those and the sessions' test reports into the table in
+``bench/results/matrix.md``.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+
+#: Version sets: (celery, kombu, redis-py).  The pins in pyproject.toml
+#: allow exactly this range; redis-py below 8 speaks RESP2 by default, 8 RESP3.
+SETS: dict[str, tuple[str, str, str]] = {
+    "5.3": ("5.3.6", "5.3.7", "4.6.0"),
+    "5.4": ("5.4.0", "5.4.2", "5.0.8"),
+    "5.5": ("5.5.3", "5.5.4", "5.2.1"),
+    "5.6": ("5.6.3", "5.6.2", "6.4.0"),
+    "5.7": ("5.7.0", "5.7.0", "8.1.0"),
+}
+
+TEST_DEPS = ("pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "scipy>=1.11")
+POOLS_DEPS = ("gevent>=24.2", "eventlet>=0.36")
+
+
+def _install(session: nox.Session, name: str) -> None:
+    celery, kombu, redis = SETS[name]
+    session.install(
+        "-e", ".[telemetry,prometheus]",
+        f"celery=={celery}", f"kombu=={kombu}", f"redis=={redis}",
+        *TEST_DEPS, *POOLS_DEPS,
+    )  # fmt: skip
+
+
+@nox.session(python="3.11")
+@nox.parametrize("set", list(SETS))
+def compat(session: nox.Session, set: str) -> None:  # noqa: A002 - nox's parameter name
+    """The ``compat`` tests in one version set."""
+    _install(session, set)
+    session.run(
+        "python", "-m", "pytest", "tests/unit/test_compat.py", "tests/integration",
+        "-m", "compat", "-q", "-p", "no:cacheprovider",
+        f"--junitxml=bench/results/matrix/tests_{set}.xml", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python="3.11")
+@nox.parametrize("set", list(SETS))
+def matrix_bench(session: nox.Session, set: str) -> None:  # noqa: A002
+    """The DWRR article's experiment, small, on both brokers and every pool."""
+    _install(session, set)
+    for broker in ("redis", "rabbitmq"):
+        session.run(
+            "python", "-m", "bench.dwrr_article", "--broker", broker,
+            "--pools", "prefork", "threads", "solo", "gevent", "eventlet",
+            "--task-us", "100", "--reps", "2", "--per-queue", "700", "--target", "2000",
+            "--name", f"matrix/{set}_{broker}",
+        )  # fmt: skip

@@ -1,0 +1,228 @@
+"""The start-up probes of :mod:`celery_fair.compat`, on fakes of the probed objects.
+
+Each capability, found missing, either takes its documented fallback (one
+log line, and the adapters stop using it) or raises CompatibilityError, a
+FairConfigError that ``celery worker`` prints on one line at start.  The
+version matrix (``make test-matrix``) runs the real versions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import pytest
+
+from celery_fair import compat
+from celery_fair.compat import CAPABILITIES, CompatibilityError, Probe
+from celery_fair.worker.settings import FairConfigError
+
+
+class FakeTransport:
+    driver_type = "redis"
+
+    def _deliver(self, payload: Any, queue: str) -> None:
+        self.delivered = (payload, queue)
+
+
+class FakeQoS:
+    def append(self, message: Any, tag: Any) -> None: ...
+    def ack(self, tag: Any) -> None: ...
+    def reject(self, tag: Any, requeue: bool = False) -> None: ...
+    def can_consume(self) -> bool:
+        return True
+
+    def _remove_from_indices(self, tag: Any) -> Any: ...
+
+
+class FakeClient:
+    connection = type("Conn", (), {"_sock": None})()
+
+    def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
+        return ("q", b"item")
+
+
+class FakeChannel:
+    """Everything a Kombu 5.7 Redis channel offers to celery-fair."""
+
+    def __init__(self) -> None:
+        self._queue_cycle: Any = None
+        self.handlers: dict[str, Any] = {"BRPOP": None}
+        self.client = FakeClient()
+        self.priority_steps = [0]
+        self.unacked_key, self.unacked_index_key = "unacked", "unacked_index"
+        self.active_queues = {"a"}
+        self.brpop_timeout = 1
+        self.connection = FakeTransport()
+        self.qos = FakeQoS()
+        self.sep = "\x06\x16"
+
+    def _brpop_start(self, timeout: Any = None) -> None: ...
+    def _brpop_read(self, **options: Any) -> None: ...
+    def _q_for_pri(self, queue: str, pri: int) -> str:
+        return queue
+
+    def _get_message_priority(self, message: Any, reverse: bool = False) -> int:
+        return 0
+
+    def conn_or_acquire(self) -> Any: ...
+
+
+def probe(channel: Any) -> tuple[Probe, list[str]]:
+    logged: list[str] = []
+    found = Probe(log=logged.append)
+    compat.probe_redis_channel(channel, found)
+    return found, logged
+
+
+def test_a_complete_channel_has_every_capability() -> None:
+    found, logged = probe(FakeChannel())
+    assert found.missing == {} and logged == []
+
+
+def test_kombu_before_5_6_has_no_brpop_timeout_and_falls_back_to_one_second() -> None:
+    channel = FakeChannel()
+    del channel.brpop_timeout
+    found, logged = probe(channel)
+    assert not found.has("kombu.redis.brpop_timeout")
+    assert len(logged) == 1 and "Channel.brpop_timeout" in logged[0] and "1 s" in logged[0]
+    assert compat.brpop_timeout(channel) == compat.KOMBU_BRPOP_TIMEOUT
+    # Every other capability is still there: the atomic fetch stays on.
+    assert found.has("kombu.redis.fetch_hooks")
+
+
+@pytest.mark.parametrize("missing", ["_brpop_start", "unacked_index_key", "handlers"])
+def test_missing_fetch_hooks_fall_back_to_kombus_brpop(missing: str) -> None:
+    channel = FakeChannel()
+    if missing in vars(channel):
+        delattr(channel, missing)
+    else:  # a method: an older class without it
+        channel = type("Older", (FakeChannel,), {missing: property(_no_such)})()
+    found, logged = probe(channel)
+    assert not found.has("kombu.redis.fetch_hooks")
+    assert "Kombu's own BRPOP fetch" in logged[0] and missing in logged[0]
+
+
+def _no_such(self: Any) -> Any:
+    raise AttributeError("not in this version")
+
+
+def test_a_changed_signature_counts_as_missing() -> None:
+    class Renamed(FakeChannel):
+        def _q_for_pri(self, name: str, level: int) -> str:  # type: ignore[override]
+            return name
+
+    found, logged = probe(Renamed())
+    assert not found.has("kombu.redis.fetch_hooks")
+    assert "_q_for_pri(queue, pri)" in logged[0]
+
+
+def test_no_queue_cycle_stops_the_worker_naming_the_versions() -> None:
+    channel = FakeChannel()
+    del channel._queue_cycle
+    with pytest.raises(CompatibilityError) as raised:
+        probe(channel)
+    message = str(raised.value)
+    assert "celery " in message and "kombu " in message and "redis " in message
+    assert "_queue_cycle" in message
+    # A FairConfigError: `celery worker` prints it on one line and exits 1.
+    assert isinstance(raised.value, FairConfigError)
+
+
+def test_each_fallback_is_logged_once() -> None:
+    logged: list[str] = []
+    found = Probe(log=logged.append)
+    for _ in range(3):
+        found.missing_capability("kombu.redis.requeue_front", "Channel._get_message_priority")
+    assert len(logged) == 1
+
+
+def test_every_capability_says_what_it_is_for() -> None:
+    for capability in CAPABILITIES.values():
+        assert capability.needed_for
+        assert capability.fallback is None or len(capability.fallback) > 10
+
+
+def test_qos_hooks_are_required() -> None:
+    class NoCanConsume(FakeQoS):
+        can_consume = None  # type: ignore[assignment]
+
+    with pytest.raises(CompatibilityError, match="can_consume"):
+        compat.probe_virtual_qos(NoCanConsume(), Probe(log=lambda _: None))
+
+
+class FakeWorker:
+    def __init__(self, semaphore: Any) -> None:
+        self.semaphore = semaphore
+        self.process_task = self._process_task_sem
+
+    def _process_task(self, request: Any) -> None: ...
+    def _process_task_sem(self, request: Any) -> None: ...
+
+
+class FakeSemaphore:
+    def __init__(self) -> None:
+        self._waiting: deque[Any] = deque()
+
+    def _add_waiter(self, entry: Any) -> None: ...
+    def _pop_waiter(self) -> Any: ...
+
+
+def test_a_semaphore_without_its_waiter_hooks_stops_the_worker() -> None:
+    semaphore = FakeSemaphore()
+    compat.probe_worker(FakeWorker(semaphore), Probe())  # complete: no error
+    del semaphore._waiting
+    with pytest.raises(CompatibilityError, match="_waiting"):
+        compat.probe_worker(FakeWorker(semaphore), Probe())
+
+
+def test_prefork_waits_in_the_semaphore_other_pools_dispatch_directly() -> None:
+    worker = FakeWorker(FakeSemaphore())
+    assert not compat.dispatches_directly(worker)
+    worker.process_task = worker._process_task
+    assert compat.dispatches_directly(worker)
+
+
+class FakeConsumerConnection:
+    def __init__(self, spec: bool) -> None:
+        self.qos_semantics_matches_spec = spec
+        self.transport = FakeTransport()
+
+
+class FakeConsumer:
+    def __init__(self, spec: bool) -> None:
+        self.connection = FakeConsumerConnection(spec)
+        self.app = type("App", (), {"conf": {}})()
+
+
+def test_celery_before_5_7_global_qos_is_derived_as_celery_does() -> None:
+    # RabbitMQ does not follow the spec's per-consumer semantics: global.
+    assert compat.consumer_qos_global(FakeConsumer(spec=False)) is True
+    assert compat.consumer_qos_global(FakeConsumer(spec=True)) is False
+    recorded = FakeConsumer(spec=False)
+    recorded.qos_global = False  # type: ignore[attr-defined]  # Celery 5.7 records it
+    assert compat.consumer_qos_global(recorded) is False
+
+
+def test_pool_completion_is_followed_for_futures_greenlets_and_inline_pools() -> None:
+    done: list[str] = []
+
+    class Future:
+        def add_done_callback(self, fn: Any) -> None:
+            self.fn = fn
+
+    class Result:
+        f = Future()
+
+    class Greenlet:
+        def link(self, fn: Any) -> None:
+            self.fn = fn
+
+    result, greenlet = Result(), Greenlet()
+    compat.on_pool_done(result, lambda: done.append("thread"))
+    compat.on_pool_done(greenlet, lambda: done.append("green"))
+    compat.on_pool_done(None, lambda: done.append("inline"))
+    assert done == ["inline"]  # the others finish later
+    result.f.fn(result.f)
+    greenlet.fn(greenlet)
+    assert done == ["inline", "thread", "green"]
