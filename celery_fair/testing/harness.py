@@ -56,6 +56,8 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     name: str = field(default_factory=lambda: f"fair-{uuid.uuid4().hex[:8]}")
+    #: The ``-A`` module of the worker.
+    app: str = WORKLOAD
 
     def start(self) -> WorkerProcess:
         env = dict(os.environ)
@@ -66,7 +68,7 @@ class WorkerProcess:
         )
         env.update(self.env)
         args = [
-            sys.executable, "-m", "celery", "-A", WORKLOAD, "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", self.pool, "-c", str(self.concurrency),
             "-Q", ",".join(self.queues),
             "--without-gossip", "--without-mingle", "--without-heartbeat",
