@@ -236,6 +236,15 @@ class FairSettings:
                 f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
             )
         codel = _codel(conf)
+        prefetch = _prefetch(conf.get("fair_prefetch"))
+        if prefetch is not None and conf.get("worker_disable_prefetch"):
+            # Celery >= 5.6 (Redis): the worker fetches only for a free slot,
+            # so there is no window left to size.
+            raise FairConfigError(
+                f"fair_prefetch={prefetch!r} cannot work with worker_disable_prefetch=True "
+                "(the worker then fetches one task per free pool slot and has no prefetch "
+                "window); unset one of them"
+            )
         atomic = get("fair_atomic_fetch")
         if not isinstance(atomic, bool):
             raise FairConfigError(f"fair_atomic_fetch must be True or False, got {atomic!r}")
@@ -244,7 +253,7 @@ class FairSettings:
             **codel,
             **_metrics(conf),
             telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
-            prefetch=_prefetch(conf.get("fair_prefetch")),
+            prefetch=prefetch,
             prefetch_max=(
                 None
                 if conf.get("fair_prefetch_max") is None
