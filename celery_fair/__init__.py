@@ -1,19 +1,29 @@
-"""celery-fair: weighted fair queueing for Celery and Kombu."""
+"""celery-fair: weighted fair queueing for Celery and Kombu.
+
+The public names are imported on first use (PEP 562): ``import celery_fair``
+and the pure core (``celery_fair.scheduling``) load nothing of Celery's
+worker, Kombu's transports or remote control; :func:`install` does, when a
+worker or producer calls it.
+"""
 
 from __future__ import annotations
 
-from .install import install
-from .routing import (
-    ConsistentHashRouter,
-    HashRing,
-    MissingRouteKeyError,
-    declare_consistent_hash_exchange,
-)
-from .scheduling.drr import DeficitRoundRobin
-from .scheduling.scheduler import FairScheduler
-from .worker.settings import FairConfigError
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "ConsistentHashRouter": "celery_fair.routing.router",
+    "DeficitRoundRobin": "celery_fair.scheduling.drr",
+    "FairConfigError": "celery_fair.worker.settings",
+    "FairScheduler": "celery_fair.scheduling.scheduler",
+    "HashRing": "celery_fair.routing.ring",
+    "MissingRouteKeyError": "celery_fair.routing.router",
+    "declare_consistent_hash_exchange": "celery_fair.routing.rabbitmq",
+    "install": "celery_fair.install",
+}
 
 __all__ = (
     "ConsistentHashRouter",
@@ -26,3 +36,25 @@ __all__ = (
     "declare_consistent_hash_exchange",
     "install",
 )
+
+if TYPE_CHECKING:
+    from .install import install
+    from .routing.rabbitmq import declare_consistent_hash_exchange
+    from .routing.ring import HashRing
+    from .routing.router import ConsistentHashRouter, MissingRouteKeyError
+    from .scheduling.drr import DeficitRoundRobin
+    from .scheduling.scheduler import FairScheduler
+    from .worker.settings import FairConfigError
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_fair' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

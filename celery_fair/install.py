@@ -7,9 +7,7 @@ from typing import Any
 
 import click
 
-from .worker import control  # noqa: F401  (registers the remote-control commands)
-from .worker.steps import FairConsumerStep, FairWorkerStep
-from .worker.tracking import PUBLISHED_HEADER
+from .worker.recorder import PUBLISHED_HEADER
 
 __all__ = ("install",)
 
@@ -18,9 +16,14 @@ def install(app: Any) -> Any:
     """Add the celery-fair bootsteps and the ``--fair-weights`` worker option.
 
     Adds to the app's configuration and never replaces any of it; calling it
-    twice is harmless.  Settings are validated when a worker starts.
+    twice is harmless.  Settings are validated when a worker starts.  Celery's
+    worker and remote-control modules are imported here, not by ``import
+    celery_fair``: a producer or a pure-core user does not pay for them.
     """
     from celery.signals import before_task_publish
+
+    from .worker import control  # noqa: F401  (registers the remote-control commands)
+    from .worker.steps import FairConsumerStep, FairWorkerStep
 
     before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
     app.steps["worker"].add(FairWorkerStep)

@@ -1,7 +1,13 @@
-"""Per-task scheduling records: the schema, the worker's writer, capture, synthetic data."""
+"""Per-task scheduling records: the schema, the worker's writer, capture, synthetic data.
 
-from celery_fair.telemetry.schema import OUTCOMES, SCHEMA, TaskRecord, records_to_table
-from celery_fair.telemetry.writer import TelemetryWriter, WriterStatistics
+Needs the ``telemetry`` extra (pyarrow); its names are imported on first use
+so that ``celery-fair ring`` and the other commands work on a base install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = (
     "OUTCOMES",
@@ -11,3 +17,25 @@ __all__ = (
     "WriterStatistics",
     "records_to_table",
 )
+
+_EXPORTS = {
+    "OUTCOMES": "celery_fair.telemetry.schema",
+    "SCHEMA": "celery_fair.telemetry.schema",
+    "TaskRecord": "celery_fair.telemetry.schema",
+    "records_to_table": "celery_fair.telemetry.schema",
+    "TelemetryWriter": "celery_fair.telemetry.writer",
+    "WriterStatistics": "celery_fair.telemetry.writer",
+}
+
+if TYPE_CHECKING:
+    from celery_fair.telemetry.schema import OUTCOMES, SCHEMA, TaskRecord, records_to_table
+    from celery_fair.telemetry.writer import TelemetryWriter, WriterStatistics
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_fair.telemetry' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -29,9 +29,10 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery_fair.telemetry.schema import TaskRecord
+if TYPE_CHECKING:
+    from celery_fair.telemetry.schema import TaskRecord
 
 __all__ = ("EventCapture", "capture_events", "register", "run")
 
@@ -103,6 +104,8 @@ class EventCapture:
             self.emitted += 1
 
     def _record(self, uuid: str, outcome: str, s: Mapping[str, Any]) -> TaskRecord:
+        from celery_fair.telemetry.schema import TaskRecord  # pyarrow: the telemetry extra
+
         queue = s.get("queue")
         runtime = s.get("runtime") if outcome == "success" else None
         ran = outcome in ("success", "failure", "retry")
