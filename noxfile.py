@@ -68,3 +68,7 @@ def matrix_bench(session: nox.Session, set: str) -> None:  # noqa: A002
             "--task-us", "100", "--reps", "2", "--per-queue", "700", "--target", "2000",
             "--name", f"matrix/{set}_{broker}",
         )  # fmt: skip
+    session.run(
+        "python", "-m", "bench.idle_latency", "--samples", "40", "--reps", "2",
+        "--name", f"matrix/idle_{set}",
+    )  # fmt: skip

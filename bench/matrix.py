@@ -52,7 +52,13 @@ def collect() -> dict[str, Any]:
     tests: dict[str, Any] = {}
     for xml in sorted(MATRIX.glob("tests_*.xml")):
         tests[xml.stem.removeprefix("tests_")] = test_outcomes(xml)
+    idle: dict[str, Any] = {}
+    for path in sorted(MATRIX.glob("idle_*.json")):
+        data = json.loads(path.read_text())
+        idle[path.stem.removeprefix("idle_")] = {"env": data["env"], "modes": data["modes"]}
     for path in sorted(MATRIX.glob("*_*.json")):
+        if path.stem.startswith("idle_"):
+            continue
         version_set, broker = path.stem.rsplit("_", 1)
         data = json.loads(path.read_text())
         env = data["env"]
@@ -74,7 +80,7 @@ def collect() -> dict[str, Any]:
                     "when": env["when"],
                 }
             )
-    return {"rows": rows, "tests": tests}
+    return {"rows": rows, "tests": tests, "idle": idle}
 
 
 def _cell(outcome: dict[str, int] | None) -> str:
@@ -110,6 +116,22 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {row['p9_over_p0']:.2f} | {row['throughput_ratio']:.0%} "
             f"| {'pass' if ok else 'FAIL'} |"
         )
+    if results.get("idle"):
+        lines += [
+            "",
+            "Idle round trip, publish to start on an idle worker (`bench.idle_latency`, Redis, "
+            "median of all samples):",
+            "",
+            "| set | redis-py | plain | fair | fair, atomic fetch off |",
+            "|---|---|---|---|---|",
+        ]
+        for name, data in results["idle"].items():
+            modes = data["modes"]
+            cells = " | ".join(
+                f"{modes[m]['median_ms']:.2f} ms" if m in modes else "-"
+                for m in ("plain", "fair", "fair, atomic fetch off")
+            )
+            lines.append(f"| {name} | {data['env'].get('redis', '?')} | {cells} |")
     unit = {s: t.get("none") for s, t in results["tests"].items() if t.get("none")}
     if unit:
         lines += ["", "Probe unit tests per set: " + ", ".join(
