@@ -6,13 +6,23 @@ import pytest
 
 from celery_fair.testing.harness import run_backlogged
 
-pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.compat]
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+compat = pytest.mark.compat
 
 WEIGHTS = {"w1": 1, "w2": 2, "w3": 3, "w4": 4}
 WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "solo", "gevent", "eventlet"])
+@pytest.mark.parametrize(
+    "pool",
+    [
+        pytest.param("prefork", marks=compat),
+        "threads",
+        "solo",
+        pytest.param("gevent", marks=compat),
+        "eventlet",
+    ],
+)
 def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
     result = run_backlogged(
         rabbitmq_server.url,  # type: ignore[attr-defined]
@@ -39,8 +49,17 @@ def test_plain_celery_on_rabbitmq_flattens(rabbitmq_server: object) -> None:
     assert max(result.shares().values()) < 0.32
 
 
-@pytest.mark.parametrize("pool", ["prefork", "gevent", "eventlet"])
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize(
+    ("broker", "pool"),
+    [
+        pytest.param("redis", "prefork"),
+        pytest.param("rabbitmq", "prefork", marks=compat),
+        pytest.param("redis", "gevent", marks=compat),
+        pytest.param("rabbitmq", "gevent"),
+        pytest.param("redis", "eventlet"),
+        pytest.param("rabbitmq", "eventlet", marks=compat),
+    ],
+)
 def test_flood_cannot_starve_a_weight_one_queue(
     request: pytest.FixtureRequest, broker: str, pool: str
 ) -> None:
@@ -62,6 +81,7 @@ def test_flood_cannot_starve_a_weight_one_queue(
     assert result.shares()["quiet"] == pytest.approx(0.25, abs=0.03)
 
 
+@compat
 def test_quorum_queues_keep_working(rabbitmq_server: object) -> None:
     # Celery detects quorum queues and switches to per-consumer QoS.
     result = run_backlogged(

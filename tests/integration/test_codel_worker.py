@@ -11,7 +11,7 @@ import redis as redis_lib
 
 from celery_fair.testing.harness import WorkerProcess, fill_queues
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat]
+pytestmark = pytest.mark.integration
 
 
 def ledger(url: str) -> list[dict]:
@@ -30,6 +30,7 @@ def wait_for(url: str, n: int, workers: list[WorkerProcess], timeout: float = 12
     raise AssertionError(f"only {len(ledger(url))} of {n} tasks ran")
 
 
+@pytest.mark.compat
 def test_slow_worker_returns_stale_tasks_and_a_fast_one_runs_them(redis_url: str) -> None:
     n = 60
     fill_queues(redis_url, {"jobs": n}, task="ledger", args=(5,))
@@ -130,6 +131,7 @@ def test_reject_mode_dead_letters_on_rabbitmq(rabbitmq_server: object, redis_url
     assert ran + dead_count == n, "each task either ran or was dead-lettered"
 
 
+@pytest.mark.compat
 def test_adaptive_prefetch_shrinks_the_window_of_a_slow_worker(redis_url: str) -> None:
     # Regression: the window must really bind (Celery's loop re-applies its
     # QoS value, so setting the prefetch count alone was undone at once).
@@ -159,7 +161,7 @@ def test_adaptive_prefetch_shrinks_the_window_of_a_slow_worker(redis_url: str) -
 
 
 @pytest.mark.rabbitmq
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize("pool", [pytest.param("prefork", marks=pytest.mark.compat), "threads"])
 def test_adaptive_prefetch_shrinks_the_windows_on_rabbitmq(
     rabbitmq_server: object, redis_url: str, pool: str
 ) -> None:

@@ -72,8 +72,7 @@ def test_warm_shutdown_returns_buffered_tasks(redis_url: str, pool: str) -> None
     assert set(ran_ids(redis_url)) == ids
 
 
-@pytest.mark.compat
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker", [pytest.param("redis", marks=pytest.mark.compat), "rabbitmq"])
 def test_killed_worker_tasks_are_redelivered(
     request: pytest.FixtureRequest, redis_url: str, broker: str
 ) -> None:
@@ -195,8 +194,10 @@ def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) ->
     assert ids <= set(ran_ids(redis_url))
 
 
-@pytest.mark.compat
-@pytest.mark.parametrize("atomic", ["1", "0"], ids=["atomic-fetch", "brpop"])
+@pytest.mark.parametrize(
+    "atomic",
+    [pytest.param("1", marks=pytest.mark.compat, id="atomic-fetch"), pytest.param("0", id="brpop")],
+)
 def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
     redis_url: str, atomic: str
 ) -> None:

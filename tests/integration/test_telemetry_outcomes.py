@@ -16,7 +16,7 @@ import pytest
 from celery_fair.testing.control import control_app
 from celery_fair.testing.harness import WorkerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat]
+pytestmark = pytest.mark.integration
 
 
 def _rows(directory: Path) -> list[dict[str, Any]]:
@@ -32,6 +32,7 @@ def _wait_for_log(worker: WorkerProcess, needle: str, count: int, timeout: float
         time.sleep(0.05)
 
 
+@pytest.mark.compat
 def test_prefork_pool_processes_record_success_failure_and_retry(
     redis_url: str, tmp_path: Path
 ) -> None:
