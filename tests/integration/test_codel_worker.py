@@ -30,7 +30,6 @@ def wait_for(url: str, n: int, workers: list[WorkerProcess], timeout: float = 12
     raise AssertionError(f"only {len(ledger(url))} of {n} tasks ran")
 
 
-@pytest.mark.compat
 def test_slow_worker_returns_stale_tasks_and_a_fast_one_runs_them(redis_url: str) -> None:
     n = 60
     fill_queues(redis_url, {"jobs": n}, task="ledger", args=(5,))
@@ -62,6 +61,7 @@ def test_slow_worker_returns_stale_tasks_and_a_fast_one_runs_them(redis_url: str
     assert len(on_fast) > len(returned) / 2, (len(on_fast), len(returned))
 
 
+@pytest.mark.compat
 def test_requeue_cap_is_honoured_and_nothing_is_lost(redis_url: str) -> None:
     n = 30
     fill_queues(redis_url, {"capped": n}, task="ledger", args=(0,))
