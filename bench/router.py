@@ -1,97 +1,392 @@
-"""Benchmark of consistent-hash routing: decisions per second, and the cost added to apply_async.
+"""Benchmark of consistent-hash routing: cost per decision, quality of the mapping, alternatives.
 
 Run with ``python -m bench.router``. Writes ``bench/results/router.json`` and
-``bench/results/router.md``. Two measurements:
+``bench/results/router.md``. Four measurements, all in one run:
 
-1. Routing decisions per second with 4, 16 and 256 queues: the bare ring on
-   distinct keys, and the router (as Celery calls it) on distinct keys
-   without its memo and on 1,000 recurring tenants with it.
-2. ``apply_async`` to a real Redis (started here) with plain Celery routing
-   against the same call through ``ConsistentHashRouter``, variants
-   alternated within each repetition; the median and the spread of the
-   per-repetition ratios are reported. The target is at most 5% added cost.
+1. Routing decisions per second at 4, 16, 256 and 10,000 queues with keys that
+   never repeat (every repetition draws fresh keys; the router runs with
+   ``cache_size=0``), for the ring and the router under each algorithm, the
+   variants alternated within each repetition. The acceptance figure is the
+   ratio of the default router's cost per decision at 10,000 queues to its
+   cost at 4, taken within each repetition (median and range). Also the
+   table's build time, memory and the cost of a weight change.
+2. Quality of the mapping, rendezvous (the old default) against the probe
+   table, on the same keys: chi-square goodness of fit, the worst share
+   error, and the fraction of keys moved by removing the first, middle and
+   last queue and by adding one, against the least any mapping must move.
+   For the table the exact shares and moved fractions are also computed from
+   the table itself (``HashRing.mapped_shares``), free of sampling noise.
+3. Alternatives: a weighted Maglev table (Eisenbud et al., NSDI 2016) with
+   100 x n and 1,000 x n entries, its moved fractions computed exactly from the
+   table.
+4. ``apply_async`` to a real Redis (started here) with plain Celery routing
+   against the same call through ``ConsistentHashRouter``, variants alternated
+   within each repetition; the median and the spread of the per-repetition
+   ratios are reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
+import math
 import platform
+import random
 import statistics
 import time
-from collections.abc import Callable
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from scipy import stats
 
 from celery_fair.routing import ConsistentHashRouter, HashRing
+from celery_fair.routing.ring import ideal_moved_fraction, key_hash
 from celery_fair.testing.redis import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-QUEUE_COUNTS = (4, 16, 256)
+QUEUE_COUNTS = (4, 16, 256, 10_000)
+ALGORITHMS = ("auto", "rendezvous", "table")
 
 
 def weights(n: int) -> dict[str, int]:
-    return {f"q{i:03d}": 1 + i % 4 for i in range(n)}
+    return {f"q{i:05d}": 1 + i % 4 for i in range(n)}
 
 
-def _rate(fn: Callable[[list[str]], object], keys: list[str], repeats: int) -> dict[str, float]:
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(keys)
-        rates.append(len(keys) / (time.perf_counter() - start))
-    return {"median": statistics.median(rates), "min": min(rates), "max": max(rates)}
+def quality_weights(n: int) -> dict[str, int]:
+    # Four queues as in the unit tests and the docs (1, 1, 2, 2); larger rings as above.
+    return {"q1": 1, "q2": 1, "q3": 2, "q4": 2} if n == 4 else weights(n)
 
 
-def decisions_per_second(n_keys: int, repeats: int) -> list[dict[str, Any]]:
-    rows = []
-    distinct = [f"tenant-{i:08d}" for i in range(n_keys)]
-    recurring = [f"tenant-{i % 1000:04d}" for i in range(n_keys)]
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+# -- 1. decisions per second ---------------------------------------------------------------
+
+
+def _keys_for(n_keys: int, queues: int, algorithm: str) -> int:
+    # Rendezvous is O(n): fewer keys keep a repetition short at 256 and 10,000 queues.
+    if algorithm == "rendezvous" or (algorithm == "auto" and queues <= 12):
+        return max(100, min(n_keys, n_keys * 16 // queues))
+    return n_keys
+
+
+def decisions_per_second(n_keys: int, repeats: int) -> dict[str, Any]:
+    """Decisions per second; variants alternated within each repetition, fresh keys each time."""
+    rings: dict[tuple[int, str], HashRing] = {}
     for n in QUEUE_COUNTS:
-        ring = HashRing(weights(n))
-        uncached = ConsistentHashRouter(ring, key="tenant_id", cache_size=0)
-        cached = ConsistentHashRouter(ring, key="tenant_id")
+        for algorithm in ALGORITHMS:
+            rings[n, algorithm] = HashRing(weights(n), algorithm=algorithm)
+    routers = {
+        (n, algorithm): ConsistentHashRouter(ring, key="tenant_id", cache_size=0)
+        for (n, algorithm), ring in rings.items()
+    }
+    memo_routers = {
+        n: ConsistentHashRouter(rings[n, "auto"], key="tenant_id") for n in QUEUE_COUNTS
+    }
+    variants: list[tuple[str, int, str]] = []
+    for n in QUEUE_COUNTS:
+        for algorithm in ALGORITHMS:
+            variants.append(("ring", n, algorithm))
+            variants.append(("router", n, algorithm))
+        variants.append(("router_memo", n, "auto"))
+    rates: dict[tuple[str, int, str], list[float]] = {v: [] for v in variants}
+    recurring = [f"tenant-{i % 1000:04d}" for i in range(n_keys)]
+    for rep in range(repeats):
+        order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
+        for kind, n, algorithm in order:
+            count = _keys_for(n_keys, n, algorithm)
+            # Keys that never repeat: a new prefix per repetition and variant.
+            fresh = [f"tenant-{rep}-{kind}-{n}-{algorithm}-{i:08d}" for i in range(count)]
+            if kind == "ring":
+                lookup = rings[n, algorithm].lookup
+                start = time.perf_counter()
+                for k in fresh:
+                    lookup(k)
+            elif kind == "router":
+                route = routers[n, algorithm]
+                start = time.perf_counter()
+                for k in fresh:
+                    route("bench.task", (), {"tenant_id": k}, {})
+            else:
+                route = memo_routers[n]
+                fresh = recurring
+                start = time.perf_counter()
+                for k in fresh:
+                    route("bench.task", (), {"tenant_id": k}, {})
+            rates[kind, n, algorithm].append(len(fresh) / (time.perf_counter() - start))
+    rows = []
+    for n in QUEUE_COUNTS:
+        row: dict[str, Any] = {
+            "queues": n,
+            "auto_resolves_to": rings[n, "auto"].algorithm,
+            "router_1000_tenants_memo": _spread(rates["router_memo", n, "auto"]),
+        }
+        for algorithm in ALGORITHMS:
+            row[f"ring_{algorithm}"] = _spread(rates["ring", n, algorithm])
+            row[f"router_{algorithm}_no_memo"] = _spread(rates["router", n, algorithm])
+        rows.append(row)
+    ratios = {}
+    for kind in ("ring", "router"):
+        for algorithm in ("auto", "table"):
+            small, large = rates[kind, 4, algorithm], rates[kind, 10_000, algorithm]
+            # cost ratio = rate at 4 / rate at 10,000, paired within each repetition
+            ratios[f"{kind}_{algorithm}"] = _spread(
+                [a / b for a, b in zip(small, large, strict=True)]
+            )
+    return {
+        "keys_per_run": n_keys,
+        "repetitions": repeats,
+        "rows": rows,
+        "cost_ratio_10000_vs_4": ratios,
+    }
 
-        def via_ring(keys: list[str], ring: HashRing = ring) -> None:
-            for k in keys:
-                ring.lookup(k)
 
-        def via_router(keys: list[str], router: ConsistentHashRouter) -> None:
-            for k in keys:
-                router("bench.task", (), {"tenant_id": k}, {})
-
-        keys_n = distinct if n <= 16 else distinct[: max(1, n_keys // 10)]
+def table_costs(repeats: int) -> list[dict[str, Any]]:
+    """Build time, memory and the cost of a weight change for the table at each size."""
+    rows = []
+    for n in QUEUE_COUNTS:
+        w = weights(n)
+        builds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            ring = HashRing(w, algorithm="table")
+            builds.append(time.perf_counter() - start)
+        tracemalloc.start()
+        ring = HashRing(w, algorithm="table")
+        retained, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        start = time.perf_counter()
+        ring.with_weight(ring.queues[0], 3)
+        reweight = time.perf_counter() - start
+        layout = ring.layout
+        assert layout is not None
+        record = ring.statistics()
         rows.append(
             {
                 "queues": n,
-                "ring_distinct_keys": _rate(via_ring, keys_n, repeats),
-                "router_distinct_keys_no_memo": _rate(
-                    lambda ks, r=uncached: via_router(ks, r), keys_n, repeats
-                ),
-                "router_1000_tenants_memo": _rate(
-                    lambda ks, r=cached: via_router(ks, r), recurring, repeats
-                ),
+                "total_weight": sum(w.values()),
+                "band": layout.band,
+                "band_top": layout.band_top,
+                "slots_per_weight": layout.slots_per_weight,
+                "slots": record.table_slots,
+                "buckets": record.table_buckets,
+                "build_seconds": _spread(builds),
+                "memory_retained_mb": retained / 1e6,
+                "memory_peak_mb": peak / 1e6,
+                "with_weight_seconds": reweight,
             }
         )
     return rows
 
 
+# -- 2. quality: shares and moved fractions -------------------------------------------------
+
+
+def _quality_keys(n: int) -> int:
+    return {4: 200_000, 16: 200_000, 256: 40_000}.get(n, 0)
+
+
+def _changes(ring: HashRing) -> list[tuple[str, str, HashRing]]:
+    names = ring.queues
+    return [
+        ("remove first", names[0], ring.without_queue(names[0])),
+        ("remove middle", names[len(names) // 2], ring.without_queue(names[len(names) // 2])),
+        ("remove last", names[-1], ring.without_queue(names[-1])),
+        ("add one (weight 2)", "new", ring.with_queue("new", 2)),
+    ]
+
+
+def quality(seed: int) -> list[dict[str, Any]]:
+    results = []
+    for n in QUEUE_COUNTS:
+        w = quality_weights(n)
+        count = _quality_keys(n)
+        rng = random.Random(seed + n)
+        hashes = [rng.getrandbits(64) for _ in range(count)]
+        for algorithm in ("rendezvous", "table"):
+            if algorithm == "rendezvous" and n > 256:
+                continue  # 7 ms per key at 10,000 queues; exact by construction anyway
+            ring = HashRing(w, algorithm=algorithm)
+            entry: dict[str, Any] = {"queues": n, "algorithm": algorithm, "keys": count}
+            shares = ring.shares()
+            if count:
+                before = [ring.lookup_hash(h) for h in hashes]
+                counts = Counter(before)
+                names = sorted(shares)
+                observed = [counts[q] for q in names]
+                expected = [count * shares[q] for q in names]
+                entry["chi2_pvalue"] = float(stats.chisquare(observed, expected).pvalue)
+                entry["worst_share_error_sampled"] = max(
+                    abs(counts[q] / count - shares[q]) / shares[q] for q in names
+                )
+                # 4.5 sigma of the binomial sampling error of the smallest queue
+                smallest = min(shares.values())
+                entry["sampling_band"] = 4.5 * math.sqrt((1 - smallest) / (count * smallest))
+            # For rendezvous the mapped shares are the weight shares, exact by construction.
+            exact = ring.mapped_shares()
+            entry["worst_share_error_exact"] = max(
+                abs(exact[q] - shares[q]) / shares[q] for q in shares
+            )
+            # Removing queue q moves exactly q's keys: over every queue of the ring, the
+            # ratio of that fraction to the ideal is mapped share / weight share.
+            removal = sorted(exact[q] / shares[q] for q in shares)
+            entry["removal_ratio_all_queues"] = {
+                "min": removal[0],
+                "p01": removal[len(removal) // 100],
+                "median": statistics.median(removal),
+                "p99": removal[-1 - len(removal) // 100],
+                "max": removal[-1],
+                "share_above_1_05": sum(r > 1.05 for r in removal) / len(removal),
+            }
+            changes = []
+            for label, name, changed in _changes(ring):
+                ideal = ideal_moved_fraction(ring, changed)
+                row: dict[str, Any] = {"change": label, "queue": name, "ideal": ideal}
+                row["same_layout"] = changed.layout == ring.layout
+                if count:
+                    after = [changed.lookup_hash(h) for h in hashes]
+                    pairs = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+                    row["moved_sampled"] = len(pairs) / count
+                    row["ratio_sampled"] = row["moved_sampled"] / ideal
+                    row["only_changed_queue"] = all(name in (a, b) for a, b in pairs)
+                # Per-key minimality: the moved keys are exactly the removed queue's, or
+                # exactly those the new queue wins; their fraction is its mapped share.
+                mapped = changed.mapped_shares() if label.startswith("add") else exact
+                row["moved_exact"] = mapped[name]
+                row["ratio_exact"] = row["moved_exact"] / ideal
+                changes.append(row)
+            entry["changes"] = changes
+            results.append(entry)
+    return results
+
+
+# -- 3. alternatives: weighted Maglev --------------------------------------------------------
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    if n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+def _next_prime(n: int) -> int:
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+def maglev_table(w: dict[str, float], size: int) -> list[str]:
+    """A weighted Maglev lookup table (Eisenbud et al., NSDI 2016), written for this benchmark.
+
+    Each queue walks its own permutation of the entries (offset + j * skip,
+    size prime); queues take turns in the order of (k + 1/2) / weight, so each
+    takes entries in proportion to its weight, and a queue's k-th turn claims
+    its next still-free entry, until its quota (largest remainder of
+    size * share) is met.
+    """
+    names = sorted(w)
+    total = math.fsum(w.values())
+    exact = {q: size * w[q] / total for q in names}
+    quota = {q: int(exact[q]) for q in names}
+    for q in sorted(names, key=lambda q: (-(exact[q] - quota[q]), q))[: size - sum(quota.values())]:
+        quota[q] += 1
+    table: list[int] = [-1] * size
+    walk = []
+    for q in names:
+        h = key_hash(f"maglev:{q}")
+        walk.append([h % size, (h >> 32) % (size - 1) + 1, 0])
+    heap = [(0.5 / w[q], i, 0) for i, q in enumerate(names) if quota[q]]
+    heapq.heapify(heap)
+    taken = [0] * len(names)
+    for _ in range(size):
+        _, i, k = heap[0]
+        offset, skip, j = walk[i]
+        entry = (offset + j * skip) % size
+        while table[entry] >= 0:
+            j += 1
+            entry = (offset + j * skip) % size
+        table[entry] = i
+        walk[i][2] = j + 1
+        taken[i] += 1
+        if taken[i] == quota[names[i]]:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, ((k + 1.5) / w[names[i]], i, k + 1))
+    return [names[i] for i in table]
+
+
+def alternatives() -> list[dict[str, Any]]:
+    rows = []
+    for n in (16, 256):
+        w: dict[str, float] = dict(quality_weights(n))
+        names = sorted(w)
+        for factor in (100, 1000):
+            size = _next_prime(factor * n)
+            start = time.perf_counter()
+            base = maglev_table(w, size)
+            build = time.perf_counter() - start
+            shares = {q: c / size for q, c in Counter(base).items()}
+            total = math.fsum(w.values())
+            worst = max(abs(shares[q] - w[q] / total) / (w[q] / total) for q in names)
+            changes = []
+            for label, name in (
+                ("remove first", names[0]),
+                ("remove middle", names[n // 2]),
+                ("remove last", names[-1]),
+                ("add one (weight 2)", "new"),
+            ):
+                if label.startswith("add"):
+                    other = {**w, name: 2.0}
+                else:
+                    other = {q: v for q, v in w.items() if q != name}
+                table = maglev_table(other, size)
+                moved = sum(a != b for a, b in zip(base, table, strict=True)) / size
+                ideal = ideal_moved_fraction(HashRing(w), HashRing(other))
+                changes.append({"change": label, "moved": moved, "ideal": ideal,
+                                "ratio": moved / ideal})  # fmt: skip
+            rows.append(
+                {
+                    "algorithm": "maglev (weighted)",
+                    "queues": n,
+                    "table_size": size,
+                    "build_seconds": build,
+                    "worst_share_error": worst,
+                    "changes": changes,
+                }
+            )
+    return rows
+
+
+# -- 4. apply_async against a real Redis -----------------------------------------------------
+
+
 def _app(broker: str, router: ConsistentHashRouter | None) -> Celery:
     app = Celery("bench_router", broker=broker, set_as_current=False)
-    app.conf.task_ignore_result = True
     if router is not None:
         app.conf.task_routes = (router,)
 
     @app.task(name="bench.task", shared=False)
-    def task(seq: int, tenant_id: str | None = None) -> None:
-        return None
+    def task(n: int, tenant_id: str | None = None) -> int:
+        return n
 
     return app
 
 
 def apply_async_overhead(calls: int, repeats: int) -> dict[str, Any]:
+    """Per-call cost of apply_async with and without the router; ratios within a repetition."""
     tenants = [f"tenant-{i:04d}" for i in range(500)]
     with RedisServer() as server:
         variants: dict[str, Celery] = {
@@ -103,12 +398,15 @@ def apply_async_overhead(calls: int, repeats: int) -> dict[str, Any]:
             "router_256q_no_memo": _app(
                 server.url, ConsistentHashRouter(weights(256), key="tenant_id", cache_size=0)
             ),
+            "router_10000q_no_memo": _app(
+                server.url, ConsistentHashRouter(weights(10_000), key="tenant_id", cache_size=0)
+            ),
         }
         flush = variants["plain"].connection_for_write()
         client = flush.default_channel.client
         # Only the task lists are emptied between runs: FLUSHDB would also drop Kombu's
         # binding tables, which it declares once per connection and never again.
-        task_lists = ["celery", *weights(256)]
+        task_lists = ["celery", *weights(10_000)]
         for app in variants.values():  # warm up connections and the producer pool
             for i in range(200):
                 app.tasks["bench.task"].apply_async((i,), {"tenant_id": tenants[i % 500]})
@@ -118,7 +416,8 @@ def apply_async_overhead(calls: int, repeats: int) -> dict[str, Any]:
             order = list(variants)
             order = order[rep % len(order) :] + order[: rep % len(order)]
             for name in order:
-                client.delete(*task_lists)
+                for chunk in range(0, len(task_lists), 1000):
+                    client.delete(*task_lists[chunk : chunk + 1000])
                 task = variants[name].tasks["bench.task"]
                 start = time.perf_counter()
                 for i in range(calls):
@@ -142,60 +441,211 @@ def apply_async_overhead(calls: int, repeats: int) -> dict[str, Any]:
     return result
 
 
+# -- report ----------------------------------------------------------------------------------
+
+
+def _rate(cell: dict[str, float]) -> str:
+    return f"{cell['median']:,.0f} [{cell['min']:,.0f}, {cell['max']:,.0f}]"
+
+
+def _us(cell: dict[str, float]) -> str:
+    # cost per decision in microseconds: median of the rates inverted, with the range
+    return f"{1e6 / cell['median']:.2f} [{1e6 / cell['max']:.2f}, {1e6 / cell['min']:.2f}]"
+
+
 def to_markdown(report: dict[str, Any]) -> str:
+    dec = report["decisions"]
     lines = [
         "# Consistent-hash routing benchmark",
         "",
-        f"`python -m bench.router` on {report['machine']}, Python {report['python']}.",
-        "Medians of the repetitions, with [min, max].",
+        f"`python -m bench.router` on {report['machine']}, Python {report['python']}, "
+        f"{report['when']}. Medians over {dec['repetitions']} repetitions, with [min, max]; "
+        "variants alternated within each repetition; every repetition routes fresh keys "
+        "(keys never repeat, the router's memo is off) except the memo column.",
         "",
-        "## Routing decisions per second",
+        "## Cost per routing decision",
         "",
-        "| queues | ring, distinct keys | router, distinct keys, no memo "
-        "| router, 1,000 tenants, memo |",
-        "|---:|---:|---:|---:|",
+        "Router calls as Celery makes them (`router(name, args, kwargs, options)`, "
+        "`cache_size=0`), in microseconds per decision. `auto` (opt-in; the default stays `rendezvous`): rendezvous "
+        "up to 12 queues, the probe table above.",
+        "",
+        "| queues | `auto` | `rendezvous` | `table` | `auto`, 1,000 tenants, memo |",
+        "|---:|---:|---:|---:|---:|",
     ]
-    for row in report["decisions"]:
-        cells = [
-            f"{row[k]['median']:,.0f} [{row[k]['min']:,.0f}, {row[k]['max']:,.0f}]"
-            for k in ("ring_distinct_keys", "router_distinct_keys_no_memo",
-                      "router_1000_tenants_memo")
-        ]  # fmt: skip
-        lines.append(f"| {row['queues']} | " + " | ".join(cells) + " |")
-    ov = report["apply_async"]
+    for row in dec["rows"]:
+        lines.append(
+            f"| {row['queues']:,} (auto = {row['auto_resolves_to']}) "
+            f"| {_us(row['router_auto_no_memo'])} | {_us(row['router_rendezvous_no_memo'])} "
+            f"| {_us(row['router_table_no_memo'])} | {_us(row['router_1000_tenants_memo'])} |"
+        )
     lines += [
         "",
-        "## Added cost on `apply_async` to a real Redis",
+        "Bare ring lookups (`HashRing.lookup`), decisions per second:",
         "",
-        f"{ov['repetitions']} repetitions of {ov['calls_per_repetition']} calls per variant, "
-        "variants alternated within each repetition; ratio = variant / plain in the same "
-        "repetition.",
-        "",
-        "| variant | µs per call | ratio to plain |",
-        "|---|---:|---:|",
+        "| queues | `auto` | `rendezvous` | `table` |",
+        "|---:|---:|---:|---:|",
     ]
-    for name in ("plain", "router_4q", "router_4q_no_memo", "router_256q_no_memo"):
-        v = ov[name]
+    for row in dec["rows"]:
         lines.append(
-            f"| {name} | {v['us_per_call_median']:.1f} [{v['us_per_call_min']:.1f}, "
-            f"{v['us_per_call_max']:.1f}] | {v['ratio_to_plain_median']:.3f} "
-            f"[{v['ratio_to_plain_min']:.3f}, {v['ratio_to_plain_max']:.3f}] |"
+            f"| {row['queues']:,} | {_rate(row['ring_auto'])} | {_rate(row['ring_rendezvous'])} "
+            f"| {_rate(row['ring_table'])} |"
         )
+    lines += [
+        "",
+        "Cost at 10,000 queues divided by cost at 4, paired within each repetition "
+        "(the acceptance bound is 3):",
+        "",
+        "| measured | ratio |",
+        "|---|---:|",
+    ]
+    for name, cell in dec["cost_ratio_10000_vs_4"].items():
+        lines.append(
+            f"| {name.replace('_', ', ')} | {cell['median']:.2f} "
+            f"[{cell['min']:.2f}, {cell['max']:.2f}] |"
+        )
+    lines += [
+        "",
+        "## The table: size, build time, memory, weight change",
+        "",
+        "| queues | total weight (band top) | slots per weight | slots | buckets "
+        "| build s | retained MB | peak MB | `with_weight` s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["table_costs"]:
+        b = row["build_seconds"]
+        lines.append(
+            f"| {row['queues']:,} | {row['total_weight']:,} ({row['band_top']:,.0f}) "
+            f"| {row['slots_per_weight']:g} | {row['slots']:,} | {row['buckets']:,} "
+            f"| {b['median']:.3f} [{b['min']:.3f}, {b['max']:.3f}] "
+            f"| {row['memory_retained_mb']:.1f} | {row['memory_peak_mb']:.1f} "
+            f"| {row['with_weight_seconds']:.3f} |"
+        )
+    lines += [
+        "",
+        "## Quality: rendezvous (before) against the table (after), same keys",
+        "",
+        "Weights 1, 1, 2, 2 at 4 queues, 1, 2, 3, 4, 1, ... above. *sampled*: over the "
+        "keys of the run (the 4.5-sigma binomial band of the smallest queue's share is "
+        "given); *exact*: computed from the table itself, free of sampling noise "
+        "(`HashRing.mapped_shares`; for rendezvous the weight shares, exact by "
+        "construction). Moved fractions are divided by the least any mapping must move.",
+        "",
+        "| queues | algorithm | keys | chi-square p | worst share error sampled (band) "
+        "| worst share error exact |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for e in report["quality"]:
+        if e["keys"]:
+            sampled = (
+                f"{e['worst_share_error_sampled']:.2%} ({e['sampling_band']:.2%}) "
+                if e["keys"]
+                else "-"
+            )
+            p = f"{e['chi2_pvalue']:.3f}"
+        else:
+            sampled, p = "-", "-"
+        lines.append(
+            f"| {e['queues']:,} | {e['algorithm']} | {e['keys']:,} | {p} | {sampled} "
+            f"| {e['worst_share_error_exact']:.2%} |"
+        )
+    lines += [
+        "",
+        "Removing queue *q* moves exactly *q*'s keys under both mappings, so over all the "
+        "queues of a ring the moved / ideal ratio of a removal is *q*'s mapped share over "
+        "its weight share (exact):",
+        "",
+        "| queues | algorithm | min | 1st pct | median | 99th pct | max | queues above 1.05 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for e in report["quality"]:
+        r = e["removal_ratio_all_queues"]
+        lines.append(
+            f"| {e['queues']:,} | {e['algorithm']} | {r['min']:.3f} | {r['p01']:.3f} "
+            f"| {r['median']:.3f} | {r['p99']:.3f} | {r['max']:.3f} "
+            f"| {r['share_above_1_05']:.1%} |"
+        )
+    lines += [
+        "",
+        "The four changes of the acceptance test, sampled on the run's keys and exact:",
+        "",
+        "| queues | algorithm | change | ideal | moved / ideal, sampled | moved / ideal, exact "
+        "| only the changed queue involved |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for e in report["quality"]:
+        for c in e["changes"]:
+            sampled = f"{c['ratio_sampled']:.3f}" if "ratio_sampled" in c else "-"
+            only = {True: "yes", False: "NO"}.get(c.get("only_changed_queue"), "-")
+            lines.append(
+                f"| {e['queues']:,} | {e['algorithm']} | {c['change']} | {c['ideal']:.4%} "
+                f"| {sampled} | {c['ratio_exact']:.3f} | {only} |"
+            )
+    lines += [
+        "",
+        "## Alternative measured: weighted Maglev",
+        "",
+        "Moved fraction of the table's entries (= of uniformly hashed keys) over the ideal.",
+        "",
+        "| queues | table size | build s | worst share error | remove first | remove middle "
+        "| remove last | add one |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["alternatives"]:
+        ratios = " | ".join(f"{c['ratio']:.2f}" for c in row["changes"])
+        lines.append(
+            f"| {row['queues']} | {row['table_size']:,} | {row['build_seconds']:.2f} "
+            f"| {row['worst_share_error']:.2%} | {ratios} |"
+        )
+    ov = report.get("apply_async")
+    if ov:
+        lines += [
+            "",
+            "## Added cost on `apply_async` to a real Redis",
+            "",
+            f"{ov['repetitions']} repetitions of {ov['calls_per_repetition']} calls per variant, "
+            "variants alternated within each repetition; ratio = variant / plain in the same "
+            "repetition.",
+            "",
+            "| variant | µs per call | ratio to plain |",
+            "|---|---:|---:|",
+        ]
+        for name in ov:
+            if not isinstance(ov[name], dict):
+                continue
+            v = ov[name]
+            lines.append(
+                f"| {name} | {v['us_per_call_median']:.1f} [{v['us_per_call_min']:.1f}, "
+                f"{v['us_per_call_max']:.1f}] | {v['ratio_to_plain_median']:.3f} "
+                f"[{v['ratio_to_plain_min']:.3f}, {v['ratio_to_plain_max']:.3f}] |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__)
-    parser.add_argument("--keys", type=int, default=50_000, help="keys per decision run")
+    parser.add_argument("--keys", type=int, default=20_000, help="keys per decision run")
     parser.add_argument("--calls", type=int, default=2_000, help="apply_async calls per run")
-    parser.add_argument("--repeats", type=int, default=9, help="repetitions")
+    parser.add_argument("--repeats", type=int, default=7, help="repetitions")
+    parser.add_argument("--seed", type=int, default=20240501, help="seed of the quality keys")
+    parser.add_argument("--skip-apply-async", action="store_true", help="no Redis section")
     args = parser.parse_args(argv)
-    report = {
+    report: dict[str, Any] = {
         "machine": f"{platform.machine()} {platform.system()}",
         "python": platform.python_version(),
-        "decisions": decisions_per_second(args.keys, args.repeats),
-        "apply_async": apply_async_overhead(args.calls, args.repeats),
+        "when": time.strftime("%Y-%m-%d %H:%M %Z"),
     }
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("decisions", lambda: decisions_per_second(args.keys, args.repeats)),
+        ("table_costs", lambda: table_costs(max(3, args.repeats // 2))),
+        ("quality", lambda: quality(args.seed)),
+        ("alternatives", alternatives),
+    ]
+    if not args.skip_apply_async:
+        steps.append(("apply_async", lambda: apply_async_overhead(args.calls, args.repeats)))
+    for name, step in steps:
+        start = time.perf_counter()
+        report[name] = step()
+        print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "router.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = to_markdown(report)

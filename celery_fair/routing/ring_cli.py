@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from celery_fair.routing.ring import HashRing, ideal_moved_fraction
+from celery_fair.routing.ring import ALGORITHMS, HashRing, ideal_moved_fraction
 
 __all__ = ("parse_queue_weights", "register", "ring_report", "run")
 
@@ -36,6 +36,19 @@ def register(subparsers: Any) -> None:
     change.add_argument("--add", type=_one_pair, metavar="QUEUE=WEIGHT", help="add a queue")
     change.add_argument("--remove", metavar="QUEUE", help="remove a queue")
     change.add_argument("--set", type=_one_pair, metavar="QUEUE=WEIGHT", help="change a weight")
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="rendezvous",
+        help="mapping: rendezvous (default), table, or auto (rendezvous up to 12 queues)",
+    )
+    parser.add_argument(
+        "--table-weight",
+        type=_positive_float,
+        default=None,
+        metavar="W",
+        help="lay the table out for total weight W (keeps the layout across the change)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.set_defaults(handler=run)
 
@@ -65,6 +78,16 @@ def _one_pair(text: str) -> tuple[str, float]:
     if len(pairs) != 1 or "=" not in text:
         raise argparse.ArgumentTypeError(f"expected one QUEUE=WEIGHT, not {text!r}")
     return next(iter(pairs.items()))
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -113,7 +136,11 @@ def ring_report(
 ) -> dict[str, Any]:
     """Compute the distribution of ``keys`` on ``ring`` and, if given, the moves to ``changed``."""
     before = [ring.lookup(k) for k in keys]
-    report: dict[str, Any] = {"keys": len(keys), "before": _distribution(ring, before)}
+    report: dict[str, Any] = {
+        "keys": len(keys),
+        "algorithm": ring.algorithm,
+        "before": _distribution(ring, before),
+    }
     if changed is None:
         return report
     after = [changed.lookup(k) for k in keys]
@@ -124,6 +151,8 @@ def ring_report(
     changed_names = {name for name, _ in touched}
     report.update(
         change=change,
+        algorithm_after=changed.algorithm,
+        layout_changed=ring.layout != changed.layout,
         after=_distribution(changed, after),
         moved_keys=moved,
         moved_fraction=moved / len(keys),
@@ -144,15 +173,24 @@ def _format_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+_DESCRIPTIONS = {"rendezvous": "weighted rendezvous hashing", "table": "weighted probe table"}
+
+
 def format_report(report: dict[str, Any], seed: int) -> str:
     """Render ``ring_report`` output as the text the command prints."""
-    lines = [f"{report['keys']} random keys (seed {seed}), weighted rendezvous hashing", ""]
+    lines = [
+        f"{report['keys']} random keys (seed {seed}), {_DESCRIPTIONS[report['algorithm']]}",
+        "",
+    ]
     lines += _format_table(report["before"])
     if "change" in report:
         ratio = (
             report["moved_fraction"] / report["ideal_fraction"] if report["ideal_fraction"] else 0
         )
-        lines += ["", f"after {report['change']}:"] + _format_table(report["after"])
+        after = f"after {report['change']}:"
+        if report["algorithm_after"] != report["algorithm"]:
+            after = f"after {report['change']} ({_DESCRIPTIONS[report['algorithm_after']]}):"
+        lines += ["", after] + _format_table(report["after"])
         lines += [
             "",
             f"moved: {report['moved_keys']} keys = {report['moved_fraction']:.2%} "
@@ -161,13 +199,18 @@ def format_report(report: dict[str, Any], seed: int) -> str:
             "only the changed queue gained or lost keys: "
             + ("yes" if report["only_changed_queue_involved"] else "NO"),
         ]
+        if report["layout_changed"] and report["algorithm_after"] == report["algorithm"] == "table":
+            lines.append(
+                "note: the change crosses a table band, so every slot was redrawn; "
+                "--table-weight keeps one layout"
+            )
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair ring``."""
-    ring = HashRing(args.queues)
     try:
+        ring = HashRing(args.queues, algorithm=args.algorithm, table_weight=args.table_weight)
         changed, change = _changed_ring(ring, args)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if exc.args else str(exc)

@@ -75,8 +75,15 @@ class ConsistentHashRouter:
     with the key as routing key and header, and RabbitMQ picks the queue. The
     missing-key policy still applies on the producer side.
 
-    ``cache_size`` bounds a memo of key -> queue (0 disables it); tenants
-    repeat, and a lookup costs O(number of queues).
+    ``algorithm`` picks the ring's mapping (``"auto"``, ``"rendezvous"`` or
+    ``"table"``, see ``HashRing``): the default is rendezvous hashing, the mapping
+    of earlier releases; ``"auto"`` or ``"table"`` opt in to the O(1) probe table
+    (which moves keys once); ``table_weight`` pins a table's
+    layout. Both apply when ``queues`` is a mapping or list; a ``HashRing``
+    carries its own.
+
+    ``cache_size`` bounds a memo of key -> queue (0 disables it): tenants
+    repeat, and a memo hit is cheaper than any lookup.
     """
 
     def __init__(
@@ -89,8 +96,19 @@ class ConsistentHashRouter:
         header: str | None = DEFAULT_HEADER,
         exchange: str | None = None,
         cache_size: int = 4096,
+        algorithm: str | None = None,
+        table_weight: float | None = None,
     ) -> None:
-        self.ring = queues if isinstance(queues, HashRing) else _build_ring(queues)
+        if isinstance(queues, HashRing):
+            if algorithm is not None or table_weight is not None:
+                raise ValueError(
+                    "algorithm= and table_weight= apply to a mapping or list of queues; "
+                    "a HashRing carries its own (HashRing(..., algorithm=...))"
+                )
+            self.ring = queues
+        else:
+            chosen = "rendezvous" if algorithm is None else algorithm
+            self.ring = _build_ring(queues, algorithm=chosen, table_weight=table_weight)
         self.key_source = parse_key_spec(key)
         self._task_patterns = _compile_tasks(tasks)
         self.on_missing = _check_on_missing(on_missing)
@@ -115,7 +133,7 @@ class ConsistentHashRouter:
     def __repr__(self) -> str:
         return (
             f"ConsistentHashRouter({self.ring.weights!r}, key={self.key_source.describe()!r}, "
-            f"on_missing={self.on_missing!r})"
+            f"on_missing={self.on_missing!r}, algorithm={self.ring.algorithm!r})"
         )
 
     def queue_for(self, key: RingKey) -> str:
@@ -211,11 +229,17 @@ class ConsistentHashRouter:
             )
 
 
-def _build_ring(queues: Mapping[str, float] | Iterable[str]) -> HashRing:
+def _build_ring(
+    queues: Mapping[str, float] | Iterable[str], *, algorithm: str, table_weight: float | None
+) -> HashRing:
     try:
-        return HashRing(queues)
+        return HashRing(queues, algorithm=algorithm, table_weight=table_weight)
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"queues={queues!r}: {exc}") from None
+        # The option errors name their parameter already; queue errors get the queues.
+        message = str(exc)
+        if message.startswith(("algorithm=", "table_weight=")):
+            raise
+        raise type(exc)(f"queues={queues!r}: {message}") from None
 
 
 def _check_on_missing(on_missing: object) -> str:
