@@ -466,8 +466,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         "## Cost per routing decision",
         "",
         "Router calls as Celery makes them (`router(name, args, kwargs, options)`, "
-        "`cache_size=0`), in microseconds per decision. `auto` (opt-in; the default stays `rendezvous`): rendezvous "
-        "up to 12 queues, the probe table above.",
+        "`cache_size=0`), in microseconds per decision. `auto` (opt-in; the default stays "
+        "`rendezvous`): rendezvous up to 12 queues, the probe table above.",
         "",
         "| queues | `auto` | `rendezvous` | `table` | `auto`, 1,000 tenants, memo |",
         "|---:|---:|---:|---:|---:|",
