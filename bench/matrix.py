@@ -78,6 +78,7 @@ def collect() -> dict[str, Any]:
                     "p9_over_p0": fair["p9_over_p0"]["median"],
                     "throughput_ratio": result["throughput_ratio"],
                     "when": env["when"],
+                    "reps": data["params"]["reps"],
                 }
             )
     return {"rows": rows, "tests": tests, "idle": idle}
@@ -98,14 +99,15 @@ def markdown(results: dict[str, Any]) -> str:
         "set, then `python -m bench.matrix`).  Tests: the `compat` subset against real "
         "Redis and RabbitMQ and real `celery worker` processes, counted per broker.  "
         "Shares: the DWRR article's experiment at small scale (10 queues, quanta 4..40, "
-        "100 us tasks, 2 alternating repetitions, 2,000 tasks measured per run); "
+        "100 us tasks, 2,000 tasks measured per run, `reps` alternating repetitions of "
+        "plain and fair); "
         "`share error` is the worst queue's relative error against its weight share "
         f"(a cell passes within {SHARE_TOLERANCE:.0%}); throughput is fair against plain "
         "Celery in the same environment, same run.",
         "",
         "| set | Celery / Kombu / redis-py | broker | pool | tests | share error (plain) "
-        "| p9/p0 | throughput vs plain | cell |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| p9/p0 | throughput vs plain | reps | cell |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         outcome = row["tests"]
@@ -113,7 +115,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {row['set']} | {row['versions']} | {row['broker']} | {row['pool']} "
             f"| {_cell(outcome)} | {row['share_error']:.1%} ({row['plain_share_error']:.0%}) "
-            f"| {row['p9_over_p0']:.2f} | {row['throughput_ratio']:.0%} "
+            f"| {row['p9_over_p0']:.2f} | {row['throughput_ratio']:.0%} | {row['reps']} "
             f"| {'pass' if ok else 'FAIL'} |"
         )
     if results.get("idle"):

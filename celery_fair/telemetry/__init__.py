@@ -6,8 +6,9 @@ so that ``celery-fair ring`` and the other commands work on a base install.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 __all__ = (
     "OUTCOMES",
@@ -32,10 +33,4 @@ if TYPE_CHECKING:
     from celery_fair.telemetry.writer import TelemetryWriter, WriterStatistics
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'celery_fair.telemetry' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, globals(), _EXPORTS)
