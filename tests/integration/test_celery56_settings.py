@@ -79,7 +79,9 @@ def test_eta_tasks_under_a_limit_all_run_beside_weighted_queues(
     request: pytest.FixtureRequest, broker: str
 ) -> None:
     url = request.getfixturevalue("redis_server" if broker == "redis" else "rabbitmq_server").url
-    ledger_url = request.getfixturevalue("redis_server").url
+    # redis_url: the session's Redis, flushed after the test, so that no ledger
+    # entry is left for the next test to count.
+    ledger_url = request.getfixturevalue("redis_url")
     ledger = redis_lib.Redis.from_url(ledger_url)
     ledger.delete("ledger")
     env = {"CELERY_FAIR_LEDGER": ledger_url, "CELERY_FAIR_ETA_LIMIT": "5"}
