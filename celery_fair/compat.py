@@ -429,6 +429,17 @@ def plain_connection(pool: Any) -> Any:
     # redis-py 8's maintenance notifications need RESP3: not for this connection.
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_")}
     cls = pool.connection_class
+    master = getattr(pool, "get_master_address", None)
+    if callable(master):
+        # A Sentinel pool: how its own connections learn the master's address
+        # differs between redis-py releases (6.x sets it in the pool, not in
+        # the connection class), so ask the pool and connect there directly.
+        from redis.connection import Connection
+
+        kwargs.pop("connection_pool", None)
+        kwargs["host"], kwargs["port"] = master()
+        if not issubclass(cls, Connection) or "Sentinel" in cls.__name__:
+            cls = Connection
     if "protocol" in kwargs or _names_parameter(cls, "protocol"):  # redis-py >= 5
         kwargs["protocol"] = 2
     return cls(**kwargs)
