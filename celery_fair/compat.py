@@ -434,12 +434,13 @@ def plain_connection(pool: Any) -> Any:
         # A Sentinel pool: how its own connections learn the master's address
         # differs between redis-py releases (6.x sets it in the pool, not in
         # the connection class), so ask the pool and connect there directly.
-        from redis.connection import Connection
+        from redis.connection import Connection, SSLConnection
+        from redis.sentinel import SentinelManagedConnection
 
         kwargs.pop("connection_pool", None)
         kwargs["host"], kwargs["port"] = master()
-        if not issubclass(cls, Connection) or "Sentinel" in cls.__name__:
-            cls = Connection
+        if issubclass(cls, SentinelManagedConnection) or not issubclass(cls, Connection):
+            cls = SSLConnection if issubclass(cls, SSLConnection) else Connection
     if "protocol" in kwargs or _names_parameter(cls, "protocol"):  # redis-py >= 5
         kwargs["protocol"] = 2
     return cls(**kwargs)
