@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ("RedisSentinel", "RedisServer", "free_port")
+__all__ = ("RedisSentinel", "RedisServer", "free_port", "stop_process")
 
 
 def free_port() -> int:
@@ -18,6 +18,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
+    """Stop a server process we started (SIGTERM, or SIGKILL with ``kill``), and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 class RedisServer:
@@ -95,17 +110,7 @@ class RedisServer:
 
     def stop(self, *, kill: bool = False) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        if kill:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, kill=kill)
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)
@@ -189,14 +194,7 @@ class RedisSentinel:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
     def close(self) -> None:
         self.stop()
