@@ -191,7 +191,11 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def probe(python: str) -> dict[str, Any]:
-    out = subprocess.run([python, "-c", _PROBE], check=True, capture_output=True, text=True)
+    # Not from the repository root: `python -c` puts the working directory first
+    # on sys.path, and pytest will run in the extracted tree.
+    out = subprocess.run(
+        [python, "-c", _PROBE], check=True, capture_output=True, text=True, cwd="/"
+    )
     return dict(json.loads(out.stdout))
 
 
