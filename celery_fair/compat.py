@@ -93,6 +93,12 @@ CAPABILITIES: dict[str, Capability] = {
             "the message is left to the visibility timeout (a duplicate run, not a loss)",
         ),
         Capability(
+            "kombu.redis.publish_hooks",
+            "keyed queues (fair_keys): publishing to a key's list, restoring to it, "
+            "sizes and purges (Channel._put/_do_restore_message/_size/_purge/_has_queue/_lookup)",
+            None,
+        ),
+        Capability(
             "kombu.qos.hooks",
             "per-queue held counts and credit (virtual QoS append/ack/reject/can_consume)",
             None,
@@ -268,6 +274,70 @@ def probe_redis_channel(channel: Any, probe: Probe) -> None:
     connection = getattr(client, "connection", None)
     if connection is not None and not hasattr(connection, "_sock"):
         probe.missing_capability("redis.connection.socket", "Connection._sock")
+
+
+#: Kombu Redis channel methods wrapped for keyed queues, with the
+#: parameters celery-fair passes them.
+_PUBLISH_HOOKS: dict[str, tuple[str, ...]] = {
+    "_put": ("queue", "message"),
+    "_do_restore_message": ("payload", "exchange", "routing_key", "pipe", "leftmost"),
+    "_size": ("queue",),
+    "_purge": ("queue",),
+    "_has_queue": ("queue",),
+    "_lookup": ("exchange", "routing_key"),
+}
+
+
+def redis_channel_class() -> Any:
+    """Kombu's Redis channel class (the Sentinel channel derives from it)."""
+    from kombu.transport import redis as kombu_redis
+
+    return kombu_redis.Channel
+
+
+def probe_redis_publishing(probe: Probe) -> None:
+    """Check the channel methods keyed queues wrap (at ``install`` and at worker start)."""
+    cls = redis_channel_class()
+    lacking = [
+        f"Channel.{name}({', '.join(params)})"
+        for name, params in _PUBLISH_HOOKS.items()
+        if not _callable_with(getattr(cls, name, None), "self", *params)
+    ]
+    if lacking:
+        probe.missing_capability("kombu.redis.publish_hooks", ", ".join(lacking))
+
+
+def wrap_redis_publishing(**hooks: Callable[..., Any]) -> None:
+    """Wrap Kombu's Redis channel methods: ``put``, ``restore``, ``size``, ``purge``, ``exists``.
+
+    Each hook is called as ``hook(original, channel, *args, **kwargs)``.  The
+    class is wrapped (not an instance): a producer's channels are created by
+    Kombu's pools, out of reach.  Raises :class:`CompatibilityError` when the
+    methods are not as probed.
+    """
+    probe_redis_publishing(Probe())
+    cls = redis_channel_class()
+    names = {
+        "put": "_put", "restore": "_do_restore_message", "size": "_size", "purge": "_purge",
+        "exists": "_has_queue",
+    }  # fmt: skip
+    for hook_name, hook in hooks.items():
+        name = names[hook_name]
+        setattr(cls, name, _wrapped_method(name, getattr(cls, name), hook))
+
+
+def _wrapped_method(name: str, original: Any, hook: Callable[..., Any]) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return hook(original, self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = f"fair{name}"
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    return method
+
+
+def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:
+    """The queues ``exchange`` routes ``routing_key`` to (the channel's bindings)."""
+    return list(channel._lookup(exchange, routing_key))
 
 
 def probe_virtual_qos(qos: Any, probe: Probe) -> None:

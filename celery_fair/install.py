@@ -22,10 +22,14 @@ def install(app: Any) -> Any:
     """
     from celery.signals import before_task_publish
 
+    from .keys import publish as keys
     from .worker import control  # noqa: F401  (registers the remote-control commands)
     from .worker.steps import FairConsumerStep, FairWorkerStep
 
     before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
+    # Keyed queues (fair_keys): the key in a header, the message in its key's list.
+    before_task_publish.connect(keys.stamp_key, weak=False, dispatch_uid="celery_fair.keys")
+    keys.register_app(app)
     app.steps["worker"].add(FairWorkerStep)
     app.steps["consumer"].add(FairConsumerStep)
     options = app.user_options["worker"]

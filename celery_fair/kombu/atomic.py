@@ -43,6 +43,11 @@ from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from .. import compat
+from ..keys import layout as keys_layout
+from ..keys import lua as keys_lua
+from ..keys.layout import SERVED_HEADER
+from ..keys.serving import KeyedServing
+from ..keys.store import text
 from .wakeup import InvalidationListener
 
 __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -50,14 +55,36 @@ __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atom
 logger = logging.getLogger(__name__)
 
 #: KEYS: n queue keys (in fetch order), n matching "malformed" list keys,
-#: the unacked hash, the unacked index.  ARGV: n, now (epoch seconds).
-#: Returns {key, item} for a delivered message, {key, item, "malformed"}
-#: for a payload moved aside, or nil when every queue is empty (after
-#: reading the queue lengths, so that client-side tracking watches them).
-FETCH_SCRIPT = """
+#: the unacked hash, the unacked index.  ARGV: n, now (epoch seconds),
+#: Kombu's separator, the default key weight, the count of a keyed queue's
+#: other priority-list suffixes and those suffixes, the count of run-time
+#: charges and (base, key, delta) triples (:mod:`celery_fair.keys`), then
+#: one word per queue key: ``-`` for a plain list, else the queue is keyed
+#: and the word is the charge at fetch.
+#: Returns {key, item} for a delivered message, {key, item, "key", fair key}
+#: for one of a keyed queue, {key, item, "malformed"} for a payload moved
+#: aside, or nil when every queue is empty (after reading the queue lengths,
+#: so that client-side tracking watches them).
+FETCH_SCRIPT = (
+    "local SEP, DFLT = ARGV[3], tonumber(ARGV[4])\n"
+    + keys_lua.PRELUDE
+    + keys_lua.KEYED_POP
+    + f"""
 local n = tonumber(ARGV[1])
+local ns = tonumber(ARGV[5])
+local suffixes = {{}}
+for j = 1, ns do suffixes[j] = ARGV[5 + j] end
+local a = 6 + ns
+local nc = tonumber(ARGV[a])
+for j = 0, nc - 1 do
+  charge(ARGV[a + 3 * j + 1], ARGV[a + 3 * j + 2], tonumber(ARGV[a + 3 * j + 3]))
+end
+local flags = a + 3 * nc
 for i = 1, n do
-  local item = redis.call('RPOP', KEYS[i])
+  local item, fkey = nil, nil
+  local word = ARGV[flags + i]
+  if word == '-' then item = redis.call('RPOP', KEYS[i])
+  else item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(word)) end
   if item then
     local ok, msg = pcall(cjson.decode, item)
     local tag, ex, rk = nil, '', ''
@@ -72,19 +99,25 @@ for i = 1, n do
     end
     if type(tag) ~= 'string' then
       redis.call('LPUSH', KEYS[n + i], item)
-      return {KEYS[i], item, 'malformed'}
+      return {{KEYS[i], item, 'malformed'}}
     end
     local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
     redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
     redis.call('HSET', KEYS[2 * n + 1], tag, record)
-    return {KEYS[i], item}
+    if fkey then return {{KEYS[i], item, 'key', fkey}} end
+    return {{KEYS[i], item}}
   end
 end
 for i = 1, n do
   redis.call('LLEN', KEYS[i])
+  if ARGV[flags + i] ~= '-' then
+    redis.call('ZCARD', kname(KEYS[i], '{keys_layout.ACTIVE}'))
+    for _, s in ipairs(suffixes) do redis.call('LLEN', KEYS[i] .. s) end
+  end
 end
 return nil
 """
+)
 
 #: Where a payload that cannot be decoded is kept (a Redis list per queue).
 MALFORMED_SUFFIX = ".fair-malformed"
@@ -118,9 +151,10 @@ class AtomicFetch:
     that returned a message (for adaptive prefetch).
     """
 
-    def __init__(self, channel: Any, cycle: Any) -> None:
+    def __init__(self, channel: Any, cycle: Any, keyed: KeyedServing | None = None) -> None:
         self.channel = channel
         self.cycle = cycle
+        self.keyed = keyed
         self.mode = _FETCH
         self.pending: str | None = None
         self.recorded: Any = None  # delivery tag recorded by the script
@@ -138,6 +172,14 @@ class AtomicFetch:
         self._sep = compat.key_separator(channel)
         self._malformed: dict[str, str] = {}  # queue key -> its "malformed" list key
         self._unacked = tuple(self._prefix + key for key in compat.unacked_keys(channel))
+        # A keyed queue's other Kombu lists (priorities), as suffixes of its name.
+        self._suffixes = [
+            s
+            for s in (compat.queue_key(channel, "", p) for p in compat.priority_steps(channel))
+            if s
+        ]
+        self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+        self._charged: dict[str, float] = {}  # keyed queue -> its charge in the pending fetch
 
     def listen(self) -> bool:
         """Start the invalidation listener; False if it could not subscribe."""
@@ -178,16 +220,14 @@ class AtomicFetch:
         self._sent_at = monotonic()
         compat.begin_poll(channel, conn, self._sent_at)
         if self.mode == _FETCH:
-            keys = [
-                self._prefix + compat.queue_key(channel, queue, pri)
-                for pri in compat.priority_steps(channel)
-                for queue in queues
-            ]
+            keys, words = self._entries(queues)
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
+            charges = self._charges()
             self.pending = _FETCH
             conn.send_command(
                 "EVALSHA", self._sha, 2 * len(keys) + 2, *keys, *malformed, *self._unacked,
-                len(keys), repr(time()),
+                len(keys), repr(time()), self._sep, self._default_key_weight,
+                len(self._suffixes), *self._suffixes, len(charges) // 3, *charges, *words,
             )  # fmt: skip
         else:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
@@ -222,17 +262,61 @@ class AtomicFetch:
         finally:
             compat.end_poll(channel)
 
+    def _entries(self, queues: list[str]) -> tuple[list[str], list[str]]:
+        """The lists to fetch from, in order, and each one's word for the script.
+
+        A plain queue has one list per priority (priority first, as Kombu's
+        BRPOP); a keyed queue has one entry, at its first place, whose word is
+        the charge at fetch (its priority lists are its unkeyed key).
+        """
+        channel, prefix, keyed = self.channel, self._prefix, self.keyed
+        keys: list[str] = []
+        words: list[str] = []
+        if keyed is None:
+            for pri in compat.priority_steps(channel):
+                for queue in queues:
+                    keys.append(prefix + compat.queue_key(channel, queue, pri))
+            return keys, ["-"] * len(keys)
+        charged = self._charged
+        charged.clear()
+        for pri in compat.priority_steps(channel):
+            for queue in queues:
+                if queue not in keyed.queues:
+                    keys.append(prefix + compat.queue_key(channel, queue, pri))
+                    words.append("-")
+                elif queue not in charged:
+                    charged[queue] = keyed.charge_at_fetch(queue)
+                    keys.append(prefix + queue)
+                    words.append(repr(charged[queue]))
+        return keys, words
+
+    def _charges(self) -> list[Any]:
+        """Run-time corrections to send with this fetch, flat (base, key, delta)."""
+        keyed = self.keyed
+        if keyed is None or not keyed.runtime:
+            return []
+        flat: list[Any] = []
+        for queue, key, delta in keyed.take_charges():
+            flat.extend((self._prefix + queue, key, repr(delta)))
+        return flat
+
     def _deliver(self, reply: Any) -> bool:
         channel = self.channel
         self.fetches += 1
-        key = _text(reply[0])
+        key = text(reply[0])
         queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
-        if len(reply) > 2:
+        if len(reply) == 3:
             self._report_malformed(queue, reply[1])
             raise Empty()
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
-        payload = loads(_text(reply[1]))
+        payload = loads(text(reply[1]))
+        if len(reply) == 4 and self.keyed is not None:
+            fair_key = text(reply[3])
+            self.keyed.served(queue, fair_key)
+            headers = payload.get("headers")
+            if isinstance(headers, dict):
+                headers[SERVED_HEADER] = [fair_key, self._charged.get(queue, 1.0)]
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:
@@ -260,7 +344,7 @@ class AtomicFetch:
                     "celery-fair: Redis refused client tracking (%s); idle fetches poll", exc
                 )
         conn.send_command("SCRIPT", "LOAD", FETCH_SCRIPT)
-        self._sha = _text(conn.read_response())
+        self._sha = text(conn.read_response())
         self._armed_sock = compat.socket_of(conn)
         self._armed_generation = listener.generation if listener is not None else 0
         self.mode = _FETCH
@@ -321,13 +405,15 @@ def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
     )  # fmt: skip
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def install_atomic_fetch(
+    channel: Any, cycle: Any, keyed: KeyedServing | None = None
+) -> AtomicFetch:
+    """Give a Kombu Redis channel the atomic fetch (probed: see :mod:`celery_fair.compat`).
 
-
-def install_atomic_fetch(channel: Any, cycle: Any) -> AtomicFetch:
-    """Give a Kombu Redis channel the atomic fetch (probed: see :mod:`celery_fair.compat`)."""
-    fetch = AtomicFetch(channel, cycle)
+    ``keyed``: the worker's keyed queues (:mod:`celery_fair.keys`), served
+    in fair key order by the same script.
+    """
+    fetch = AtomicFetch(channel, cycle, keyed)
     fetch.listen()
     compat.replace_fetch(channel, fetch.start, fetch.read)
     return fetch

@@ -21,6 +21,7 @@ from typing import Any
 from kombu.transport.virtual import QoS as VirtualQoS
 
 from .. import compat
+from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
 from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch, malformed_moved
 
@@ -120,6 +121,7 @@ def install_on_channel(
     atomic: bool = False,
     live_channel: Callable[[], Any] | None = None,
     probe: compat.Probe | None = None,
+    keyed: KeyedServing | None = None,
 ) -> DWRRCycle | None:
     """Make a polling Kombu channel fetch in DWRR order.
 
@@ -167,7 +169,7 @@ def install_on_channel(
     restore_unacked = getattr(qos, "restore_unacked", None)
 
     atomic = atomic and redis and probe.has("kombu.redis.fetch_hooks")
-    fetch = install_atomic_fetch(channel, cycle) if atomic else None
+    fetch = install_atomic_fetch(channel, cycle, keyed) if atomic else None
     cycle.atomic = fetch
     recorded_append = partial(VirtualQoS.append, qos)
 

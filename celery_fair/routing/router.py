@@ -14,9 +14,11 @@ from typing import Any
 from celery_fair.routing.keys import KeySource, KeySpec, parse_key_spec
 from celery_fair.routing.ring import HashRing, RingKey, canonical_key
 
+from ..keys.layout import KEY_HEADER
+
 __all__ = ("ConsistentHashRouter", "MissingRouteKeyError", "RouterStatistics")
 
-DEFAULT_HEADER = "fair_key"
+DEFAULT_HEADER = KEY_HEADER
 _MISSING_POLICIES = ("error", "spread")
 
 

@@ -219,7 +219,7 @@ class FairScheduler:
 
     def _fetch_fractions(self) -> dict[str, float]:
         # Expected fraction of fetches per queue: weight / cost per message.
-        rates = {n: self.weight(n) / max(self._fetch_cost(n), 1e-9) for n in self._drr.queues}
+        rates = {n: self.weight(n) / max(self.fetch_cost(n), 1e-9) for n in self._drr.queues}
         total = sum(rates.values()) or 1.0
         return {n: r / total for n, r in rates.items()}
 
@@ -281,7 +281,7 @@ class FairScheduler:
             if self._adopt(queue):
                 self._apply_quanta()
             drr.activate(queue)
-        estimate = self._fetch_cost(queue)
+        estimate = self.fetch_cost(queue)
         drr.served(queue, estimate)
         self._held[queue] += 1
         self._fetched[queue] += 1
@@ -321,10 +321,10 @@ class FairScheduler:
 
     def next_waiting(self) -> tuple[str, object] | None:
         """The next buffered task in DRR order, charged at dispatch."""
-        taken = self.waiting.take(self._fetch_cost)
+        taken = self.waiting.take(self.fetch_cost)
         if taken is not None and self.cost == "runtime":
             queue = taken[0]
-            self._wait_pending.setdefault(queue, deque()).append(self._fetch_cost(queue))
+            self._wait_pending.setdefault(queue, deque()).append(self.fetch_cost(queue))
         return taken
 
     def discarded(self, queue: str) -> None:
@@ -333,7 +333,8 @@ class FairScheduler:
         if self.cost == "runtime" and pending:
             self._drr.charge(queue, -pending.popleft())
 
-    def _fetch_cost(self, queue: str) -> float:
+    def fetch_cost(self, queue: str) -> float:
+        """What a message of ``queue`` is charged when fetched: 1, or its run-time estimate."""
         if self.cost == "count":
             return 1.0
         estimate = self._estimates.get(queue)

@@ -24,6 +24,8 @@ and celery-fair side by side:
 ``CELERY_FAIR_MASTER_NAME``  Redis Sentinel's master name (a ``sentinel://`` broker)
 ``CELERY_FAIR_DISABLE_PREFETCH``  "1": ``worker_disable_prefetch`` (Celery >= 5.6)
 ``CELERY_FAIR_ETA_LIMIT``  ``worker_eta_task_limit`` (Celery >= 5.6)
+``CELERY_FAIR_KEYS``  the ``fair_keys`` setting, as ``queue=spec[,queue=spec]``
+``CELERY_FAIR_KEY_WEIGHTS``  the ``fair_key_weights`` setting, as ``key=w[,key=w]``
 """
 
 from __future__ import annotations
@@ -111,6 +113,12 @@ if os.environ.get("CELERY_FAIR_DISABLE_PREFETCH") == "1":
     app.conf.worker_disable_prefetch = True
 if os.environ.get("CELERY_FAIR_ETA_LIMIT"):
     app.conf.worker_eta_task_limit = int(os.environ["CELERY_FAIR_ETA_LIMIT"])
+if os.environ.get("CELERY_FAIR_KEYS"):
+    app.conf.fair_keys = dict(
+        part.split("=", 1) for part in os.environ["CELERY_FAIR_KEYS"].split(",") if part
+    )
+if os.environ.get("CELERY_FAIR_KEY_WEIGHTS"):
+    app.conf.fair_key_weights = os.environ["CELERY_FAIR_KEY_WEIGHTS"]
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

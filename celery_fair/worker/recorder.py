@@ -30,6 +30,8 @@ from typing import Any
 
 from celery import signals, states
 
+from ..keys.layout import KEY_HEADER
+
 __all__ = (
     "DISPATCHED_STAMP",
     "KEY_HEADER",
@@ -51,7 +53,6 @@ WEIGHT_STAMP = "fair_weight"
 #: Header stamped by the producer (``before_task_publish``) with its wall time.
 PUBLISHED_HEADER = "fair_published"
 #: Header the router stamps with the task's fairness key.
-KEY_HEADER = "fair_key"
 
 # Where the recorder keeps a running task's start on its ``task.request``.
 _STARTED = "_fair_started"

@@ -13,11 +13,14 @@ from time import monotonic
 from typing import Any
 
 from .. import compat
+from ..keys import store
+from ..keys.publish import names_for
+from ..keys.serving import KeyedServing
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
 from .push_prefetch import PushWindows
-from .settings import FairSettings
+from .settings import FairConfigError, FairSettings
 
 __all__ = ("FairService",)
 
@@ -60,6 +63,15 @@ class FairService:
         self._channel: Any = None  # the task consumer's current channel
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
+        #: Keyed queues (``fair_keys``), served in fair key order by the fetch script.
+        self.keyed: KeyedServing | None = None
+        if settings.keys:
+            self.keyed = KeyedServing(
+                settings.keys,
+                default_weight=settings.default_key_weight,
+                runtime=settings.cost == "runtime",
+                estimate=self.scheduler.fetch_cost,
+            )
 
     # -- consumer side --------------------------------------------------------
 
@@ -80,10 +92,46 @@ class FairService:
             atomic=self.settings.atomic_fetch,
             live_channel=lambda: self._channel,
             probe=self.probe,
+            keyed=self.keyed,
         )
+        if self.keyed is not None:
+            self._publish_key_weights(channel)
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)
         return self.cycle is not None
+
+    def _publish_key_weights(self, channel: Any) -> None:
+        """Write the configured key weights where the fetch script reads them."""
+        if self.cycle is None or self.cycle.atomic is None:
+            raise FairConfigError(
+                f"fair_keys={sorted(self.settings.keys)!r} needs the atomic fetch, which is "
+                f"not available here ({', '.join(self.probe.missing) or 'not a Redis channel'})"
+            )
+        with channel.conn_or_acquire() as client:
+            for queue in self.settings.keys:
+                store.write_configured_weights(
+                    client, names_for(channel, queue), self.settings.key_weights
+                )
+
+    def set_key_weights(self, weights: dict[str, float | None]) -> None:
+        """Set key weights live, on the broker (every worker and restart sees them)."""
+        channel = self._channel
+        if self.keyed is None or channel is None:
+            raise FairConfigError("fair_key_weights: this worker has no keyed queue (fair_keys)")
+        with channel.conn_or_acquire() as client:
+            for queue in self.settings.keys:
+                store.set_live_weights(client, names_for(channel, queue), weights)
+
+    def key_backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
+        """Each keyed queue's waiting messages and next keys, read from the broker."""
+        channel = self._channel
+        if self.keyed is None or channel is None:
+            return {}
+        with channel.conn_or_acquire() as client:
+            return {
+                queue: store.backlog(client, names_for(channel, queue), top)
+                for queue in self.settings.keys
+            }
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more.
@@ -290,4 +338,5 @@ class FairService:
         fetch = self.cycle.atomic if self.cycle is not None else None
         stats["atomic_fetch"] = asdict(fetch.statistics()) if fetch is not None else None
         stats["compat_fallbacks"] = dict(self.probe.missing)
+        stats["keys"] = asdict(self.keyed.statistics()) if self.keyed is not None else None
         return stats

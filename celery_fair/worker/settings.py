@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "fair_atomic_fetch": True,
     "fair_metrics_port": None,
     "fair_metrics_addr": "127.0.0.1",
+    "fair_keys": {},
+    "fair_key_weights": {},
+    "fair_default_key_weight": 1.0,
 }
 
 CODEL_ACTIONS = ("requeue", "reject")
@@ -54,6 +57,21 @@ class FairConfigError(ImproperlyConfigured, click.ClickException):
 
     def __str__(self) -> str:
         return self.message
+
+
+def _keys(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``fair_keys``, checked; and refused with queue priorities (order is the key order)."""
+    from ..keys.publish import parse_fair_keys
+
+    keys = dict(parse_fair_keys(conf.get("fair_keys")))
+    max_priority = conf.get("task_queue_max_priority")
+    if keys and max_priority:
+        raise FairConfigError(
+            f"fair_keys={sorted(keys)!r} cannot be used with task_queue_max_priority="
+            f"{max_priority!r}: inside a keyed queue the order is the fair key order, and "
+            "message priorities would be ignored. Unset one of them"
+        )
+    return keys
 
 
 def _positive(setting: str, key: str | None, value: Any) -> float:
@@ -198,6 +216,10 @@ class FairSettings:
     atomic_fetch: bool = True
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    #: Keyed queues: queue -> where a message's key is (:mod:`celery_fair.keys`).
+    keys: Mapping[str, Any] = field(default_factory=dict)
+    key_weights: Mapping[str, float] = field(default_factory=dict)
+    default_key_weight: float = 1.0
 
     @property
     def codel(self) -> bool:
@@ -248,7 +270,18 @@ class FairSettings:
         atomic = get("fair_atomic_fetch")
         if not isinstance(atomic, bool):
             raise FairConfigError(f"fair_atomic_fetch must be True or False, got {atomic!r}")
+        keys = _keys(conf)
+        if keys and not atomic:
+            raise FairConfigError(
+                f"fair_keys={dict(conf.get('fair_keys') or {})!r} needs fair_atomic_fetch=True "
+                "(keyed queues are served by the atomic fetch script)"
+            )
         return cls(
+            keys=keys,
+            key_weights=parse_weights(get("fair_key_weights"), setting="fair_key_weights"),
+            default_key_weight=_positive(
+                "fair_default_key_weight", None, get("fair_default_key_weight")
+            ),
             atomic_fetch=atomic,
             **codel,
             **_metrics(conf),

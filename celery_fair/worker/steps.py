@@ -54,6 +54,8 @@ class FairWorkerStep(bootsteps.StartStopStep):
             )
             if settings.codel_action == "reject":
                 _check_dead_lettering(w.app)
+        if settings.keys:
+            _check_keyed_broker(w.app, settings)
         if settings.telemetry_dir is not None:
             _require_pyarrow()
         self.metrics: MetricsServer | None = None
@@ -298,14 +300,31 @@ def _hold_during_drain(connection: Any, gate: Any) -> None:
     connection.drain_events = fair_drain_events
 
 
-def _check_dead_lettering(app: Any) -> None:
-    """``fair_codel_action="reject"`` must not silently drop tasks."""
+def _broker_driver(app: Any) -> str:
+    """The broker transport's driver type (``redis``, ``amqp`` ...)."""
     from kombu.connection import Connection
 
-    transport = Connection(app.conf.broker_url).transport
-    if getattr(transport, "driver_type", "") != "amqp":
+    return str(getattr(Connection(app.conf.broker_url).transport, "driver_type", ""))
+
+
+def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
+    """Keyed queues need server-side scripts: Redis only (and Kombu's hooks)."""
+    driver = _broker_driver(app)
+    if driver != "redis":
+        raise FairConfigError(
+            f"fair_keys={sorted(settings.keys)!r} needs the Redis broker (keys are served by a "
+            f"server-side script); this broker's transport is {driver!r}. On RabbitMQ, spread "
+            "the keys over several queues with ConsistentHashRouter instead (docs/fairness-keys.md)"
+        )
+    compat.probe_redis_publishing(compat.Probe())
+
+
+def _check_dead_lettering(app: Any) -> None:
+    """``fair_codel_action="reject"`` must not silently drop tasks."""
+    driver = _broker_driver(app)
+    if driver != "amqp":
         raise FairConfigError(
             "fair_codel_action='reject' needs a broker that dead-letters rejected "
             f"messages (RabbitMQ with a dead-letter exchange); got broker transport "
-            f"{transport.driver_type!r}. Use fair_codel_action='requeue'."
+            f"{driver!r}. Use fair_codel_action='requeue'."
         )

@@ -20,6 +20,7 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
+from ..keys.serving import served_header
 from .recorder import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -168,10 +169,17 @@ class TaskTracker:
 
             return fair_stamp_dispatch
 
+        keyed = service.keyed if runtime_cost else None
+
         def fair_process_task(request: Any) -> Any:
             queue = service.queue_of(request)
             if queue is None:
                 return process(request)
+            served = (
+                served_header(compat.request_headers(request))
+                if keyed is not None and queue in keyed.queues
+                else None
+            )
             if telemetry:
                 stamp(request, queue)
             started = clock()
@@ -198,6 +206,8 @@ class TaskTracker:
                 if runtime_cost:
                     with lock:
                         scheduler.finished(queue, runtime)
+                    if served is not None and keyed is not None:
+                        keyed.finished(queue, served, runtime)
                     if meter is not None:
                         meter.charge(queue, runtime)
                 service.observe_service(runtime)

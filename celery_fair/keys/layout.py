@@ -1,0 +1,79 @@
+"""Where a keyed queue lives on Redis, and the headers that carry a key.
+
+A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
+
+* ``jobs`` and its priority lists (``jobs\\x06\\x163`` ...): Kombu's own lists.
+  Messages from producers without celery-fair land here; the fetch serves
+  them as one more key, the empty key ``""``.
+* ``jobs\\x06\\x16fair.k.<key>``: one list per key with messages waiting,
+  LPUSH to publish, RPOP to fetch (publish order within a key, as Kombu).
+* ``jobs\\x06\\x16fair.keys``: a sorted set of the keys with messages
+  waiting, scored by their virtual start tag; the fetch serves the lowest.
+* ``jobs\\x06\\x16fair.last``: finish tags of keys that emptied recently (a
+  key that comes back at once resumes at its finish tag, not at the queue's
+  virtual time); entries behind the virtual time are dropped at each fetch.
+* ``jobs\\x06\\x16fair.state``: a hash: ``vt`` (virtual time) and
+  ``backlog`` (messages in the per-key lists).
+* ``jobs\\x06\\x16fair.wconf`` / ``fair.wlive``: key weights, configured
+  (rewritten when a worker starts) and set live (``control fair_key_weights``).
+
+Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
+with these names: Kombu's priority lists use it followed by a digit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ("KEY_HEADER", "SERVED_HEADER", "UNKEYED", "KeyedNames")
+
+#: The message header that carries a task's key.  ``ConsistentHashRouter``
+#: stamps the same header, and telemetry records it.
+KEY_HEADER = "fair_key"
+
+#: Stamped by the worker on a message it fetched from a keyed queue:
+#: ``[key, charge]``, the key served and the cost charged to it at fetch time
+#: (run-time mode corrects it when the task finishes).
+SERVED_HEADER = "fair_served"
+
+#: The key of messages published without one (plain Kombu lists).
+UNKEYED = ""
+
+ACTIVE, LAST, STATE, WEIGHTS_CONF, WEIGHTS_LIVE, KEY_LIST = (
+    "fair.keys", "fair.last", "fair.state", "fair.wconf", "fair.wlive", "fair.k.",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KeyedNames:
+    """The Redis names of one keyed queue; ``base`` is the prefixed queue name."""
+
+    base: str
+    sep: str = "\x06\x16"
+
+    def _name(self, suffix: str) -> str:
+        return f"{self.base}{self.sep}{suffix}"
+
+    @property
+    def active(self) -> str:
+        return self._name(ACTIVE)
+
+    @property
+    def last(self) -> str:
+        return self._name(LAST)
+
+    @property
+    def state(self) -> str:
+        return self._name(STATE)
+
+    @property
+    def weights_conf(self) -> str:
+        return self._name(WEIGHTS_CONF)
+
+    @property
+    def weights_live(self) -> str:
+        return self._name(WEIGHTS_LIVE)
+
+    def key_list(self, key: str) -> str:
+        """The list of ``key``'s waiting messages."""
+        return self._name(KEY_LIST) + key

@@ -1,0 +1,183 @@
+"""The server-side scripts of keyed queues (Redis Lua).
+
+The order is start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM 1996),
+the weighted fair order that Temporal's fairness keys approximate with
+stride scheduling: each key with messages waiting has a start tag; the
+fetch serves the key with the lowest, sets the queue's virtual time to that
+tag, and moves the key's tag on by ``charge / weight``.  A key that starts
+waiting joins at ``max(virtual time, its last finish tag)``, so it neither
+banks credit while idle nor skips ahead by emptying and refilling.
+
+Choosing a key is one ``ZRANGE 0 0`` and one ``ZADD`` on a sorted set of the
+keys with messages waiting: O(log active keys).  A key whose list empties
+leaves the set; its finish tag stays in ``fair.last`` only until the virtual
+time passes it.
+
+The per-key list names are built inside the scripts from the queue's name
+(a key is not known to the caller before the choice).  That is fine on a
+single Redis server or a Sentinel-managed one, which Kombu's Redis transport
+supports; it would not be on Redis Cluster, which Kombu does not support.
+"""
+
+from __future__ import annotations
+
+from . import layout
+
+__all__ = ("CHARGE", "ENQUEUE", "KEYED_POP", "PRELUDE", "PURGE")
+
+#: Helpers shared by the scripts.  The script defines ``SEP`` (Kombu's
+#: separator) and ``DFLT`` (the default key weight) before this text.
+PRELUDE = f"""
+local function kname(base, suffix) return base .. SEP .. suffix end
+
+local function weight(base, key)
+  local w = redis.call('HGET', kname(base, '{layout.WEIGHTS_LIVE}'), key)
+  if not w then w = redis.call('HGET', kname(base, '{layout.WEIGHTS_CONF}'), key) end
+  w = tonumber(w)
+  if not w or w <= 0 then return DFLT end
+  return w
+end
+
+local function vtime(base)
+  return tonumber(redis.call('HGET', kname(base, '{layout.STATE}'), 'vt')) or 0
+end
+
+-- A key that starts waiting joins at max(virtual time, its last finish tag).
+local function start_tag(base, key)
+  local vt = vtime(base)
+  local last = tonumber(redis.call('ZSCORE', kname(base, '{layout.LAST}'), key))
+  if last and last > vt then return last end
+  return vt
+end
+
+-- Run-time cost: the difference between the measured run time and the
+-- charge made at fetch, divided by the key's weight (DRR++ post-charge).
+local function charge(base, key, delta)
+  local d = delta / weight(base, key)
+  local active = kname(base, '{layout.ACTIVE}')
+  if redis.call('ZSCORE', active, key) then
+    redis.call('ZINCRBY', active, d, key)
+    return
+  end
+  local last = kname(base, '{layout.LAST}')
+  if redis.call('ZSCORE', last, key) then
+    redis.call('ZINCRBY', last, d, key)
+  elseif d > 0 then
+    redis.call('ZADD', last, vtime(base) + d, key)
+  end
+end
+"""
+
+#: Publish one message to its key.  ARGV: base, sep, default weight, key,
+#: payload, "1" to put it first in line (a restore) else "0".  Returns the
+#: key's list length.
+ENQUEUE = (
+    "local SEP, DFLT = ARGV[2], tonumber(ARGV[3])\n"
+    + PRELUDE
+    + f"""
+local base, key, item = ARGV[1], ARGV[4], ARGV[5]
+local list = kname(base, '{layout.KEY_LIST}') .. key
+local n
+if ARGV[6] == '1' then n = redis.call('RPUSH', list, item)
+else n = redis.call('LPUSH', list, item) end
+redis.call('HINCRBY', kname(base, '{layout.STATE}'), 'backlog', 1)
+if n == 1 then
+  redis.call('ZADD', kname(base, '{layout.ACTIVE}'), start_tag(base, key), key)
+end
+return n
+"""
+)
+
+#: Apply run-time charges.  ARGV: sep, default weight, then (base, key,
+#: delta) triples.
+CHARGE = (
+    "local SEP, DFLT = ARGV[1], tonumber(ARGV[2])\n"
+    + PRELUDE
+    + """
+for i = 3, #ARGV, 3 do charge(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])) end
+return (#ARGV - 2) / 3
+"""
+)
+
+#: Delete up to ARGV[3] keys' lists of a keyed queue.  ARGV: base, sep,
+#: limit.  Returns {messages deleted, keys visited}; call until keys < limit.
+PURGE = f"""
+local base, SEP, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local active = base .. SEP .. '{layout.ACTIVE}'
+local members = redis.call('ZRANGE', active, 0, limit - 1)
+local n = 0
+for _, key in ipairs(members) do
+  if key ~= '{layout.UNKEYED}' then
+    local list = base .. SEP .. '{layout.KEY_LIST}' .. key
+    n = n + redis.call('LLEN', list)
+    redis.call('DEL', list)
+  end
+  redis.call('ZREM', active, key)
+end
+if n > 0 then redis.call('HINCRBY', base .. SEP .. '{layout.STATE}', 'backlog', -n) end
+return {{n, #members}}
+"""
+
+#: The keyed branch of the fetch script (``celery_fair.kombu.atomic``),
+#: a function ``keyed_pop(base, suffixes, est)`` returning ``item, key`` or
+#: nil.  ``suffixes`` name the queue's Kombu priority lists other than its
+#: own (the unkeyed messages); ``est`` is the charge at fetch.
+KEYED_POP = f"""
+local function plain_pop(base, suffixes)
+  local item = redis.call('RPOP', base)
+  if item then return item end
+  for _, s in ipairs(suffixes) do
+    item = redis.call('RPOP', base .. s)
+    if item then return item end
+  end
+  return nil
+end
+
+local function plain_len(base, suffixes)
+  local n = redis.call('LLEN', base)
+  for _, s in ipairs(suffixes) do n = n + redis.call('LLEN', base .. s) end
+  return n
+end
+
+local function keyed_pop(base, suffixes, est)
+  local active = kname(base, '{layout.ACTIVE}')
+  local state = kname(base, '{layout.STATE}')
+  local last = kname(base, '{layout.LAST}')
+  -- Messages of producers without celery-fair: one more key, the empty one.
+  local plain = plain_len(base, suffixes)
+  if plain > 0 and not redis.call('ZSCORE', active, '{layout.UNKEYED}') then
+    redis.call('ZADD', active, start_tag(base, '{layout.UNKEYED}'), '{layout.UNKEYED}')
+  end
+  while true do
+    local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
+    if #top == 0 then return nil end
+    local key, tag = top[1], tonumber(top[2])
+    local item, left = nil, 0
+    if key == '{layout.UNKEYED}' then
+      item = plain_pop(base, suffixes)
+      left = plain - 1
+    else
+      local list = kname(base, '{layout.KEY_LIST}') .. key
+      item = redis.call('RPOP', list)
+      if item then
+        redis.call('HINCRBY', state, 'backlog', -1)
+        left = redis.call('LLEN', list)
+      end
+    end
+    if item then
+      if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
+      local finish = tag + est / weight(base, key)
+      redis.call('ZREMRANGEBYSCORE', last, '-inf', '(' .. tag)
+      if left > 0 then
+        redis.call('ZADD', active, finish, key)
+      else
+        redis.call('ZREM', active, key)
+        redis.call('ZADD', last, finish, key)
+      end
+      return item, key
+    end
+    -- Listed but empty (its list was deleted by hand): forget it.
+    redis.call('ZREM', active, key)
+  end
+end
+"""

@@ -1,0 +1,160 @@
+"""The Python side of the keyed-queue scripts: publish, restore, purge, weights, sizes.
+
+Each function takes a redis-py client (Kombu's ``channel.client`` or a
+pipeline) and a :class:`~celery_fair.keys.layout.KeyedNames`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from . import lua
+from .layout import UNKEYED, KeyedNames
+
+__all__ = (
+    "KeyedBacklog",
+    "Script",
+    "backlog",
+    "enqueue",
+    "enqueue_args",
+    "purge",
+    "set_live_weights",
+    "text",
+    "write_configured_weights",
+)
+
+#: Keys a purge deletes per script call (each call blocks Redis briefly).
+PURGE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script run by its SHA1, loaded on the first ``NOSCRIPT``."""
+
+    text: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()
+
+    def __call__(self, client: Any, *args: Any) -> Any:
+        try:
+            return client.evalsha(self.sha, 0, *args)
+        except NoScriptError:
+            return client.eval(self.text, 0, *args)
+
+
+ENQUEUE = Script(lua.ENQUEUE)
+CHARGE = Script(lua.CHARGE)
+PURGE = Script(lua.PURGE)
+
+
+def enqueue(client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False) -> Any:
+    """Put ``payload`` in ``key``'s list (``front``: first in line, for a restore).
+
+    On a pipeline (a Kombu restore runs in a ``MULTI``) the script is sent
+    with ``EVAL``: a missing script cannot be loaded from inside a transaction.
+    """
+    args = enqueue_args(names, key, payload, front=front)
+    if _is_pipeline(client):
+        return client.eval(ENQUEUE.text, 0, *args)
+    return ENQUEUE(client, *args)
+
+
+def enqueue_args(
+    names: KeyedNames, key: str, payload: str, *, front: bool = False
+) -> tuple[Any, ...]:
+    """The ``ENQUEUE`` script's arguments (for a pipeline or a Kombu publish batch)."""
+    return (names.base, names.sep, 1, key, payload, "1" if front else "0")
+
+
+def charge(
+    client: Any, sep: str, default_weight: float, charges: list[tuple[str, str, float]]
+) -> Any:
+    """Post-charge run times: ``(base, key, delta seconds)`` triples."""
+    flat: list[Any] = [sep, repr(default_weight)]
+    for base, key, delta in charges:
+        flat.extend((base, key, repr(delta)))
+    return CHARGE(client, *flat)
+
+
+def purge(client: Any, names: KeyedNames) -> int:
+    """Delete every key's waiting messages; returns how many were deleted.
+
+    The queue's own (unkeyed) lists are Kombu's to purge.  Runs in batches
+    of :data:`PURGE_BATCH` keys, so a million keys never block Redis for long.
+    """
+    total = 0
+    while True:
+        deleted, visited = PURGE(client, names.base, names.sep, PURGE_BATCH)
+        total += int(deleted)
+        if int(visited) < PURGE_BATCH:
+            return total
+
+
+@dataclass(frozen=True)
+class KeyedBacklog:
+    """What waits in a keyed queue's per-key lists."""
+
+    #: Messages in the per-key lists (the unkeyed ones are in the queue's own lists).
+    messages: int
+    #: Keys with messages waiting (the unkeyed key included when it has any).
+    keys: int
+    #: The next keys to be served, in order, with their waiting messages.
+    next_keys: tuple[tuple[str, int], ...]
+
+
+def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
+    """The per-key backlog of a keyed queue, and its ``top`` next keys."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(names.state, "backlog").zcard(names.active)
+    if top:
+        pipe.zrange(names.active, 0, top - 1)
+    replies = pipe.execute()
+    nxt: tuple[tuple[str, int], ...] = ()
+    if top and replies[2]:
+        keys = [text(k) for k in replies[2]]
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(names.base if key == UNKEYED else names.key_list(key))
+        nxt = tuple(zip(keys, (int(n) for n in pipe.execute()), strict=True))
+    return KeyedBacklog(messages=int(replies[0] or 0), keys=int(replies[1] or 0), next_keys=nxt)
+
+
+def write_configured_weights(client: Any, names: KeyedNames, weights: Mapping[str, float]) -> None:
+    """Replace the configured key weights (a worker's ``fair_key_weights``) in one step."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(names.weights_conf)
+    if weights:
+        pipe.hset(names.weights_conf, mapping={k: repr(float(v)) for k, v in weights.items()})
+    pipe.execute()
+
+
+def set_live_weights(client: Any, names: KeyedNames, weights: Mapping[str, float | None]) -> None:
+    """Set key weights live; ``None`` removes a live weight (back to the configured one)."""
+    pipe = client.pipeline(transaction=True)
+    for key, value in weights.items():
+        if value is None:
+            pipe.hdel(names.weights_live, key)
+        else:
+            pipe.hset(names.weights_live, key, repr(float(value)))
+    pipe.execute()
+
+
+def live_weights(client: Any, names: KeyedNames) -> dict[str, float]:
+    """The weights set live on the broker."""
+    return {text(k): float(v) for k, v in client.hgetall(names.weights_live).items()}
+
+
+def _is_pipeline(client: Any) -> bool:
+    return hasattr(client, "execute") and hasattr(client, "command_stack")
+
+
+def text(value: Any) -> str:
+    """A Redis reply as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)

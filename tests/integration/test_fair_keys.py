@@ -1,0 +1,209 @@
+"""Fairness keys on Redis: shares between the keys of one queue, with the real worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+from celery import Celery
+
+import celery_fair
+from celery_fair.keys.layout import KeyedNames
+from celery_fair.showcase.ledger import Entry, Ledger
+from celery_fair.testing.harness import WorkerProcess
+
+pytestmark = [pytest.mark.integration]
+
+QUEUE = "keyed"
+
+
+@pytest.fixture
+def producer(redis_url: str) -> Iterator[Celery]:
+    """A producer app with celery-fair and ``fair_keys`` (the user's surface)."""
+    app = Celery("keyed-producer", broker=redis_url)
+    app.conf.fair_keys = {QUEUE: "tenant_id"}
+    celery_fair.install(app)
+    yield app
+    app.close()
+
+
+def _publish(app: Celery, counts: dict[str, int], ms: float) -> None:
+    # Interleaved, so that publish order favours no key.
+    left = dict(counts)
+    with app.producer_or_acquire() as producer:
+        while any(left.values()):
+            for key in counts:
+                if left[key]:
+                    left[key] -= 1
+                    app.send_task(
+                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
+                        producer=producer,
+                    )  # fmt: skip
+
+
+def _worker(redis_url: str, **env: str) -> WorkerProcess:
+    return WorkerProcess(
+        redis_url,
+        [QUEUE],
+        concurrency=2,
+        env={"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_LEDGER": redis_url, **env},
+    )
+
+
+def _entries(ledger: Ledger, n: int, worker: WorkerProcess, timeout: float = 120) -> list[Entry]:
+    assert ledger.wait_for(n, timeout=timeout, alive=[worker]), worker.log()[-3000:]
+    return sorted(ledger.entries(), key=lambda e: e.started)
+
+
+def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Celery) -> None:
+    _publish(producer, {"a": 3, "b": 2}, ms=0)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    assert client.llen(QUEUE) == 0
+    assert client.llen(names.key_list("a")) == 3 and client.llen(names.key_list("b")) == 2
+    assert sorted(client.zrange(names.active, 0, -1)) == [b"a", b"b"]
+    assert int(client.hget(names.state, "backlog") or 0) == 5
+    # Kombu's own size (queue_declare passive, celery purge) counts the keyed messages.
+    with producer.connection_for_write() as conn:
+        assert conn.default_channel.queue_declare(QUEUE, passive=True).message_count == 5
+        assert conn.default_channel.queue_purge(QUEUE) == 5
+    assert client.zcard(names.active) == 0 and client.llen(names.key_list("a")) == 0
+
+
+def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> None:
+    weights = {"a": 1, "b": 2, "c": 4}
+    # Each key's backlog lasts as long as the others' at these weights.
+    _publish(producer, {k: 150 * w for k, w in weights.items()}, ms=2)
+    ledger = Ledger(redis_url)
+    with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
+        entries = _entries(ledger, 800, worker)
+    window = entries[50:750]  # every key backlogged throughout
+    counts = Counter(e.tenant for e in window)
+    for key, weight in weights.items():
+        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+
+
+def test_runtime_cost_splits_worker_time_between_keys(
+    redis_url: str, producer: Celery, tmp_path: Path
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    _publish(producer, {"slow": 250}, ms=10)
+    _publish(producer, {"fast": 2500}, ms=1)
+    ledger = Ledger(redis_url)
+    telemetry = tmp_path / "telemetry"
+    with _worker(
+        redis_url, CELERY_FAIR_COST="runtime", CELERY_FAIR_TELEMETRY_DIR=str(telemetry)
+    ) as worker:
+        _entries(ledger, 1400, worker)
+    # Worker time as the worker measured it (telemetry: the pool's run time),
+    # while both keys were backlogged.
+    rows = sorted(
+        (r for r in pq.read_table(telemetry).to_pylist() if r["outcome"] == "success"),
+        key=lambda r: r["started"],
+    )
+    last = min(max(r["started"] for r in rows if r["fair_key"] == k) for k in ("slow", "fast"))
+    window = [r for r in rows[100:] if r["started"] < last]
+    busy = Counter[str]()
+    for r in window:
+        busy[r["fair_key"]] += r["runtime"]
+    share = busy["slow"] / (busy["slow"] + busy["fast"])
+    assert share == pytest.approx(0.5, abs=0.05), (busy, len(window))
+    # The short key completes about ten times as many tasks.
+    counts = Counter(r["fair_key"] for r in window)
+    assert 6 < counts["fast"] / counts["slow"] < 12, counts
+
+
+def test_a_message_from_a_plain_producer_still_runs(redis_url: str, producer: Celery) -> None:
+    _publish(producer, {"a": 20}, ms=0)
+    # A producer without celery-fair: its message goes to the queue's own list.
+    code = (
+        "import sys; from celery import Celery; app = Celery(broker=sys.argv[1]); "
+        f"app.send_task('ledger', kwargs={{'tenant_id': 'plain'}}, queue={QUEUE!r})"
+    )
+    subprocess.run([sys.executable, "-c", code, redis_url], check=True, timeout=60)
+    assert redis_lib.Redis.from_url(redis_url).llen(QUEUE) == 1
+    ledger = Ledger(redis_url)
+    with _worker(redis_url) as worker:
+        entries = _entries(ledger, 21, worker)
+    assert Counter(e.tenant for e in entries) == {"a": 20, "plain": 1}
+
+
+def test_keys_are_refused_on_rabbitmq(rabbitmq_server: object) -> None:
+    url = rabbitmq_server.url  # type: ignore[attr-defined]
+    with WorkerProcess(url, [QUEUE], env={"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id"}) as worker:
+        code = worker.wait(timeout=60)
+    assert code != 0
+    assert "fair_keys=['keyed'] needs the Redis broker" in worker.log()
+    assert "'amqp'" in worker.log()
+
+
+def test_weights_change_live_for_the_backlog(redis_url: str, producer: Celery) -> None:
+    _publish(producer, {"a": 1000, "b": 1000}, ms=4)
+    ledger = Ledger(redis_url)
+    with _worker(redis_url) as worker:
+        _entries(ledger, 100, worker)
+        app = Celery(broker=redis_url)
+        celery_fair.install(app)
+        deadline = time.monotonic() + 30
+        while True:
+            replies = app.control.broadcast(
+                "fair_key_weights", arguments={"weights": ["b=3"]}, reply=True, timeout=2, limit=1
+            )
+            if replies:
+                break
+            assert time.monotonic() < deadline, "no reply to fair_key_weights"
+        assert "error" not in str(replies), replies
+        changed_at = time.time()
+        entries = _entries(ledger, 1500, worker)
+    after = [e for e in entries if e.started > changed_at + 0.2][:400]
+    assert len(after) == 400, (len(after), len(entries))
+    counts = Counter(e.tenant for e in after)
+    assert counts["b"] / len(after) == pytest.approx(0.75, abs=0.03), counts
+
+
+def test_a_crash_loses_nothing_and_restores_to_each_key(redis_url: str, producer: Celery) -> None:
+    keys = {f"t{i}": 40 for i in range(4)}
+    _publish(producer, keys, ms=20)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_ACKS_LATE": "1", "CELERY_FAIR_VISIBILITY": "2"}
+    worker = _worker(redis_url, **env).start()
+    try:
+        assert ledger.wait_for(20, timeout=60, alive=[worker]), worker.log()[-3000:]
+        assert worker.proc is not None
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+    finally:
+        worker.stop()
+    unacked = client.hlen("unacked")
+    assert unacked > 0  # the killed worker held messages
+    before = int(client.hget(names.state, "backlog") or 0)
+    # Restore as any Redis consumer does once the visibility timeout passed.
+    producer.conf.broker_transport_options = {"visibility_timeout": 2}
+    with producer.connection_for_read() as conn:
+        channel = conn.default_channel
+        deadline = time.monotonic() + 30
+        while client.hlen("unacked"):
+            assert time.monotonic() < deadline, "the unacked messages were not restored"
+            channel.qos.restore_visible(num=100)
+            time.sleep(0.2)
+    # Back in their keys' lists, not in the queue's own list.
+    assert client.llen(QUEUE) == 0
+    assert int(client.hget(names.state, "backlog") or 0) == before + unacked
+    with _worker(redis_url, **env) as worker:
+        deadline = time.monotonic() + 120
+        while len({e.id for e in ledger.entries()}) < sum(keys.values()):
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+            time.sleep(0.2)
+    ran = Counter(e.tenant for e in {e.id: e for e in ledger.entries()}.values())
+    assert ran == keys  # every task ran; none lost
