@@ -43,9 +43,8 @@ from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from .. import compat
-from ..keys import layout as keys_layout
 from ..keys import lua as keys_lua
-from ..keys.layout import SERVED_HEADER
+from ..keys.layout import SERVED_HEADER, KeyedNames
 from ..keys.serving import KeyedServing
 from ..keys.store import text
 from .wakeup import InvalidationListener
@@ -55,7 +54,10 @@ __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atom
 logger = logging.getLogger(__name__)
 
 #: KEYS: n queue keys (in fetch order), n matching "malformed" list keys,
-#: the unacked hash, the unacked index.  ARGV: n, now (epoch seconds),
+#: the unacked hash, the unacked index, then the keys an idle fetch watches
+#: besides the queue keys (each keyed queue's active-key set and other
+#: priority lists: Redis 7.0 tracks the keys an EVAL declares, not the ones
+#: its script names at run time).  ARGV: n, now (epoch seconds),
 #: Kombu's separator, the default key weight, the count of a keyed queue's
 #: other priority-list suffixes and those suffixes, the count of run-time
 #: charges and (base, key, delta) triples (:mod:`celery_fair.keys`), then
@@ -69,10 +71,10 @@ FETCH_SCRIPT = (
     "local SEP, DFLT = ARGV[3], tonumber(ARGV[4])\n"
     + keys_lua.PRELUDE
     + keys_lua.KEYED_POP
-    + f"""
+    + """
 local n = tonumber(ARGV[1])
 local ns = tonumber(ARGV[5])
-local suffixes = {{}}
+local suffixes = {}
 for j = 1, ns do suffixes[j] = ARGV[5 + j] end
 local a = 6 + ns
 local nc = tonumber(ARGV[a])
@@ -99,22 +101,17 @@ for i = 1, n do
     end
     if type(tag) ~= 'string' then
       redis.call('LPUSH', KEYS[n + i], item)
-      return {{KEYS[i], item, 'malformed'}}
+      return {KEYS[i], item, 'malformed'}
     end
     local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
     redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
     redis.call('HSET', KEYS[2 * n + 1], tag, record)
-    if fkey then return {{KEYS[i], item, 'key', fkey}} end
-    return {{KEYS[i], item}}
+    if fkey then return {KEYS[i], item, 'key', fkey} end
+    return {KEYS[i], item}
   end
 end
-for i = 1, n do
-  redis.call('LLEN', KEYS[i])
-  if ARGV[flags + i] ~= '-' then
-    redis.call('ZCARD', kname(KEYS[i], '{keys_layout.ACTIVE}'))
-    for _, s in ipairs(suffixes) do redis.call('LLEN', KEYS[i] .. s) end
-  end
-end
+for i = 1, n do redis.call('LLEN', KEYS[i]) end
+for j = 2 * n + 3, #KEYS do redis.call('EXISTS', KEYS[j]) end
 return nil
 """
 )
@@ -179,6 +176,7 @@ class AtomicFetch:
             if s
         ]
         self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+        self._names: dict[str, KeyedNames] = {}  # keyed queue -> its Redis names
         self._charged: dict[str, float] = {}  # keyed queue -> its charge in the pending fetch
 
     def listen(self) -> bool:
@@ -220,12 +218,13 @@ class AtomicFetch:
         self._sent_at = monotonic()
         compat.begin_poll(channel, conn, self._sent_at)
         if self.mode == _FETCH:
-            keys, words = self._entries(queues)
+            keys, words, watched = self._entries(queues)
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
             charges = self._charges()
             self.pending = _FETCH
             conn.send_command(
-                "EVALSHA", self._sha, 2 * len(keys) + 2, *keys, *malformed, *self._unacked,
+                "EVALSHA", self._sha, 2 * len(keys) + 2 + len(watched),
+                *keys, *malformed, *self._unacked, *watched,
                 len(keys), repr(time()), self._sep, self._default_key_weight,
                 len(self._suffixes), *self._suffixes, len(charges) // 3, *charges, *words,
             )  # fmt: skip
@@ -262,12 +261,14 @@ class AtomicFetch:
         finally:
             compat.end_poll(channel)
 
-    def _entries(self, queues: list[str]) -> tuple[list[str], list[str]]:
-        """The lists to fetch from, in order, and each one's word for the script.
+    def _entries(self, queues: list[str]) -> tuple[list[str], list[str], list[str]]:
+        """The lists to fetch from in order, each one's word for the script, and watched keys.
 
         A plain queue has one list per priority (priority first, as Kombu's
         BRPOP); a keyed queue has one entry, at its first place, whose word is
-        the charge at fetch (its priority lists are its unkeyed key).
+        the charge at fetch (its priority lists are its unkeyed key).  The
+        watched keys wake an idle fetch: each keyed queue's active-key set
+        and other priority lists.
         """
         channel, prefix, keyed = self.channel, self._prefix, self.keyed
         keys: list[str] = []
@@ -276,7 +277,8 @@ class AtomicFetch:
             for pri in compat.priority_steps(channel):
                 for queue in queues:
                     keys.append(prefix + compat.queue_key(channel, queue, pri))
-            return keys, ["-"] * len(keys)
+            return keys, ["-"] * len(keys), []
+        watched: list[str] = []
         charged = self._charged
         charged.clear()
         for pri in compat.priority_steps(channel):
@@ -288,7 +290,16 @@ class AtomicFetch:
                     charged[queue] = keyed.charge_at_fetch(queue)
                     keys.append(prefix + queue)
                     words.append(repr(charged[queue]))
-        return keys, words
+                    names = self._keyed_names(queue)
+                    watched.append(names.active)
+                    watched.extend(names.base + suffix for suffix in self._suffixes)
+        return keys, words, watched
+
+    def _keyed_names(self, queue: str) -> KeyedNames:
+        found = self._names.get(queue)
+        if found is None:
+            found = self._names[queue] = KeyedNames(self._prefix + queue, self._sep)
+        return found
 
     def _charges(self) -> list[Any]:
         """Run-time corrections to send with this fetch, flat (base, key, delta)."""

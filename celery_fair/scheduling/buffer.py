@@ -6,10 +6,18 @@ tail when its buffer gets a task and leaves, losing its positive deficit,
 when the buffer empties: Shreedhar & Varghese's active list).  Each take is
 O(1).  Costs are given by the caller (fixed, or a run-time estimate that is
 corrected later with :meth:`FairBuffer.charge`: DRR++ post-charge).
+
+Tasks of a keyed queue (:mod:`celery_fair.keys`) carry their key; within
+that queue they wait in start-time fair order over the keys instead of
+FIFO, so a quiet key's task is not stuck behind a flooding key's tasks
+already prefetched.  Every key counts one task per turn here: the weights
+between keys act where messages are fetched (the broker's script), and this
+buffer only holds the prefetch window.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
@@ -21,24 +29,75 @@ __all__ = ("FairBuffer",)
 T = TypeVar("T")
 
 
+class _KeyOrder(Generic[T]):
+    """One queue's waiting tasks in start-time fair order over their keys.
+
+    A task's tag is ``max(virtual time, its key's last tag + 1)``; the lowest
+    tag is taken first (FIFO among equal tags, and within a key).  The
+    per-key tags are forgotten whenever the queue's buffer empties, so state
+    never outlives the tasks buffered.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, T]] = []
+        self._next: dict[str, float] = {}
+        self._vt = 0.0
+        self._seq = 0
+
+    def append(self, item: T, key: str) -> None:
+        tag = max(self._vt, self._next.get(key, 0.0))
+        self._next[key] = tag + 1.0
+        heapq.heappush(self._heap, (tag, self._seq, item))
+        self._seq += 1
+
+    def popleft(self) -> T:
+        tag, _, item = heapq.heappop(self._heap)
+        self._vt = tag
+        if not self._heap:
+            self._next.clear()
+        return item
+
+    def remove(self, item: T) -> None:
+        for i, entry in enumerate(self._heap):
+            if entry[2] is item or entry[2] == item:
+                self._heap[i] = self._heap[-1]
+                self._heap.pop()
+                heapq.heapify(self._heap)
+                return
+        raise ValueError(item)
+
+    def clear(self) -> None:
+        self._heap.clear()
+        self._next.clear()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[T]:
+        return (entry[2] for entry in sorted(self._heap, key=lambda e: (e[0], e[1])))
+
+
 class FairBuffer(Generic[T]):
     """Tasks waiting for a slot, taken in DWRR order across their queues."""
 
     def __init__(self) -> None:
         self.drr = DeficitRoundRobin()
-        self._items: dict[str, deque[T]] = {}
+        self._items: dict[str, deque[T] | _KeyOrder[T]] = {}
         self._size = 0
 
     def set_quanta(self, quanta: Mapping[str, float]) -> None:
         """Use these quanta (validated all at once)."""
         self.drr.set_quanta(quanta)
 
-    def put(self, queue: str, item: T) -> None:
-        """Buffer ``item`` of ``queue`` (FIFO within the queue)."""
+    def put(self, queue: str, item: T, key: str | None = None) -> None:
+        """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s."""
         items = self._items.get(queue)
         if items is None:
-            items = self._items[queue] = deque()
-        items.append(item)
+            items = self._items[queue] = deque() if key is None else _KeyOrder()
+        if isinstance(items, _KeyOrder):
+            items.append(item, key or "")
+        else:
+            items.append(item)
         self._size += 1
         if len(items) == 1:
             self.drr.activate(queue)

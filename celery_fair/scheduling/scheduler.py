@@ -313,11 +313,11 @@ class FairScheduler:
 
     # -- dispatch: tasks waiting for a pool slot ------------------------------
 
-    def wait(self, queue: str, item: object) -> None:
-        """Buffer a task of ``queue`` until a pool slot is free."""
+    def wait(self, queue: str, item: object, key: str | None = None) -> None:
+        """Buffer a task of ``queue`` until a pool slot is free (``key``: a keyed queue's)."""
         if self._adopt(queue):
             self._apply_quanta()
-        self.waiting.put(queue, item)
+        self.waiting.put(queue, item, key)
 
     def next_waiting(self) -> tuple[str, object] | None:
         """The next buffered task in DRR order, charged at dispatch."""

@@ -46,6 +46,12 @@ def _queue_of(service: FairService, args: tuple[Any, ...]) -> str:
     return service.queue_of(request) or UNKNOWN_QUEUE
 
 
+def _wait(service: FairService, args: tuple[Any, ...], entry: Any) -> None:
+    """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key."""
+    queue = _queue_of(service, args)
+    service.scheduler.wait(queue, entry, service.key_of(args[0] if args else None, queue))
+
+
 def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> Any:
     """The next waiting entry in DWRR order that CoDel lets run, or None.
 
@@ -69,11 +75,11 @@ def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> An
 
 def install_on_semaphore(semaphore: Any, service: FairService) -> None:
     """Make a ``LaxBoundedSemaphore`` release its waiters in DWRR order."""
-    scheduler, lock = service.scheduler, service.lock
+    lock = service.lock
 
     def add_waiter(entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
         with lock:
-            scheduler.wait(_queue_of(service, entry[1]), entry)
+            _wait(service, entry[1], entry)
 
     def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         entry = _next_admitted(service, lambda e: e[1][0])
@@ -103,7 +109,7 @@ class FairGate:
     def submit(self, run: Callable[[Any], Any], request: Any) -> None:
         """Run ``request`` now if a slot is free and nothing waits, else buffer it."""
         with self._lock:
-            self.service.scheduler.wait(_queue_of(self.service, (request,)), (run, request))
+            _wait(self.service, (request,), (run, request))
         self.pump()
 
     def release(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from .. import compat
 from ..keys import store
 from ..keys.publish import names_for
-from ..keys.serving import KeyedServing
+from ..keys.serving import KeyedServing, served_header
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
@@ -315,6 +315,14 @@ class FairService:
         info = getattr(request, "delivery_info", None) or {}
         key = info.get("routing_key")
         return self._queue_by_key.get(key) if key is not None else None
+
+    def key_of(self, request: Any, queue: str) -> str | None:
+        """A keyed queue's request: the key it was served as; else None."""
+        keyed = self.keyed
+        if keyed is None or queue not in keyed.queues or request is None:
+            return None
+        served = served_header(compat.request_headers(request))
+        return str(served[0]) if isinstance(served, list) and served else ""
 
     # -- worker side ----------------------------------------------------------
 

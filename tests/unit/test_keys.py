@@ -1,0 +1,143 @@
+"""Fairness keys: settings, the worker's per-key buffer order, run-time charges (no broker)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from celery_fair.keys.layout import KeyedNames
+from celery_fair.keys.publish import _arguments, parse_fair_keys
+from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
+from celery_fair.routing.keys import HeaderKey, KwargKey
+from celery_fair.scheduling.buffer import FairBuffer
+from celery_fair.worker.settings import FairConfigError, FairSettings
+
+
+def test_fair_keys_take_the_routers_key_specs() -> None:
+    parsed = parse_fair_keys({"jobs": "tenant_id", "mail": "header:x-account"})
+    assert parsed == {"jobs": KwargKey("tenant_id"), "mail": HeaderKey("x-account")}
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (["jobs"], "fair_keys must map queue names"),
+        ({"": "tenant_id"}, "a queue name must be a non-empty string, got ''"),
+        ({"jobs": "kwarg:not an identifier"}, "fair_keys['jobs']='kwarg:not an identifier'"),
+        ({"jobs": 3.5}, "fair_keys['jobs']=3.5"),
+    ],
+)
+def test_bad_fair_keys_name_the_setting_and_value(value: object, fragment: str) -> None:
+    with pytest.raises(FairConfigError) as info:
+        parse_fair_keys(value)
+    assert fragment in str(info.value)
+
+
+def test_key_settings_are_validated_at_start() -> None:
+    settings = FairSettings.from_conf(
+        {"fair_keys": {"jobs": "tenant_id"}, "fair_key_weights": "gold=4,silver=2"}
+    )
+    assert set(settings.keys) == {"jobs"}
+    assert settings.key_weights == {"gold": 4.0, "silver": 2.0}
+    assert settings.default_key_weight == 1.0
+    with pytest.raises(FairConfigError, match=r"fair_key_weights\['gold'\] must be a positive"):
+        FairSettings.from_conf({"fair_key_weights": {"gold": 0}})
+    with pytest.raises(FairConfigError, match="fair_default_key_weight must be a positive"):
+        FairSettings.from_conf({"fair_default_key_weight": -1})
+
+
+def test_keys_are_refused_with_queue_priorities_and_without_the_atomic_fetch() -> None:
+    with pytest.raises(FairConfigError, match="task_queue_max_priority=10"):
+        FairSettings.from_conf({"fair_keys": {"jobs": "t"}, "task_queue_max_priority": 10})
+    with pytest.raises(FairConfigError, match="needs fair_atomic_fetch=True"):
+        FairSettings.from_conf({"fair_keys": {"jobs": "t"}, "fair_atomic_fetch": False})
+
+
+def test_task_arguments_of_both_protocols() -> None:
+    assert _arguments(((1, 2), {"tenant_id": "a"}, {})) == ((1, 2), {"tenant_id": "a"})
+    assert _arguments({"args": [1], "kwargs": {"t": 2}}) == ([1], {"t": 2})
+    assert _arguments(None) == ((), {})
+
+
+def test_names_never_collide_with_kombus_priority_lists() -> None:
+    names = KeyedNames("jobs")
+    assert names.key_list("3") == "jobs\x06\x16fair.k.3"  # Kombu's priority 3 is jobs\x06\x163
+    assert len({names.active, names.last, names.state, names.weights_conf,
+                names.weights_live, names.key_list("a")}) == 6  # fmt: skip
+
+
+def test_the_buffer_serves_a_keyed_queues_keys_in_turn() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    for i in range(8):
+        buffer.put("jobs", f"flood-{i}", "flood")
+    buffer.put("jobs", "quiet-0", "quiet")  # arrives behind eight flood tasks
+    order = [buffer.take(lambda q: 1.0) for _ in range(9)]
+    names = [item for _, item in order if item]  # type: ignore[misc]
+    assert names.index("quiet-0") <= 1
+    # Within a key, publish order is kept.
+    flood = [n for n in names if n.startswith("flood")]
+    assert flood == [f"flood-{i}" for i in range(8)]
+    assert len(buffer) == 0
+
+
+def test_the_buffer_shares_evenly_between_backlogged_keys() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    for i in range(300):
+        buffer.put("jobs", f"a{i}", "a")
+    for i in range(100):
+        buffer.put("jobs", f"b{i}", "b")
+    taken = [buffer.take(lambda q: 1.0) for _ in range(200)]
+    counts = Counter(item[1][0] for item in taken if item)
+    assert counts == {"a": 100, "b": 100}
+
+
+def test_the_buffer_keeps_no_key_state_once_empty() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    for i in range(1000):
+        buffer.put("jobs", f"x{i}", f"key-{i}")
+    while buffer.take(lambda q: 1.0):
+        pass
+    order = buffer._items["jobs"]
+    assert len(order) == 0 and not order._next  # type: ignore[union-attr]
+
+
+def test_the_buffer_removes_a_keyed_task() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    for item, key in (("a1", "a"), ("b1", "b"), ("a2", "a")):
+        buffer.put("jobs", item, key)
+    assert buffer.remove("jobs", "b1")
+    assert not buffer.remove("jobs", "b1")
+    assert [buffer.take(lambda q: 1.0) for _ in range(2)] == [("jobs", "a1"), ("jobs", "a2")]
+
+
+def test_runtime_corrections_wait_for_the_next_fetch() -> None:
+    serving = KeyedServing(["jobs"], runtime=True, estimate=lambda q: 0.005)
+    assert serving.charge_at_fetch("jobs") == 0.005
+    serving.finished("jobs", ["gold", 0.005], 0.020)
+    serving.finished("jobs", ["gold", 0.005], 0.001)
+    serving.finished("other", ["x", 1.0], 3.0)  # not a keyed queue: ignored
+    serving.finished("jobs", "garbage", 1.0)  # a malformed header: ignored
+    charges = serving.take_charges()
+    assert charges == [
+        ("jobs", "gold", pytest.approx(0.015)),
+        ("jobs", "gold", pytest.approx(-0.004)),
+    ]
+    assert serving.take_charges() == []
+
+
+def test_count_mode_charges_one_and_corrects_nothing() -> None:
+    serving = KeyedServing(["jobs"], runtime=False)
+    assert serving.charge_at_fetch("jobs") == 1.0
+    serving.finished("jobs", ["a", 1.0], 5.0)
+    assert serving.take_charges() == []
+
+
+def test_served_counts_stay_bounded_and_keep_the_heavy_keys() -> None:
+    serving = KeyedServing(["jobs"])
+    for i in range(20 * COUNTED_KEYS):
+        serving.served("jobs", "heavy" if i % 3 == 0 else f"key-{i}")
+    stats = serving.statistics(top=3)
+    assert stats.top[0][:2] == ("jobs", "heavy")
+    assert stats.served == {"jobs": 20 * COUNTED_KEYS}
+    assert len(serving._counts) <= COUNTED_KEYS
