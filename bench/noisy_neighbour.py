@@ -132,6 +132,11 @@ def _setup(config: dict[str, Any]) -> str:
             f"A: one worker `-P prefork -c {f['concurrency']}`, {f['baseline']:g} s unloaded, "
             f"then a burst of {f['flood']:,} tasks."
         )
+    if "K" in ran:
+        parts.append(
+            f"K: as A, but every tenant publishes to one queue: plain Celery's FIFO against "
+            f"a queue keyed by `tenant_id` (`fair_keys`)."
+        )
     if "D" in ran:
         parts.append(
             f"D: two workers `-c {d['concurrency']}`, a {d['flood']:,}-task burst, from which "

@@ -43,6 +43,8 @@ def _explain(config: ShowcaseConfig) -> list[str]:
         f"{', '.join(lay.neighbours) or 'nobody'}.",
         "Compared: plain Celery with one shared queue, plain Celery with the same shards "
         "(polled round-robin), and celery-fair (DWRR over the shards).",
+        "K: the same tenants in one queue keyed by tenant_id (fair_keys): fairness between "
+        "the tenants of one queue, against plain Celery's FIFO.",
     ]
 
 
@@ -68,7 +70,7 @@ def _report(telemetry: Path, out: Path, live: Live) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the noisy-neighbour showcase, in a few minutes")
     parser.add_argument("--out", default="demo-output", help="directory for tables, PNG, report")
-    parser.add_argument("--scenarios", default="A,B,C,D")
+    parser.add_argument("--scenarios", default="A,K,B,C,D")
     parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
     parser.add_argument("--no-report", action="store_true", help="skip the Spark report")
     args = parser.parse_args(argv)
@@ -137,6 +139,18 @@ def _conclusions(summary: dict[str, Any]) -> None:
             f"C: premium tier {tiers['plain-sharded']['premium_share']['median']:.0%} "
             f"round-robin, {tiers['fair']['premium_share']['median']:.0%} with weights 4:1 "
             "(target 80%)."
+        )
+    if "K" in summary and {"plain-shared", "fair-keyed"} <= set(summary["K"]["modes"]):
+        k = summary["K"]["modes"]
+        fifo, keyed = k["plain-shared"], k["fair-keyed"]
+        print(
+            f"K: one queue for every tenant: quiet tenants' p99 wait "
+            f"{fifo['quiet_others.p99']['median']:.2f} s FIFO, "
+            f"{keyed['quiet_others.p99']['median'] * 1000:.0f} ms keyed by tenant "
+            f"(the flood's shard neighbours {keyed['neighbours.p99']['median'] * 1000:.0f} ms); "
+            f"{keyed['within_2x']['median']:.0f}/{keyed['quiet']} quiet "
+            f"tenants within 2x of unloaded; flood {keyed['flood.throughput']['median']:.0f}/s "
+            f"against {fifo['flood.throughput']['median']:.0f}/s."
         )
     if "D" in summary:
         d = summary["D"]["modes"]

@@ -33,6 +33,8 @@ class Mode:
     ``env`` is extra worker environment (see :mod:`celery_fair.testing.workload`).
     ``isolate_flood``: a route placed before the router sends the flooding
     tenant to :data:`ISOLATED_QUEUE`, one of the options for its neighbours.
+    ``keyed``: every tenant publishes to :data:`SHARED_QUEUE`, a keyed queue
+    (``fair_keys``, Redis only): fairness between tenants inside one queue.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Mode:
     sharded: bool
     env: Mapping[str, str] = field(default_factory=dict)
     isolate_flood: bool = False
+    keyed: bool = False
 
 
 #: The deployments the showcase compares. ``fair-codel`` adds CoDel and the
@@ -67,6 +70,14 @@ MODES: dict[str, Mode] = {
             sharded=True,
             env={"CELERY_FAIR_PREFETCH": "8"},
             isolate_flood=True,
+        ),
+        Mode(
+            "fair-keyed",
+            "celery-fair, one queue keyed by tenant",
+            fair=True,
+            sharded=False,
+            env={"CELERY_FAIR_KEYS": f"{SHARED_QUEUE}=tenant_id"},
+            keyed=True,
         ),
         Mode(
             "fair-codel",
@@ -169,6 +180,8 @@ class TenantProducer:
             self.app.conf.task_routes = (layout.router(),)
         else:
             self.app.conf.task_default_queue = SHARED_QUEUE
+        if mode.keyed:
+            self.app.conf.fair_keys = {SHARED_QUEUE: "tenant_id"}
         celery_fair.install(self.app)  # stamps the publish time into every message
         self._lock = threading.Lock()
 

@@ -27,6 +27,8 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "B": tuple(HEAVY_MODES),
     "C": tuple(TIER_MODES),
     "D": ("plain-sharded", "fair", "fair-codel"),
+    # Fairness keys: every tenant in one queue, FIFO against keyed (Redis only).
+    "K": ("plain-shared", "fair-keyed"),
 }
 
 #: Column labels of the modes.
@@ -131,7 +133,7 @@ def server_for(broker: str) -> Any:
 
 
 def _one_line(scenario: str, mode: str, r: dict[str, Any]) -> str:
-    if scenario in ("A", "D"):
+    if scenario in ("A", "D", "K"):
         o = r["quiet_others"]
         return (
             f"others p50 {o['p50'] * 1000:7.1f} ms p99 {o['p99'] * 1000:8.1f} ms "
@@ -202,8 +204,8 @@ def _run(
         shares = " ".join(f"{q} {n / total:4.0%}" for q, n in consumed.items())
         status(f"{elapsed:5.1f}s {total:6} tasks  {shares}")
 
-    if scenario in ("A", "D"):
-        params = config.flood if scenario == "A" else config.slow
+    if scenario in ("A", "D", "K"):
+        params = config.slow if scenario == "D" else config.flood
         if MODES[mode].fair and config.telemetry_dir:
             params = replace(params, telemetry_dir=config.telemetry_dir)
         return run_flood(broker_url, ledger_url, config.layout, MODES[mode], params, status)

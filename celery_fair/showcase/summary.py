@@ -43,6 +43,7 @@ SCENARIO_TITLES = {
     "B": "B. Heavy tasks",
     "C": "C. Tiers",
     "D": "D. Slow worker during the flood",
+    "K": "K. Flood inside one queue keyed by tenant",
 }
 
 
@@ -164,6 +165,7 @@ MODE_ORDER = (
     "plain-sharded",
     "fair",
     "fair-isolated",
+    "fair-keyed",
     "fair-runtime",
     "fair-codel",
 )
@@ -177,7 +179,7 @@ def _ordered(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[s
 def summarise(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Summaries of every scenario that has runs."""
     makers = {"A": summarise_flood, "B": summarise_heavy, "C": summarise_tiers,
-              "D": summarise_flood}  # fmt: skip
+              "D": summarise_flood, "K": summarise_flood}  # fmt: skip
     return {s: makers[s](_ordered(runs[s])) for s in sorted(runs)}
 
 
@@ -269,12 +271,12 @@ def markdown(
     """Markdown tables of every summarised scenario (medians, [min, max] over repetitions)."""
     h = "#" * heading
     lines: list[str] = []
-    for scenario in ("A", "B", "C", "D"):
+    for scenario in ("A", "B", "C", "D", "K"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         lines += [f"{h} {SCENARIO_TITLES[scenario]}", ""]
-        if scenario in ("A", "D"):
+        if scenario in ("A", "D", "K"):
             lines += [
                 "Waits are publish -> start. *Others*: quiet tenants on shards other than the "
                 "flood's; *flood-shard*: quiet tenants that hash to the flood's shard. "
@@ -376,12 +378,12 @@ def _cell(d: Mapping[str, float], scale: float = 1000.0, unit: str = "ms") -> st
 def terminal(summary: Mapping[str, Any], labels: Mapping[str, str]) -> str:
     """Compact side-by-side tables for a terminal (medians)."""
     out: list[str] = []
-    for scenario in ("A", "B", "C", "D"):
+    for scenario in ("A", "B", "C", "D", "K"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         out += ["", SCENARIO_TITLES[scenario], ""]
-        if scenario in ("A", "D"):
+        if scenario in ("A", "D", "K"):
             out.append(
                 f"  {'':44} {'unloaded':>9} {'quiet tenants, other shards':>30} "
                 f"{'within':>8} {'flood shard':>12} {'flood':>8} {'lost':>5}"
