@@ -134,8 +134,8 @@ def _setup(config: dict[str, Any]) -> str:
         )
     if "K" in ran:
         parts.append(
-            f"K: as A, but every tenant publishes to one queue: plain Celery's FIFO against "
-            f"a queue keyed by `tenant_id` (`fair_keys`)."
+            "K: as A, but every tenant publishes to one queue: plain Celery's FIFO against "
+            "a queue keyed by `tenant_id` (`fair_keys`)."
         )
     if "D" in ran:
         parts.append(
