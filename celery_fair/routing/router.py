@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery_fair.routing.isolation import IsolationPolicy, IsolationStatistics, NoisyKeyDetector
 from celery_fair.routing.keys import KeySource, KeySpec, parse_key_spec
 from celery_fair.routing.ring import HashRing, RingKey, canonical_key
 
@@ -28,7 +29,11 @@ class MissingRouteKeyError(LookupError):
 
 @dataclass(frozen=True)
 class RouterStatistics:
-    """Counts since the router was built: tasks per queue and how missing keys were handled."""
+    """Counts since the router was built: tasks per queue and how missing keys were handled.
+
+    ``routed`` includes the isolation queue when ``isolate=`` is set, and
+    ``isolation`` is then the noisy-key detector's snapshot (else ``None``).
+    """
 
     routed: Mapping[str, int]
     missing_errors: int
@@ -36,6 +41,7 @@ class RouterStatistics:
     missing_fallback: int
     cache_hits: int
     cache_misses: int
+    isolation: IsolationStatistics | None = None
 
 
 class ConsistentHashRouter:
@@ -86,6 +92,15 @@ class ConsistentHashRouter:
 
     ``cache_size`` bounds a memo of key -> queue (0 disables it): tenants
     repeat, and a memo hit is cheaper than any lookup.
+
+    ``isolate`` (opt-in) turns on automatic isolation of noisy keys: every
+    routed key is counted, and a key that takes more than its policy's share
+    of recent publishes is sent to the isolation queue instead of its ring
+    queue (directly, also in ``exchange`` mode) until it calms down. A string
+    is the isolation queue's name with the default thresholds; an
+    ``IsolationPolicy`` sets them; a ``NoisyKeyDetector`` is used as given
+    (for an injected clock). Workers must consume that queue too, at a low
+    weight: see ``worker_queues()``.
     """
 
     def __init__(
@@ -100,6 +115,7 @@ class ConsistentHashRouter:
         cache_size: int = 4096,
         algorithm: str | None = None,
         table_weight: float | None = None,
+        isolate: IsolationPolicy | NoisyKeyDetector | str | None = None,
     ) -> None:
         if isinstance(queues, HashRing):
             if algorithm is not None or table_weight is not None:
@@ -129,18 +145,37 @@ class ConsistentHashRouter:
         )
         self._matches: dict[str, bool] = {}
         self._lock = threading.Lock()
-        self._routed: dict[str, int] = dict.fromkeys(self.ring.queues, 0)
+        self.detector = _build_detector(isolate, self.ring)
+        self._routed: dict[str, int] = dict.fromkeys(self.worker_queues(), 0)
         self._missing = {"error": 0, "spread": 0, "fallback": 0}
 
     def __repr__(self) -> str:
         return (
             f"ConsistentHashRouter({self.ring.weights!r}, key={self.key_source.describe()!r}, "
-            f"on_missing={self.on_missing!r}, algorithm={self.ring.algorithm!r})"
+            f"on_missing={self.on_missing!r}, algorithm={self.ring.algorithm!r}"
+            + ("" if self.detector is None else f", isolate={self.detector.policy!r}")
+            + ")"
         )
 
     def queue_for(self, key: RingKey) -> str:
-        """Return the queue that tasks with ``key`` are routed to."""
+        """Return the ring queue of ``key`` (where it goes whenever it is not isolated)."""
         return self._lookup(canonical_key(key))
+
+    @property
+    def isolation_queue(self) -> str | None:
+        """The queue noisy keys are isolated to, or ``None`` without ``isolate=``."""
+        return None if self.detector is None else self.detector.policy.queue
+
+    def worker_queues(self) -> list[str]:
+        """The queues workers must consume: the ring's (sorted), then the isolation queue.
+
+        Give the isolation queue a low ``fair_weights`` entry (e.g. 0.25 with
+        ring weights of 1): it holds only the noisiest keys' tasks.
+        """
+        queues = sorted(self.ring.queues)
+        if self.detector is not None:
+            queues.append(self.detector.policy.queue)
+        return queues
 
     def applies_to(self, name: str) -> bool:
         """Whether this router routes task ``name`` (the ``tasks=`` filter)."""
@@ -172,11 +207,19 @@ class ConsistentHashRouter:
             text = canonical_key(raw)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {name!r}: {self.key_source.describe()}: {exc}") from None
-        if self.exchange is None:
+        route: dict[str, Any]
+        if self.detector is not None and self.detector.observe(text):
+            # Straight to the isolation queue, in exchange mode too: the hash
+            # exchange would put the key back on its ring queue.
+            queue = self.detector.policy.queue
+            with self._lock:
+                self._routed[queue] += 1
+            route = {"queue": queue}
+        elif self.exchange is None:
             queue = self._lookup(text)
             with self._lock:
                 self._routed[queue] += 1
-            route: dict[str, Any] = {"queue": queue}
+            route = {"queue": queue}
         else:
             route = {
                 "exchange": self.exchange,
@@ -220,6 +263,7 @@ class ConsistentHashRouter:
         """Return the router's counters as a frozen record."""
         info = getattr(self._lookup, "cache_info", None)
         hits, misses = (info().hits, info().misses) if info else (0, 0)
+        isolation = None if self.detector is None else self.detector.statistics()
         with self._lock:
             return RouterStatistics(
                 routed=dict(self._routed),
@@ -228,6 +272,7 @@ class ConsistentHashRouter:
                 missing_fallback=self._missing["fallback"],
                 cache_hits=hits,
                 cache_misses=misses,
+                isolation=isolation,
             )
 
 
@@ -242,6 +287,31 @@ def _build_ring(
         if message.startswith(("algorithm=", "table_weight=")):
             raise
         raise type(exc)(f"queues={queues!r}: {message}") from None
+
+
+def _build_detector(
+    isolate: IsolationPolicy | NoisyKeyDetector | str | None, ring: HashRing
+) -> NoisyKeyDetector | None:
+    if isolate is None:
+        return None
+    if isinstance(isolate, NoisyKeyDetector):
+        detector = isolate
+    elif isinstance(isolate, IsolationPolicy):
+        detector = NoisyKeyDetector(isolate)
+    elif isinstance(isolate, str) and isolate:
+        detector = NoisyKeyDetector(IsolationPolicy(queue=isolate))
+    else:
+        raise ValueError(
+            f"isolate={isolate!r}: must be a queue name, an IsolationPolicy, "
+            f"a NoisyKeyDetector or None"
+        )
+    if detector.policy.queue in ring.queues:
+        # Isolated keys would share a ring queue with the keys hashed to it.
+        raise ValueError(
+            f"isolate={isolate!r}: the isolation queue {detector.policy.queue!r} "
+            f"must not be one of the ring's queues"
+        )
+    return detector
 
 
 def _check_on_missing(on_missing: object) -> str:
