@@ -48,25 +48,28 @@ QUEUE = "scale"
 BATCH = 5_000
 
 
-def _template(url: str) -> dict[str, Any]:
-    """A real Celery message of the no-op ``work`` task (published by Celery, then read back)."""
+def template(url: str, task: str = "work", args: tuple[Any, ...] = (0,), queue: str = QUEUE) -> Any:
+    """A real Celery message of ``task`` for ``queue`` (published by Celery, then read back)."""
     from celery import Celery
 
     app = Celery("keys-scale-template", broker=url, set_as_current=False)
     scratch = f"template-{uuid.uuid4().hex}"
-    app.send_task("work", args=[0], queue=scratch)
+    app.send_task(task, args=list(args), queue=scratch)
     app.close()
     client = redis_lib.Redis.from_url(url)
     raw = client.rpop(scratch)
     assert raw is not None
     message: dict[str, Any] = json.loads(raw)  # type: ignore[arg-type]
-    message["properties"]["delivery_info"] = {"exchange": "", "routing_key": QUEUE}
+    message["properties"]["delivery_info"] = {"exchange": "", "routing_key": queue}
     return message
 
 
-def _messages(template: dict[str, Any], n: int, keys: int) -> Any:
-    """``n`` copies with fresh ids, key ``k<i % keys>`` (none when ``keys`` is 0)."""
-    message = json.loads(json.dumps(template))
+def messages(model: dict[str, Any], n: int, keys: int) -> Any:
+    """``n`` copies of ``model`` with fresh ids, key ``k<i % keys>`` (none when ``keys`` is 0).
+
+    Yields ``(key, task id, payload text)``.
+    """
+    message = json.loads(json.dumps(model))
     for i in range(n):
         tid = str(uuid.uuid4())
         message["headers"]["id"] = message["headers"]["root_id"] = tid
@@ -75,19 +78,19 @@ def _messages(template: dict[str, Any], n: int, keys: int) -> Any:
         key = f"k{i % keys}" if keys else None
         if key is not None:
             message["headers"][KEY_HEADER] = key
-        yield key, json.dumps(message)
+        yield key, tid, json.dumps(message)
 
 
 def fill(url: str, n: int, keys: int) -> dict[str, float]:
     """Publish ``n`` messages over ``keys`` keys (0: a plain list); rate and memory."""
     client = redis_lib.Redis.from_url(url)
     client.script_load(store.ENQUEUE.text)
-    template = _template(url)
+    model = template(url)
     names = KeyedNames(QUEUE)
     before = int(client.info("memory")["used_memory"])
     started = time.perf_counter()
     pipe = client.pipeline(transaction=False)
-    for i, (key, text) in enumerate(_messages(template, n, keys)):
+    for i, (key, _, text) in enumerate(messages(model, n, keys)):
         if key is None:
             pipe.lpush(QUEUE, text)
         else:

@@ -14,7 +14,10 @@ a message in flight when the broker dies can exist only in the dead worker's
 memory.  celery-fair's atomic fetch (on by default on Redis) pops and records
 in one server-side script.  Modes alternate within each repetition.
 
-    python -m bench.redis_crash_loss [--runs 10] [--tasks 1500] [--modes plain,fair]
+``fair-keyed`` runs the same on two keyed queues (``fair_keys``, 50 keys
+each): the keyed fetch script and the restore to each key's list.
+
+    python -m bench.redis_crash_loss [--runs 10] [--tasks 1500] [--modes plain,fair,fair-keyed]
 """
 
 from __future__ import annotations
@@ -31,17 +34,23 @@ from typing import Any
 
 import redis as redis_lib
 
+from celery_fair.keys import store
+from celery_fair.keys.layout import KeyedNames
 from celery_fair.testing.harness import WorkerProcess, fill_queues
 from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
+from .keys_scale import messages, template
 
 MODES: dict[str, dict[str, str]] = {
     "plain": {"CELERY_FAIR": "0"},
     "fair": {"CELERY_FAIR": "1"},
     "fair-brpop": {"CELERY_FAIR": "1", "CELERY_FAIR_ATOMIC": "0"},
+    # Both queues keyed (fairness keys), 50 keys each.
+    "fair-keyed": {"CELERY_FAIR": "1", "CELERY_FAIR_KEYS": "crash-a=tenant_id,crash-b=tenant_id"},
 }
 QUEUES = ["crash-a", "crash-b"]
+KEYS_PER_QUEUE = 50
 
 
 def _wait(condition: Any, timeout: float, what: str) -> None:
@@ -50,6 +59,22 @@ def _wait(condition: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         time.sleep(0.01)
+
+
+def _fill_keyed(url: str, per_queue: int) -> set[str]:
+    """Publish ``per_queue`` ledger tasks to each queue's keys (the keyed publish script)."""
+    client = redis_lib.Redis.from_url(url)
+    ids: set[str] = set()
+    for queue in QUEUES:
+        names = KeyedNames(queue)
+        model = template(url, "ledger", (1,), queue)
+        pipe = client.pipeline(transaction=False)
+        for key, tid, text in messages(model, per_queue, KEYS_PER_QUEUE):
+            pipe.eval(store.ENQUEUE.text, 0, *store.enqueue_args(names, key, text))
+            ids.add(tid)
+        pipe.execute()
+    client.close()
+    return ids
 
 
 def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
@@ -68,10 +93,13 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
     }
     with RedisServer(appendonly=True) as broker:
         per_queue = tasks // len(QUEUES)
-        fill_queues(broker.url, dict.fromkeys(QUEUES, per_queue), task="ledger", args=(1,))
-        client = redis_lib.Redis.from_url(broker.url)
-        ids = {json.loads(r)["headers"]["id"] for q in QUEUES for r in client.lrange(q, 0, -1)}
-        client.close()
+        if "CELERY_FAIR_KEYS" in MODES[mode]:
+            ids = _fill_keyed(broker.url, per_queue)
+        else:
+            fill_queues(broker.url, dict.fromkeys(QUEUES, per_queue), task="ledger", args=(1,))
+            client = redis_lib.Redis.from_url(broker.url)
+            ids = {json.loads(r)["headers"]["id"] for q in QUEUES for r in client.lrange(q, 0, -1)}
+            client.close()
         first = WorkerProcess(broker.url, QUEUES, fair=mode != "plain", env=env).start()
         try:
             _wait(lambda: ledger.llen("ledger") >= tasks // 3, 120, "first third")
