@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
+    if "K" in scenarios and args.broker != "redis":
+        parser.error("--scenarios K: fairness keys need the Redis broker; use I on RabbitMQ")
     modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     config = (ShowcaseConfig.quick if args.quick else ShowcaseConfig)(
         scenarios=scenarios, reps=args.reps, modes=modes
@@ -136,6 +138,11 @@ def _setup(config: dict[str, Any]) -> str:
         parts.append(
             "K: as A, but every tenant publishes to one queue: plain Celery's FIFO against "
             "a queue keyed by `tenant_id` (`fair_keys`)."
+        )
+    if "I" in ran:
+        parts.append(
+            'I: as A, with `ConsistentHashRouter(..., isolate="fair.isolated")`: the router '
+            "moves the noisy tenant to an isolation queue the workers consume at weight 0.25."
         )
     if "D" in ran:
         parts.append(

@@ -35,7 +35,14 @@ from typing import Any
 from celery_fair.testing.brokers import broker_for
 from celery_fair.testing.harness import WorkerProcess
 
-from .layout import ISOLATED_QUEUE, SHARED_QUEUE, Mode, TenantLayout, TenantProducer
+from .layout import (
+    AUTO_ISOLATED_QUEUE,
+    ISOLATED_QUEUE,
+    SHARED_QUEUE,
+    Mode,
+    TenantLayout,
+    TenantProducer,
+)
 from .ledger import Entry, Ledger, percentile
 
 __all__ = ("FloodParams", "analyse_flood", "run_flood")
@@ -101,7 +108,7 @@ def run_flood(
     """Run one flood scenario for ``mode`` and return :func:`analyse_flood`'s record."""
     queues = layout.queues(mode)
     broker = broker_for(broker_url)
-    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE, AUTO_ISOLATED_QUEUE])
     ledger = Ledger(ledger_url)
     ledger.reset()
     producer = TenantProducer(broker_url, layout, mode)
@@ -202,7 +209,7 @@ def run_flood(
             w.stop()
         producer.close()
     entries = ledger.entries()
-    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE])
+    broker.purge([*layout.shards, SHARED_QUEUE, ISOLATED_QUEUE, AUTO_ISOLATED_QUEUE])
     return analyse_flood(entries, published, layout, mode, marks, params)
 
 
@@ -277,7 +284,9 @@ def analyse_flood(
             first[e.id] = e
     lost = [tid for tid in published if tid not in first]
     misrouted = sum(
-        1 for e in first.values() if e.tenant and e.queue != layout.expected_queue(mode, e.tenant)
+        1
+        for e in first.values()
+        if e.tenant and e.queue not in layout.allowed_queues(mode, e.tenant)
     )
     flood_runs = [
         first[t] for t, (ten, _) in published.items() if ten == layout.flood and t in first

@@ -10,6 +10,7 @@ from typing import Any
 from celery_fair.routing import ConsistentHashRouter, HashRing
 
 __all__ = (
+    "AUTO_ISOLATED_QUEUE",
     "ISOLATED_QUEUE",
     "MODES",
     "SHARED_QUEUE",
@@ -22,6 +23,8 @@ __all__ = (
 SHARED_QUEUE = "shared"
 #: The flooding tenant's own queue in the ``fair-isolated`` deployment.
 ISOLATED_QUEUE = "heavy"
+#: Where the router's automatic isolation sends a noisy tenant (``fair-isolating``).
+AUTO_ISOLATED_QUEUE = "fair.isolated"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class Mode:
     tenant to :data:`ISOLATED_QUEUE`, one of the options for its neighbours.
     ``keyed``: every tenant publishes to :data:`SHARED_QUEUE`, a keyed queue
     (``fair_keys``, Redis only): fairness between tenants inside one queue.
+    ``isolate_noisy``: the router isolates a noisy tenant by itself
+    (``ConsistentHashRouter(isolate=...)``) to :data:`AUTO_ISOLATED_QUEUE`,
+    which the workers consume at a low weight.
     """
 
     name: str
@@ -44,6 +50,7 @@ class Mode:
     env: Mapping[str, str] = field(default_factory=dict)
     isolate_flood: bool = False
     keyed: bool = False
+    isolate_noisy: bool = False
 
 
 #: The deployments the showcase compares. ``fair-codel`` adds CoDel and the
@@ -80,6 +87,14 @@ MODES: dict[str, Mode] = {
             keyed=True,
         ),
         Mode(
+            "fair-isolating",
+            "celery-fair, router isolates the noisy tenant",
+            fair=True,
+            sharded=True,
+            env={"CELERY_FAIR_PREFETCH": "8", "CELERY_FAIR_WEIGHTS": f"{AUTO_ISOLATED_QUEUE}=0.25"},
+            isolate_noisy=True,
+        ),
+        Mode(
             "fair-codel",
             "celery-fair (DWRR + CoDel + auto prefetch)",
             fair=True,
@@ -111,9 +126,14 @@ class TenantLayout:
             quiet=tuple(f"tenant-{i:02d}" for i in range(1, quiet + 1)),
         )
 
-    def router(self) -> ConsistentHashRouter:
-        """The router a user would configure: ``tenant_id`` -> shard, equal weights."""
-        return ConsistentHashRouter(list(self.shards), key="tenant_id")
+    def router(self, *, isolate: bool = False) -> ConsistentHashRouter:
+        """The router a user would configure: ``tenant_id`` -> shard, equal weights.
+
+        ``isolate``: with automatic isolation of a noisy tenant (default thresholds).
+        """
+        return ConsistentHashRouter(
+            list(self.shards), key="tenant_id", isolate=AUTO_ISOLATED_QUEUE if isolate else None
+        )
 
     def shard_of(self, tenant: str) -> str:
         """The shard queue ``tenant``'s tasks are routed to."""
@@ -134,6 +154,8 @@ class TenantLayout:
         """The queues a worker of ``mode`` consumes."""
         if not mode.sharded:
             return [SHARED_QUEUE]
+        if mode.isolate_noisy:
+            return [*self.shards, AUTO_ISOLATED_QUEUE]
         return [*self.shards, ISOLATED_QUEUE] if mode.isolate_flood else list(self.shards)
 
     def expected_queue(self, mode: Mode, tenant: str) -> str:
@@ -141,6 +163,13 @@ class TenantLayout:
         if mode.isolate_flood and tenant == self.flood:
             return ISOLATED_QUEUE
         return self.shard_of(tenant) if mode.sharded else SHARED_QUEUE
+
+    def allowed_queues(self, mode: Mode, tenant: str) -> frozenset[str]:
+        """Where ``mode`` may have routed ``tenant``'s tasks (isolation moves a noisy one)."""
+        expected = self.expected_queue(mode, tenant)
+        if mode.isolate_noisy:
+            return frozenset((expected, AUTO_ISOLATED_QUEUE))
+        return frozenset((expected,))
 
     def isolating_route(self) -> Any:
         """A ``task_routes`` entry sending the flooding tenant to :data:`ISOLATED_QUEUE`.
@@ -177,7 +206,7 @@ class TenantProducer:
         if mode.sharded and mode.isolate_flood:
             self.app.conf.task_routes = (layout.isolating_route(), layout.router())
         elif mode.sharded:
-            self.app.conf.task_routes = (layout.router(),)
+            self.app.conf.task_routes = (layout.router(isolate=mode.isolate_noisy),)
         else:
             self.app.conf.task_default_queue = SHARED_QUEUE
         if mode.keyed:

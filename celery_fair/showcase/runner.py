@@ -29,6 +29,8 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "D": ("plain-sharded", "fair", "fair-codel"),
     # Fairness keys: every tenant in one queue, FIFO against keyed (Redis only).
     "K": ("plain-shared", "fair-keyed"),
+    # The router isolates the noisy tenant by itself (every broker).
+    "I": ("plain-sharded", "fair", "fair-isolating"),
 }
 
 #: Column labels of the modes.
@@ -133,12 +135,13 @@ def server_for(broker: str) -> Any:
 
 
 def _one_line(scenario: str, mode: str, r: dict[str, Any]) -> str:
-    if scenario in ("A", "D", "K"):
+    if scenario in ("A", "D", "K", "I"):
         o = r["quiet_others"]
         return (
             f"others p50 {o['p50'] * 1000:7.1f} ms p99 {o['p99'] * 1000:8.1f} ms "
             f"(unloaded p99 {r['unloaded']['p99'] * 1000:5.1f} ms), within 2x "
-            f"{r['within_2x']:2}/{len(r['tenants'])}, flood {r['flood']['throughput']:4.0f}/s, "
+            f"{r['within_2x']:2}/{len(r['tenants'])}, flood-shard p99 "
+            f"{r['neighbours']['p99'] * 1000:7.1f} ms, flood {r['flood']['throughput']:4.0f}/s, "
             f"lost {r['lost']} dup {r['duplicates']} misrouted {r['misrouted']}"
         )
     if scenario == "B":
@@ -204,7 +207,7 @@ def _run(
         shares = " ".join(f"{q} {n / total:4.0%}" for q, n in consumed.items())
         status(f"{elapsed:5.1f}s {total:6} tasks  {shares}")
 
-    if scenario in ("A", "D", "K"):
+    if scenario in ("A", "D", "K", "I"):
         params = config.slow if scenario == "D" else config.flood
         if MODES[mode].fair and config.telemetry_dir:
             params = replace(params, telemetry_dir=config.telemetry_dir)

@@ -44,6 +44,7 @@ SCENARIO_TITLES = {
     "C": "C. Tiers",
     "D": "D. Slow worker during the flood",
     "K": "K. Flood inside one queue keyed by tenant",
+    "I": "I. Flood, the router isolating the noisy tenant",
 }
 
 
@@ -166,6 +167,7 @@ MODE_ORDER = (
     "fair",
     "fair-isolated",
     "fair-keyed",
+    "fair-isolating",
     "fair-runtime",
     "fair-codel",
 )
@@ -179,7 +181,7 @@ def _ordered(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[s
 def summarise(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Summaries of every scenario that has runs."""
     makers = {"A": summarise_flood, "B": summarise_heavy, "C": summarise_tiers,
-              "D": summarise_flood, "K": summarise_flood}  # fmt: skip
+              "D": summarise_flood, "K": summarise_flood, "I": summarise_flood}  # fmt: skip
     return {s: makers[s](_ordered(runs[s])) for s in sorted(runs)}
 
 
@@ -271,12 +273,12 @@ def markdown(
     """Markdown tables of every summarised scenario (medians, [min, max] over repetitions)."""
     h = "#" * heading
     lines: list[str] = []
-    for scenario in ("A", "B", "C", "D", "K"):
+    for scenario in ("A", "B", "C", "D", "K", "I"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         lines += [f"{h} {SCENARIO_TITLES[scenario]}", ""]
-        if scenario in ("A", "D", "K"):
+        if scenario in ("A", "D", "K", "I"):
             lines += [
                 "Waits are publish -> start. *Others*: quiet tenants on shards other than the "
                 "flood's; *flood-shard*: quiet tenants that hash to the flood's shard. "
@@ -378,12 +380,12 @@ def _cell(d: Mapping[str, float], scale: float = 1000.0, unit: str = "ms") -> st
 def terminal(summary: Mapping[str, Any], labels: Mapping[str, str]) -> str:
     """Compact side-by-side tables for a terminal (medians)."""
     out: list[str] = []
-    for scenario in ("A", "B", "C", "D", "K"):
+    for scenario in ("A", "B", "C", "D", "K", "I"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         out += ["", SCENARIO_TITLES[scenario], ""]
-        if scenario in ("A", "D", "K"):
+        if scenario in ("A", "D", "K", "I"):
             out.append(
                 f"  {'':44} {'unloaded':>9} {'quiet tenants, other shards':>30} "
                 f"{'within':>8} {'flood shard':>12} {'flood':>8} {'lost':>5}"
