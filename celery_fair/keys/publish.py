@@ -32,7 +32,7 @@ from ..routing.keys import KeySource, parse_key_spec
 from . import store
 from .layout import KEY_HEADER, KeyedNames
 
-__all__ = ("KeyedQueues", "keyed_queues", "register_app", "stamp_key")
+__all__ = ("KeyedQueues", "keyed_queues", "register_app", "stamp_key", "wrap_kombu")
 
 _lock = threading.Lock()
 _apps: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -69,11 +69,23 @@ def parse_fair_keys(value: Any) -> KeyedQueues:
 
 
 def register_app(app: Any) -> None:
-    """Make ``app``'s ``fair_keys`` count, and wrap Kombu's Redis channel once."""
-    global _sources, _patched
+    """Make ``app``'s ``fair_keys`` count; wrap Kombu's Redis channel once, if it has any.
+
+    An app without ``fair_keys`` when ``install`` runs leaves Kombu untouched
+    (a worker that finds ``fair_keys`` at start wraps it then).
+    """
+    global _sources
     with _lock:
         _apps.add(app)
         _sources = None  # read again at the next use
+    if app.conf.get("fair_keys"):
+        wrap_kombu()
+
+
+def wrap_kombu() -> None:
+    """Wrap Kombu's Redis channel methods for keyed queues (once per process)."""
+    global _patched
+    with _lock:
         if not _patched:
             compat.wrap_redis_publishing(
                 put=_fair_put,

@@ -117,6 +117,10 @@ def require_prometheus_client(setting: str = "fair_metrics_port") -> None:
         ) from None
 
 
+#: Keys exported per worker with their own label (the most served).
+TOP_KEYS = 10
+
+
 class FairCollector:
     """A Prometheus collector that reads one worker's state at scrape time.
 
@@ -223,6 +227,35 @@ class FairCollector:
                 cumulative.append((bound, float(running)))
             sojourn.add_metric([w, queue], cumulative, metered.sojourn_sum[queue])
         yield sojourn
+        keys = stats.get("keys")
+        if keys:
+            yield from self._keys(keys)
+
+    def _keys(self, keys: dict[str, Any]) -> Iterator[Any]:
+        """Keyed queues: served tasks per queue, and per key for the top keys only.
+
+        Full per-key labels do not scale (a label set per tenant); the worker
+        keeps a bounded summary of the keys it served most.
+        """
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        served = CounterMetricFamily(
+            f"{PREFIX}_keyed_served_tasks",
+            "Tasks fetched from a keyed queue, per queue.",
+            labels=["worker", "queue"],
+        )
+        for queue, count in sorted(keys["served"].items()):
+            served.add_metric([self.worker, queue], float(count))
+        yield served
+        top = GaugeMetricFamily(
+            f"{PREFIX}_top_key_served_tasks",
+            f"Tasks fetched for the {TOP_KEYS} keys this worker served most, per queue and "
+            "key (a bounded summary: counts are halved as other keys come and go).",
+            labels=["worker", "queue", "key"],
+        )
+        for queue, key, count in keys["top"][:TOP_KEYS]:
+            top.add_metric([self.worker, queue, key], float(count))
+        yield top
 
 
 class MetricsServer:

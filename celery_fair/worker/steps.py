@@ -11,6 +11,7 @@ from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
 from .. import compat
+from ..keys.publish import register_app, wrap_kombu
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .recorder import PoolRecorder
@@ -314,9 +315,11 @@ def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
         raise FairConfigError(
             f"fair_keys={sorted(settings.keys)!r} needs the Redis broker (keys are served by a "
             f"server-side script); this broker's transport is {driver!r}. On RabbitMQ, spread "
-            "the keys over several queues with ConsistentHashRouter instead (docs/fairness-keys.md)"
+            "the keys over shard queues with ConsistentHashRouter, which can also isolate a "
+            "noisy key (isolate=...); see docs/fairness-keys.md"
         )
-    compat.probe_redis_publishing(compat.Probe())
+    register_app(app)
+    wrap_kombu()  # probes Kombu's channel methods first
 
 
 def _check_dead_lettering(app: Any) -> None:

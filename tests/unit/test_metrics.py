@@ -129,3 +129,25 @@ def test_missing_prometheus_client_is_a_clear_error(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
     with pytest.raises(FairConfigError, match=r"celery-fair\[prometheus\]"):
         require_prometheus_client()
+
+
+def test_keyed_queues_export_only_the_top_keys() -> None:
+    from celery_fair.worker.metrics import TOP_KEYS
+
+    service = FairService(FairSettings(keys={"jobs": "tenant_id"}))
+    assert service.keyed is not None
+    for i in range(50):
+        for _ in range(i + 1):
+            service.keyed.served("jobs", f"tenant-{i}")
+    samples = _samples(FairCollector(service, DispatchMeter(), worker="w@h"))
+    top = {
+        dict(labels)["key"]: value
+        for (name, labels), value in samples.items()
+        if name == "celery_fair_top_key_served_tasks"
+    }
+    assert len(top) == TOP_KEYS
+    assert top["tenant-49"] == 50 and "tenant-0" not in top
+    served = samples[
+        ("celery_fair_keyed_served_tasks_total", (("queue", "jobs"), ("worker", "w@h")))
+    ]
+    assert served == sum(range(1, 51))
