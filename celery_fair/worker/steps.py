@@ -11,6 +11,7 @@ from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
 from .. import compat
+from ..keys.consumers import warn_about_plain_consumers
 from ..keys.publish import register_app, wrap_kombu
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
@@ -248,6 +249,10 @@ class FairConsumerStep(bootsteps.StartStopStep):
         if service is None or c.task_consumer is None:
             return
         channel = c.task_consumer.channel
+        if service.keyed is not None and not getattr(self, "_checked_consumers", False):
+            # Once per worker start (not at every reconnection).
+            self._checked_consumers = True
+            warn_about_plain_consumers(c.app, service.keyed.queues)
         if service.attach(channel, c.task_consumer.queues):
             if service.settings.prefetch == "auto":
                 service.adapt_prefetch(c, channel)

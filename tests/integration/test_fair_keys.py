@@ -228,3 +228,20 @@ def test_an_idle_keyed_queue_is_woken_by_a_publish(redis_url: str, producer: Cel
     keys = stats["keys"]
     assert keys["served"] == {QUEUE: 5}
     assert keys["backlog"][QUEUE]["messages"] == 0
+
+
+def test_a_worker_without_celery_fair_on_a_keyed_queue_is_reported(redis_url: str) -> None:
+    with WorkerProcess(redis_url, [QUEUE], fair=False, name="plain-keyed") as plain:
+        deadline = time.monotonic() + 60
+        while " ready." not in plain.log():
+            assert time.monotonic() < deadline, plain.log()[-3000:]
+            time.sleep(0.1)
+        with _worker(redis_url) as fair:
+            deadline = time.monotonic() + 60
+            while "without celery-fair" not in fair.log():
+                assert fair.proc is not None and fair.proc.poll() is None, fair.log()[-3000:]
+                assert time.monotonic() < deadline, fair.log()[-3000:]
+                time.sleep(0.1)
+    line = next(x for x in fair.log().splitlines() if "without celery-fair" in x)
+    assert "plain-keyed@" in line and "keyed queue(s) keyed" in line
+    assert fair.name not in line  # a celery-fair worker is not reported

@@ -141,3 +141,20 @@ def test_served_counts_stay_bounded_and_keep_the_heavy_keys() -> None:
     assert stats.top[0][:2] == ("jobs", "heavy")
     assert stats.served == {"jobs": 20 * COUNTED_KEYS}
     assert len(serving._counts) <= COUNTED_KEYS
+
+
+def test_plain_consumers_of_a_keyed_queue_are_named() -> None:
+    from celery_fair.keys.consumers import plain_consumers
+
+    active = {
+        "fair@h": [{"name": "jobs"}, {"name": "other"}],
+        "plain@h": [{"name": "jobs"}],
+        "elsewhere@h": [{"name": "other"}],
+        "silent@h": [{"name": "jobs"}],
+    }
+    stats = {
+        "fair@h": {"cost": "count", "weights": {}},
+        "plain@h": {"error": "No such method: fair_stats"},
+        "elsewhere@h": {"error": "No such method: fair_stats"},
+    }
+    assert plain_consumers(active, stats, {"jobs"}) == {"plain@h": ["jobs"], "silent@h": ["jobs"]}

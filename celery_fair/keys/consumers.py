@@ -1,0 +1,75 @@
+"""Find workers without celery-fair that consume a keyed queue, and say so loudly.
+
+A worker without celery-fair polls only the queue's own Kombu list: it runs
+the messages published without a key and never sees the keyed ones.  Nothing
+is lost (celery-fair workers serve them), but a deployment half upgraded
+would silently leave keyed work to fewer workers.  When a celery-fair worker
+starts it asks every worker, by remote control, which queues it consumes
+(``inspect active_queues``) and whether it runs celery-fair (``inspect
+fair_stats``), and logs an error naming each worker that consumes a keyed
+queue without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+__all__ = ("plain_consumers", "warn_about_plain_consumers")
+
+logger = logging.getLogger(__name__)
+
+
+def plain_consumers(
+    active_queues: Mapping[str, Any], fair_stats: Mapping[str, Any], keyed: Collection[str]
+) -> dict[str, list[str]]:
+    """Workers that consume a keyed queue and did not answer ``fair_stats`` as celery-fair.
+
+    ``active_queues`` and ``fair_stats`` are the replies of ``inspect``, by
+    worker name.  A worker whose ``fair_stats`` reply is missing or an error
+    counts as one without celery-fair.
+    """
+    found: dict[str, list[str]] = {}
+    for worker, queues in active_queues.items():
+        consumed = {str(q.get("name")) for q in queues or () if isinstance(q, Mapping)}
+        names = sorted(consumed & set(keyed))
+        if not names:
+            continue
+        stats = fair_stats.get(worker)
+        if isinstance(stats, Mapping) and "error" not in stats and "cost" in stats:
+            continue
+        found[worker] = names
+    return found
+
+
+def warn_about_plain_consumers(
+    app: Any,
+    keyed: Collection[str],
+    *,
+    timeout: float = 2.0,
+    log: Callable[..., None] = logger.error,
+) -> threading.Thread:
+    """Ask the cluster once, from a daemon thread, and log each plain consumer found."""
+
+    def run() -> None:
+        try:
+            active = app.control.inspect(timeout=timeout).active_queues() or {}
+            stats: dict[str, Any] = {}
+            for reply in app.control.broadcast("fair_stats", reply=True, timeout=timeout) or ():
+                stats.update(reply)
+        except Exception as exc:  # the check must never take the worker down
+            logger.debug("celery-fair: could not ask the workers for their queues: %r", exc)
+            return
+        for worker, queues in sorted(plain_consumers(active, stats, keyed).items()):
+            log(
+                "celery-fair: worker %s consumes the keyed queue(s) %s without celery-fair: "
+                "it sees only messages published without a key, never the keyed ones. "
+                "Install celery-fair there (celery_fair.install(app)) or stop it consuming %s.",
+                worker, ", ".join(queues), ", ".join(queues),
+            )  # fmt: skip
+
+    thread = threading.Thread(target=run, name="celery-fair-keyed-consumers", daemon=True)
+    thread.start()
+    return thread
