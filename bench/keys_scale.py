@@ -37,7 +37,7 @@ from typing import Any
 import redis as redis_lib
 
 from celery_fair.keys import store
-from celery_fair.keys.layout import KEY_HEADER, KeyedNames
+from celery_fair.keys.layout import KEY_HEADER, KEYED_HEADER, KeyedNames
 from celery_fair.kombu.atomic import FETCH_SCRIPT
 from celery_fair.testing.harness import WorkerProcess
 from celery_fair.testing.redis import RedisServer
@@ -70,6 +70,7 @@ def messages(model: dict[str, Any], n: int, keys: int) -> Any:
     Yields ``(key, task id, payload text)``.
     """
     message = json.loads(json.dumps(model))
+    queue = model["properties"]["delivery_info"]["routing_key"]
     for i in range(n):
         tid = str(uuid.uuid4())
         message["headers"]["id"] = message["headers"]["root_id"] = tid
@@ -77,7 +78,9 @@ def messages(model: dict[str, Any], n: int, keys: int) -> Any:
         message["properties"]["delivery_tag"] = str(uuid.uuid4())
         key = f"k{i % keys}" if keys else None
         if key is not None:
+            # As celery-fair's sender stamps it: the key and the keyed queue.
             message["headers"][KEY_HEADER] = key
+            message["headers"][KEYED_HEADER] = queue
         yield key, tid, json.dumps(message)
 
 
@@ -143,7 +146,9 @@ def kombu_fetch_cost(url: str, calls: int = 400, batches: int = 5) -> dict[str, 
     return summary(per_call)
 
 
-def throughput(url: str, keyed: bool, warmup: int, consume: int) -> float:
+def throughput(
+    url: str, keyed: bool, warmup: int, consume: int, extra_env: dict[str, str] | None = None
+) -> float:
     """Tasks per second of one worker, between ``warmup`` and ``consume`` tasks done."""
     client = redis_lib.Redis.from_url(url)
     names = KeyedNames(QUEUE)
@@ -154,7 +159,7 @@ def throughput(url: str, keyed: bool, warmup: int, consume: int) -> float:
         return int(client.llen(QUEUE))
 
     start = waiting()
-    env = {"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id"} if keyed else {}
+    env = {"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", **(extra_env or {})} if keyed else {}
     with WorkerProcess(url, [QUEUE], concurrency=2, fair=keyed, env=env) as worker:
         deadline = time.monotonic() + 600
         t0: float | None = None

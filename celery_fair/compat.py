@@ -335,6 +335,30 @@ def _wrapped_method(name: str, original: Any, hook: Callable[..., Any]) -> Any:
     return method
 
 
+def wrap_task_sender(app: Any, hook: Callable[..., Any]) -> None:
+    """Wrap ``app.amqp.send_task_message`` (every task the app sends goes through it).
+
+    ``hook(original, producer, name, message, *args, **options)``.  Probed:
+    it must take ``(producer, name, message)`` as Celery 5.3-5.7's does.
+    """
+    amqp = app.amqp
+    original = amqp.send_task_message
+    if not _callable_with(original, "producer", "name", "message"):
+        raise CompatibilityError(
+            f"celery-fair cannot run with {versions()}: fair_keys needs the app's task "
+            "sender (app.amqp.send_task_message(producer, name, message, ...)), which is "
+            "not as expected"
+        )
+    if getattr(original, "__wrapped__", None) is not None:
+        return  # install() called twice
+
+    def send_task_message(*args: Any, **kwargs: Any) -> Any:
+        return hook(original, *args, **kwargs)
+
+    send_task_message.__wrapped__ = original  # type: ignore[attr-defined]
+    amqp.send_task_message = send_task_message
+
+
 def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:
     """The queues ``exchange`` routes ``routing_key`` to (the channel's bindings)."""
     return list(channel._lookup(exchange, routing_key))
@@ -568,6 +592,12 @@ def request_headers(request: Any) -> dict[str, Any]:
     """A worker request's header dict, which Celery hands to the pool as it is."""
     headers = getattr(request, "_request_dict", None)
     return headers if isinstance(headers, dict) else {}
+
+
+def delivery_tag(request: Any) -> Any:
+    """The delivery tag of a request's message (``Request.message``, public since 5.3)."""
+    message = getattr(request, "message", None)
+    return getattr(message, "delivery_tag", None)
 
 
 def runs_inline(pool: Any) -> bool:

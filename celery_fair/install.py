@@ -28,7 +28,6 @@ def install(app: Any) -> Any:
 
     before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
     # Keyed queues (fair_keys): the key in a header, the message in its key's list.
-    before_task_publish.connect(keys.stamp_key, weak=False, dispatch_uid="celery_fair.keys")
     keys.register_app(app)
     app.steps["worker"].add(FairWorkerStep)
     app.steps["consumer"].add(FairConsumerStep)

@@ -16,6 +16,13 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   ``backlog`` (messages in the per-key lists).
 * ``jobs\\x06\\x16fair.wconf`` / ``fair.wlive``: key weights, configured
   (rewritten when a worker starts) and set live (``control fair_key_weights``).
+* With per-key limits (:mod:`celery_fair.keys.limits`): ``fair.lconf`` /
+  ``fair.llive`` (limits, fields ``c:<key>`` and ``r:<key>``), ``fair.run``
+  (tasks fetched and not finished, per key), ``fair.leases`` (task id ->
+  expiry) and ``fair.lease`` (task id -> key), ``fair.parked`` (keys set
+  aside at their concurrency limit), ``fair.sleep`` (keys set aside by their
+  rate, scored by when they may go on) and ``fair.b.<key>`` (a key's token
+  bucket, expiring once full again).
 
 Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
 with these names: Kombu's priority lists use it followed by a digit.
@@ -25,11 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ("KEY_HEADER", "SERVED_HEADER", "UNKEYED", "KeyedNames")
+__all__ = ("KEYED_HEADER", "KEY_HEADER", "SERVED_HEADER", "UNKEYED", "KeyedNames")
 
 #: The message header that carries a task's key.  ``ConsistentHashRouter``
 #: stamps the same header, and telemetry records it.
 KEY_HEADER = "fair_key"
+
+#: The keyed queue a message was published for (by an app with ``fair_keys``):
+#: Kombu's Redis ``_put`` stores it in its key's list only for that queue.
+KEYED_HEADER = "fair_keyed"
 
 #: Stamped by the worker on a message it fetched from a keyed queue:
 #: ``[key, charge]``, the key served and the cost charged to it at fetch time
@@ -41,6 +52,10 @@ UNKEYED = ""
 
 ACTIVE, LAST, STATE, WEIGHTS_CONF, WEIGHTS_LIVE, KEY_LIST = (
     "fair.keys", "fair.last", "fair.state", "fair.wconf", "fair.wlive", "fair.k.",
+)  # fmt: skip
+LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
+    "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.parked",
+    "fair.sleep", "fair.b.",
 )  # fmt: skip
 
 
@@ -73,6 +88,35 @@ class KeyedNames:
     @property
     def weights_live(self) -> str:
         return self._name(WEIGHTS_LIVE)
+
+    @property
+    def limits_conf(self) -> str:
+        return self._name(LIMITS_CONF)
+
+    @property
+    def limits_live(self) -> str:
+        return self._name(LIMITS_LIVE)
+
+    @property
+    def running(self) -> str:
+        return self._name(RUNNING)
+
+    @property
+    def leases(self) -> str:
+        return self._name(LEASES)
+
+    @property
+    def lease_keys(self) -> str:
+        """Hash: lease (delivery tag) -> its key."""
+        return self._name(LEASE_KEY)
+
+    @property
+    def parked(self) -> str:
+        return self._name(PARKED)
+
+    @property
+    def sleep(self) -> str:
+        return self._name(SLEEP)
 
     def key_list(self, key: str) -> str:
         """The list of ``key``'s waiting messages."""

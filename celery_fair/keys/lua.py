@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import layout
 
-__all__ = ("CHARGE", "ENQUEUE", "KEYED_POP", "PRELUDE", "PURGE")
+__all__ = ("CHARGE", "ENQUEUE", "KEYED_POP", "PRELUDE", "PURGE", "RELEASE")
 
 #: Helpers shared by the scripts.  The script defines ``SEP`` (Kombu's
 #: separator) and ``DFLT`` (the default key weight) before this text.
@@ -48,6 +48,45 @@ local function start_tag(base, key)
   local last = tonumber(redis.call('ZSCORE', kname(base, '{layout.LAST}'), key))
   if last and last > vt then return last end
   return vt
+end
+
+-- Per-key limits: the live value, else the configured one, for the key or '*'.
+local function limit(base, kind, key)
+  local live, conf = kname(base, '{layout.LIMITS_LIVE}'), kname(base, '{layout.LIMITS_CONF}')
+  local v = redis.call('HGET', live, kind .. ':' .. key)
+  if not v then v = redis.call('HGET', conf, kind .. ':' .. key) end
+  if not v then v = redis.call('HGET', live, kind .. ':*') end
+  if not v then v = redis.call('HGET', conf, kind .. ':*') end
+  return tonumber(v)
+end
+
+-- The broker's clock (seconds): every worker agrees on it.
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- A key set aside at its concurrency limit goes back in line.
+local function unpark(base, key)
+  if redis.call('SREM', kname(base, '{layout.PARKED}'), key) == 1 then
+    redis.call('ZADD', kname(base, '{layout.ACTIVE}'), start_tag(base, key), key)
+  end
+end
+
+-- A task of a limited key finished, was restored or its lease expired
+-- (``id``: its message's delivery tag).
+local function release(base, id)
+  local leases = kname(base, '{layout.LEASE_KEY}')
+  local key = redis.call('HGET', leases, id)
+  if not key then return 0 end
+  redis.call('HDEL', leases, id)
+  redis.call('ZREM', kname(base, '{layout.LEASES}'), id)
+  local running = kname(base, '{layout.RUNNING}')
+  local n = redis.call('HINCRBY', running, key, -1)
+  if n <= 0 then redis.call('HDEL', running, key) end
+  local c = limit(base, 'c', key)
+  if not c or n < c then unpark(base, key) end
+  return 1
 end
 
 -- Run-time cost: the difference between the measured run time and the
@@ -99,6 +138,19 @@ return (#ARGV - 2) / 3
 """
 )
 
+#: Release the slots of finished tasks.  ARGV: sep, default weight, then
+#: (base, delivery tag) pairs (a lease is named by its message's delivery
+#: tag).  Returns how many leases were found.
+RELEASE = (
+    "local SEP, DFLT = ARGV[1], tonumber(ARGV[2])\n"
+    + PRELUDE
+    + """
+local n = 0
+for i = 3, #ARGV, 2 do n = n + release(ARGV[i], ARGV[i + 1]) end
+return n
+"""
+)
+
 #: Delete up to ARGV[3] keys' lists of a keyed queue.  ARGV: base, sep,
 #: limit.  Returns {messages deleted, keys visited}; call until keys < limit.
 PURGE = f"""
@@ -119,9 +171,11 @@ return {{n, #members}}
 """
 
 #: The keyed branch of the fetch script (``celery_fair.kombu.atomic``),
-#: a function ``keyed_pop(base, suffixes, est)`` returning ``item, key`` or
-#: nil.  ``suffixes`` name the queue's Kombu priority lists other than its
-#: own (the unkeyed messages); ``est`` is the charge at fetch.
+#: a function ``keyed_pop(base, suffixes, est, limited, now)`` returning
+#: ``item, key`` or nil.  ``suffixes`` name the queue's Kombu priority lists
+#: other than its own (the unkeyed messages); ``est`` is the charge at fetch;
+#: ``limited``: the queue has per-key limits, ``now`` the broker's clock.
+#: Also ``next_event`` and ``lease`` (per-key limits).
 KEYED_POP = f"""
 local function plain_pop(base, suffixes)
   local item = redis.call('RPOP', base)
@@ -139,45 +193,129 @@ local function plain_len(base, suffixes)
   return n
 end
 
-local function keyed_pop(base, suffixes, est)
+-- A key set aside keeps its place: it resumes at this tag (or the virtual time).
+local function keep_tag(last, key, tag)
+  local kept = tonumber(redis.call('ZSCORE', last, key))
+  if not kept or kept < tag then redis.call('ZADD', last, tag, key) end
+end
+
+local function keyed_pop(base, suffixes, est, limited, now)
   local active = kname(base, '{layout.ACTIVE}')
   local state = kname(base, '{layout.STATE}')
   local last = kname(base, '{layout.LAST}')
+  if limited then
+    -- Leases past their expiry (a worker that died) free their slots; keys
+    -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, '{layout.LEASES}'),
+                                   '-inf', now, 'LIMIT', 0, 32)) do
+      release(base, id)
+    end
+    local sleep = kname(base, '{layout.SLEEP}')
+    for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
+      redis.call('ZREM', sleep, key)
+      redis.call('ZADD', active, start_tag(base, key), key)
+    end
+  end
   -- Messages of producers without celery-fair: one more key, the empty one.
   local plain = plain_len(base, suffixes)
-  if plain > 0 and not redis.call('ZSCORE', active, '{layout.UNKEYED}') then
+  if plain > 0 and not redis.call('ZSCORE', active, '{layout.UNKEYED}')
+     and not (limited and (redis.call('SISMEMBER', kname(base, '{layout.PARKED}'),
+                                      '{layout.UNKEYED}') == 1
+                           or redis.call('ZSCORE', kname(base, '{layout.SLEEP}'),
+                                         '{layout.UNKEYED}'))) then
     redis.call('ZADD', active, start_tag(base, '{layout.UNKEYED}'), '{layout.UNKEYED}')
   end
   while true do
     local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
     if #top == 0 then return nil end
     local key, tag = top[1], tonumber(top[2])
-    local item, left = nil, 0
-    if key == '{layout.UNKEYED}' then
-      item = plain_pop(base, suffixes)
-      left = plain - 1
-    else
-      local list = kname(base, '{layout.KEY_LIST}') .. key
-      item = redis.call('RPOP', list)
-      if item then
-        redis.call('HINCRBY', state, 'backlog', -1)
-        left = redis.call('LLEN', list)
-      end
-    end
-    if item then
-      if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
-      local finish = tag + est / weight(base, key)
-      redis.call('ZREMRANGEBYSCORE', last, '-inf', '(' .. tag)
-      if left > 0 then
-        redis.call('ZADD', active, finish, key)
-      else
+    local held, bucket, tokens, rate = false, nil, nil, nil
+    if limited then
+      -- At its concurrency limit: set aside until one of its tasks finishes.
+      local c = limit(base, 'c', key)
+      if c and (tonumber(redis.call('HGET', kname(base, '{layout.RUNNING}'), key)) or 0) >= c then
         redis.call('ZREM', active, key)
-        redis.call('ZADD', last, finish, key)
+        keep_tag(last, key, tag)
+        redis.call('SADD', kname(base, '{layout.PARKED}'), key)
+        held = true
+      else
+        -- Out of tokens: set aside until the bucket holds one again.
+        rate = limit(base, 'r', key)
+        if rate then
+          bucket = kname(base, '{layout.BUCKET}') .. key
+          local burst = math.max(1, rate)
+          local saved = redis.call('HMGET', bucket, 't', 's')
+          tokens = tonumber(saved[1]) or burst
+          local stamp = tonumber(saved[2]) or now
+          tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+          if tokens < 1 then
+            redis.call('ZREM', active, key)
+            keep_tag(last, key, tag)
+            redis.call('ZADD', kname(base, '{layout.SLEEP}'), now + (1 - tokens) / rate, key)
+            held = true
+          end
+        end
       end
-      return item, key
     end
-    -- Listed but empty (its list was deleted by hand): forget it.
-    redis.call('ZREM', active, key)
+    if not held then
+      local item, left = nil, 0
+      if key == '{layout.UNKEYED}' then
+        item = plain_pop(base, suffixes)
+        left = plain - 1
+      else
+        local list = kname(base, '{layout.KEY_LIST}') .. key
+        item = redis.call('RPOP', list)
+        if item then
+          redis.call('HINCRBY', state, 'backlog', -1)
+          left = redis.call('LLEN', list)
+        end
+      end
+      if item then
+        if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
+        local finish = tag + est / weight(base, key)
+        redis.call('ZREMRANGEBYSCORE', last, '-inf', '(' .. tag)
+        if left > 0 then
+          redis.call('ZADD', active, finish, key)
+        else
+          redis.call('ZREM', active, key)
+          redis.call('ZADD', last, finish, key)
+        end
+        if bucket then
+          -- The bucket expires once it would be full again: no state for idle keys.
+          redis.call('HSET', bucket, 't', tokens - 1, 's', now)
+          redis.call('PEXPIRE', bucket, math.ceil((math.max(1, rate) - tokens + 1) / rate * 1000))
+        end
+        return item, key
+      end
+      -- Listed but empty (its list was deleted by hand): forget it.
+      redis.call('ZREM', active, key)
+    end
   end
+end
+
+-- A limited queue with nothing to serve now: seconds until a key set aside
+-- by its rate may go on, or a lease expires (nil: nothing will by itself).
+local function next_event(base, now)
+  local soonest = nil
+  local names = {{'{layout.SLEEP}'}}
+  -- An expiring lease matters only to a key set aside at its concurrency limit.
+  if redis.call('SCARD', kname(base, '{layout.PARKED}')) > 0 then
+    names[2] = '{layout.LEASES}'
+  end
+  for _, name in ipairs(names) do
+    local first = redis.call('ZRANGE', kname(base, name), 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local due = math.max(0, tonumber(first[2]) - now)
+      if not soonest or due < soonest then soonest = due end
+    end
+  end
+  return soonest
+end
+
+-- Record the lease of a fetched task of a limited key (its slot until it finishes).
+local function lease(base, key, id, now, ttl)
+  redis.call('HSET', kname(base, '{layout.LEASE_KEY}'), id, key)
+  redis.call('ZADD', kname(base, '{layout.LEASES}'), now + ttl, id)
+  redis.call('HINCRBY', kname(base, '{layout.RUNNING}'), key, 1)
 end
 """

@@ -1,28 +1,29 @@
 """Keyed queues on the producer: stamp each task's key, publish it to its key's list.
 
-``celery_fair.install(app)`` connects :func:`stamp_key` to Celery's
-``before_task_publish`` and wraps four methods of Kombu's Redis channel
-class (through :mod:`celery_fair.compat`, probed):
+``celery_fair.install(app)``, for an app with ``fair_keys``, wraps that
+app's task sender (``app.amqp.send_task_message``): a task for a keyed queue
+gets its key in the :data:`KEY_HEADER` header and the queue's name in
+:data:`KEYED_HEADER`.  It also wraps five methods of Kombu's Redis channel
+class once per process (through :mod:`celery_fair.compat`, probed):
 
-* ``_put``: a message for a keyed queue with a key goes to that key's list
-  (the ``ENQUEUE`` script); one without a key goes to the queue's own list,
-  as Kombu puts it, and is served as the unkeyed key;
+* ``_put``: a message whose :data:`KEYED_HEADER` names the queue it is put
+  to, with a key, goes to that key's list (the ``ENQUEUE`` script); any other
+  goes to the queue's own list, as Kombu puts it (served as the unkeyed key);
 * ``_do_restore_message``: a restored message (visibility timeout, a
-  worker's ``restore_unacked``, ``reject(requeue=True)``) goes back to its key;
+  worker's ``restore_unacked``, ``reject(requeue=True)``) goes back to its
+  key, and frees its key's slot (per-key limits);
 * ``_size``, ``_purge`` and ``_has_queue``: count, delete and see the
   per-key lists too, so ``celery purge`` and ``queue_declare(passive=True)``
   tell the truth.
 
-Which queues are keyed is process-wide (the Redis channel class is shared
-by every app of the process): the union of the installed apps'
-``fair_keys``, read when first needed.
+The decision travels with each message, so several apps in one process, with
+and without ``fair_keys``, publish each as configured.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kombu.utils.json import dumps as _dumps
@@ -30,13 +31,11 @@ from kombu.utils.json import dumps as _dumps
 from .. import compat
 from ..routing.keys import KeySource, parse_key_spec
 from . import store
-from .layout import KEY_HEADER, KeyedNames
+from .layout import KEY_HEADER, KEYED_HEADER, KeyedNames
 
-__all__ = ("KeyedQueues", "keyed_queues", "register_app", "stamp_key", "wrap_kombu")
+__all__ = ("KeyedQueues", "parse_fair_keys", "register_app", "wrap_kombu")
 
 _lock = threading.Lock()
-_apps: weakref.WeakSet[Any] = weakref.WeakSet()
-_sources: dict[str, KeySource] | None = None
 _patched = False
 
 
@@ -69,17 +68,16 @@ def parse_fair_keys(value: Any) -> KeyedQueues:
 
 
 def register_app(app: Any) -> None:
-    """Make ``app``'s ``fair_keys`` count; wrap Kombu's Redis channel once, if it has any.
+    """Publish ``app``'s tasks for keyed queues to their keys.
 
-    An app without ``fair_keys`` when ``install`` runs leaves Kombu untouched
-    (a worker that finds ``fair_keys`` at start wraps it then).
+    ``fair_keys`` is read when ``install`` runs: set it before.  An app
+    without it leaves Kombu and its sender untouched.
     """
-    global _sources
-    with _lock:
-        _apps.add(app)
-        _sources = None  # read again at the next use
-    if app.conf.get("fair_keys"):
-        wrap_kombu()
+    keyed = parse_fair_keys(app.conf.get("fair_keys"))
+    if not keyed:
+        return
+    wrap_kombu()
+    compat.wrap_task_sender(app, _stamping_sender(app, keyed))
 
 
 def wrap_kombu() -> None:
@@ -97,52 +95,48 @@ def wrap_kombu() -> None:
             _patched = True
 
 
-def keyed_queues() -> Mapping[str, KeySource]:
-    """The keyed queues of every installed app (read from their configuration once)."""
-    global _sources
-    sources = _sources
-    if sources is None:
-        with _lock:
-            sources = {}
-            for app in list(_apps):
-                sources.update(parse_fair_keys(app.conf.get("fair_keys")))
-            _sources = sources
-    return sources
+def _stamping_sender(app: Any, keyed: Mapping[str, KeySource]) -> Callable[..., Any]:
+    """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks."""
+
+    def send(original: Callable[..., Any], producer: Any, name: str, message: Any,
+             *args: Any, **options: Any) -> Any:  # fmt: skip
+        queue = _queue_name(app, options)
+        source = keyed.get(queue) if queue is not None else None
+        if queue is not None and source is not None:
+            stamp_key(source, name, queue, message)
+        return original(producer, name, message, *args, **options)
+
+    return send
 
 
-def stamp_key(
-    sender: Any = None,
-    body: Any = None,
-    routing_key: str | None = None,
-    headers: dict[str, Any] | None = None,
-    properties: Mapping[str, Any] | None = None,
-    declare: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> None:
-    """``before_task_publish``: put the task's key in its :data:`KEY_HEADER`.
+def _queue_name(app: Any, options: Mapping[str, Any]) -> str | None:
+    """The queue a task is sent to, as Celery's sender resolves it."""
+    queue = options.get("queue")
+    if isinstance(queue, str):
+        return queue
+    name = getattr(queue, "name", None) if queue is not None else None
+    if name is None and queue is None and options.get("exchange") is None:
+        name = options.get("routing_key") or app.conf.task_default_queue
+    return name if isinstance(name, str) else None
 
-    The queue is the routing key (Celery's direct routing, ``queue=`` and
-    ``task_routes``) or a declared queue.  A key already in the header (set
-    by the caller or by ``ConsistentHashRouter``) is kept when the queue's
-    own source finds none.
+
+def stamp_key(source: KeySource, name: str, queue: str, message: Any) -> None:
+    """Put a task's key in its :data:`KEY_HEADER` and its keyed queue in :data:`KEYED_HEADER`.
+
+    ``message`` is Celery's task message (headers, properties, body, ...).
+    A key already in the header (set by the caller or by
+    ``ConsistentHashRouter``) is kept when the queue's source finds none.
     """
-    sources = keyed_queues()
-    if not sources or headers is None:
+    headers, properties, body = message[0], message[1], message[2]
+    if not isinstance(headers, dict):
         return
-    source = sources.get(routing_key or "")
-    if source is None:
-        for queue in declare or ():
-            source = sources.get(getattr(queue, "name", None) or "")
-            if source is not None:
-                break
-        else:
-            return
     args, kw = _arguments(body)
     options = dict(properties or {})
     options["headers"] = headers
-    key = source.extract(str(sender), args, kw, options)
+    key = source.extract(name, args, kw, options)
     if key is not None:
         headers[KEY_HEADER] = key.decode() if isinstance(key, bytes) else str(key)
+    headers[KEYED_HEADER] = queue
 
 
 def _arguments(body: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:
@@ -163,10 +157,12 @@ def dumps(payload: Any) -> str:
     return text
 
 
-def message_key(message: Mapping[str, Any]) -> str | None:
-    """The key a Kombu payload carries, or None."""
+def message_key(message: Mapping[str, Any], queue: str) -> str | None:
+    """The key of a Kombu payload published for keyed ``queue``, or None (a plain message)."""
     headers = message.get("headers")
-    key = headers.get(KEY_HEADER) if isinstance(headers, Mapping) else None
+    if not isinstance(headers, Mapping) or headers.get(KEYED_HEADER) != queue:
+        return None
+    key = headers.get(KEY_HEADER)
     return key if isinstance(key, str) and key else None
 
 
@@ -179,7 +175,7 @@ def names_for(channel: Any, queue: str) -> KeyedNames:
 
 
 def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: Any) -> Any:
-    key = message_key(message) if queue in keyed_queues() else None
+    key = message_key(message, queue)
     if key is None:
         return original(channel, queue, message, **kwargs)
     names = names_for(channel, queue)
@@ -201,11 +197,9 @@ def _fair_restore(
     pipe: Any,
     leftmost: bool = False,
 ) -> Any:
-    sources = keyed_queues()
-    key = message_key(payload) if sources else None
-    queues = compat.bound_queues(channel, exchange, routing_key) if key is not None else ()
-    keyed = [q for q in queues if q in sources]
-    if key is None or not keyed:
+    queues = compat.bound_queues(channel, exchange, routing_key)
+    keyed = {q: k for q in queues if (k := message_key(payload, q)) is not None}
+    if not keyed:
         return original(channel, payload, exchange, routing_key, pipe, leftmost)
     # As Kombu does: mark it redelivered, then put it back.  Kombu's RPUSH
     # (leftmost=False) puts it first in line, its LPUSH last.
@@ -215,35 +209,42 @@ def _fair_restore(
     except (KeyError, TypeError):
         pass
     text = dumps(payload)
+    try:
+        tag = payload["properties"]["delivery_tag"]
+    except (KeyError, TypeError):
+        tag = None
     for queue in queues:
-        if queue in sources:
-            store.enqueue(pipe, names_for(channel, queue), key, text, front=not leftmost)
+        if queue in keyed:
+            names = names_for(channel, queue)
+            store.enqueue(pipe, names, keyed[queue], text, front=not leftmost)
+            if isinstance(tag, str):
+                # Back in line: the key's slot it held (per-key limits) is free.
+                store.release(pipe, names.sep, [(names.base, tag)])
         else:
             list_key = compat.queue_key(channel, queue, compat.message_priority(channel, payload))
             (pipe.lpush if leftmost else pipe.rpush)(list_key, text)
     return None
 
 
+# A queue is keyed if its keyed state exists on the broker: no process-wide list.
+
+
 def _fair_size(original: Any, channel: Any, queue: str) -> int:
     size = int(original(channel, queue))
-    if queue in keyed_queues():
-        with channel.conn_or_acquire() as client:
-            size += store.backlog(client, names_for(channel, queue)).messages
+    with channel.conn_or_acquire() as client:
+        size += store.backlog(client, names_for(channel, queue)).messages
     return size
 
 
 def _fair_purge(original: Any, channel: Any, queue: str) -> int:
     purged = int(original(channel, queue))
-    if queue in keyed_queues():
-        with channel.conn_or_acquire() as client:
-            purged += store.purge(client, names_for(channel, queue))
+    with channel.conn_or_acquire() as client:
+        purged += store.purge(client, names_for(channel, queue))
     return purged
 
 
 def _fair_has_queue(original: Any, channel: Any, queue: str, **kwargs: Any) -> bool:
     if original(channel, queue, **kwargs):
         return True
-    if queue not in keyed_queues():
-        return False
     with channel.conn_or_acquire() as client:
         return bool(client.exists(names_for(channel, queue).state))

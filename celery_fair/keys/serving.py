@@ -9,19 +9,25 @@ round trip.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .layout import SERVED_HEADER
+from .limits import KeyLimits
 
 __all__ = ("KeyStatistics", "KeyedServing")
+
+logger = logging.getLogger(__name__)
 
 #: Served-key counts kept per worker for ``inspect fair_stats`` (the top
 #: keys); past this many distinct keys the counts are halved and the
 #: smallest dropped (a bounded heavy-hitters summary).
 COUNTED_KEYS = 1024
+
+_RUNNING, _FINISHED, _SETTLED = "running", "finished", "settled"
 
 #: Corrections kept while no fetch runs to carry them (oldest dropped first).
 MAX_PENDING_CHARGES = 10_000
@@ -39,6 +45,15 @@ class KeyStatistics:
     #: The most served keys, ``(queue, key, count)``, most first.
     top: tuple[tuple[str, str, int], ...]
     pending_charges: int
+    #: Per-key limits as configured (``"*"``: every other key); live changes
+    #: are on the broker (``inspect fair_stats`` reads them there).
+    concurrency: dict[str, int]
+    rates: dict[str, float]
+    lease_ttl: float
+    #: Slots released by this worker (tasks finished, revoked, returned), and
+    #: releases that failed (those leases expire after ``lease_ttl``).
+    released: int
+    release_errors: int
 
 
 class KeyedServing:
@@ -56,8 +71,20 @@ class KeyedServing:
         default_weight: float = 1.0,
         runtime: bool = False,
         estimate: Callable[[str], float] = lambda queue: 1.0,
+        limits: KeyLimits | None = None,
+        slots: int = 1,
     ) -> None:
         self.queues = frozenset(queues)
+        self.limits = limits if limits is not None else KeyLimits()
+        #: Sends ``(queue, delivery tag)`` releases to the broker (set when a channel is attached).
+        self.send_releases: Callable[[list[tuple[str, str]]], None] | None = None
+        self.released = self.release_errors = 0
+        self._tags: dict[Any, str] = {}
+        #: Pool slots of this worker: limited tasks fetched and not finished stay below.
+        self.slots = max(1, slots)
+        self._in_flight: dict[str, int] = {}
+        #: Called when a limited queue has room again (wakes an idle fetch).
+        self.on_room: Callable[[], None] | None = None
         self.default_weight = default_weight
         self.runtime = runtime
         self.estimate = estimate
@@ -70,9 +97,101 @@ class KeyedServing:
         """What a message of keyed ``queue`` is charged when fetched."""
         return float(self.estimate(queue)) if self.runtime else 1.0
 
+    @property
+    def limited(self) -> bool:
+        """Whether the keyed queues have per-key limits (tasks hold leases)."""
+        return bool(self.limits)
+
+    def fetch_word(self, queue: str) -> tuple[float, str]:
+        """The charge at fetch of keyed ``queue`` and its word for the fetch script."""
+        charge = self.charge_at_fetch(queue)
+        if self.limited:
+            return charge, f"L{charge!r}:{self.limits.lease_ttl!r}"
+        return charge, repr(charge)
+
+    # A task holds its key's slot from its fetch until it finishes.  Two events
+    # end it: the task's completion (it ran) and its message's ack or reject.
+    # With early acks the ack comes when the pool accepts the task, before it
+    # runs; a task revoked, expired or rejected before it runs is only acked.
+    # So: the slot is freed at completion, or at an ack of a task never
+    # dispatched; ``_tags`` remembers which of the two happened first.
+
+    def lease_dispatched(self, delivery_tag: Any) -> None:
+        """A task of a limited key was handed to the pool."""
+        if self.limited and delivery_tag:
+            with self._lock:
+                self._tags[delivery_tag] = _RUNNING
+
+    def lease_finished(self, queue: str | None, delivery_tag: Any) -> None:
+        """A dispatched task finished (or its pool process died): free its slot."""
+        if not self.limited or not delivery_tag:
+            return
+        with self._lock:
+            state = self._tags.pop(delivery_tag, None)
+            if state == _RUNNING:
+                self._tags[delivery_tag] = _FINISHED  # its ack is still to come
+        self.release(queue, delivery_tag)
+
+    def lease_settled(self, queue: str | None, delivery_tag: Any) -> None:
+        """The message was acked or rejected: free the slot of a task that never ran."""
+        if not self.limited or not delivery_tag:
+            return
+        with self._lock:
+            state = self._tags.pop(delivery_tag, None)
+            if state == _RUNNING:
+                self._tags[delivery_tag] = _SETTLED  # it runs: freed when it finishes
+                return
+        if state is None:
+            self.release(queue, delivery_tag)
+
+    def release(self, queue: str | None, delivery_tag: Any) -> None:
+        """Release the key slot of ``delivery_tag`` (a message of ``queue``) now."""
+        if not self.limited or queue not in self.queues or not delivery_tag:
+            return
+        assert queue is not None
+        with self._lock:
+            held = self._in_flight.get(queue, 0)
+            self._in_flight[queue] = max(0, held - 1)
+        if held >= self.slots and self.on_room is not None:
+            self.on_room()  # this worker may fetch from the queue again
+        send = self.send_releases
+        if send is None:
+            return
+        try:
+            send([(queue, str(delivery_tag))])
+        except Exception as exc:  # the lease expires after lease_ttl: never fatal
+            with self._lock:
+                self.release_errors += 1
+            logger.warning(
+                "celery-fair: could not release the key slot of message %s (%r); it comes "
+                "back when its lease expires (%g s)",
+                delivery_tag, exc, self.limits.lease_ttl,
+            )  # fmt: skip
+            return
+        with self._lock:
+            self.released += 1
+
+    def has_room(self, queue: str) -> bool:
+        """Whether this worker may fetch from keyed ``queue`` now.
+
+        With per-key limits a fetched task holds its key's slot until it
+        finishes, so a worker fetches only for a free pool slot: tasks that
+        would wait in its buffer would keep their keys' slots from workers
+        with free pool slots.
+        """
+        return not self.limited or self._in_flight.get(queue, 0) < self.slots
+
+    def reset(self) -> None:
+        """A new channel: the previous one's messages went back to the broker."""
+        with self._lock:
+            self._in_flight.clear()
+            self._tags.clear()
+
     def served(self, queue: str, key: str) -> None:
         """The fetch served ``key`` of ``queue``."""
         with self._lock:
+            if self.limited:
+                self._in_flight[queue] = self._in_flight.get(queue, 0) + 1
             self._served[queue] = self._served.get(queue, 0) + 1
             counts = self._counts
             pair = (queue, key)
@@ -109,6 +228,11 @@ class KeyedServing:
                 served=dict(self._served),
                 top=tuple((q, k, n) for (q, k), n in ranked),
                 pending_charges=len(self._charges),
+                concurrency=dict(self.limits.concurrency),
+                rates=dict(self.limits.rates),
+                lease_ttl=self.limits.lease_ttl,
+                released=self.released,
+                release_errors=self.release_errors,
             )
 
 

@@ -22,6 +22,10 @@ __all__ = (
     "backlog",
     "enqueue",
     "enqueue_args",
+    "limits_state",
+    "release",
+    "set_live_limits",
+    "write_configured_limits",
     "purge",
     "set_live_weights",
     "text",
@@ -52,6 +56,7 @@ class Script:
 ENQUEUE = Script(lua.ENQUEUE)
 CHARGE = Script(lua.CHARGE)
 PURGE = Script(lua.PURGE)
+RELEASE = Script(lua.RELEASE)
 
 
 def enqueue(client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False) -> Any:
@@ -81,6 +86,68 @@ def charge(
     for base, key, delta in charges:
         flat.extend((base, key, repr(delta)))
     return CHARGE(client, *flat)
+
+
+def release(client: Any, sep: str, releases: list[tuple[str, str]]) -> Any:
+    """Free the key slots held by these ``(base, task id)`` leases (unknown ids: nothing).
+
+    On a pipeline (a Kombu restore's ``MULTI``) the script is sent with ``EVAL``.
+    """
+    flat: list[Any] = [sep, "1"]
+    for base, task_id in releases:
+        flat.extend((base, task_id))
+    if _is_pipeline(client):
+        return client.eval(RELEASE.text, 0, *flat)
+    return RELEASE(client, *flat)
+
+
+def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:
+    """Replace the configured per-key limits (fields ``c:<key>``, ``r:<key>``) in one step."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(names.limits_conf)
+    if fields:
+        pipe.hset(names.limits_conf, mapping=dict(fields))
+    pipe.execute()
+
+
+def set_live_limits(client: Any, names: KeyedNames, fields: Mapping[str, str | None]) -> None:
+    """Set limits live (fields ``c:<key>``/``r:<key>``); ``None`` removes a live limit."""
+    pipe = client.pipeline(transaction=True)
+    for name, value in fields.items():
+        if value is None:
+            pipe.hdel(names.limits_live, name)
+        else:
+            pipe.hset(names.limits_live, name, value)
+    pipe.execute()
+
+
+@dataclass(frozen=True)
+class KeyedLimitsState:
+    """Per-key limits of a keyed queue as the broker holds them now."""
+
+    #: Limits in force: the configured fields with the live ones over them.
+    limits: dict[str, str]
+    #: Tasks holding a slot, per key (the keys with any).
+    running: dict[str, int]
+    #: Keys set aside at their concurrency limit, and by their rate.
+    parked: int
+    sleeping: int
+
+
+def limits_state(client: Any, names: KeyedNames) -> KeyedLimitsState:
+    """The limits in force, running counts and keys held back, from the broker."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(names.limits_conf).hgetall(names.limits_live).hgetall(names.running)
+    pipe.scard(names.parked).zcard(names.sleep)
+    conf, live, running, parked, sleeping = pipe.execute()
+    limits = {text(k): text(v) for k, v in conf.items()}
+    limits.update({text(k): text(v) for k, v in live.items()})
+    return KeyedLimitsState(
+        limits=limits,
+        running={text(k): int(v) for k, v in running.items()},
+        parked=int(parked),
+        sleeping=int(sleeping),
+    )
 
 
 def purge(client: Any, names: KeyedNames) -> int:

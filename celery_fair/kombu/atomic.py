@@ -63,10 +63,12 @@ logger = logging.getLogger(__name__)
 #: charges and (base, key, delta) triples (:mod:`celery_fair.keys`), then
 #: one word per queue key: ``-`` for a plain list, else the queue is keyed
 #: and the word is the charge at fetch.
-#: Returns {key, item} for a delivered message, {key, item, "key", fair key}
-#: for one of a keyed queue, {key, item, "malformed"} for a payload moved
-#: aside, or nil when every queue is empty (after reading the queue lengths,
-#: so that client-side tracking watches them).
+#: A keyed queue's word is its charge at fetch, or ``L<charge>:<lease s>``
+#: with per-key limits.  Returns {key, item} for a delivered message,
+#: {key, item, "key", fair key} for one of a keyed queue, {key, item,
+#: "malformed"} for a payload moved aside, or, when every queue is empty
+#: (after reading the queue lengths, so that client-side tracking watches
+#: them), nil or the milliseconds until a key held back by its limits may go on.
 FETCH_SCRIPT = (
     "local SEP, DFLT = ARGV[3], tonumber(ARGV[4])\n"
     + keys_lua.PRELUDE
@@ -82,11 +84,18 @@ for j = 0, nc - 1 do
   charge(ARGV[a + 3 * j + 1], ARGV[a + 3 * j + 2], tonumber(ARGV[a + 3 * j + 3]))
 end
 local flags = a + 3 * nc
+local now = nil
 for i = 1, n do
-  local item, fkey = nil, nil
+  local item, fkey, ttl = nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
-  else item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(word)) end
+  elseif string.sub(word, 1, 1) == 'L' then
+    -- A keyed queue with per-key limits: "L<charge>:<lease seconds>".
+    local sep = string.find(word, ':', 2, true)
+    ttl = tonumber(string.sub(word, sep + 1))
+    now = now or server_now()
+    item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now)
+  else item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(word), false, 0) end
   if item then
     local ok, msg = pcall(cjson.decode, item)
     local tag, ex, rk = nil, '', ''
@@ -106,12 +115,26 @@ for i = 1, n do
     local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
     redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
     redis.call('HSET', KEYS[2 * n + 1], tag, record)
+    if ttl then
+      -- The task holds a slot of its key until it finishes (or the lease expires).
+      lease(KEYS[i], fkey, tag, now, ttl)
+    end
     if fkey then return {KEYS[i], item, 'key', fkey} end
     return {KEYS[i], item}
   end
 end
 for i = 1, n do redis.call('LLEN', KEYS[i]) end
 for j = 2 * n + 3, #KEYS do redis.call('EXISTS', KEYS[j]) end
+-- Limited queues: when a key set aside may go on by itself (its rate, an
+-- expiring lease), tell the caller how long to wait at most (milliseconds).
+local soonest = nil
+for i = 1, n do
+  if string.sub(ARGV[flags + i], 1, 1) == 'L' then
+    local due = next_event(KEYS[i], now or server_now())
+    if due and (not soonest or due < soonest) then soonest = due end
+  end
+end
+if soonest then return math.floor(soonest * 1000) + 1 end
 return nil
 """
 )
@@ -176,6 +199,7 @@ class AtomicFetch:
             if s
         ]
         self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+        self._due: float | None = None  # seconds until a limited key may go on
         self._names: dict[str, KeyedNames] = {}  # keyed queue -> its Redis names
         self._charged: dict[str, float] = {}  # keyed queue -> its charge in the pending fetch
 
@@ -184,7 +208,7 @@ class AtomicFetch:
         channel = self.channel
         self.listener = InvalidationListener(
             channel.client.connection_pool,
-            self._wake,
+            self.wake,
             stop_when=lambda: bool(getattr(channel, "closed", False)),
         )
         if self.listener.start():
@@ -217,8 +241,10 @@ class AtomicFetch:
             timeout = compat.brpop_timeout(channel)
         self._sent_at = monotonic()
         compat.begin_poll(channel, conn, self._sent_at)
+        keys: list[str] = []
         if self.mode == _FETCH:
             keys, words, watched = self._entries(queues)
+        if keys:
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
             charges = self._charges()
             self.pending = _FETCH
@@ -230,6 +256,8 @@ class AtomicFetch:
             )  # fmt: skip
         else:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
+            if self._due is not None:
+                wait = min(wait or self._due, self._due)
             self.pending, self._waking = _WAIT, False
             self.waits += 1
             conn.send_command("BLPOP", self._wake_key, wait or 0)
@@ -254,8 +282,11 @@ class AtomicFetch:
                 # Woken by the listener, or the wait timed out: look again.
                 self.mode = _FETCH
                 raise Empty()
-            if not reply:
+            if not reply or isinstance(reply, int):
+                # Nothing to fetch; with per-key limits, the reply says when a
+                # key held back may go on (nothing writes then to wake us).
                 self.mode = _WAIT
+                self._due = reply / 1000.0 if isinstance(reply, int) and reply > 0 else None
                 raise Empty()
             return self._deliver(reply)
         finally:
@@ -286,10 +317,10 @@ class AtomicFetch:
                 if queue not in keyed.queues:
                     keys.append(prefix + compat.queue_key(channel, queue, pri))
                     words.append("-")
-                elif queue not in charged:
-                    charged[queue] = keyed.charge_at_fetch(queue)
+                elif queue not in charged and keyed.has_room(queue):
+                    charged[queue], word = keyed.fetch_word(queue)
                     keys.append(prefix + queue)
-                    words.append(repr(charged[queue]))
+                    words.append(word)
                     names = self._keyed_names(queue)
                     watched.append(names.active)
                     watched.extend(names.base + suffix for suffix in self._suffixes)
@@ -360,8 +391,8 @@ class AtomicFetch:
         self._armed_generation = listener.generation if listener is not None else 0
         self.mode = _FETCH
 
-    def _wake(self) -> None:
-        """End the current wait (called by the listener's thread)."""
+    def wake(self) -> None:
+        """End the current wait: something to fetch (the listener's thread, or a freed slot)."""
         self.wakeups += 1
         if self._waking:
             return
@@ -426,5 +457,7 @@ def install_atomic_fetch(
     """
     fetch = AtomicFetch(channel, cycle, keyed)
     fetch.listen()
+    if keyed is not None:
+        keyed.on_room = fetch.wake
     compat.replace_fetch(channel, fetch.start, fetch.read)
     return fetch

@@ -181,8 +181,15 @@ def install_on_channel(
         return append(message, delivery_tag)
 
     errors = _restore_errors(channel)
+    limited = keyed if keyed is not None and keyed.limited else None
+
+    def settle(delivery_tag: Any) -> None:
+        # Per-key limits: a task acked or rejected without running frees its slot.
+        if limited is not None:
+            limited.lease_settled(ledger.tags.get(delivery_tag), delivery_tag)
 
     def fair_ack(delivery_tag: Any) -> Any:
+        settle(delivery_tag)
         ledger.release(delivery_tag)
         try:
             return ack(delivery_tag)
@@ -193,6 +200,7 @@ def install_on_channel(
             return None
 
     def fair_reject(delivery_tag: Any, requeue: bool = False) -> Any:
+        settle(delivery_tag)
         ledger.release(delivery_tag)
         try:
             return reject(delivery_tag, requeue=requeue)

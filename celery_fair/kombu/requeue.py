@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import compat
-from ..keys.publish import keyed_queues, message_key, names_for
+from ..keys.publish import message_key, names_for
 from ..keys.store import enqueue
 
 __all__ = ("REQUEUE_HEADER", "copy_properties", "push_front_redis", "requeue_count")
@@ -68,7 +68,7 @@ def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bo
     # A new delivery tag, as Kombu gives every published message (it keys
     # the unacknowledged index; a copy must not share the original's).
     payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
-    key = message_key(payload) if queue in keyed_queues() else None
+    key = message_key(payload, queue)
     with channel.conn_or_acquire() as client:
         if key is not None:
             enqueue(client, names_for(channel, queue), key, json.dumps(payload), front=True)

@@ -26,6 +26,9 @@ and celery-fair side by side:
 ``CELERY_FAIR_ETA_LIMIT``  ``worker_eta_task_limit`` (Celery >= 5.6)
 ``CELERY_FAIR_KEYS``  the ``fair_keys`` setting, as ``queue=spec[,queue=spec]``
 ``CELERY_FAIR_KEY_WEIGHTS``  the ``fair_key_weights`` setting, as ``key=w[,key=w]``
+``CELERY_FAIR_KEY_CONCURRENCY``  the ``fair_key_concurrency`` setting, as ``key=n[,key=n]``
+``CELERY_FAIR_KEY_RATE``  the ``fair_key_rate_limit`` setting, as ``key=10/s[,key=...]``
+``CELERY_FAIR_KEY_LEASE_TTL``  the ``fair_key_lease_ttl`` setting (seconds)
 """
 
 from __future__ import annotations
@@ -119,6 +122,12 @@ if os.environ.get("CELERY_FAIR_KEYS"):
     )
 if os.environ.get("CELERY_FAIR_KEY_WEIGHTS"):
     app.conf.fair_key_weights = os.environ["CELERY_FAIR_KEY_WEIGHTS"]
+if os.environ.get("CELERY_FAIR_KEY_CONCURRENCY"):
+    app.conf.fair_key_concurrency = os.environ["CELERY_FAIR_KEY_CONCURRENCY"]
+if os.environ.get("CELERY_FAIR_KEY_RATE"):
+    app.conf.fair_key_rate_limit = os.environ["CELERY_FAIR_KEY_RATE"]
+if os.environ.get("CELERY_FAIR_KEY_LEASE_TTL"):
+    app.conf.fair_key_lease_ttl = float(os.environ["CELERY_FAIR_KEY_LEASE_TTL"])
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

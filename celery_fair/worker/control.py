@@ -13,7 +13,7 @@ from celery.worker.control import control_command, inspect_command
 
 from .settings import FairConfigError, parse_weights
 
-__all__ = ("fair_key_weights", "fair_stats", "fair_weights")
+__all__ = ("fair_key_limits", "fair_key_weights", "fair_stats", "fair_weights")
 
 NOT_INSTALLED = "celery-fair is not installed on this worker (call celery_fair.install(app))"
 
@@ -37,25 +37,44 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
             }
         except Exception as exc:  # a broker error must not fail the whole reply
             stats["keys"]["backlog"] = {"error": repr(exc)}
+        try:
+            stats["keys"]["limits_state"] = {
+                queue: asdict(state) for queue, state in service.key_limits_state().items()
+            }
+        except Exception as exc:
+            stats["keys"]["limits_state"] = {"error": repr(exc)}
     return stats
 
 
 @control_command(variadic="weights", signature="QUEUE=WEIGHT [QUEUE=WEIGHT ...]")
 def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Change queue weights at run time; invalid input changes nothing."""
+    """Change queue weights at run time; invalid input changes nothing.
+
+    On Redis they are also stored on the broker, so a worker that starts later
+    uses them; ``QUEUE=default`` goes back to the configured weight.
+    """
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
-    if isinstance(weights, (list, tuple)):
-        weights = ",".join(str(w) for w in weights)
+    reset, rest = _split_defaults(weights)
     try:
-        parsed = parse_weights(weights, setting="fair_weights")
-        if not parsed:
+        parsed = parse_weights(rest, setting="fair_weights")
+        if not parsed and not reset:
             raise FairConfigError(f"fair_weights: no QUEUE=WEIGHT given, got {weights!r}")
     except FairConfigError as exc:
         return {"error": str(exc)}
-    service.set_weights(parsed)
+    service.set_weights(parsed, reset=reset)
     return {"ok": f"weights now {service.scheduler.weights}"}
+
+
+def _split_defaults(value: Any) -> tuple[list[str], str]:
+    """``"a=2,b=default"`` (or its words) -> (``["b"]``, ``"a=2"``)."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    parts = [p.partition("=") for p in str(value or "").split(",") if p.strip()]
+    reset = [name.strip() for name, _, v in parts if v.strip() == "default" and name.strip()]
+    rest = ",".join(f"{n}={v}" for n, _, v in parts if v.strip() != "default")
+    return reset, rest
 
 
 @control_command(variadic="weights", signature="KEY=WEIGHT|KEY=default [KEY=WEIGHT ...]")
@@ -68,21 +87,54 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
-    if isinstance(weights, (list, tuple)):
-        weights = ",".join(str(w) for w in weights)
-    text = str(weights or "")
-    reset = {
-        name.strip(): None
-        for name, _, value in (p.partition("=") for p in text.split(","))
-        if value.strip() == "default" and name.strip()
-    }
-    rest = ",".join(p for p in text.split(",") if p.partition("=")[2].strip() != "default")
+    reset, rest = _split_defaults(weights)
     try:
         parsed: dict[str, float | None] = dict(parse_weights(rest, setting="fair_key_weights"))
-        parsed.update(reset)
+        parsed.update(dict.fromkeys(reset))
         if not parsed:
             raise FairConfigError(f"fair_key_weights: no KEY=WEIGHT given, got {weights!r}")
         service.set_key_weights(parsed)
     except FairConfigError as exc:
         return {"error": str(exc)}
     return {"ok": f"key weights set {parsed}"}
+
+
+_LIMIT_KINDS = {"concurrency": "c", "rate": "r"}
+
+
+@control_command(
+    variadic="limits", signature="concurrency|rate KEY=LIMIT|KEY=default [KEY=LIMIT ...]"
+)
+def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Change per-key limits of the keyed queues, on the broker (every worker, at once).
+
+    ``concurrency gold=8 *=2`` or ``rate free=5/s``; ``KEY=default`` removes
+    a live limit (the configured one applies again).  Invalid input changes
+    nothing.
+    """
+    from ..keys.limits import parse_concurrency, parse_rates
+
+    service = _service(state)
+    if service is None:
+        return {"error": NOT_INSTALLED}
+    words = list(limits) if isinstance(limits, (list, tuple)) else str(limits or "").split()
+    kind = _LIMIT_KINDS.get(words[0]) if words else None
+    if kind is None:
+        return {"error": f"fair_key_limits: start with 'concurrency' or 'rate', got {limits!r}"}
+    pairs = [w.partition("=") for w in ",".join(words[1:]).split(",") if w]
+    reset = {f"{kind}:{k.strip()}": None for k, _, v in pairs if v.strip() == "default"}
+    rest = ",".join(f"{k}={v}" for k, _, v in pairs if v.strip() != "default")
+    try:
+        fields: dict[str, str | None] = dict(reset)
+        if kind == "c":
+            parsed_c = parse_concurrency(rest, setting="fair_key_limits concurrency")
+            fields.update({f"c:{k}": str(v) for k, v in parsed_c.items()})
+        else:
+            parsed_r = parse_rates(rest, setting="fair_key_limits rate")
+            fields.update({f"r:{k}": repr(v) for k, v in parsed_r.items()})
+        if not fields:
+            raise FairConfigError(f"fair_key_limits: no KEY=LIMIT given, got {limits!r}")
+        service.set_key_limits(fields)
+    except FairConfigError as exc:
+        return {"error": str(exc)}
+    return {"ok": f"key limits set {fields}"}

@@ -6,6 +6,7 @@ only wire it into a worker.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
@@ -20,9 +21,14 @@ from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
 from .push_prefetch import PushWindows
-from .settings import FairConfigError, FairSettings
+from .settings import FairConfigError, FairSettings, parse_weights
 
-__all__ = ("FairService",)
+__all__ = ("LIVE_WEIGHTS", "FairService")
+
+logger = logging.getLogger(__name__)
+
+#: Redis hash (under Kombu's key prefix) of queue weights set by ``control fair_weights``.
+LIVE_WEIGHTS = "_fair.queue_weights"
 
 
 class FairService:
@@ -71,6 +77,8 @@ class FairService:
                 default_weight=settings.default_key_weight,
                 runtime=settings.cost == "runtime",
                 estimate=self.scheduler.fetch_cost,
+                limits=settings.key_limits,
+                slots=max(1, concurrency),
             )
 
     # -- consumer side --------------------------------------------------------
@@ -85,6 +93,8 @@ class FairService:
         with self.lock:
             self.scheduler.reset_held()
         self._channel = channel
+        if self.keyed is not None:
+            self.keyed.reset()
         self.cycle = install_on_channel(
             channel,
             self.scheduler,
@@ -96,6 +106,8 @@ class FairService:
         )
         if self.keyed is not None:
             self._publish_key_weights(channel)
+        if self.cycle is not None and compat.is_redis_channel(channel):
+            self._adopt_live_weights(channel)
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)
         return self.cycle is not None
@@ -107,11 +119,43 @@ class FairService:
                 f"fair_keys={sorted(self.settings.keys)!r} needs the atomic fetch, which is "
                 f"not available here ({', '.join(self.probe.missing) or 'not a Redis channel'})"
             )
+        limits = self.settings.key_limits.as_fields()
         with channel.conn_or_acquire() as client:
             for queue in self.settings.keys:
-                store.write_configured_weights(
-                    client, names_for(channel, queue), self.settings.key_weights
-                )
+                names = names_for(channel, queue)
+                store.write_configured_weights(client, names, self.settings.key_weights)
+                store.write_configured_limits(client, names, limits)
+        if self.keyed is not None and self.keyed.limited:
+            self.keyed.send_releases = self._send_releases
+
+    def _send_releases(self, releases: list[tuple[str, str]]) -> None:
+        """Free key slots: ``(queue, delivery tag)`` of tasks done with (per-key limits)."""
+        channel = self._channel
+        if channel is None:
+            raise RuntimeError("no channel")
+        sep = compat.key_separator(channel)
+        with channel.conn_or_acquire() as client:
+            store.release(client, sep, [(names_for(channel, q).base, tag) for q, tag in releases])
+
+    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
+        channel = self._channel
+        if self.keyed is None or channel is None:
+            raise FairConfigError("fair_key_limits: this worker has no keyed queue (fair_keys)")
+        with channel.conn_or_acquire() as client:
+            for queue in self.settings.keys:
+                store.set_live_limits(client, names_for(channel, queue), fields)
+
+    def key_limits_state(self) -> dict[str, store.KeyedLimitsState]:
+        """Each keyed queue's limits in force, running counts and keys held back."""
+        channel = self._channel
+        if self.keyed is None or not self.keyed.limited or channel is None:
+            return {}
+        with channel.conn_or_acquire() as client:
+            return {
+                queue: store.limits_state(client, names_for(channel, queue))
+                for queue in self.settings.keys
+            }
 
     def set_key_weights(self, weights: dict[str, float | None]) -> None:
         """Set key weights live, on the broker (every worker and restart sees them)."""
@@ -326,10 +370,41 @@ class FairService:
 
     # -- worker side ----------------------------------------------------------
 
-    def set_weights(self, weights: dict[str, float]) -> None:
-        """Change weights at run time; they act on the very next fetch."""
+    def set_weights(self, weights: dict[str, float], *, reset: Iterable[str] = ()) -> None:
+        """Change weights at run time; they act on the very next fetch.
+
+        ``reset``: queues that go back to their configured weight.  On Redis
+        the change is also stored on the broker (:data:`LIVE_WEIGHTS`), where
+        a worker that starts later finds it.
+        """
+        settings = self.settings
+        back = {q: settings.weights.get(q, settings.default_weight) for q in reset}
         with self.lock:
-            self.scheduler.set_weights(weights)
+            self.scheduler.set_weights({**weights, **back})
+        channel = self._channel
+        if channel is not None and compat.is_redis_channel(channel):
+            key = compat.key_prefix(channel) + LIVE_WEIGHTS
+            with channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=True)
+                if weights:
+                    pipe.hset(key, mapping={q: repr(float(w)) for q, w in weights.items()})
+                if back:
+                    pipe.hdel(key, *back)
+                pipe.execute()
+
+    def _adopt_live_weights(self, channel: Any) -> None:
+        """Redis: weights set by ``control fair_weights`` earlier, kept on the broker."""
+        key = compat.key_prefix(channel) + LIVE_WEIGHTS
+        with channel.conn_or_acquire() as client:
+            stored = client.hgetall(key)
+        if not stored:
+            return
+        live = parse_weights(
+            {store.text(q): store.text(w) for q, w in stored.items()}, setting=f"{key} (Redis)"
+        )
+        with self.lock:
+            self.scheduler.set_weights(live)
+        logger.info("celery-fair: weights set live earlier, from the broker: %s", live)
 
     def statistics(self) -> dict[str, object]:
         """The scheduler's state as plain data."""

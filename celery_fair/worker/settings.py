@@ -15,6 +15,7 @@ from typing import Any
 import click
 from celery.exceptions import ImproperlyConfigured
 
+from ..keys.limits import KeyLimits
 from ..scheduling.scheduler import COST_MODES, CostMode
 
 __all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_weights")
@@ -39,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     "fair_keys": {},
     "fair_key_weights": {},
     "fair_default_key_weight": 1.0,
+    "fair_key_concurrency": {},
+    "fair_key_rate_limit": {},
+    "fair_key_lease_ttl": None,
 }
 
 CODEL_ACTIONS = ("requeue", "reject")
@@ -72,6 +76,28 @@ def _keys(conf: Mapping[str, Any]) -> dict[str, Any]:
             "message priorities would be ignored. Unset one of them"
         )
     return keys
+
+
+def _key_limits(conf: Mapping[str, Any], get: Any) -> KeyLimits:
+    """``fair_key_concurrency``, ``fair_key_rate_limit`` and the lease TTL, checked.
+
+    The lease TTL defaults to the Redis ``visibility_timeout`` (Kombu's default
+    3600 s): a task of a crashed worker comes back when its slot does.
+    """
+    from ..keys.limits import KeyLimits, parse_concurrency, parse_rates
+
+    ttl = conf.get("fair_key_lease_ttl")
+    if ttl is None:
+        options = conf.get("broker_transport_options") or {}
+        ttl = options.get("visibility_timeout", 3600) if isinstance(options, Mapping) else 3600
+        setting = "broker_transport_options['visibility_timeout']"
+    else:
+        setting = "fair_key_lease_ttl"
+    return KeyLimits(
+        concurrency=parse_concurrency(get("fair_key_concurrency")),
+        rates=parse_rates(get("fair_key_rate_limit")),
+        lease_ttl=_positive(setting, None, ttl),
+    )
 
 
 def _positive(setting: str, key: str | None, value: Any) -> float:
@@ -220,6 +246,8 @@ class FairSettings:
     keys: Mapping[str, Any] = field(default_factory=dict)
     key_weights: Mapping[str, float] = field(default_factory=dict)
     default_key_weight: float = 1.0
+    #: Per-key concurrency and rate limits of the keyed queues.
+    key_limits: KeyLimits = field(default_factory=KeyLimits)
 
     @property
     def codel(self) -> bool:
@@ -276,8 +304,16 @@ class FairSettings:
                 f"fair_keys={dict(conf.get('fair_keys') or {})!r} needs fair_atomic_fetch=True "
                 "(keyed queues are served by the atomic fetch script)"
             )
+        limits = _key_limits(conf, get)
+        if limits and not keys:
+            raise FairConfigError(
+                "fair_key_concurrency / fair_key_rate_limit apply to keyed queues: set fair_keys "
+                f"too (got concurrency {dict(limits.concurrency)!r}, rates "
+                f"{dict(limits.rates)!r})"
+            )
         return cls(
             keys=keys,
+            key_limits=limits,
             key_weights=parse_weights(get("fair_key_weights"), setting="fair_key_weights"),
             default_key_weight=_positive(
                 "fair_default_key_weight", None, get("fair_default_key_weight")

@@ -77,7 +77,9 @@ class TaskTracker:
     def follows_completion(self) -> bool:
         """Whether each task must be followed until it finishes (its run time)."""
         settings = self.service.settings
-        return settings.cost == "runtime" or settings.prefetch == "auto"
+        return (
+            settings.cost == "runtime" or settings.prefetch == "auto" or bool(settings.key_limits)
+        )
 
     def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Stamp the receipt time (telemetry, and CoDel's sojourn).
@@ -170,6 +172,8 @@ class TaskTracker:
             return fair_stamp_dispatch
 
         keyed = service.keyed if runtime_cost else None
+        # Per-key limits: a task holds its key's slot until it finishes.
+        limited = service.keyed if service.keyed is not None and service.keyed.limited else None
 
         def fair_process_task(request: Any) -> Any:
             queue = service.queue_of(request)
@@ -182,6 +186,9 @@ class TaskTracker:
             )
             if telemetry:
                 stamp(request, queue)
+            tag = compat.delivery_tag(request) if limited is not None else None
+            if limited is not None:
+                limited.lease_dispatched(tag)
             started = clock()
             if meter is not None:
                 received = getattr(request, RECEIVED_MONOTONIC, None)
@@ -201,6 +208,8 @@ class TaskTracker:
                 if attrs is not None:
                     attrs.pop("on_success", None)
                     attrs.pop("on_failure", None)
+                if limited is not None:
+                    limited.lease_finished(queue, tag)
                 if runtime is None:
                     runtime = clock() - started
                 if runtime_cost:

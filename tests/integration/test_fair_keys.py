@@ -245,3 +245,17 @@ def test_a_worker_without_celery_fair_on_a_keyed_queue_is_reported(redis_url: st
     line = next(x for x in fair.log().splitlines() if "without celery-fair" in x)
     assert "plain-keyed@" in line and "keyed queue(s) keyed" in line
     assert fair.name not in line  # a celery-fair worker is not reported
+
+
+def test_an_app_without_fair_keys_in_the_same_process_publishes_plainly(
+    redis_url: str, producer: Celery
+) -> None:
+    plain = Celery("plain-in-process", broker=redis_url)
+    celery_fair.install(plain)  # celery-fair, but no fair_keys
+    _publish(producer, {"a": 2}, ms=0)
+    _publish(plain, {"b": 3}, ms=0)
+    client = redis_lib.Redis.from_url(redis_url)
+    assert client.llen(QUEUE) == 3  # the plain app's, in Kombu's own list
+    assert client.llen(KeyedNames(QUEUE).key_list("a")) == 2
+    assert client.llen(KeyedNames(QUEUE).key_list("b")) == 0
+    plain.close()

@@ -158,3 +158,84 @@ def test_plain_consumers_of_a_keyed_queue_are_named() -> None:
         "elsewhere@h": {"error": "No such method: fair_stats"},
     }
     assert plain_consumers(active, stats, {"jobs"}) == {"plain@h": ["jobs"], "silent@h": ["jobs"]}
+
+
+def test_key_limits_are_parsed_and_named_in_errors() -> None:
+    from celery_fair.keys.limits import parse_concurrency, parse_rates
+
+    assert parse_concurrency({"*": 2, "gold": "8"}) == {"*": 2, "gold": 8}
+    assert parse_concurrency("*=2, gold=8") == {"*": 2, "gold": 8}
+    assert parse_rates({"*": "50/s", "free": "6/m", "n": 2}) == {
+        "*": 50.0, "free": pytest.approx(0.1), "n": 2.0,
+    }  # fmt: skip
+    for bad in ({"*": 0}, {"*": 1.5}, {"*": True}, {"*": "x"}):
+        with pytest.raises(FairConfigError, match=r"fair_key_concurrency\['\*'\] must be"):
+            parse_concurrency(bad)
+    for bad in ({"*": "0/s"}, {"*": "fast"}, {"*": -1}):
+        with pytest.raises(FairConfigError, match=r"fair_key_rate_limit\['\*'\] must be a rate"):
+            parse_rates(bad)
+
+
+def test_limits_need_keyed_queues_and_default_to_the_visibility_timeout() -> None:
+    with pytest.raises(FairConfigError, match="set fair_keys too"):
+        FairSettings.from_conf({"fair_key_concurrency": {"*": 2}})
+    settings = FairSettings.from_conf(
+        {
+            "fair_keys": {"jobs": "t"},
+            "fair_key_concurrency": {"*": 2},
+            "broker_transport_options": {"visibility_timeout": 120},
+        }
+    )
+    assert settings.key_limits.lease_ttl == 120.0
+    assert settings.key_limits.as_fields() == {"c:*": "2"}
+    with pytest.raises(FairConfigError, match="fair_key_lease_ttl must be a positive"):
+        FairSettings.from_conf(
+            {"fair_keys": {"jobs": "t"}, "fair_key_rate_limit": "*=1/s", "fair_key_lease_ttl": 0}
+        )
+
+
+def _limited(sent: list[tuple[str, str]]) -> KeyedServing:
+    from celery_fair.keys.limits import KeyLimits
+
+    serving = KeyedServing(["jobs"], limits=KeyLimits(concurrency={"*": 1}))
+    serving.send_releases = sent.extend
+    return serving
+
+
+def test_a_slot_is_freed_when_the_task_finishes_not_at_an_early_ack() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.lease_dispatched("t1")
+    serving.lease_settled("jobs", "t1")  # early ack: the pool accepted it, it still runs
+    assert sent == []
+    serving.lease_finished("jobs", "t1")
+    assert sent == [("jobs", "t1")]
+    assert serving._tags == {}
+
+
+def test_a_late_ack_after_the_finish_does_not_release_twice() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.lease_dispatched("t1")
+    serving.lease_finished("jobs", "t1")
+    serving.lease_settled("jobs", "t1")  # acks_late: the ack follows the finish
+    assert sent == [("jobs", "t1")] and serving._tags == {}
+
+
+def test_a_task_acked_without_running_frees_its_slot() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.lease_settled("jobs", "revoked-1")  # revoked, expired or returned by CoDel
+    assert sent == [("jobs", "revoked-1")]
+    assert serving.statistics().released == 1
+
+
+def test_a_failed_release_is_counted_and_never_raises() -> None:
+    serving = _limited([])
+
+    def broken(releases: list[tuple[str, str]]) -> None:
+        raise ConnectionError("broker away")
+
+    serving.send_releases = broken
+    serving.lease_settled("jobs", "t9")
+    assert serving.statistics().release_errors == 1

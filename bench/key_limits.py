@@ -1,0 +1,240 @@
+"""Per-key limits: concurrency and rate held across two workers, and their cost.
+
+Three experiments on a real Redis with real ``celery worker -P prefork``:
+
+* **concurrency**: two workers ``-c 4`` (8 slots); keys ``k0..k9`` limited to 1 and
+  ``wide`` to 3, tasks of 60 ms.  From the ledger of start and finish times: the
+  most tasks of each key that ran at once, and how busy the 8 slots were while
+  every key had work;
+* **rate**: two workers ``-c 2``; key ``metered`` limited to 20/s with a long
+  backlog, and four unlimited keys published at the same time.  The metered key's
+  rate over ``--rate-seconds`` after its first second's burst, and when the
+  unlimited keys finished;
+* **cost**: fetch throughput of one worker ``-c 2`` on no-op tasks, limits off
+  against limits on (``"*"`` concurrency 1,000 and 100,000/s: checked at every
+  fetch, never binding), with 10 and 10,000 keys waiting; alternating.
+
+    python -m bench.key_limits [--reps 3] [--rate-seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+from celery import Celery
+
+import celery_fair
+from celery_fair.showcase.ledger import Entry, Ledger
+from celery_fair.testing.harness import WorkerProcess
+from celery_fair.testing.redis import RedisServer
+
+from .common import environment, summary, write
+from .keys_scale import fill, throughput
+
+QUEUE = "limited"
+
+
+def _publish(url: str, counts: dict[str, int], ms: float) -> None:
+    app = Celery("key-limits-producer", broker=url, set_as_current=False)
+    app.conf.fair_keys = {QUEUE: "tenant_id"}
+    celery_fair.install(app)
+    left = dict(counts)
+    with app.producer_or_acquire() as producer:
+        while any(left.values()):
+            for key in counts:
+                if left[key]:
+                    left[key] -= 1
+                    app.send_task(
+                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
+                        producer=producer,
+                    )  # fmt: skip
+    app.close()
+
+
+def _workers(url: str, n: int, concurrency: int, env: dict[str, str]) -> list[WorkerProcess]:
+    full = {"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_LEDGER": url, **env}
+    return [WorkerProcess(url, [QUEUE], concurrency=concurrency, env=full) for _ in range(n)]
+
+
+def most_at_once(entries: list[Entry]) -> dict[str, int]:
+    """Per key, the most tasks that ran at the same time."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for e in entries:
+        events[e.tenant or ""] += [(e.started, 1), (e.finished, -1)]
+    out: dict[str, int] = {}
+    for key, points in events.items():
+        running = peak = 0
+        for _, step in sorted(points):
+            running += step
+            peak = max(peak, running)
+        out[key] = peak
+    return out
+
+
+def concurrency_run() -> dict[str, Any]:
+    singles = {f"k{i}": 40 for i in range(10)}
+    counts = {**singles, "wide": 120}
+    with RedisServer() as server:
+        _publish(server.url, counts, ms=60)
+        ledger = Ledger(server.url)
+        workers = _workers(server.url, 2, 4, {"CELERY_FAIR_KEY_CONCURRENCY": "*=1,wide=3"})
+        try:
+            for w in workers:
+                w.start()
+            assert ledger.wait_for(sum(counts.values()), timeout=300, alive=workers)
+        finally:
+            for w in workers:
+                w.stop()
+        entries = ledger.entries()
+    most = most_at_once(entries)
+    start = min(e.started for e in entries)
+    end = min(max(e.started for e in entries if e.tenant == k) for k in counts)
+    busy = sum(min(e.finished, end) - max(e.started, start) for e in entries if e.started < end)
+    return {
+        "most_single": max(most[k] for k in singles),
+        "most_wide": most["wide"],
+        "slots_busy": busy / (end - start) / 8,
+        "window_s": end - start,
+        "tasks": len({e.id for e in entries}),
+    }
+
+
+def rate_run(seconds: float) -> dict[str, Any]:
+    rate = 20.0
+    metered = int(rate * (seconds + 3))
+    with RedisServer() as server:
+        _publish(server.url, {"metered": metered}, ms=1)
+        _publish(server.url, {f"free{i}": 250 for i in range(4)}, ms=1)
+        ledger = Ledger(server.url)
+        workers = _workers(server.url, 2, 2, {"CELERY_FAIR_KEY_RATE": f"metered={rate:g}/s"})
+        try:
+            for w in workers:
+                w.start()
+            assert ledger.wait_for(metered + 1000, timeout=seconds * 3 + 60, alive=workers)
+        finally:
+            for w in workers:
+                w.stop()
+        entries = sorted(ledger.entries(), key=lambda e: e.started)
+    starts = [e.started for e in entries if e.tenant == "metered"]
+    first = starts[int(rate)]  # after the bucket's first second's worth
+    window = [t for t in starts if first <= t < first + seconds]
+    free_done = max(e.finished for e in entries if e.tenant != "metered")
+    return {
+        "rate": (len(window) - 1) / (window[-1] - window[0]),
+        "target": rate,
+        "window_s": window[-1] - window[0],
+        "free_done_after_s": free_done - starts[0],
+        "metered_done_after_s": starts[-1] - starts[0],
+        "per_second": dict(Counter(int(t - first) for t in window)),
+    }
+
+
+def cost_run(keys: int, limited: bool, warmup: int, consume: int) -> float:
+    env = (
+        {"CELERY_FAIR_KEY_CONCURRENCY": "*=1000", "CELERY_FAIR_KEY_RATE": "*=100000/s"}
+        if limited
+        else {}
+    )
+    with RedisServer() as server:
+        fill(server.url, max(keys, consume + warmup + 5_000), keys)
+        return throughput(server.url, True, warmup, consume, env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rate-seconds", type=float, default=30.0)
+    parser.add_argument("--consume", type=int, default=15_000)
+    parser.add_argument("--name", default="key_limits")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"env": environment(), "args": vars(args)}
+    results["concurrency"] = [concurrency_run() for _ in range(args.reps)]
+    print("concurrency", results["concurrency"], flush=True)
+    results["rate"] = [rate_run(args.rate_seconds) for _ in range(args.reps)]
+    print("rate", [{k: v for k, v in r.items() if k != "per_second"} for r in results["rate"]])
+    cost: dict[str, list[float]] = {}
+    for rep in range(args.reps):
+        for keys in (10, 10_000):
+            order = [False, True] if rep % 2 == 0 else [True, False]
+            for limited in order:
+                label = f"{keys} keys, limits {'on' if limited else 'off'}"
+                cost.setdefault(label, []).append(cost_run(keys, limited, 2_000, args.consume))
+                print(f"rep {rep + 1} {label}: {cost[label][-1]:.0f} tasks/s", flush=True)
+    results["cost"] = cost
+    write(args.name, results, _markdown(results))
+    return 0
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    env, args = results["env"], results["args"]
+    conc, rate, cost = results["concurrency"], results["rate"], results["cost"]
+    lines = [
+        "# Per-key limits",
+        "",
+        f"Reproduce: `python -m bench.key_limits --reps {args['reps']} --rate-seconds "
+        f"{args['rate_seconds']:g}` ({env['when']}, celery {env['celery']}, kombu "
+        f"{env['kombu']}, {env['cpus']} CPUs). Medians over {args['reps']} runs [min, max].",
+        "",
+        "## Concurrency across two workers",
+        "",
+        "Two workers `-P prefork -c 4` (8 slots), keys k0..k9 limited to 1 and `wide` to 3, "
+        "tasks of 60 ms; from the ledger of start and finish times.",
+        "",
+        "| measure | result |",
+        "|---|---|",
+        f"| most tasks of one 1-limited key at once (worst over runs) | "
+        f"{max(r['most_single'] for r in conc)} |",
+        f"| most tasks of `wide` (limit 3) at once | "
+        f"{', '.join(str(r['most_wide']) for r in conc)} |",
+        f"| slots busy while every key had work | "
+        f"{_pct(summary([r['slots_busy'] for r in conc]))} |",
+        f"| tasks run, of {conc[0]['tasks']} published | "
+        f"{', '.join(str(r['tasks']) for r in conc)} |",
+        "",
+        "## Rate across two workers",
+        "",
+        f"Two workers `-c 2`; `metered` limited to {rate[0]['target']:g}/s, four unlimited "
+        "keys of 250 tasks each published at the same time; rate over "
+        f"{args['rate_seconds']:g} s after the first second's burst.",
+        "",
+        "| measure | result |",
+        "|---|---|",
+        f"| metered key's rate (tasks/s) | {_num(summary([r['rate'] for r in rate]))} |",
+        f"| error against {rate[0]['target']:g}/s (worst) | "
+        f"{max(abs(r['rate'] / r['target'] - 1) for r in rate):.1%} |",
+        f"| unlimited keys done after (s) | "
+        f"{_num(summary([r['free_done_after_s'] for r in rate]))} |",
+        f"| metered key done after (s) | "
+        f"{_num(summary([r['metered_done_after_s'] for r in rate]))} |",
+        "",
+        "## Cost at the fetch",
+        "",
+        "One worker `-c 2`, no-op tasks, the queue backlogged; limits on = every key "
+        "checked against a concurrency of 1,000 and 100,000/s (never binding).",
+        "",
+        "| keys waiting | limits off (tasks/s) | limits on (tasks/s) | on / off |",
+        "|---|---|---|---|",
+    ]
+    for keys in (10, 10_000):
+        off = summary(cost[f"{keys} keys, limits off"])
+        on = summary(cost[f"{keys} keys, limits on"])
+        lines.append(
+            f"| {keys:,} | {_num(off, ',.0f')} | {_num(on, ',.0f')} | "
+            f"{on['median'] / off['median']:.1%} |"
+        )
+    return "\n".join([*lines, ""])
+
+
+def _num(d: dict[str, float], spec: str = ".2f") -> str:
+    return f"{d['median']:{spec}} [{d['min']:{spec}}, {d['max']:{spec}}]"
+
+
+def _pct(d: dict[str, float]) -> str:
+    return f"{d['median']:.1%} [{d['min']:.1%}, {d['max']:.1%}]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Per-key concurrency and rate limits, enforced at the fetch, with real workers on Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+from celery import Celery
+
+import celery_fair
+from celery_fair.keys.layout import KeyedNames
+from celery_fair.showcase.ledger import Entry, Ledger
+from celery_fair.testing.control import wait_fair_stats
+from celery_fair.testing.harness import WorkerProcess
+
+pytestmark = [pytest.mark.integration]
+
+QUEUE = "limited"
+
+
+@pytest.fixture
+def producer(redis_url: str) -> Iterator[Celery]:
+    app = Celery("limits-producer", broker=redis_url)
+    app.conf.fair_keys = {QUEUE: "tenant_id"}
+    celery_fair.install(app)
+    yield app
+    app.close()
+
+
+def _publish(app: Celery, counts: dict[str, int], ms: float) -> None:
+    left = dict(counts)
+    with app.producer_or_acquire() as producer:
+        while any(left.values()):
+            for key in counts:
+                if left[key]:
+                    left[key] -= 1
+                    app.send_task(
+                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
+                        producer=producer,
+                    )  # fmt: skip
+
+
+def _worker(url: str, concurrency: int = 4, **env: str) -> WorkerProcess:
+    return WorkerProcess(
+        url, [QUEUE], concurrency=concurrency,
+        env={"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_LEDGER": url, **env},
+    )  # fmt: skip
+
+
+def _most_at_once(entries: list[Entry]) -> dict[str, int]:
+    """Per key, the most tasks that ran at the same time (a sweep over start/finish)."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for e in entries:
+        events[e.tenant or ""] += [(e.started, 1), (e.finished, -1)]
+    most: dict[str, int] = {}
+    for key, points in events.items():
+        running = peak = 0
+        for _, step in sorted(points, key=lambda p: (p[0], p[1])):  # finishes first on ties
+            running += step
+            peak = max(peak, running)
+        most[key] = peak
+    return most
+
+
+def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Celery) -> None:
+    singles = {f"k{i}": 30 for i in range(6)}
+    _publish(producer, {**singles, "wide": 90}, ms=60)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_KEY_CONCURRENCY": "*=1,wide=3"}
+    with _worker(redis_url, **env) as w1, _worker(redis_url, **env) as w2:
+        assert ledger.wait_for(270, timeout=120, alive=[w1, w2]), w1.log()[-3000:]
+        stats = wait_fair_stats(redis_url)
+    entries = ledger.entries()
+    most = _most_at_once(entries)
+    assert all(most[k] <= 1 for k in singles), most
+    assert most["wide"] == 3, most  # reaches its limit, never more
+    # The 8 slots stay busy with the other keys while every key has work
+    # (9 slots' worth of keys: 6 x 1 + 3): average tasks running at once.
+    start = min(e.started for e in entries)
+    end = min(max(e.started for e in entries if e.tenant == k) for k in [*singles, "wide"])
+    busy = sum(min(e.finished, end) - max(e.started, start) for e in entries if e.started < end)
+    assert busy / (end - start) > 0.75 * 8, (busy / (end - start), end - start)
+    limits = stats["keys"]["limits_state"][QUEUE]
+    assert limits["limits"] == {"c:*": "1", "c:wide": "3"}
+    assert limits["running"] == {}  # every slot came back
+
+
+def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -> None:
+    _publish(producer, {"slow": 40}, ms=1)
+    _publish(producer, {f"free{i}": 60 for i in range(4)}, ms=1)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_KEY_RATE": "slow=10/s"}
+    with _worker(redis_url, 2, **env) as w1, _worker(redis_url, 2, **env) as w2:
+        assert ledger.wait_for(280, timeout=120, alive=[w1, w2]), w1.log()[-3000:]
+    entries = sorted(ledger.entries(), key=lambda e: e.started)
+    slow = [e.started for e in entries if e.tenant == "slow"]
+    # After the bucket's first second's worth (10 tokens), 10 per second.
+    steady = slow[10:]
+    rate = (len(steady) - 1) / (steady[-1] - steady[0])
+    assert rate == pytest.approx(10, rel=0.1), rate
+    # The unlimited keys, published at the same time, are not held back by it.
+    free_done = max(e.finished for e in entries if e.tenant != "slow")
+    assert free_done < slow[20], (free_done - slow[0], slow[20] - slow[0])
+
+
+def test_a_killed_workers_slots_come_back_and_nothing_is_lost(
+    redis_url: str, producer: Celery
+) -> None:
+    _publish(producer, {"solo": 12}, ms=300)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    ledger = Ledger(redis_url)
+    env = {
+        "CELERY_FAIR_KEY_CONCURRENCY": "solo=1",
+        "CELERY_FAIR_KEY_LEASE_TTL": "3",
+        "CELERY_FAIR_ACKS_LATE": "1",
+        "CELERY_FAIR_VISIBILITY": "3",
+    }
+    first = _worker(redis_url, 2, **env).start()
+    try:
+        assert ledger.wait_for(2, timeout=60, alive=[first]), first.log()[-3000:]
+        held = client.hkeys(names.lease_keys)
+        assert len(held) == 1  # the key's one slot, held by the running task
+        assert first.proc is not None
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=10)
+    finally:
+        first.stop()
+    with _worker(redis_url, 2, **env) as second:
+        # The dead worker's lease expires (3 s) and its task is restored.
+        deadline = time.monotonic() + 60
+        while len({e.id for e in ledger.entries()}) < 12:
+            assert time.monotonic() < deadline, second.log()[-3000:]
+            assert second.proc is not None and second.proc.poll() is None, second.log()[-3000:]
+            time.sleep(0.2)
+        assert client.hget(names.running, "solo") is None  # every slot back
+    runs = {e.id: e for e in ledger.entries()}
+    assert len(runs) == 12  # nothing lost
+    assert _most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
