@@ -34,9 +34,14 @@ def plot_shares(ax: Axes, report: dict[str, Any]) -> None:
 
 
 def plot_jain(ax: Axes, report: dict[str, Any]) -> None:
-    for label, rows in (("queues (weighted)", report["jain"]["queues"]),
-                        ("fairness keys", report["jain"]["keys"])):  # fmt: skip
-        ax.plot(_times(rows), [r["jain"] for r in rows], label=label)
+    rows = report["jain"]["queues"]
+    ax.plot(_times(rows), [r["jain"] for r in rows], label="queues (weighted)")
+    by_queue: dict[str, list[dict[str, Any]]] = {}
+    for row in report["jain"]["keys"]:
+        by_queue.setdefault(str(row.get("queue")), []).append(row)
+    for queue, rows in sorted(by_queue.items()):
+        if any(r["n"] > 1 for r in rows):  # a queue with one key is trivially fair
+            ax.plot(_times(rows), [r["jain"] for r in rows], label=f"keys of {queue}")
     ax.set_ylim(0, 1.05)
     ax.set_title("Jain's fairness index per window")
     ax.legend()

@@ -135,10 +135,15 @@ def served_by_window(tasks: DataFrame, by: str = "queue") -> DataFrame:
 
     ``weight`` is the queue's target weight for queues and 1 for keys. An
     entity with records but nothing served in a window has ``served_cost`` 0.
+    Keys are counted within their queue (``group`` is the queue; for queues
+    it is one group), and tasks without a key are left out: fairness between
+    keys is a matter inside one keyed queue.
     """
     weight = F.max("weight") if by == "queue" else F.lit(1.0)
+    group = F.lit("") if by == "queue" else F.col("queue")
+    rows = tasks if by == "queue" else tasks.where(F.col(by) != F.lit(NO_KEY))
     return (
-        tasks.groupBy("window", by)
+        rows.groupBy("window", group.alias("group"), by)
         .agg(
             F.sum(F.col("ran").cast("long")).alias("served_tasks"),
             F.sum("cost").alias("served_cost"),
@@ -146,6 +151,7 @@ def served_by_window(tasks: DataFrame, by: str = "queue") -> DataFrame:
         )
         .select(
             "window",
+            "group",
             F.col(by).alias("entity"),
             "served_tasks",
             "served_cost",
@@ -155,20 +161,22 @@ def served_by_window(tasks: DataFrame, by: str = "queue") -> DataFrame:
 
 
 def jain_by_window(served: DataFrame) -> DataFrame:
-    """Jain's fairness index per window, over ``served_by_window`` rows.
+    """Jain's fairness index per window (and group), over ``served_by_window`` rows.
 
     J = (sum x)^2 / (n * sum x^2) with x = served cost / weight over the n
     entities present in the window (Jain, Chiu & Hawe, 1984): 1 when every
     entity gets exactly its weighted share, 1/n when one gets everything.
+    For keys, one index per queue and window: the keys of one keyed queue.
     """
     x = F.col("served_cost") / F.col("weight")
-    per_window = served.groupBy("window").agg(
+    per_window = served.groupBy("window", "group").agg(
         F.count(F.lit(1)).alias("n"),
         F.sum(x).alias("sum_x"),
         F.sum(x * x).alias("sum_x2"),
     )
     return per_window.select(
         "window",
+        F.col("group").alias("queue"),
         "n",
         F.when(
             F.col("sum_x2") > 0, F.col("sum_x") * F.col("sum_x") / (F.col("n") * F.col("sum_x2"))

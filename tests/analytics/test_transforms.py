@@ -109,18 +109,38 @@ def test_jain_is_one_for_weighted_shares_and_one_over_n_for_a_monopoly(
 ) -> None:
     served = spark.createDataFrame(
         [
-            (0.0, "a", 1, 1.0, 1.0),
-            (0.0, "b", 3, 3.0, 3.0),  # weighted-fair window: x = (1, 1)
-            (60.0, "a", 5, 5.0, 1.0),
-            (60.0, "b", 0, 0.0, 3.0),  # one queue served alone
-            (60.0, "c", 0, 0.0, 1.0),
+            (0.0, "", "a", 1, 1.0, 1.0),
+            (0.0, "", "b", 3, 3.0, 3.0),  # weighted-fair window: x = (1, 1)
+            (60.0, "", "a", 5, 5.0, 1.0),
+            (60.0, "", "b", 0, 0.0, 3.0),  # one queue served alone
+            (60.0, "", "c", 0, 0.0, 1.0),
         ],
-        "window double, entity string, served_tasks long, served_cost double, weight double",
+        "window double, group string, entity string, served_tasks long, served_cost double, "
+        "weight double",
     )
     expected = spark.createDataFrame(
-        [(0.0, 2, 1.0), (60.0, 3, 1 / 3)], "window double, n long, jain double"
+        [(0.0, "", 2, 1.0), (60.0, "", 3, 1 / 3)],
+        "window double, queue string, n long, jain double",
     )
     assertDataFrameEqual(served.transform(T.jain_by_window), expected)
+
+
+def test_jain_over_keys_is_per_keyed_queue(spark: SparkSession) -> None:
+    # Queue "jobs": keys a and b served equally (J = 1); queue "mail": key x
+    # alone, and tasks without a key, which are not a key of their own.
+    raw = frame(
+        spark,
+        [rec("jobs", finished=5.0, fair_key="a"), rec("jobs", finished=6.0, fair_key="b")]
+        + [rec("mail", finished=5.0, fair_key="x"), rec("mail", finished=6.0)]
+        + [rec("mail", finished=7.0)],
+    )
+    tasks = raw.transform(T.normalize, 10.0)
+    got = tasks.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
+    expected = spark.createDataFrame(
+        [(0.0, "jobs", 2, 1.0), (0.0, "mail", 1, 1.0)],
+        "window double, queue string, n long, jain double",
+    )
+    assertDataFrameEqual(got, expected)
 
 
 def test_served_by_window_and_throughput(spark: SparkSession) -> None:
