@@ -103,7 +103,7 @@ def _stamping_sender(app: Any, keyed: Mapping[str, KeySource]) -> Callable[..., 
         queue = _queue_name(app, options)
         source = keyed.get(queue) if queue is not None else None
         if queue is not None and source is not None:
-            stamp_key(source, name, queue, message)
+            stamp_key(source, name, queue, message, options.get("headers"))
         return original(producer, name, message, *args, **options)
 
     return send
@@ -120,19 +120,26 @@ def _queue_name(app: Any, options: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def stamp_key(source: KeySource, name: str, queue: str, message: Any) -> None:
+def stamp_key(
+    source: KeySource,
+    name: str,
+    queue: str,
+    message: Any,
+    extra_headers: Mapping[str, Any] | None = None,
+) -> None:
     """Put a task's key in its :data:`KEY_HEADER` and its keyed queue in :data:`KEYED_HEADER`.
 
-    ``message`` is Celery's task message (headers, properties, body, ...).
-    A key already in the header (set by the caller or by
-    ``ConsistentHashRouter``) is kept when the queue's source finds none.
+    ``message`` is Celery's task message (headers, properties, body, ...);
+    ``extra_headers`` the caller's ``apply_async(headers=...)`` (and the
+    router's), which Celery merges into the message after this: a
+    ``fair_key`` header given there wins, as it is explicit.
     """
     headers, properties, body = message[0], message[1], message[2]
     if not isinstance(headers, dict):
         return
     args, kw = _arguments(body)
     options = dict(properties or {})
-    options["headers"] = headers
+    options["headers"] = {**headers, **(extra_headers or {})}
     key = source.extract(name, args, kw, options)
     if key is not None:
         headers[KEY_HEADER] = key.decode() if isinstance(key, bytes) else str(key)

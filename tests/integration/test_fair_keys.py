@@ -259,3 +259,15 @@ def test_an_app_without_fair_keys_in_the_same_process_publishes_plainly(
     assert client.llen(KeyedNames(QUEUE).key_list("a")) == 2
     assert client.llen(KeyedNames(QUEUE).key_list("b")) == 0
     plain.close()
+
+
+def test_a_key_from_a_header_given_to_apply_async(redis_url: str) -> None:
+    app = Celery("header-keyed", broker=redis_url)
+    app.conf.fair_keys = {QUEUE: "header:x-tenant"}
+    celery_fair.install(app)
+    app.send_task("ledger", queue=QUEUE, headers={"x-tenant": "t1"})
+    app.send_task("ledger", queue=QUEUE)  # no key: the queue's own list
+    client = redis_lib.Redis.from_url(redis_url)
+    assert client.llen(KeyedNames(QUEUE).key_list("t1")) == 1
+    assert client.llen(QUEUE) == 1
+    app.close()
