@@ -88,22 +88,6 @@ def parse_rates(value: Any, *, setting: str = "fair_key_rate_limit") -> dict[str
 
 
 def _pairs(value: Any, setting: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        pairs: dict[str, Any] = {}
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            key, sep, limit = part.partition("=")
-            if not sep or not key.strip() or not limit.strip():
-                raise _error(f"{setting}: expected KEY=LIMIT[,KEY=LIMIT...], got {value!r}")
-            pairs[key.strip()] = limit.strip()
-        return pairs
-    if not isinstance(value, Mapping):
-        raise _error(f"{setting} must be a mapping of key to limit, got {value!r}")
-    for key in value:
-        if not isinstance(key, str) or not key:
-            raise _error(f"{setting}: keys must be non-empty strings, got {key!r}")
-    return dict(value)
+    from ..worker.settings import parse_pairs
+
+    return parse_pairs(value, setting=setting, what="KEY=LIMIT")

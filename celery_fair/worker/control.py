@@ -11,7 +11,7 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
-from .settings import FairConfigError, parse_weights
+from .settings import FairConfigError, parse_pairs, parse_weights
 
 __all__ = ("fair_key_limits", "fair_key_weights", "fair_stats", "fair_weights")
 
@@ -56,8 +56,8 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
-    reset, rest = _split_defaults(weights)
     try:
+        reset, rest = _split_defaults(weights, "fair_weights", "QUEUE=WEIGHT")
         parsed = parse_weights(rest, setting="fair_weights")
         if not parsed and not reset:
             raise FairConfigError(f"fair_weights: no QUEUE=WEIGHT given, got {weights!r}")
@@ -67,14 +67,13 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
     return {"ok": f"weights now {service.scheduler.weights}"}
 
 
-def _split_defaults(value: Any) -> tuple[list[str], str]:
-    """``"a=2,b=default"`` (or its words) -> (``["b"]``, ``"a=2"``)."""
+def _split_defaults(value: Any, setting: str, what: str) -> tuple[list[str], dict[str, Any]]:
+    """``"a=2,b=default"`` (or its words) -> (``["b"]``, ``{"a": "2"}``)."""
     if isinstance(value, (list, tuple)):
         value = ",".join(str(v) for v in value)
-    parts = [p.partition("=") for p in str(value or "").split(",") if p.strip()]
-    reset = [name.strip() for name, _, v in parts if v.strip() == "default" and name.strip()]
-    rest = ",".join(f"{n}={v}" for n, _, v in parts if v.strip() != "default")
-    return reset, rest
+    pairs = parse_pairs(str(value or ""), setting=setting, what=what)
+    reset = [name for name, item in pairs.items() if item == "default"]
+    return reset, {name: item for name, item in pairs.items() if item != "default"}
 
 
 @control_command(variadic="weights", signature="KEY=WEIGHT|KEY=default [KEY=WEIGHT ...]")
@@ -87,9 +86,11 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
-    reset, rest = _split_defaults(weights)
     try:
-        parsed: dict[str, float | None] = dict(parse_weights(rest, setting="fair_key_weights"))
+        reset, rest = _split_defaults(weights, "fair_key_weights", "KEY=WEIGHT")
+        parsed: dict[str, float | None] = dict(
+            parse_weights(rest, setting="fair_key_weights", what="KEY=WEIGHT")
+        )
         parsed.update(dict.fromkeys(reset))
         if not parsed:
             raise FairConfigError(f"fair_key_weights: no KEY=WEIGHT given, got {weights!r}")
@@ -121,16 +122,15 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
     kind = _LIMIT_KINDS.get(words[0]) if words else None
     if kind is None:
         return {"error": f"fair_key_limits: start with 'concurrency' or 'rate', got {limits!r}"}
-    pairs = [w.partition("=") for w in ",".join(words[1:]).split(",") if w]
-    reset = {f"{kind}:{k.strip()}": None for k, _, v in pairs if v.strip() == "default"}
-    rest = ",".join(f"{k}={v}" for k, _, v in pairs if v.strip() != "default")
+    setting = f"fair_key_limits {words[0]}"
     try:
-        fields: dict[str, str | None] = dict(reset)
+        reset, rest = _split_defaults(words[1:], setting, "KEY=LIMIT")
+        fields: dict[str, str | None] = {f"{kind}:{name}": None for name in reset}
         if kind == "c":
-            parsed_c = parse_concurrency(rest, setting="fair_key_limits concurrency")
+            parsed_c = parse_concurrency(rest, setting=setting)
             fields.update({f"c:{k}": str(v) for k, v in parsed_c.items()})
         else:
-            parsed_r = parse_rates(rest, setting="fair_key_limits rate")
+            parsed_r = parse_rates(rest, setting=setting)
             fields.update({f"r:{k}": repr(v) for k, v in parsed_r.items()})
         if not fields:
             raise FairConfigError(f"fair_key_limits: no KEY=LIMIT given, got {limits!r}")

@@ -18,7 +18,7 @@ from celery.exceptions import ImproperlyConfigured
 from ..keys.limits import KeyLimits
 from ..scheduling.scheduler import COST_MODES, CostMode
 
-__all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_weights")
+__all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_pairs", "parse_weights")
 
 #: Every setting celery-fair reads, with its default.
 DEFAULTS: dict[str, Any] = {
@@ -113,36 +113,53 @@ def _positive(setting: str, key: str | None, value: Any) -> float:
     return number
 
 
-def parse_weights(value: Any, *, setting: str = "fair_weights") -> dict[str, float]:
-    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
+def parse_pairs(value: Any, *, setting: str, what: str = "QUEUE=WEIGHT") -> dict[str, Any]:
+    """A mapping, or ``"a=1,b=2"``, as a dict of non-empty names to raw values.
 
-    >>> parse_weights("p0=4, p1=8")
-    {'p0': 4.0, 'p1': 8.0}
+    The one parser of the ``NAME=VALUE`` settings and remote-control
+    arguments (weights, key weights, key limits); callers check the values.
     """
     if value is None:
         return {}
+    name_of = what.split("=", 1)[0].lower()
     if isinstance(value, str):
         pairs: dict[str, Any] = {}
         for part in value.split(","):
             part = part.strip()
             if not part:
                 continue
-            name, sep, weight = part.partition("=")
-            if not sep or not name.strip() or not weight.strip():
+            name, sep, item = part.partition("=")
+            if not sep or not name.strip() or not item.strip():
                 raise FairConfigError(
-                    f"{setting}: expected QUEUE=WEIGHT[,QUEUE=WEIGHT...], got {value!r} "
-                    f"(bad item {part!r})"
+                    f"{setting}: expected {what}[,{what}...], got {value!r} (bad item {part!r})"
                 )
-            pairs[name.strip()] = weight.strip()
-        value = pairs
+            pairs[name.strip()] = item.strip()
+        return pairs
     if not isinstance(value, Mapping):
-        raise FairConfigError(f"{setting} must be a mapping of queue name to weight, got {value!r}")
-    weights: dict[str, float] = {}
-    for name, weight in value.items():
+        raise FairConfigError(
+            f"{setting} must be a mapping of {name_of} name to "
+            f"{what.split('=', 1)[1].lower()}, got {value!r}"
+        )
+    for name in value:
         if not isinstance(name, str) or not name:
-            raise FairConfigError(f"{setting}: queue names must be non-empty strings, got {name!r}")
-        weights[name] = _positive(setting, name, weight)
-    return weights
+            raise FairConfigError(
+                f"{setting}: {name_of} names must be non-empty strings, got {name!r}"
+            )
+    return dict(value)
+
+
+def parse_weights(
+    value: Any, *, setting: str = "fair_weights", what: str = "QUEUE=WEIGHT"
+) -> dict[str, float]:
+    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
+
+    >>> parse_weights("p0=4, p1=8")
+    {'p0': 4.0, 'p1': 8.0}
+    """
+    return {
+        name: _positive(setting, name, weight)
+        for name, weight in parse_pairs(value, setting=setting, what=what).items()
+    }
 
 
 def _window(setting: str, value: Any) -> int:
@@ -314,7 +331,9 @@ class FairSettings:
         return cls(
             keys=keys,
             key_limits=limits,
-            key_weights=parse_weights(get("fair_key_weights"), setting="fair_key_weights"),
+            key_weights=parse_weights(
+                get("fair_key_weights"), setting="fair_key_weights", what="KEY=WEIGHT"
+            ),
             default_key_weight=_positive(
                 "fair_default_key_weight", None, get("fair_default_key_weight")
             ),

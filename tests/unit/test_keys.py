@@ -239,3 +239,54 @@ def test_a_failed_release_is_counted_and_never_raises() -> None:
     serving.send_releases = broken
     serving.lease_settled("jobs", "t9")
     assert serving.statistics().release_errors == 1
+
+
+class _FakeService:
+    """Records what the remote-control commands ask of the worker's service."""
+
+    def __init__(self) -> None:
+        self.limits: list[dict[str, str | None]] = []
+        self.key_weights: list[dict[str, float | None]] = []
+
+    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+        self.limits.append(fields)
+
+    def set_key_weights(self, weights: dict[str, float | None]) -> None:
+        self.key_weights.append(weights)
+
+
+def _state(service: _FakeService) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(consumer=SimpleNamespace(controller=SimpleNamespace(fair=service)))
+
+
+def test_control_fair_key_limits_parses_kinds_and_defaults() -> None:
+    from celery_fair.worker.control import fair_key_limits
+
+    service = _FakeService()
+    reply = fair_key_limits(_state(service), limits=["concurrency", "gold=8", "*=2", "x=default"])
+    assert "ok" in reply, reply
+    assert service.limits == [{"c:gold": "8", "c:*": "2", "c:x": None}]
+    assert "ok" in fair_key_limits(_state(service), limits=["rate", "free=5/s"])
+    assert service.limits[-1] == {"r:free": "5.0"}
+    for bad, fragment in (
+        (["speed", "a=1"], "start with 'concurrency' or 'rate'"),
+        (["concurrency", "a=0"], "fair_key_limits concurrency['a'] must be an integer"),
+        (["rate", "a=fast"], "fair_key_limits rate['a'] must be a rate"),
+        (["rate", "a"], "expected KEY=LIMIT"),
+        (["rate"], "no KEY=LIMIT given"),
+    ):
+        reply = fair_key_limits(_state(service), limits=bad)
+        assert fragment in reply.get("error", ""), (bad, reply)
+    assert len(service.limits) == 2  # invalid input changed nothing
+
+
+def test_control_fair_key_weights_sets_and_resets() -> None:
+    from celery_fair.worker.control import fair_key_weights
+
+    service = _FakeService()
+    assert "ok" in fair_key_weights(_state(service), weights=["gold=4", "silver=default"])
+    assert service.key_weights == [{"gold": 4.0, "silver": None}]
+    reply = fair_key_weights(_state(service), weights=["gold=-1"])
+    assert "fair_key_weights['gold'] must be a positive number" in reply["error"]
