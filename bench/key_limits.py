@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
-from celery import Celery
-
-import celery_fair
-from celery_fair.showcase.ledger import Entry, Ledger
+from celery_fair.showcase.ledger import Ledger
 from celery_fair.testing.harness import WorkerProcess
+from celery_fair.testing.keys import keyed_app, most_at_once, publish_by_key
 from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
@@ -38,40 +36,14 @@ QUEUE = "limited"
 
 
 def _publish(url: str, counts: dict[str, int], ms: float) -> None:
-    app = Celery("key-limits-producer", broker=url, set_as_current=False)
-    app.conf.fair_keys = {QUEUE: "tenant_id"}
-    celery_fair.install(app)
-    left = dict(counts)
-    with app.producer_or_acquire() as producer:
-        while any(left.values()):
-            for key in counts:
-                if left[key]:
-                    left[key] -= 1
-                    app.send_task(
-                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
-                        producer=producer,
-                    )  # fmt: skip
+    app = keyed_app(url, {QUEUE: "tenant_id"}, "key-limits-producer")
+    publish_by_key(app, QUEUE, counts, ms)
     app.close()
 
 
 def _workers(url: str, n: int, concurrency: int, env: dict[str, str]) -> list[WorkerProcess]:
     full = {"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_LEDGER": url, **env}
     return [WorkerProcess(url, [QUEUE], concurrency=concurrency, env=full) for _ in range(n)]
-
-
-def most_at_once(entries: list[Entry]) -> dict[str, int]:
-    """Per key, the most tasks that ran at the same time."""
-    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for e in entries:
-        events[e.tenant or ""] += [(e.started, 1), (e.finished, -1)]
-    out: dict[str, int] = {}
-    for key, points in events.items():
-        running = peak = 0
-        for _, step in sorted(points):
-            running += step
-            peak = max(peak, running)
-        out[key] = peak
-    return out
 
 
 def concurrency_run() -> dict[str, Any]:

@@ -27,6 +27,7 @@ from celery import Celery
 import celery_fair
 from celery_fair.showcase.ledger import Ledger
 from celery_fair.testing.harness import WorkerProcess
+from celery_fair.testing.keys import keyed_app, publish_by_key
 from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
@@ -36,20 +37,12 @@ WEIGHTS = {"a": 1, "b": 2, "c": 4}
 
 
 def _publish(url: str, keyed: bool, counts: dict[str, int], ms: float) -> None:
-    app = Celery("keys-shares-producer", broker=url, set_as_current=False)
     if keyed:
-        app.conf.fair_keys = {QUEUE: "tenant_id"}
-    celery_fair.install(app)
-    left = dict(counts)
-    with app.producer_or_acquire() as producer:
-        while any(left.values()):
-            for key in counts:
-                if left[key]:
-                    left[key] -= 1
-                    app.send_task(
-                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
-                        producer=producer,
-                    )  # fmt: skip
+        app = keyed_app(url, {QUEUE: "tenant_id"}, "keys-shares-producer")
+    else:
+        app = Celery("keys-shares-producer", broker=url, set_as_current=False)
+        celery_fair.install(app)
+    publish_by_key(app, QUEUE, counts, ms)
     app.close()
 
 

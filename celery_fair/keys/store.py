@@ -103,22 +103,12 @@ def release(client: Any, sep: str, releases: list[tuple[str, str]]) -> Any:
 
 def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:
     """Replace the configured per-key limits (fields ``c:<key>``, ``r:<key>``) in one step."""
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(names.limits_conf)
-    if fields:
-        pipe.hset(names.limits_conf, mapping=dict(fields))
-    pipe.execute()
+    replace_hash(client, names.limits_conf, fields)
 
 
 def set_live_limits(client: Any, names: KeyedNames, fields: Mapping[str, str | None]) -> None:
     """Set limits live (fields ``c:<key>``/``r:<key>``); ``None`` removes a live limit."""
-    pipe = client.pipeline(transaction=True)
-    for name, value in fields.items():
-        if value is None:
-            pipe.hdel(names.limits_live, name)
-        else:
-            pipe.hset(names.limits_live, name, value)
-    pipe.execute()
+    update_hash(client, names.limits_live, fields)
 
 
 @dataclass(frozen=True)
@@ -195,21 +185,34 @@ def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
 
 def write_configured_weights(client: Any, names: KeyedNames, weights: Mapping[str, float]) -> None:
     """Replace the configured key weights (a worker's ``fair_key_weights``) in one step."""
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(names.weights_conf)
-    if weights:
-        pipe.hset(names.weights_conf, mapping={k: repr(float(v)) for k, v in weights.items()})
-    pipe.execute()
+    replace_hash(client, names.weights_conf, {k: repr(float(v)) for k, v in weights.items()})
 
 
 def set_live_weights(client: Any, names: KeyedNames, weights: Mapping[str, float | None]) -> None:
     """Set key weights live; ``None`` removes a live weight (back to the configured one)."""
+    update_hash(
+        client, names.weights_live,
+        {k: None if v is None else repr(float(v)) for k, v in weights.items()},
+    )  # fmt: skip
+
+
+def replace_hash(client: Any, name: str, fields: Mapping[str, str]) -> None:
+    """Make hash ``name`` hold exactly ``fields``, in one transaction."""
     pipe = client.pipeline(transaction=True)
-    for key, value in weights.items():
+    pipe.delete(name)
+    if fields:
+        pipe.hset(name, mapping=dict(fields))
+    pipe.execute()
+
+
+def update_hash(client: Any, name: str, fields: Mapping[str, str | None]) -> None:
+    """Set these fields of hash ``name`` (``None``: delete the field), in one transaction."""
+    pipe = client.pipeline(transaction=True)
+    for field_name, value in fields.items():
         if value is None:
-            pipe.hdel(names.weights_live, key)
+            pipe.hdel(name, field_name)
         else:
-            pipe.hset(names.weights_live, key, repr(float(value)))
+            pipe.hset(name, field_name, value)
     pipe.execute()
 
 

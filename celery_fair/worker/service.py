@@ -11,10 +11,11 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from time import monotonic
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import compat
 from ..keys import store
+from ..keys.layout import KeyedNames
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing, served_header
 from ..kombu.cycle import DWRRCycle, install_on_channel
@@ -26,6 +27,8 @@ from .settings import FairConfigError, FairSettings, parse_weights
 __all__ = ("LIVE_WEIGHTS", "FairService")
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Redis hash (under Kombu's key prefix) of queue weights set by ``control fair_weights``.
 LIVE_WEIGHTS = "_fair.queue_weights"
@@ -137,45 +140,42 @@ class FairService:
         with channel.conn_or_acquire() as client:
             store.release(client, sep, [(names_for(channel, q).base, tag) for q, tag in releases])
 
-    def set_key_limits(self, fields: dict[str, str | None]) -> None:
-        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
+    def _on_keyed_queues(
+        self, setting: str, action: Callable[[Any, KeyedNames], T]
+    ) -> dict[str, T]:
+        """``action(client, names)`` on each keyed queue, through the consumer's channel."""
         channel = self._channel
         if self.keyed is None or channel is None:
-            raise FairConfigError("fair_key_limits: this worker has no keyed queue (fair_keys)")
+            raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
         with channel.conn_or_acquire() as client:
-            for queue in self.settings.keys:
-                store.set_live_limits(client, names_for(channel, queue), fields)
+            return {q: action(client, names_for(channel, q)) for q in self.settings.keys}
 
-    def key_limits_state(self) -> dict[str, store.KeyedLimitsState]:
-        """Each keyed queue's limits in force, running counts and keys held back."""
-        channel = self._channel
-        if self.keyed is None or not self.keyed.limited or channel is None:
-            return {}
-        with channel.conn_or_acquire() as client:
-            return {
-                queue: store.limits_state(client, names_for(channel, queue))
-                for queue in self.settings.keys
-            }
+    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
+        self._on_keyed_queues(
+            "fair_key_limits", lambda client, names: store.set_live_limits(client, names, fields)
+        )
 
     def set_key_weights(self, weights: dict[str, float | None]) -> None:
         """Set key weights live, on the broker (every worker and restart sees them)."""
-        channel = self._channel
-        if self.keyed is None or channel is None:
-            raise FairConfigError("fair_key_weights: this worker has no keyed queue (fair_keys)")
-        with channel.conn_or_acquire() as client:
-            for queue in self.settings.keys:
-                store.set_live_weights(client, names_for(channel, queue), weights)
+        self._on_keyed_queues(
+            "fair_key_weights",
+            lambda client, names: store.set_live_weights(client, names, weights),
+        )
+
+    def key_limits_state(self) -> dict[str, store.KeyedLimitsState]:
+        """Each keyed queue's limits in force, running counts and keys held back."""
+        if self.keyed is None or not self.keyed.limited or self._channel is None:
+            return {}
+        return self._on_keyed_queues("fair_stats", store.limits_state)
 
     def key_backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
         """Each keyed queue's waiting messages and next keys, read from the broker."""
-        channel = self._channel
-        if self.keyed is None or channel is None:
+        if self.keyed is None or self._channel is None:
             return {}
-        with channel.conn_or_acquire() as client:
-            return {
-                queue: store.backlog(client, names_for(channel, queue), top)
-                for queue in self.settings.keys
-            }
+        return self._on_keyed_queues(
+            "fair_stats", lambda client, names: store.backlog(client, names, top)
+        )
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more.

@@ -20,6 +20,7 @@ from celery_fair.keys.layout import KeyedNames
 from celery_fair.showcase.ledger import Entry, Ledger
 from celery_fair.testing.control import wait_fair_stats
 from celery_fair.testing.harness import WorkerProcess
+from celery_fair.testing.keys import keyed_app, publish_by_key
 
 pytestmark = [pytest.mark.integration]
 
@@ -29,25 +30,9 @@ QUEUE = "keyed"
 @pytest.fixture
 def producer(redis_url: str) -> Iterator[Celery]:
     """A producer app with celery-fair and ``fair_keys`` (the user's surface)."""
-    app = Celery("keyed-producer", broker=redis_url)
-    app.conf.fair_keys = {QUEUE: "tenant_id"}
-    celery_fair.install(app)
+    app = keyed_app(redis_url, {QUEUE: "tenant_id"})
     yield app
     app.close()
-
-
-def _publish(app: Celery, counts: dict[str, int], ms: float) -> None:
-    # Interleaved, so that publish order favours no key.
-    left = dict(counts)
-    with app.producer_or_acquire() as producer:
-        while any(left.values()):
-            for key in counts:
-                if left[key]:
-                    left[key] -= 1
-                    app.send_task(
-                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
-                        producer=producer,
-                    )  # fmt: skip
 
 
 def _worker(redis_url: str, **env: str) -> WorkerProcess:
@@ -65,7 +50,7 @@ def _entries(ledger: Ledger, n: int, worker: WorkerProcess, timeout: float = 120
 
 
 def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Celery) -> None:
-    _publish(producer, {"a": 3, "b": 2}, ms=0)
+    publish_by_key(producer, QUEUE, {"a": 3, "b": 2}, ms=0)
     client = redis_lib.Redis.from_url(redis_url)
     names = KeyedNames(QUEUE)
     assert client.llen(QUEUE) == 0
@@ -82,7 +67,7 @@ def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Cel
 def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> None:
     weights = {"a": 1, "b": 2, "c": 4}
     # Each key's backlog lasts as long as the others' at these weights.
-    _publish(producer, {k: 150 * w for k, w in weights.items()}, ms=2)
+    publish_by_key(producer, QUEUE, {k: 150 * w for k, w in weights.items()}, ms=2)
     ledger = Ledger(redis_url)
     with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
         entries = _entries(ledger, 800, worker)
@@ -96,8 +81,8 @@ def test_runtime_cost_splits_worker_time_between_keys(
     redis_url: str, producer: Celery, tmp_path: Path
 ) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
-    _publish(producer, {"slow": 250}, ms=10)
-    _publish(producer, {"fast": 2500}, ms=1)
+    publish_by_key(producer, QUEUE, {"slow": 250}, ms=10)
+    publish_by_key(producer, QUEUE, {"fast": 2500}, ms=1)
     ledger = Ledger(redis_url)
     telemetry = tmp_path / "telemetry"
     with _worker(
@@ -126,7 +111,7 @@ def test_runtime_cost_splits_worker_time_between_keys(
 
 
 def test_a_message_from_a_plain_producer_still_runs(redis_url: str, producer: Celery) -> None:
-    _publish(producer, {"a": 20}, ms=0)
+    publish_by_key(producer, QUEUE, {"a": 20}, ms=0)
     # A producer without celery-fair: its message goes to the queue's own list.
     code = (
         "import sys; from celery import Celery; app = Celery(broker=sys.argv[1]); "
@@ -150,7 +135,7 @@ def test_keys_are_refused_on_rabbitmq(rabbitmq_server: object) -> None:
 
 
 def test_weights_change_live_for_the_backlog(redis_url: str, producer: Celery) -> None:
-    _publish(producer, {"a": 1000, "b": 1000}, ms=4)
+    publish_by_key(producer, QUEUE, {"a": 1000, "b": 1000}, ms=4)
     ledger = Ledger(redis_url)
     with _worker(redis_url) as worker:
         _entries(ledger, 100, worker)
@@ -175,7 +160,7 @@ def test_weights_change_live_for_the_backlog(redis_url: str, producer: Celery) -
 
 def test_a_crash_loses_nothing_and_restores_to_each_key(redis_url: str, producer: Celery) -> None:
     keys = {f"t{i}": 40 for i in range(4)}
-    _publish(producer, keys, ms=20)
+    publish_by_key(producer, QUEUE, keys, ms=20)
     client = redis_lib.Redis.from_url(redis_url)
     names = KeyedNames(QUEUE)
     ledger = Ledger(redis_url)
@@ -219,7 +204,7 @@ def test_an_idle_keyed_queue_is_woken_by_a_publish(redis_url: str, producer: Cel
     ledger = Ledger(redis_url)
     with _worker(redis_url) as worker:
         for i in range(5):
-            _publish(producer, {f"k{i}": 1}, ms=0)
+            publish_by_key(producer, QUEUE, {f"k{i}": 1}, ms=0)
             assert ledger.wait_for(i + 1, timeout=30, alive=[worker]), worker.log()[-3000:]
         stats = wait_fair_stats(redis_url)
     fetch = stats["atomic_fetch"]
@@ -252,8 +237,8 @@ def test_an_app_without_fair_keys_in_the_same_process_publishes_plainly(
 ) -> None:
     plain = Celery("plain-in-process", broker=redis_url)
     celery_fair.install(plain)  # celery-fair, but no fair_keys
-    _publish(producer, {"a": 2}, ms=0)
-    _publish(plain, {"b": 3}, ms=0)
+    publish_by_key(producer, QUEUE, {"a": 2}, ms=0)
+    publish_by_key(plain, QUEUE, {"b": 3}, ms=0)
     client = redis_lib.Redis.from_url(redis_url)
     assert client.llen(QUEUE) == 3  # the plain app's, in Kombu's own list
     assert client.llen(KeyedNames(QUEUE).key_list("a")) == 2

@@ -5,18 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 
 import pytest
 import redis as redis_lib
 from celery import Celery
 
-import celery_fair
 from celery_fair.keys.layout import KeyedNames
-from celery_fair.showcase.ledger import Entry, Ledger
+from celery_fair.showcase.ledger import Ledger
 from celery_fair.testing.control import wait_fair_stats
 from celery_fair.testing.harness import WorkerProcess
+from celery_fair.testing.keys import keyed_app, most_at_once, publish_by_key
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,24 +24,9 @@ QUEUE = "limited"
 
 @pytest.fixture
 def producer(redis_url: str) -> Iterator[Celery]:
-    app = Celery("limits-producer", broker=redis_url)
-    app.conf.fair_keys = {QUEUE: "tenant_id"}
-    celery_fair.install(app)
+    app = keyed_app(redis_url, {QUEUE: "tenant_id"})
     yield app
     app.close()
-
-
-def _publish(app: Celery, counts: dict[str, int], ms: float) -> None:
-    left = dict(counts)
-    with app.producer_or_acquire() as producer:
-        while any(left.values()):
-            for key in counts:
-                if left[key]:
-                    left[key] -= 1
-                    app.send_task(
-                        "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=QUEUE,
-                        producer=producer,
-                    )  # fmt: skip
 
 
 def _worker(url: str, concurrency: int = 4, **env: str) -> WorkerProcess:
@@ -52,31 +36,16 @@ def _worker(url: str, concurrency: int = 4, **env: str) -> WorkerProcess:
     )  # fmt: skip
 
 
-def _most_at_once(entries: list[Entry]) -> dict[str, int]:
-    """Per key, the most tasks that ran at the same time (a sweep over start/finish)."""
-    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for e in entries:
-        events[e.tenant or ""] += [(e.started, 1), (e.finished, -1)]
-    most: dict[str, int] = {}
-    for key, points in events.items():
-        running = peak = 0
-        for _, step in sorted(points, key=lambda p: (p[0], p[1])):  # finishes first on ties
-            running += step
-            peak = max(peak, running)
-        most[key] = peak
-    return most
-
-
 def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Celery) -> None:
     singles = {f"k{i}": 30 for i in range(6)}
-    _publish(producer, {**singles, "wide": 90}, ms=60)
+    publish_by_key(producer, QUEUE, {**singles, "wide": 90}, ms=60)
     ledger = Ledger(redis_url)
     env = {"CELERY_FAIR_KEY_CONCURRENCY": "*=1,wide=3"}
     with _worker(redis_url, **env) as w1, _worker(redis_url, **env) as w2:
         assert ledger.wait_for(270, timeout=120, alive=[w1, w2]), w1.log()[-3000:]
         stats = wait_fair_stats(redis_url)
     entries = ledger.entries()
-    most = _most_at_once(entries)
+    most = most_at_once(entries)
     assert all(most[k] <= 1 for k in singles), most
     assert most["wide"] == 3, most  # reaches its limit, never more
     # The 8 slots stay busy with the other keys while every key has work
@@ -91,8 +60,8 @@ def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Ce
 
 
 def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -> None:
-    _publish(producer, {"slow": 40}, ms=1)
-    _publish(producer, {f"free{i}": 60 for i in range(4)}, ms=1)
+    publish_by_key(producer, QUEUE, {"slow": 40}, ms=1)
+    publish_by_key(producer, QUEUE, {f"free{i}": 60 for i in range(4)}, ms=1)
     ledger = Ledger(redis_url)
     env = {"CELERY_FAIR_KEY_RATE": "slow=10/s"}
     with _worker(redis_url, 2, **env) as w1, _worker(redis_url, 2, **env) as w2:
@@ -111,7 +80,7 @@ def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -
 def test_a_killed_workers_slots_come_back_and_nothing_is_lost(
     redis_url: str, producer: Celery
 ) -> None:
-    _publish(producer, {"solo": 12}, ms=300)
+    publish_by_key(producer, QUEUE, {"solo": 12}, ms=300)
     client = redis_lib.Redis.from_url(redis_url)
     names = KeyedNames(QUEUE)
     ledger = Ledger(redis_url)
@@ -141,4 +110,4 @@ def test_a_killed_workers_slots_come_back_and_nothing_is_lost(
         assert client.hget(names.running, "solo") is None  # every slot back
     runs = {e.id: e for e in ledger.entries()}
     assert len(runs) == 12  # nothing lost
-    assert _most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
+    assert most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
