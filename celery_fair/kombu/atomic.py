@@ -247,7 +247,10 @@ class AtomicFetch:
         if keys:
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
             charges = self._charges()
-            self.pending = _FETCH
+            # From here on a wake-up must push the wake key: the script may
+            # read the queues before the change that woke us (a lost wake-up
+            # would leave the next wait to its timeout).
+            self.pending, self._waking = _FETCH, False
             conn.send_command(
                 "EVALSHA", self._sha, 2 * len(keys) + 2 + len(watched),
                 *keys, *malformed, *self._unacked, *watched,
@@ -258,7 +261,7 @@ class AtomicFetch:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
             if self._due is not None:
                 wait = min(wait or self._due, self._due)
-            self.pending, self._waking = _WAIT, False
+            self.pending = _WAIT
             self.waits += 1
             conn.send_command("BLPOP", self._wake_key, wait or 0)
 
