@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from queue import Empty
 from typing import Any
 
 import pytest
@@ -224,3 +225,38 @@ def test_priorities_and_a_global_key_prefix_are_honoured(redis_url: str, prefix:
     assert atomic == brpop
     # Kombu's Redis serves the lowest priority number first, FIFO within one.
     assert atomic == [0, 3, 5, 1, 2, 4]
+
+
+def test_a_wake_up_during_a_fetch_is_not_lost(
+    kombu_channel: tuple[Connection, Any], redis_url: str
+) -> None:
+    # The fetch script may read the queues just before the change that wakes
+    # the worker: that wake-up must end the next wait, not its timeout.
+    conn, channel = kombu_channel
+    queue = Queue("tw", Exchange("tw"), routing_key="tw")
+    consumer = Consumer(channel, [queue], callbacks=[lambda body, message: message.ack()])
+    cycle = install_on_channel(channel, FairScheduler({}), atomic=True)
+    assert cycle is not None and cycle.atomic is not None
+    fetch = cycle.atomic
+    client = redis_lib.Redis.from_url(redis_url)
+    # Kombu's poller gives the channel's client its fetch connection; driven by hand here,
+    # and the wake-ups are ours alone (no invalidation listener).
+    channel.client.connection = channel.client.connection_pool.get_connection("_")
+    fetch.close()
+    fetch.listener = None
+    client.delete(fetch._wake_key)  # the listener's first wake-up, at its start
+
+    with consumer:
+        fetch.start()  # a fetch: nothing there, the next is a wait
+        with pytest.raises(Empty):
+            fetch.read()
+        fetch.tracking = True  # waits as long as with a listener: only a wake-up ends one
+        fetch.start()  # the wait
+        fetch.wake()  # an invalidation ends it
+        with pytest.raises(Empty):
+            fetch.read()
+        fetch.start()  # the fetch after it: the script reads the empty queues
+        fetch.wake()  # a publish right after that read
+        with pytest.raises(Empty):
+            fetch.read()  # nothing (the script read before the publish)
+        assert client.llen(fetch._wake_key) == 1  # so the next wait ends at once
