@@ -12,7 +12,7 @@ from celery.utils.log import get_logger
 
 from .. import compat
 from ..keys.consumers import warn_about_plain_consumers
-from ..keys.publish import register_app, wrap_kombu
+from ..keys.publish import register_app
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .recorder import PoolRecorder
@@ -323,8 +323,9 @@ def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
             "the keys over shard queues with ConsistentHashRouter, which can also isolate a "
             "noisy key (isolate=...); see docs/fairness-keys.md"
         )
+    # install() registered the app already; again here in case fair_keys was set
+    # after it (register_app wraps Kombu's channel, probed, when there are keys).
     register_app(app)
-    wrap_kombu()  # probes Kombu's channel methods first
 
 
 def _check_dead_lettering(app: Any) -> None:
