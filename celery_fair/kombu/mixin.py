@@ -35,12 +35,11 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 from kombu.message import Message
 from kombu.messaging import Consumer as KombuConsumer
-from kombu.messaging import Producer as KombuProducer
 from kombu.mixins import ConsumerMixin
 
 from ..scheduling.codel import CoDelController, CoDelStatistics
 from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
-from .requeue import REQUEUE_HEADER, copy_properties, push_front_redis, requeue_count
+from .requeue import REQUEUE_HEADER, requeue_count, return_copy
 
 __all__ = (
     "CODEL_ACTIONS",
@@ -571,21 +570,7 @@ class FairConsumerMixin(ConsumerMixin):
     def _requeue_copy(self, name: str, message: Message, count: int) -> None:
         # The copy first, then the ack: a crash between them duplicates the
         # message, never loses it.
-        queue = self._queues[name]
-        if not push_front_redis(message, queue.name, {REQUEUE_HEADER: count}):
-            headers = dict(message.headers or {})
-            headers[REQUEUE_HEADER] = count
-            # The default exchange routes by queue name on every transport:
-            # the copy goes to this queue only, whatever it is bound to.
-            KombuProducer(message.channel, auto_declare=False).publish(
-                message.body,
-                exchange="",
-                routing_key=queue.name,
-                headers=headers,
-                content_type=message.content_type,
-                content_encoding=message.content_encoding,
-                **copy_properties(message),
-            )
+        return_copy(message, self._queues[name].name, {REQUEUE_HEADER: count}, front=True)
         message.ack()
 
     def _handler_failed(self, name: str, message: Message, exc: Exception) -> None:

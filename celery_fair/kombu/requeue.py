@@ -23,7 +23,16 @@ from .. import compat
 from ..keys.publish import message_key, names_for
 from ..keys.store import enqueue
 
-__all__ = ("REQUEUE_HEADER", "copy_properties", "push_front_redis", "requeue_count")
+__all__ = (
+    "REQUEUE_HEADER",
+    "copy_properties",
+    "producer_on",
+    "push_front_redis",
+    "push_redis",
+    "put_payload",
+    "requeue_count",
+    "return_copy",
+)
 
 #: How many times CoDel sent this message back (a message header).
 REQUEUE_HEADER = "fair_codel_requeues"
@@ -52,11 +61,11 @@ def copy_properties(message: Any) -> dict[str, Any]:
     return properties
 
 
-def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bool:
-    """Redis: put a copy of ``message`` with ``headers`` added where BRPOP takes next.
+def push_redis(message: Any, queue: str, headers: Mapping[str, Any], *, front: bool) -> bool:
+    """Redis: put a copy of ``message`` with ``headers`` added back on ``queue``.
 
-    Kombu publishes with LPUSH and fetches with BRPOP (the right end), so an
-    RPUSH puts the copy first in line.  Returns False, doing nothing, on any
+    ``front``: where the next fetch takes it (it keeps its place in line);
+    else at the back, as a new publish.  Returns False, doing nothing, on any
     other transport.
     """
     channel: Any = getattr(message, "channel", None)
@@ -65,14 +74,65 @@ def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bo
         return False
     payload = json.loads(json.dumps(raw))  # a deep copy
     payload.setdefault("headers", {}).update(headers)
-    # A new delivery tag, as Kombu gives every published message (it keys
-    # the unacknowledged index; a copy must not share the original's).
+    put_payload(channel, queue, payload, front=front)
+    return True
+
+
+def push_front_redis(message: Any, queue: str, headers: Mapping[str, Any]) -> bool:
+    """Redis: put a copy of ``message`` with ``headers`` added where BRPOP takes next."""
+    return push_redis(message, queue, headers, front=True)
+
+
+def put_payload(channel: Any, queue: str, payload: dict[str, Any], *, front: bool) -> None:
+    """Redis: put a Kombu envelope on ``queue``, in its priority list or its key's list.
+
+    Kombu publishes with LPUSH and fetches with BRPOP (the right end), so
+    RPUSH puts the payload first in line and LPUSH last.  The payload gets a
+    new delivery tag, as Kombu gives every published message (it keys the
+    unacknowledged index; a copy must not share the original's).
+    """
     payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
     key = message_key(payload, queue)
     with channel.conn_or_acquire() as client:
         if key is not None:
-            enqueue(client, names_for(channel, queue), key, json.dumps(payload), front=True)
+            enqueue(client, names_for(channel, queue), key, json.dumps(payload), front=front)
         else:
             priority = compat.message_priority(channel, payload)
-            client.rpush(compat.queue_key(channel, queue, priority), json.dumps(payload))
-    return True
+            push = client.rpush if front else client.lpush
+            push(compat.queue_key(channel, queue, priority), json.dumps(payload))
+
+
+def producer_on(channel: Any) -> Any:
+    """A Kombu producer on ``channel`` that declares nothing."""
+    from kombu.messaging import Producer
+
+    return Producer(channel, auto_declare=False)
+
+
+def return_copy(
+    message: Any, queue: str | None, headers: Mapping[str, Any], *, front: bool
+) -> None:
+    """Send a copy of ``message`` with ``headers`` added back to ``queue``.
+
+    Redis: onto ``queue``, at the front or the back (see :func:`push_redis`).
+    Other transports: published on the message's own channel through the
+    default exchange, which routes by queue name on every transport, so the
+    copy reaches this queue only, whatever else its exchange is bound to; it
+    joins the back of the queue.  (Without a known ``queue``, to the exchange
+    and routing key it came with.)  The caller acknowledges the original
+    afterwards: a crash between the two leaves a duplicate, never a loss.
+    """
+    if queue is not None and push_redis(message, queue, headers, front=front):
+        return
+    merged = dict(message.headers or {})
+    merged.update(headers)
+    info = message.delivery_info or {}
+    producer_on(message.channel).publish(
+        message.body,
+        exchange="" if queue is not None else info.get("exchange") or "",
+        routing_key=queue if queue is not None else info.get("routing_key"),
+        headers=merged,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        **copy_properties(message),
+    )

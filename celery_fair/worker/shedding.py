@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
-from ..kombu.requeue import REQUEUE_HEADER, copy_properties, push_front_redis, requeue_count
+from ..kombu.requeue import REQUEUE_HEADER, requeue_count, return_copy
 from ..scheduling.codel import CoDelController
 
 __all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder")
@@ -112,25 +112,8 @@ class Shedder:
         self.controller.empty(self.clock())
 
     def _requeue(self, request: Any, count: int) -> None:
-        message = request.message
         queue = self.queue_of(request) if self.queue_of is not None else None
-        if queue is not None and push_front_redis(message, queue, {REQUEUE_HEADER: count + 1}):
-            request.acknowledge()
-            return
-        headers = dict(message.headers or {})
-        headers[REQUEUE_HEADER] = count + 1
-        info = message.delivery_info or {}
-        with self.app.producer_or_acquire() as producer:
-            producer.publish(
-                message.body,
-                exchange=info.get("exchange") or "",
-                routing_key=info.get("routing_key"),
-                headers=headers,
-                content_type=message.content_type,
-                content_encoding=message.content_encoding,
-                retry=True,
-                **copy_properties(message),
-            )
+        return_copy(request.message, queue, {REQUEUE_HEADER: count + 1}, front=True)
         request.acknowledge()
 
     def statistics(self) -> dict[str, Any]:
