@@ -21,6 +21,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "celery_fair.routing.ring_cli",
     "celery_fair.telemetry.capture",
     "celery_fair.analytics.report",
+    "celery_fair.parking.cli",
 )
 
 

@@ -125,6 +125,13 @@ CAPABILITIES: dict[str, Capability] = {
             None,
         ),
         Capability(
+            "celery.consumer.bad_input",
+            "keeping bad input: the consumer's on_decode_error/on_invalid_task/"
+            "on_unknown_message/on_unknown_task, read when its task handler is built",
+            "bad input is handled as Celery does: an undecodable message is acknowledged "
+            "and an unknown task rejected (on Redis both are lost)",
+        ),
+        Capability(
             "celery.consumer.qos",
             "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
             "fair_prefetch='auto' keeps Celery's fixed window on Redis",
@@ -666,3 +673,58 @@ def move_qos_window(qos: Any, base: int, wanted: int) -> None:
         current = int(qos.value or base)
         qos.value = max(1, current + wanted - base)
         qos.update()
+
+
+#: The consumer's bad-input handlers, with the parameters Celery calls them with.
+BAD_INPUT_HANDLERS: dict[str, tuple[str, ...]] = {
+    "on_decode_error": ("message", "exc"),
+    "on_invalid_task": ("body", "message", "exc"),
+    "on_unknown_message": ("body", "message"),
+    "on_unknown_task": ("body", "message", "exc"),
+}
+
+
+def _names_used(code: Any) -> set[str]:
+    """Every attribute or global name a function's code (and its nested functions) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names_used(const)
+    return names
+
+
+def probe_bad_input_handlers(consumer: Any, probe: Probe) -> bool:
+    """Whether the consumer's bad-input handlers can be replaced on the instance.
+
+    Celery's ``create_task_handler`` reads them from the consumer when the
+    event loop starts (``self.on_unknown_task`` ...), and the task consumer
+    keeps ``on_decode_error``: checked in its code, not assumed.
+    """
+    cls = type(consumer)
+    build = getattr(cls, "create_task_handler", None)
+    lacking = [
+        name
+        for name, params in BAD_INPUT_HANDLERS.items()
+        if not _callable_with(getattr(cls, name, None), *params)
+    ]
+    if build is None or not hasattr(build, "__code__"):
+        lacking.append("create_task_handler")
+    elif not set(BAD_INPUT_HANDLERS) <= _names_used(build.__code__):
+        lacking.append("create_task_handler (reads the handlers elsewhere)")
+    if not hasattr(getattr(consumer, "task_consumer", None), "on_decode_error"):
+        lacking.append("task_consumer.on_decode_error")
+    if lacking:
+        probe.missing_capability("celery.consumer.bad_input", "Consumer." + "/".join(lacking))
+        return False
+    return True
+
+
+def set_bad_input_handlers(consumer: Any, handlers: dict[str, Callable[..., Any]]) -> None:
+    """Use ``handlers`` (named as in :data:`BAD_INPUT_HANDLERS`) for this consumer.
+
+    Call after the Tasks bootstep created the task consumer and before the
+    event loop builds the task handler (a consumer bootstep's ``start``).
+    """
+    for name, handler in handlers.items():
+        setattr(consumer, name, handler)
+    consumer.task_consumer.on_decode_error = handlers["on_decode_error"]

@@ -47,6 +47,7 @@ from ..keys import lua as keys_lua
 from ..keys.layout import SERVED_HEADER, KeyedNames
 from ..keys.serving import KeyedServing
 from ..keys.store import text
+from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX
 from .wakeup import InvalidationListener
 
 __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -109,7 +110,12 @@ for i = 1, n do
       end
     end
     if type(tag) ~= 'string' then
-      redis.call('LPUSH', KEYS[n + i], item)
+      -- Parked with its reason and time (celery_fair.parking.records).
+      redis.call('LPUSH', KEYS[n + i], cjson.encode({fair_parked = 1,
+        reason = '"""
+    + NOT_A_MESSAGE
+    + """', parked_at = tonumber(ARGV[2]),
+        raw = item}))
       return {KEYS[i], item, 'malformed'}
     end
     local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
@@ -140,7 +146,7 @@ return nil
 )
 
 #: Where a payload that cannot be decoded is kept (a Redis list per queue).
-MALFORMED_SUFFIX = ".fair-malformed"
+MALFORMED_SUFFIX = PARKING_SUFFIX
 
 #: Without an invalidation listener, an idle fetch polls this often (seconds).
 POLL_WAIT = 0.05

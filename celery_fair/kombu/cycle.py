@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from queue import Empty
@@ -22,6 +23,7 @@ from kombu.transport.virtual import QoS as VirtualQoS
 
 from .. import compat
 from ..keys.serving import KeyedServing
+from ..parking.records import NOT_A_MESSAGE, encode_record
 from ..scheduling.scheduler import FairScheduler
 from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch, malformed_moved
 
@@ -194,7 +196,7 @@ def install_on_channel(
         try:
             return ack(delivery_tag)
         except errors as exc:
-            if not _closed(channel):
+            if not channel_closed(channel):
                 raise
             _ack_elsewhere(channel, live_channel, delivery_tag, exc)
             return None
@@ -205,7 +207,7 @@ def install_on_channel(
         try:
             return reject(delivery_tag, requeue=requeue)
         except errors as exc:
-            if not _closed(channel):
+            if not channel_closed(channel):
                 raise
             # Left unacknowledged: the visibility timeout redelivers it.
             logger.warning(
@@ -268,8 +270,12 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
             dest, item = response
             key = dest.decode() if isinstance(dest, bytes) else str(dest)
             queue = key.rsplit(compat.key_separator(channel), 1)[0]
+            raw = item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else item
+            record = encode_record(
+                None, reason=NOT_A_MESSAGE, parked_at=time.time(), queue=queue, raw=raw
+            )
             with channel.conn_or_acquire() as conn:
-                conn.lpush(queue + MALFORMED_SUFFIX, item)
+                conn.lpush(queue + MALFORMED_SUFFIX, record)
             malformed_moved(cycle, queue, item)
             raise Empty() from None
 
@@ -277,7 +283,7 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
         compat.replace_fetch_read(channel, fair_brpop_read)
 
 
-def _closed(channel: Any) -> bool:
+def channel_closed(channel: Any) -> bool:
     """Whether a Kombu virtual channel was closed (by a reconnection)."""
     return bool(getattr(channel, "closed", False)) or getattr(channel, "connection", 1) is None
 
@@ -288,7 +294,7 @@ def _ack_elsewhere(
     """Acknowledge through the live channel (Redis: the unacked keys are shared)."""
     live = live_channel() if live_channel is not None else None
     remove = compat.remove_from_unacked(getattr(live, "qos", None))
-    if live is not None and live is not channel and remove is not None and not _closed(live):
+    if live is not None and live is not channel and remove is not None and not channel_closed(live):
         try:
             remove(delivery_tag).execute()
             logger.info(

@@ -29,6 +29,7 @@ and celery-fair side by side:
 ``CELERY_FAIR_KEY_CONCURRENCY``  the ``fair_key_concurrency`` setting, as ``key=n[,key=n]``
 ``CELERY_FAIR_KEY_RATE``  the ``fair_key_rate_limit`` setting, as ``key=10/s[,key=...]``
 ``CELERY_FAIR_KEY_LEASE_TTL``  the ``fair_key_lease_ttl`` setting (seconds)
+``CELERY_FAIR_UNKNOWN_MAX_RETURNS``  the ``fair_unknown_task_max_returns`` setting
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ if os.environ.get("CELERY_FAIR_KEY_RATE"):
     app.conf.fair_key_rate_limit = os.environ["CELERY_FAIR_KEY_RATE"]
 if os.environ.get("CELERY_FAIR_KEY_LEASE_TTL"):
     app.conf.fair_key_lease_ttl = float(os.environ["CELERY_FAIR_KEY_LEASE_TTL"])
+if os.environ.get("CELERY_FAIR_UNKNOWN_MAX_RETURNS"):
+    app.conf.fair_unknown_task_max_returns = int(os.environ["CELERY_FAIR_UNKNOWN_MAX_RETURNS"])
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

@@ -22,6 +22,7 @@ from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
 from .push_prefetch import PushWindows
+from .quarantine import Quarantine
 from .settings import FairConfigError, FairSettings, parse_weights
 
 __all__ = ("LIVE_WEIGHTS", "FairService")
@@ -72,6 +73,13 @@ class FairService:
         self._channel: Any = None  # the task consumer's current channel
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
+        #: Bad input (undecodable, unknown task): parked or sent back, never dropped.
+        self.quarantine = Quarantine(
+            delay=settings.unknown_task_delay,
+            max_returns=settings.unknown_task_max_returns,
+            queue_of=self.queue_of,
+            clock=clock,
+        )
         #: Keyed queues (``fair_keys``), served in fair key order by the fetch script.
         self.keyed: KeyedServing | None = None
         if settings.keys:
@@ -422,4 +430,5 @@ class FairService:
         stats["atomic_fetch"] = asdict(fetch.statistics()) if fetch is not None else None
         stats["compat_fallbacks"] = dict(self.probe.missing)
         stats["keys"] = asdict(self.keyed.statistics()) if self.keyed is not None else None
+        stats["bad_input"] = asdict(self.quarantine.statistics())
         return stats

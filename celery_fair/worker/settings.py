@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "fair_key_concurrency": {},
     "fair_key_rate_limit": {},
     "fair_key_lease_ttl": None,
+    "fair_unknown_task_delay": 10.0,
+    "fair_unknown_task_max_returns": 30,
 }
 
 CODEL_ACTIONS = ("requeue", "reject")
@@ -265,6 +267,10 @@ class FairSettings:
     default_key_weight: float = 1.0
     #: Per-key concurrency and rate limits of the keyed queues.
     key_limits: KeyLimits = field(default_factory=KeyLimits)
+    #: An unknown task waits this long (s) before it is sent back to its queue.
+    unknown_task_delay: float = 10.0
+    #: ... and is parked after this many returns (0: parked at once).
+    unknown_task_max_returns: int = 30
 
     @property
     def codel(self) -> bool:
@@ -328,7 +334,18 @@ class FairSettings:
                 f"too (got concurrency {dict(limits.concurrency)!r}, rates "
                 f"{dict(limits.rates)!r})"
             )
+        max_returns = get("fair_unknown_task_max_returns")
+        if isinstance(max_returns, str) and max_returns.strip().isdigit():
+            max_returns = int(max_returns)  # from an environment variable or a config file
+        if isinstance(max_returns, bool) or not isinstance(max_returns, int) or max_returns < 0:
+            raise FairConfigError(
+                f"fair_unknown_task_max_returns must be an integer >= 0, got {max_returns!r}"
+            )
         return cls(
+            unknown_task_delay=_positive(
+                "fair_unknown_task_delay", None, get("fair_unknown_task_delay")
+            ),
+            unknown_task_max_returns=max_returns,
             keys=keys,
             key_limits=limits,
             key_weights=parse_weights(

@@ -249,6 +249,8 @@ class FairConsumerStep(bootsteps.StartStopStep):
         if service is None or c.task_consumer is None:
             return
         channel = c.task_consumer.channel
+        # Before the event loop builds the task handler, which reads them.
+        service.quarantine.install(c)
         if service.keyed is not None and not getattr(self, "_checked_consumers", False):
             # Once per worker start (not at every reconnection).
             self._checked_consumers = True

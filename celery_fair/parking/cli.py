@@ -1,0 +1,113 @@
+"""``celery-fair parked QUEUE``: list, replay or purge the messages parked from a queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .records import ParkedMessage, parking_queue
+
+__all__ = ("format_age", "register", "run")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``parked`` subcommand to the ``celery-fair`` parser."""
+    parser = subparsers.add_parser(
+        "parked",
+        help="list, replay or purge the messages parked from a queue",
+        description=(
+            "Messages a fair worker could not run (undecodable body, content type not "
+            "accepted, not a task, a task no worker knew) are kept next to their queue, in "
+            "QUEUE.fair-malformed. List them (the default), put them back on QUEUE once the "
+            "cause is fixed (--replay), or drop them on purpose (--purge)."
+        ),
+    )
+    parser.add_argument("queue", metavar="QUEUE", help="the queue the messages came from")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--app", "-A", help="the Celery app (module or module:attr): its broker")
+    where.add_argument("--broker", "-b", help="a broker URL (without the app's transport options)")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--replay", action="store_true", help="put them back on QUEUE")
+    action.add_argument("--purge", action="store_true", help="drop them (they are gone)")
+    parser.add_argument(
+        "--limit", type=_positive_int, default=None, help="at most this many (oldest first)"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per message")
+    parser.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--limit must be a positive integer, got {text!r}")
+    return value
+
+
+def format_age(seconds: float | None) -> str:
+    """``42s``, ``7m``, ``3h``, ``2d`` (``?`` when unknown)."""
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _connection(args: argparse.Namespace) -> Any:
+    if args.app:
+        from celery.app.utils import find_app
+
+        return find_app(args.app).connection_for_write()
+    from kombu.connection import Connection
+
+    return Connection(args.broker)  # type: ignore[no-untyped-call]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``celery-fair parked``."""
+    from .store import parking_for
+
+    with _connection(args) as connection:
+        parking = parking_for(connection.default_channel)
+        name = parking_queue(args.queue)
+        if args.replay:
+            count = parking.replay(args.queue, args.limit)
+            print(f"{count} message(s) put back from {name} on {args.queue}")
+            return 0
+        if args.purge:
+            count = parking.purge(args.queue)
+            print(f"{count} message(s) dropped from {name}")
+            return 0
+        parked = parking.list(args.queue, args.limit)
+    _print(parked, name, as_json=args.json)
+    return 0
+
+
+def _print(parked: list[ParkedMessage], name: str, *, as_json: bool) -> None:
+    now = time.time()
+    out = sys.stdout
+    if as_json:
+        for message in parked:
+            row = {
+                "queue": message.queue,
+                "reason": message.reason,
+                "parked_at": message.parked_at,
+                "age": message.age(now),
+                "task": message.task,
+                "id": message.task_id,
+            }
+            out.write(json.dumps(row) + "\n")
+        return
+    print(f"{len(parked)} message(s) parked in {name} (oldest first)", file=out)
+    for message in parked:
+        print(
+            f"{format_age(message.age(now)):>5}  {message.task or '-'}  "
+            f"{message.task_id or '-'}  {message.reason}",
+            file=out,
+        )
