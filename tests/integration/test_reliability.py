@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
+from celery_fair.parking.records import decode_record
 from celery_fair.testing.brokers import broker_for
 from celery_fair.testing.harness import WorkerProcess, fill_queues
 
@@ -206,7 +207,9 @@ def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
     fill_queues(redis_url, {"m": 5}, task="no.such.task", args=(1,))
     client.lpush("m", b"this is not json")
     fill_queues(redis_url, {"m": 50}, task="nap", args=(1,))
-    with WorkerProcess(redis_url, ["m"], env={"CELERY_FAIR_ATOMIC": atomic}) as worker:
+    # Unknown tasks are parked at once (no returns), so that the queue empties.
+    env = {"CELERY_FAIR_ATOMIC": atomic, "CELERY_FAIR_UNKNOWN_MAX_RETURNS": "0"}
+    with WorkerProcess(redis_url, ["m"], env=env) as worker:
         deadline = time.monotonic() + 60
         while client.llen("m") > 0:
             assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
@@ -224,7 +227,11 @@ def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
                 break
             time.sleep(0.1)
     log = worker.log()
-    assert "no.such.task" in log  # Celery reports the unknown task as it always does
+    assert "unknown task 'no.such.task'" in log  # parked with its reason, logged
     assert stats["held"]["m"] == 0 and sum(stats["waiting"].values()) == 0
-    # The undecodable payload is kept aside (plain Celery 5.7 loses it and stops).
-    assert client.lrange("m.fair-malformed", 0, -1) == [b"this is not json"]
+    # The undecodable payload is kept aside (plain Celery 5.7 loses it and stops),
+    # and so are the unknown tasks (plain Celery rejects them: lost on Redis).
+    parked = [decode_record(item, "m") for item in client.lrange("m.fair-malformed", 0, -1)]
+    assert [p.raw for p in parked if p.raw is not None] == ["this is not json"]
+    assert sorted(p.task or "" for p in parked if p.payload is not None) == ["no.such.task"] * 5
+    assert stats["bad_input"]["parked"] == {"unknown-task": 5}
