@@ -25,7 +25,10 @@ from celery_fair.testing.harness import WorkerProcess
 pytestmark = pytest.mark.integration
 
 APP = "tests.integration.rolling_app"
-BROKERS = ["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)]
+BROKERS = [
+    pytest.param("redis", marks=pytest.mark.compat),
+    pytest.param("rabbitmq", marks=pytest.mark.rabbitmq),
+]
 
 
 def _url(request: pytest.FixtureRequest, broker: str) -> str:
