@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -442,6 +443,23 @@ def active_queue_count(channel: Any) -> int:
 
 def key_prefix(channel: Any) -> str:
     return getattr(channel, "global_keyprefix", "") or ""
+
+
+@contextmanager
+def redis_client(channel: Any) -> Iterator[Any]:
+    """A client of the channel's Redis that sends every key name as given.
+
+    With ``global_keyprefix`` Kombu's client adds the prefix to some commands
+    only (which ones differs between releases, and for ``EVALSHA`` only the
+    first key), so celery-fair names every key in full, prefix included
+    (:func:`key_prefix`), and talks to Redis through this client.
+    """
+    with channel.conn_or_acquire() as client:
+        if getattr(client, "global_keyprefix", None):
+            import redis
+
+            client = redis.Redis(connection_pool=client.connection_pool)
+        yield client
 
 
 def key_separator(channel: Any) -> str:

@@ -190,7 +190,7 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
     if batch is not None:
         batch.add("eval", store.ENQUEUE.text, 0, *store.enqueue_args(names, key, dumps(message)))
         return None
-    with channel.conn_or_acquire() as client:
+    with compat.redis_client(channel) as client:
         store.enqueue(client, names, key, dumps(message))
     return None
 
@@ -238,14 +238,14 @@ def _fair_restore(
 
 def _fair_size(original: Any, channel: Any, queue: str) -> int:
     size = int(original(channel, queue))
-    with channel.conn_or_acquire() as client:
+    with compat.redis_client(channel) as client:
         size += store.backlog(client, names_for(channel, queue)).messages
     return size
 
 
 def _fair_purge(original: Any, channel: Any, queue: str) -> int:
     purged = int(original(channel, queue))
-    with channel.conn_or_acquire() as client:
+    with compat.redis_client(channel) as client:
         purged += store.purge(client, names_for(channel, queue))
     return purged
 
@@ -253,5 +253,5 @@ def _fair_purge(original: Any, channel: Any, queue: str) -> int:
 def _fair_has_queue(original: Any, channel: Any, queue: str, **kwargs: Any) -> bool:
     if original(channel, queue, **kwargs):
         return True
-    with channel.conn_or_acquire() as client:
+    with compat.redis_client(channel) as client:
         return bool(client.exists(names_for(channel, queue).state))

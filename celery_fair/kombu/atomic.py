@@ -406,7 +406,7 @@ class AtomicFetch:
         if self._waking:
             return
         self._waking = True
-        with self.channel.conn_or_acquire() as client:
+        with compat.redis_client(self.channel) as client:
             # The wake key only ever ends a BLPOP of this channel; a value
             # left after a timeout costs one extra fetch, and expires.
             client.pipeline(transaction=False).lpush(self._wake_key, 1).expire(

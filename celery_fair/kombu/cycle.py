@@ -270,12 +270,15 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
             dest, item = response
             key = dest.decode() if isinstance(dest, bytes) else str(dest)
             queue = key.rsplit(compat.key_separator(channel), 1)[0]
+            prefix = compat.key_prefix(channel)
+            if prefix and queue.startswith(prefix):
+                queue = queue[len(prefix) :]  # as Kombu's own client may leave it
             raw = item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else item
             record = encode_record(
                 None, reason=NOT_A_MESSAGE, parked_at=time.time(), queue=queue, raw=raw
             )
-            with channel.conn_or_acquire() as conn:
-                conn.lpush(queue + MALFORMED_SUFFIX, record)
+            with compat.redis_client(channel) as conn:
+                conn.lpush(prefix + queue + MALFORMED_SUFFIX, record)
             malformed_moved(cycle, queue, item)
             raise Empty() from None
 

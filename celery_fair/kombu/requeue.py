@@ -93,13 +93,14 @@ def put_payload(channel: Any, queue: str, payload: dict[str, Any], *, front: boo
     """
     payload.setdefault("properties", {})["delivery_tag"] = str(uuid.uuid4())
     key = message_key(payload, queue)
-    with channel.conn_or_acquire() as client:
+    with compat.redis_client(channel) as client:
         if key is not None:
             enqueue(client, names_for(channel, queue), key, json.dumps(payload), front=front)
         else:
             priority = compat.message_priority(channel, payload)
             push = client.rpush if front else client.lpush
-            push(compat.queue_key(channel, queue, priority), json.dumps(payload))
+            push(compat.key_prefix(channel) + compat.queue_key(channel, queue, priority),
+                 json.dumps(payload))  # fmt: skip
 
 
 def producer_on(channel: Any) -> Any:

@@ -60,13 +60,6 @@ class RedisParking:
         self.clock = clock
         self._prefix = compat.key_prefix(channel)
 
-    def _client(self) -> Any:
-        # Kombu's client adds the global key prefix to some commands only
-        # (which ones varies between releases): name the keys in full instead.
-        import redis
-
-        return redis.Redis(connection_pool=self.channel.client.connection_pool)
-
     def _key(self, queue: str) -> str:
         return self._prefix + parking_queue(queue)
 
@@ -77,48 +70,52 @@ class RedisParking:
             body = message.body
             raw = body.decode("utf-8", "surrogateescape") if isinstance(body, bytes) else str(body)
         record = encode_record(payload, reason=reason, parked_at=self.clock(), queue=queue, raw=raw)
-        self._client().lpush(self._key(queue), record)
+        with compat.redis_client(self.channel) as client:
+            client.lpush(self._key(queue), record)
         message.ack()
         return parking_queue(queue)
 
     def list(self, queue: str, limit: int | None = None) -> list[ParkedMessage]:
         start = 0 if limit is None else -limit
-        items = self._client().lrange(self._key(queue), start, -1)
+        with compat.redis_client(self.channel) as client:
+            items = client.lrange(self._key(queue), start, -1)
         # LPUSH adds on the left: the oldest is last.
         return [decode_record(item, queue) for item in reversed(items)]
 
     def replay(self, queue: str, limit: int | None = None) -> int:
         from ..kombu.requeue import put_payload
 
-        client, key, done = self._client(), self._key(queue), 0
-        # Only what is parked now: a replayed message that is still bad is
-        # parked again, at the other end of the list, and must not loop.
-        count = int(client.llen(key))
-        limit = count if limit is None else min(limit, count)
-        while done < limit:
-            item = client.lindex(key, -1)
-            if item is None:
-                break
-            parked = decode_record(item, queue)
-            if parked.payload is not None:
-                payload = json.loads(json.dumps(parked.payload))
-                headers = payload.setdefault("headers", {})
-                for name in PARKED_HEADERS:
-                    headers.pop(name, None)
-                put_payload(self.channel, queue, payload, front=False)
-            elif parked.raw is not None:
-                # Not a message: put back as it was (it parks again unless fixed).
-                client.lpush(self._prefix + queue, parked.raw.encode("utf-8", "surrogateescape"))
-            client.lrem(key, -1, item)
-            done += 1
+        key, done = self._key(queue), 0
+        with compat.redis_client(self.channel) as client:
+            # Only what is parked now: a replayed message that is still bad is
+            # parked again, at the other end of the list, and must not loop.
+            count = int(client.llen(key))
+            limit = count if limit is None else min(limit, count)
+            while done < limit:
+                item = client.lindex(key, -1)
+                if item is None:
+                    break
+                parked = decode_record(item, queue)
+                if parked.payload is not None:
+                    payload = json.loads(json.dumps(parked.payload))
+                    headers = payload.setdefault("headers", {})
+                    for name in PARKED_HEADERS:
+                        headers.pop(name, None)
+                    put_payload(self.channel, queue, payload, front=False)
+                elif parked.raw is not None:
+                    # Not a message: put back as it was (it parks again unless fixed).
+                    raw = parked.raw.encode("utf-8", "surrogateescape")
+                    client.lpush(self._prefix + queue, raw)
+                client.lrem(key, -1, item)
+                done += 1
         return done
 
     def purge(self, queue: str) -> int:
-        client, key = self._client(), self._key(queue)
-        pipe = client.pipeline()
-        pipe.llen(key)
-        pipe.delete(key)
-        count, _ = pipe.execute()
+        with compat.redis_client(self.channel) as client:
+            pipe = client.pipeline()
+            pipe.llen(self._key(queue))
+            pipe.delete(self._key(queue))
+            count, _ = pipe.execute()
         return int(count)
 
 

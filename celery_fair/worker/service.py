@@ -131,7 +131,7 @@ class FairService:
                 f"not available here ({', '.join(self.probe.missing) or 'not a Redis channel'})"
             )
         limits = self.settings.key_limits.as_fields()
-        with channel.conn_or_acquire() as client:
+        with compat.redis_client(channel) as client:
             for queue in self.settings.keys:
                 names = names_for(channel, queue)
                 store.write_configured_weights(client, names, self.settings.key_weights)
@@ -145,7 +145,7 @@ class FairService:
         if channel is None:
             raise RuntimeError("no channel")
         sep = compat.key_separator(channel)
-        with channel.conn_or_acquire() as client:
+        with compat.redis_client(channel) as client:
             store.release(client, sep, [(names_for(channel, q).base, tag) for q, tag in releases])
 
     def _on_keyed_queues(
@@ -155,7 +155,7 @@ class FairService:
         channel = self._channel
         if self.keyed is None or channel is None:
             raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
-        with channel.conn_or_acquire() as client:
+        with compat.redis_client(channel) as client:
             return {q: action(client, names_for(channel, q)) for q in self.settings.keys}
 
     def set_key_limits(self, fields: dict[str, str | None]) -> None:
@@ -392,7 +392,7 @@ class FairService:
         channel = self._channel
         if channel is not None and compat.is_redis_channel(channel):
             key = compat.key_prefix(channel) + LIVE_WEIGHTS
-            with channel.conn_or_acquire() as client:
+            with compat.redis_client(channel) as client:
                 pipe = client.pipeline(transaction=True)
                 if weights:
                     pipe.hset(key, mapping={q: repr(float(w)) for q, w in weights.items()})
@@ -403,7 +403,7 @@ class FairService:
     def _adopt_live_weights(self, channel: Any) -> None:
         """Redis: weights set by ``control fair_weights`` earlier, kept on the broker."""
         key = compat.key_prefix(channel) + LIVE_WEIGHTS
-        with channel.conn_or_acquire() as client:
+        with compat.redis_client(channel) as client:
             stored = client.hgetall(key)
         if not stored:
             return
