@@ -29,6 +29,7 @@ and celery-fair side by side:
 ``CELERY_FAIR_KEY_CONCURRENCY``  the ``fair_key_concurrency`` setting, as ``key=n[,key=n]``
 ``CELERY_FAIR_KEY_RATE``  the ``fair_key_rate_limit`` setting, as ``key=10/s[,key=...]``
 ``CELERY_FAIR_KEY_LEASE_TTL``  the ``fair_key_lease_ttl`` setting (seconds)
+``CELERY_FAIR_KEYPREFIX``  Kombu's Redis ``global_keyprefix`` transport option
 ``CELERY_FAIR_UNKNOWN_MAX_RETURNS``  the ``fair_unknown_task_max_returns`` setting
 """
 
@@ -112,6 +113,11 @@ if os.environ.get("CELERY_FAIR_MASTER_NAME"):
     app.conf.broker_transport_options = {
         **(app.conf.broker_transport_options or {}),
         "master_name": os.environ["CELERY_FAIR_MASTER_NAME"],
+    }
+if os.environ.get("CELERY_FAIR_KEYPREFIX"):
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),
+        "global_keyprefix": os.environ["CELERY_FAIR_KEYPREFIX"],
     }
 if os.environ.get("CELERY_FAIR_DISABLE_PREFETCH") == "1":
     app.conf.worker_disable_prefetch = True

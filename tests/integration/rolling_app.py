@@ -27,6 +27,8 @@ app.conf.update(
     fair_unknown_task_delay=float(os.environ.get("ROLLING_DELAY", "0.5")),
     fair_unknown_task_max_returns=int(os.environ.get("ROLLING_MAX_RETURNS", "30")),
 )
+if os.environ.get("ROLLING_KEYPREFIX"):
+    app.conf.broker_transport_options = {"global_keyprefix": os.environ["ROLLING_KEYPREFIX"]}
 if os.environ.get("CELERY_FAIR", "1") == "1":
     celery_fair.install(app)
 

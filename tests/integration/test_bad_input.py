@@ -7,6 +7,7 @@ Real ``celery worker`` processes of two releases of one app
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -215,3 +216,27 @@ def _cli_text(url: str, queue: str, *args: str) -> str:
 
 def _cli(url: str, queue: str, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in _cli_text(url, queue, *args).splitlines()]
+
+
+@pytest.mark.compat
+def test_parking_honours_a_global_key_prefix(redis_url: str) -> None:
+    prefix, queue = "tenant-a:", f"bad-{uuid.uuid4().hex[:8]}"
+    old = _worker(redis_url, redis_url, queue, "old", ROLLING_MAX_RETURNS="0",
+                  ROLLING_KEYPREFIX=prefix)  # fmt: skip
+    client = redis_lib.Redis.from_url(redis_url)
+    try:
+        _until(lambda: "ready." in old.log(), lambda: old.log()[-3000:])
+        app = Celery("producer", broker=redis_url, set_as_current=False)
+        app.conf.broker_transport_options = {"global_keyprefix": prefix}
+        app.send_task("new_task", args=(7,), queue=queue)
+        client.lpush(prefix + queue, b"this is not json")
+        parked = prefix + queue + ".fair-malformed"
+        _until(lambda: client.llen(parked) == 2, lambda: old.log()[-3000:])
+    finally:
+        old.stop()
+    cli = [sys.executable, "-m", "celery_fair.cli", "parked", queue, "-A", APP, "--json"]
+    env = {**os.environ, "CELERY_FAIR_BROKER": redis_url, "ROLLING_KEYPREFIX": prefix}
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env, check=True)
+    reasons = sorted(json.loads(line)["reason"].split(":")[0] for line in done.stdout.splitlines())
+    assert reasons == ["not a Kombu message (no delivery tag)", "unknown task 'new_task'"]
+    assert not [k for k in client.scan_iter() if k.startswith((prefix * 2).encode())]

@@ -77,6 +77,29 @@ def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> Non
         assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
 
 
+@pytest.mark.compat
+def test_a_global_key_prefix_is_honoured(redis_url: str) -> None:
+    # Kombu's client prefixes some commands only (EVALSHA: its first key): every
+    # name celery-fair writes must carry the prefix once, on producer and worker.
+    prefix = "tenant-a:"
+    app = keyed_app(redis_url, {QUEUE: "tenant_id"})
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    try:
+        publish_by_key(app, QUEUE, {"a": 150, "b": 300}, ms=2)
+    finally:
+        app.close()
+    client = redis_lib.Redis.from_url(redis_url)
+    assert client.llen(prefix + KeyedNames(QUEUE).key_list("a")) == 150
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_KEY_WEIGHTS": "a=1,b=2", "CELERY_FAIR_KEYPREFIX": prefix}
+    with _worker(redis_url, **env) as worker:
+        entries = _entries(ledger, 400, worker)
+    counts = Counter(e.tenant for e in entries[20:380])  # both keys backlogged
+    assert counts["b"] / 360 == pytest.approx(2 / 3, abs=0.03), counts
+    ours = [k.decode() for k in client.scan_iter() if b"fair" in k]
+    assert ours and all(k.startswith(prefix) and not k.startswith(prefix * 2) for k in ours), ours
+
+
 def test_runtime_cost_splits_worker_time_between_keys(
     redis_url: str, producer: Celery, tmp_path: Path
 ) -> None:
