@@ -84,7 +84,40 @@ class RedisBroker:
         return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
 
     def purge(self, queues: Iterable[str]) -> None:
-        self.client.flushdb()
+        """Delete the queues' lists (every priority, every fair key) and their unacked records.
+
+        Other keys of the database (other queues, a ledger) stay.
+        """
+        names = set(queues)
+        client = self.client
+        doomed: list[bytes] = []
+        for queue in names:
+            # A queue's lists: "q", "q\x06\x16<priority>", "q\x06\x16fair.*", "q.fair-*".
+            doomed.append(queue.encode())
+            pattern = _glob_escape(queue) + "[\x06.]*"
+            doomed.extend(client.scan_iter(match=pattern, count=1000))
+        tags = [tag for tag, record in client.hscan_iter("unacked") if _routed_to(record, names)]
+        pipe = client.pipeline(transaction=False)
+        for start in range(0, len(doomed), 1000):
+            pipe.delete(*doomed[start : start + 1000])
+        if tags:
+            pipe.hdel("unacked", *tags)
+            pipe.zrem("unacked_index", *tags)
+        pipe.execute()
+
+
+def _glob_escape(name: str) -> str:
+    """``name`` as a literal in a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in name)
+
+
+def _routed_to(record: bytes, queues: set[str]) -> bool:
+    """Whether a Kombu unacked record ``[payload, exchange, routing_key]`` is for ``queues``."""
+    try:
+        _payload, _exchange, routing_key = json.loads(record)
+    except (ValueError, TypeError):
+        return False
+    return routing_key in queues
 
 
 class AmqpBroker:
