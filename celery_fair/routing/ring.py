@@ -78,6 +78,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from hashlib import blake2b, shake_128
 from itertools import repeat
 from operator import lshift, or_, rshift
@@ -85,6 +86,7 @@ from operator import lshift, or_, rshift
 __all__ = (
     "ALGORITHMS",
     "AUTO_RENDEZVOUS_MAX_QUEUES",
+    "TABLE_MEMO_SIZE",
     "HashRing",
     "RingKey",
     "RingStatistics",
@@ -129,6 +131,11 @@ _PASS = 1 << 63
 # After this many probes without a passing slot (probability below 1e-10 for any
 # layout, see ``TableLayout``) the key falls back to rendezvous over all queues.
 _MAX_PROBES = 64
+#: How many built probe tables are kept, keyed by queue set, weights and layout. A table
+#: of 10,000 queues takes seconds to build and about 20 MB, and a process often builds
+#: the same one again: a router per task group over the same shards, a ring changed and
+#: changed back. A few entries cover that without holding on to many large tables.
+TABLE_MEMO_SIZE = 4
 
 
 def canonical_key(key: RingKey) -> str:
@@ -488,6 +495,19 @@ class _ProbeTable:
         return -1
 
 
+@lru_cache(maxsize=TABLE_MEMO_SIZE)
+def _probe_table(
+    names: tuple[str, ...], weights: tuple[float, ...], layout: TableLayout
+) -> _ProbeTable:
+    """Build (or reuse) the probe table of ``names`` with ``weights``, laid out as ``layout``.
+
+    A table is never changed after it is built, so rings with the same queues,
+    weights and layout can share one, across threads too. ``names`` is sorted
+    by the caller, so the order the queues were given in does not split the memo.
+    """
+    return _ProbeTable(names, dict(zip(names, weights, strict=True)), layout)
+
+
 @dataclass(frozen=True)
 class RingStatistics:
     """A snapshot of a ring's configuration: queues in name order and their ideal shares."""
@@ -517,6 +537,9 @@ class HashRing:
     (name, weight) pairs (and the two options), never on their order. Changes
     return a new ring (``with_queue``, ``without_queue``, ``with_weight``) with
     the same options, so a ring can be shared between threads without locks.
+    A table is built with its ring (seconds at 10,000 queues) and memoised by
+    queue set, weights and layout: the last ``TABLE_MEMO_SIZE`` tables are
+    reused by any ring that needs one of them.
     """
 
     __slots__ = (
@@ -557,7 +580,8 @@ class HashRing:
                 total = math.fsum(self._weights.values())
                 if not math.isfinite(total):
                     raise ValueError("the total weight of the queues is too large")
-            self._table = _ProbeTable(self._names, self._weights, table_layout(total))
+            weights_in_order = tuple(self._weights[name] for name in self._names)
+            self._table = _probe_table(self._names, weights_in_order, table_layout(total))
 
     @property
     def queues(self) -> tuple[str, ...]:
