@@ -20,8 +20,9 @@ def register(subparsers: Any) -> None:
         help="show how keys spread over weighted queues, and how many a change moves",
         description=(
             "Hash --keys random keys onto --queues and print each queue's share against its "
-            "weight share. With --add, --remove or --set, also print the fraction of keys "
-            "that moved against the least fraction any mapping must move."
+            "weight share. With --add, --remove, --set or --to (another queue set), and with "
+            "--to-algorithm (another mapping), also print the fraction of keys that moved "
+            "against the least fraction any mapping must move. --key shows where given keys go."
         ),
     )
     parser.add_argument(
@@ -36,11 +37,30 @@ def register(subparsers: Any) -> None:
     change.add_argument("--add", type=_one_pair, metavar="QUEUE=WEIGHT", help="add a queue")
     change.add_argument("--remove", metavar="QUEUE", help="remove a queue")
     change.add_argument("--set", type=_one_pair, metavar="QUEUE=WEIGHT", help="change a weight")
+    change.add_argument(
+        "--to",
+        type=parse_queue_weights,
+        metavar="QUEUES",
+        help="compare with another queue set (same form as --queues)",
+    )
     parser.add_argument(
         "--algorithm",
         choices=ALGORITHMS,
         default="rendezvous",
         help="mapping: rendezvous (default), table, or auto (rendezvous up to 12 queues)",
+    )
+    parser.add_argument(
+        "--to-algorithm",
+        choices=ALGORITHMS,
+        default=None,
+        help="map the compared ring with this algorithm (preview a migration)",
+    )
+    parser.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="show the queue of this key (repeatable), before and after a change",
     )
     parser.add_argument(
         "--table-weight",
@@ -101,15 +121,26 @@ def _positive_int(text: str) -> int:
 
 
 def _changed_ring(ring: HashRing, args: argparse.Namespace) -> tuple[HashRing | None, str]:
+    changed: HashRing | None = None
+    change = ""
     if args.add is not None:
         name, weight = args.add
-        return ring.with_queue(name, weight), f"add {name}={weight:g}"
-    if args.remove is not None:
-        return ring.without_queue(args.remove), f"remove {args.remove}"
-    if args.set is not None:
+        changed, change = ring.with_queue(name, weight), f"add {name}={weight:g}"
+    elif args.remove is not None:
+        changed, change = ring.without_queue(args.remove), f"remove {args.remove}"
+    elif args.set is not None:
         name, weight = args.set
-        return ring.with_weight(name, weight), f"set {name}={weight:g}"
-    return None, ""
+        changed, change = ring.with_weight(name, weight), f"set {name}={weight:g}"
+    elif args.to is not None:
+        pairs = ",".join(f"{name}={weight:g}" for name, weight in sorted(args.to.items()))
+        changed = HashRing(args.to, algorithm=args.algorithm, table_weight=args.table_weight)
+        change = f"queues {pairs}"
+    if args.to_algorithm is not None and args.to_algorithm != args.algorithm:
+        weights = ring.weights if changed is None else changed.weights
+        changed = HashRing(weights, algorithm=args.to_algorithm, table_weight=args.table_weight)
+        switch = f"algorithm {args.algorithm} -> {args.to_algorithm}"
+        change = f"{change}, {switch}" if change else switch
+    return changed, change
 
 
 def _distribution(ring: HashRing, assigned: list[str]) -> list[dict[str, Any]]:
@@ -132,15 +163,31 @@ def _distribution(ring: HashRing, assigned: list[str]) -> list[dict[str, Any]]:
 
 
 def ring_report(
-    ring: HashRing, keys: list[str], changed: HashRing | None = None, change: str = ""
+    ring: HashRing,
+    keys: list[str],
+    changed: HashRing | None = None,
+    change: str = "",
+    shown: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Compute the distribution of ``keys`` on ``ring`` and, if given, the moves to ``changed``."""
+    """Compute the distribution of ``keys`` on ``ring`` and, if given, the moves to ``changed``.
+
+    ``shown`` are keys whose queue is reported one by one (before and after).
+    When the two rings use different mappings, ``unrelated_fraction`` is what two
+    independent mappings would move, ``1 - sum(share * share')``: the scale of a
+    switch of algorithm, which keeps nothing of the old mapping.
+    """
     before = [ring.lookup(k) for k in keys]
     report: dict[str, Any] = {
         "keys": len(keys),
         "algorithm": ring.algorithm,
         "before": _distribution(ring, before),
     }
+    if shown:
+        report["lookups"] = [
+            {"key": k, "before": ring.lookup(k)}
+            | ({} if changed is None else {"after": changed.lookup(k)})
+            for k in shown
+        ]
     if changed is None:
         return report
     after = [changed.lookup(k) for k in keys]
@@ -149,6 +196,12 @@ def ring_report(
     ideal = ideal_moved_fraction(ring, changed)
     touched = set(ring.weights.items()) ^ set(changed.weights.items())
     changed_names = {name for name, _ in touched}
+    only_changed: bool | None = all(a in changed_names or b in changed_names for a, b in moves)
+    if changed.algorithm != ring.algorithm:
+        # Another mapping: any queue may gain or lose keys, so the question does not apply.
+        only_changed = None
+        old, new = ring.shares(), changed.shares()
+        report["unrelated_fraction"] = 1.0 - sum(old[q] * new.get(q, 0.0) for q in old)
     report.update(
         change=change,
         algorithm_after=changed.algorithm,
@@ -158,7 +211,7 @@ def ring_report(
         moved_fraction=moved / len(keys),
         ideal_fraction=ideal,
         moves={f"{a}->{b}": n for (a, b), n in sorted(moves.items())},
-        only_changed_queue_involved=all(a in changed_names or b in changed_names for a, b in moves),
+        only_changed_queue_involved=only_changed,
     )
     return report
 
@@ -184,9 +237,8 @@ def format_report(report: dict[str, Any], seed: int) -> str:
     ]
     lines += _format_table(report["before"])
     if "change" in report:
-        ratio = (
-            report["moved_fraction"] / report["ideal_fraction"] if report["ideal_fraction"] else 0
-        )
+        ideal = report["ideal_fraction"]
+        ratio = f"ratio {report['moved_fraction'] / ideal:.3f}" if ideal else "ratio n/a"
         after = f"after {report['change']}:"
         if report["algorithm_after"] != report["algorithm"]:
             after = f"after {report['change']} ({_DESCRIPTIONS[report['algorithm_after']]}):"
@@ -194,16 +246,27 @@ def format_report(report: dict[str, Any], seed: int) -> str:
         lines += [
             "",
             f"moved: {report['moved_keys']} keys = {report['moved_fraction']:.2%} "
-            f"(ideal {report['ideal_fraction']:.2%}, ratio {ratio:.3f})",
+            f"(ideal {ideal:.2%}, {ratio})",
             "moves: " + (", ".join(f"{k} {v}" for k, v in report["moves"].items()) or "none"),
-            "only the changed queue gained or lost keys: "
-            + ("yes" if report["only_changed_queue_involved"] else "NO"),
         ]
+        if report["only_changed_queue_involved"] is None:
+            lines.append(
+                "the mapping changed: two unrelated mappings would move "
+                f"{report['unrelated_fraction']:.2%}"
+            )
+        else:
+            lines.append(
+                "only the changed queue gained or lost keys: "
+                + ("yes" if report["only_changed_queue_involved"] else "NO")
+            )
         if report["layout_changed"] and report["algorithm_after"] == report["algorithm"] == "table":
             lines.append(
                 "note: the change crosses a table band, so every slot was redrawn; "
                 "--table-weight keeps one layout"
             )
+    for row in report.get("lookups", ()):
+        where = row["before"] if "after" not in row else f"{row['before']} -> {row['after']}"
+        lines.append(f"key {row['key']!r}: {where}")
     return "\n".join(lines)
 
 
@@ -217,6 +280,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"celery-fair ring: {message}") from None
     rng = random.Random(args.seed)
     keys = [f"{rng.getrandbits(64):016x}" for _ in range(args.keys)]
-    report = ring_report(ring, keys, changed, change)
+    report = ring_report(ring, keys, changed, change, tuple(args.key))
     print(json.dumps(report, indent=2) if args.json else format_report(report, args.seed))
     return 0
