@@ -133,6 +133,13 @@ CAPABILITIES: dict[str, Capability] = {
             "and an unknown task rejected (on Redis both are lost)",
         ),
         Capability(
+            "celery.consumer.immediate_acks",
+            "green pools on Celery < 5.7: acknowledging a task when it finishes, as 5.7's "
+            "Consumer.call_soon_ack does (create_task_handler's call_soon)",
+            "acknowledgements wait for the next turn of Celery's event loop, as in plain "
+            "Celery < 5.7 (small per-queue windows on RabbitMQ then starve the pool)",
+        ),
+        Capability(
             "celery.consumer.qos",
             "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
             "fair_prefetch='auto' keeps Celery's fixed window on Redis",
@@ -746,3 +753,53 @@ def set_bad_input_handlers(consumer: Any, handlers: dict[str, Callable[..., Any]
     for name, handler in handlers.items():
         setattr(consumer, name, handler)
     consumer.task_consumer.on_decode_error = handlers["on_decode_error"]
+
+
+def backport_immediate_acks(consumer: Any, probe: Probe) -> bool:
+    """Green pools on Celery < 5.7: acknowledge at once, as Celery 5.7 does.
+
+    Without a hub (gevent, eventlet: Celery's ``synloop``), Celery < 5.7
+    defers a task's ack to ``_pending_operations``, run only when
+    ``drain_events`` returns: the broker cannot deliver the next message of a
+    full window until some unrelated frame arrives (Celery 5.7's
+    ``Consumer.call_soon_ack`` docstring: 50-400 ms between tasks).  With
+    celery-fair's per-queue windows on RabbitMQ every window is small, and a
+    gevent worker ran at about a quarter of plain Celery's rate.
+
+    ``create_task_handler`` reads ``self.call_soon`` once, for the ack and
+    reject promises only (checked in its code): while it builds the handler,
+    the consumer's ``call_soon`` runs the callback at once.  Other users of
+    ``call_soon`` (remote control) keep the deferred one.  Returns whether it
+    was installed.
+    """
+    cls = type(consumer)
+    if getattr(consumer, "hub", None) is not None or hasattr(cls, "call_soon_ack"):
+        return False  # an event loop runs acks soon; Celery >= 5.7 acks at once
+    if getattr(consumer, "_fair_immediate_acks", False):
+        return True
+    build = getattr(cls, "create_task_handler", None)
+    code = getattr(build, "__code__", None)
+    if code is None or "call_soon" not in code.co_names:
+        probe.missing_capability(
+            "celery.consumer.immediate_acks", "Consumer.create_task_handler (call_soon)"
+        )
+        return False
+    original = consumer.create_task_handler
+
+    def immediate(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return callback(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - as Celery 5.7's call_soon_ack: log, go on
+            logger.exception("celery-fair: acknowledgement failed")
+            return None
+
+    def create_task_handler(*args: Any, **kwargs: Any) -> Any:
+        consumer.call_soon = immediate
+        try:
+            return original(*args, **kwargs)
+        finally:
+            del consumer.call_soon
+
+    consumer.create_task_handler = create_task_handler
+    consumer._fair_immediate_acks = True
+    return True

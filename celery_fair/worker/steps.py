@@ -251,6 +251,8 @@ class FairConsumerStep(bootsteps.StartStopStep):
         channel = c.task_consumer.channel
         # Before the event loop builds the task handler, which reads them.
         service.quarantine.install(c)
+        if compat.backport_immediate_acks(c, service.probe):
+            logger.info("celery-fair: tasks acknowledged when they finish (green pool)")
         if service.keyed is not None and not getattr(self, "_checked_consumers", False):
             # Once per worker start (not at every reconnection).
             self._checked_consumers = True

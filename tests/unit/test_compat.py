@@ -226,3 +226,69 @@ def test_pool_completion_is_followed_for_futures_greenlets_and_inline_pools() ->
     result.f.fn(result.f)
     greenlet.fn(greenlet)
     assert done == ["inline", "thread", "green"]
+
+
+class _SynloopConsumer:
+    """Celery < 5.7's consumer, as far as acknowledgements go: deferred without a hub."""
+
+    hub = None
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.pending.append((callback, args))
+
+    def create_task_handler(self) -> Any:
+        call_soon = self.call_soon
+
+        def on_task_received(ack: Any) -> None:
+            call_soon(ack, "done")
+
+        return on_task_received
+
+
+def test_green_pools_on_older_celery_acknowledge_at_once() -> None:
+    consumer = _SynloopConsumer()
+    assert compat.backport_immediate_acks(consumer, compat.Probe())
+    acked: list[str] = []
+    handler = consumer.create_task_handler()
+    handler(acked.append)
+    assert acked == ["done"] and consumer.pending == []
+    # Other users of call_soon (remote control) still defer.
+    consumer.call_soon(acked.append, "later")
+    assert consumer.pending and acked == ["done"]
+    # Installed once, however often the consumer restarts.
+    assert compat.backport_immediate_acks(consumer, compat.Probe())
+    consumer.create_task_handler()(acked.append)
+    assert acked == ["done", "done"]
+
+
+def test_immediate_acks_are_left_to_an_event_loop_or_to_celery_5_7() -> None:
+    with_hub = _SynloopConsumer()
+    with_hub.hub = object()  # type: ignore[assignment]
+    assert not compat.backport_immediate_acks(with_hub, compat.Probe())
+
+    class Celery57(_SynloopConsumer):
+        def call_soon_ack(self, callback: Any, *args: Any) -> None:
+            callback(*args)
+
+    assert not compat.backport_immediate_acks(Celery57(), compat.Probe())
+    from celery.worker.consumer.consumer import Consumer
+
+    real = Consumer.__new__(Consumer)
+    real.hub = None
+    probe = compat.Probe(log=lambda line: None)
+    installed = compat.backport_immediate_acks(real, probe)
+    # This Celery either acks at once itself (5.7) or reads call_soon in create_task_handler.
+    assert installed == (not hasattr(Consumer, "call_soon_ack")) and probe.missing == {}
+
+
+def test_a_handler_that_reads_no_call_soon_is_reported() -> None:
+    class Other(_SynloopConsumer):
+        def create_task_handler(self) -> Any:
+            return lambda ack: None
+
+    probe = compat.Probe(log=lambda line: None)
+    assert not compat.backport_immediate_acks(Other(), probe)
+    assert "celery.consumer.immediate_acks" in probe.missing
