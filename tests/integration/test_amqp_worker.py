@@ -17,10 +17,10 @@ WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
     "pool",
     [
         pytest.param("prefork", marks=compat),
-        "threads",
-        "solo",
+        pytest.param("threads", marks=compat),
+        pytest.param("solo", marks=compat),
         pytest.param("gevent", marks=compat),
-        "eventlet",
+        pytest.param("eventlet", marks=compat),
     ],
 )
 def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
