@@ -1,14 +1,14 @@
 """Benchmark of consistent-hash routing: cost per decision, quality of the mapping, alternatives.
 
 Run with ``python -m bench.router``. Writes ``bench/results/router.json`` and
-``bench/results/router.md``. Four measurements, all in one run:
+``bench/results/router.md``. Three measurements in one run, and a fourth on request:
 
 1. Routing decisions per second at 4, 16, 256 and 10,000 queues with keys that
    never repeat (every repetition draws fresh keys; the router runs with
    ``cache_size=0``), for the ring and the router under each algorithm, the
    variants alternated within each repetition. The acceptance figure is the
-   ratio of the default router's cost per decision at 10,000 queues to its
-   cost at 4, taken within each repetition (median and range). Also the
+   ratio of the table's (and ``auto``'s) cost per decision at 10,000 queues to
+   its cost at 4, taken within each repetition (median and range). Also the
    table's build time, memory and the cost of a weight change.
 2. Quality of the mapping, rendezvous (the old default) against the probe
    table, on the same keys: chi-square goodness of fit, the worst share
@@ -16,13 +16,18 @@ Run with ``python -m bench.router``. Writes ``bench/results/router.json`` and
    last queue and by adding one, against the least any mapping must move.
    For the table the exact shares and moved fractions are also computed from
    the table itself (``HashRing.mapped_shares``), free of sampling noise.
+   Also what a switch from rendezvous to the table moves (the migration).
 3. Alternatives: a weighted Maglev table (Eisenbud et al., NSDI 2016) with
    100 x n and 1,000 x n entries, its moved fractions computed exactly from the
-   table.
-4. ``apply_async`` to a real Redis (started here) with plain Celery routing
-   against the same call through ``ConsistentHashRouter``, variants alternated
-   within each repetition; the median and the spread of the per-repetition
-   ratios are reported.
+   table; a weighted jump consistent hash (Lamping & Veach, 2014) over virtual
+   buckets, its moved fractions and cost sampled.
+4. ``--apply-async`` runs this alone, into ``bench/results/router.apply_async.*``
+   (it starts a Redis): ``apply_async`` to a real Redis with plain Celery
+   routing against the same call through ``ConsistentHashRouter``, variants
+   alternated within each repetition; the median and the spread of the
+   per-repetition ratios.
+
+The default run (1 to 3) takes about two minutes on two cores.
 """
 
 from __future__ import annotations
@@ -34,21 +39,24 @@ import math
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
-import tracemalloc
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 from celery import Celery
 from scipy import stats
 
 from celery_fair.routing import ConsistentHashRouter, HashRing
-from celery_fair.routing.ring import ideal_moved_fraction, key_hash
+from celery_fair.routing.ring import _probe_table, ideal_moved_fraction, key_hash
 from celery_fair.testing.redis import RedisServer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .common import environment, summary, write
+
 QUEUE_COUNTS = (4, 16, 256, 10_000)
 ALGORITHMS = ("auto", "rendezvous", "table")
 
@@ -60,10 +68,6 @@ def weights(n: int) -> dict[str, int]:
 def quality_weights(n: int) -> dict[str, int]:
     # Four queues as in the unit tests and the docs (1, 1, 2, 2); larger rings as above.
     return {"q1": 1, "q2": 1, "q3": 2, "q4": 2} if n == 4 else weights(n)
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 # -- 1. decisions per second ---------------------------------------------------------------
@@ -125,18 +129,18 @@ def decisions_per_second(n_keys: int, repeats: int) -> dict[str, Any]:
         row: dict[str, Any] = {
             "queues": n,
             "auto_resolves_to": rings[n, "auto"].algorithm,
-            "router_1000_tenants_memo": _spread(rates["router_memo", n, "auto"]),
+            "router_1000_tenants_memo": summary(rates["router_memo", n, "auto"]),
         }
         for algorithm in ALGORITHMS:
-            row[f"ring_{algorithm}"] = _spread(rates["ring", n, algorithm])
-            row[f"router_{algorithm}_no_memo"] = _spread(rates["router", n, algorithm])
+            row[f"ring_{algorithm}"] = summary(rates["ring", n, algorithm])
+            row[f"router_{algorithm}_no_memo"] = summary(rates["router", n, algorithm])
         rows.append(row)
     ratios = {}
     for kind in ("ring", "router"):
         for algorithm in ("auto", "table"):
             small, large = rates[kind, 4, algorithm], rates[kind, 10_000, algorithm]
             # cost ratio = rate at 4 / rate at 10,000, paired within each repetition
-            ratios[f"{kind}_{algorithm}"] = _spread(
+            ratios[f"{kind}_{algorithm}"] = summary(
                 [a / b for a, b in zip(small, large, strict=True)]
             )
     return {
@@ -147,26 +151,56 @@ def decisions_per_second(n_keys: int, repeats: int) -> dict[str, Any]:
     }
 
 
+_MEMORY_PROBE = """
+import json, sys
+from celery_fair.routing.ring import HashRing
+def status(field):
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+n = int(sys.argv[1])
+w = {f"q{i:05d}": 1 + i % 4 for i in range(n)}
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak (VmHWM) to the current resident size
+base = status("VmRSS")
+ring = HashRing(w, algorithm="table")
+print(json.dumps({"retained": status("VmRSS") - base, "peak": status("VmHWM") - base}))
+"""
+
+
+def _table_memory(n: int) -> dict[str, float]:
+    """Resident memory a table adds and its peak while building, in a fresh interpreter (Linux)."""
+    # A child process, so that the memo and earlier work are not counted; tracemalloc
+    # would slow the build several times over.
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, str(n)], check=True, capture_output=True, text=True
+    ).stdout
+    measured = json.loads(out)
+    return {"retained_mb": measured["retained"] / 1e6, "peak_mb": measured["peak"] / 1e6}
+
+
 def table_costs(repeats: int) -> list[dict[str, Any]]:
-    """Build time, memory and the cost of a weight change for the table at each size."""
+    """Build time (fresh and memoised), memory and the cost of a weight change per size."""
     rows = []
     for n in QUEUE_COUNTS:
         w = weights(n)
-        builds = []
+        builds, memo_hits = [], []
         for _ in range(repeats):
+            _probe_table.cache_clear()  # a fresh build, not the memo's copy
             start = time.perf_counter()
             ring = HashRing(w, algorithm="table")
             builds.append(time.perf_counter() - start)
-        tracemalloc.start()
-        ring = HashRing(w, algorithm="table")
-        retained, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+            # The same queue set listed in another order: the memo's table is reused.
+            start = time.perf_counter()
+            HashRing(dict(reversed(list(w.items()))), algorithm="table")
+            memo_hits.append(time.perf_counter() - start)
         start = time.perf_counter()
         ring.with_weight(ring.queues[0], 3)
         reweight = time.perf_counter() - start
         layout = ring.layout
         assert layout is not None
         record = ring.statistics()
+        memory = _table_memory(n)
         rows.append(
             {
                 "queues": n,
@@ -176,9 +210,10 @@ def table_costs(repeats: int) -> list[dict[str, Any]]:
                 "slots_per_weight": layout.slots_per_weight,
                 "slots": record.table_slots,
                 "buckets": record.table_buckets,
-                "build_seconds": _spread(builds),
-                "memory_retained_mb": retained / 1e6,
-                "memory_peak_mb": peak / 1e6,
+                "build_seconds": summary(builds),
+                "memoised_build_seconds": summary(memo_hits),
+                "memory_retained_mb": memory["retained_mb"],
+                "memory_peak_mb": memory["peak_mb"],
                 "with_weight_seconds": reweight,
             }
         )
@@ -188,8 +223,18 @@ def table_costs(repeats: int) -> list[dict[str, Any]]:
 # -- 2. quality: shares and moved fractions -------------------------------------------------
 
 
-def _quality_keys(n: int) -> int:
-    return {4: 200_000, 16: 200_000, 256: 40_000}.get(n, 0)
+def _quality_keys(n: int, algorithm: str) -> int:
+    """Keys sampled per ring: enough for the chi-square test, as few as rendezvous allows."""
+    if n == 10_000:
+        # The table: 12 expected keys for a weight-1 queue. Rendezvous: 6 ms a key, and
+        # exact by construction, so only its exact figures are given.
+        return 300_000 if algorithm == "table" else 0
+    return {4: 100_000, 16: 100_000, 256: 10_000}[n]
+
+
+def _sample_changes(n: int) -> bool:
+    # At 10,000 queues one removal moves 0.004% of keys: sampling says nothing there.
+    return n < 10_000
 
 
 def _changes(ring: HashRing) -> list[tuple[str, str, HashRing]]:
@@ -206,28 +251,35 @@ def quality(seed: int) -> list[dict[str, Any]]:
     results = []
     for n in QUEUE_COUNTS:
         w = quality_weights(n)
-        count = _quality_keys(n)
         rng = random.Random(seed + n)
-        hashes = [rng.getrandbits(64) for _ in range(count)]
+        hashes_all = [rng.getrandbits(64) for _ in range(_quality_keys(n, "table"))]
+        before_by_algorithm: dict[str, list[str]] = {}
         for algorithm in ("rendezvous", "table"):
-            if algorithm == "rendezvous" and n > 256:
-                continue  # 7 ms per key at 10,000 queues; exact by construction anyway
+            count = _quality_keys(n, algorithm)
+            hashes = hashes_all[:count]
             ring = HashRing(w, algorithm=algorithm)
             entry: dict[str, Any] = {"queues": n, "algorithm": algorithm, "keys": count}
             shares = ring.shares()
+            before: list[str] = []
             if count:
                 before = [ring.lookup_hash(h) for h in hashes]
+                before_by_algorithm[algorithm] = before
                 counts = Counter(before)
                 names = sorted(shares)
                 observed = [counts[q] for q in names]
                 expected = [count * shares[q] for q in names]
-                entry["chi2_pvalue"] = float(stats.chisquare(observed, expected).pvalue)
-                entry["worst_share_error_sampled"] = max(
-                    abs(counts[q] / count - shares[q]) / shares[q] for q in names
-                )
-                # 4.5 sigma of the binomial sampling error of the smallest queue
+                test = stats.chisquare(observed, expected)
+                entry["chi2_statistic"] = float(test.statistic)
+                entry["chi2_dof"] = len(names) - 1
+                entry["chi2_pvalue"] = float(test.pvalue)
                 smallest = min(shares.values())
-                entry["sampling_band"] = 4.5 * math.sqrt((1 - smallest) / (count * smallest))
+                if count * smallest >= 100:
+                    # Below ~100 expected keys the normal band misleads; chi-square suffices.
+                    entry["worst_share_error_sampled"] = max(
+                        abs(counts[q] / count - shares[q]) / shares[q] for q in names
+                    )
+                    # 4.5 sigma of the binomial sampling error of the smallest queue
+                    entry["sampling_band"] = 4.5 * math.sqrt((1 - smallest) / (count * smallest))
             # For rendezvous the mapped shares are the weight shares, exact by construction.
             exact = ring.mapped_shares()
             entry["worst_share_error_exact"] = max(
@@ -249,7 +301,7 @@ def quality(seed: int) -> list[dict[str, Any]]:
                 ideal = ideal_moved_fraction(ring, changed)
                 row: dict[str, Any] = {"change": label, "queue": name, "ideal": ideal}
                 row["same_layout"] = changed.layout == ring.layout
-                if count:
+                if count and _sample_changes(n):
                     after = [changed.lookup_hash(h) for h in hashes]
                     pairs = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
                     row["moved_sampled"] = len(pairs) / count
@@ -263,6 +315,15 @@ def quality(seed: int) -> list[dict[str, Any]]:
                 changes.append(row)
             entry["changes"] = changes
             results.append(entry)
+        if len(before_by_algorithm) == 2:
+            # The migration: keys whose queue differs between the two mappings.
+            old, new = before_by_algorithm["rendezvous"], before_by_algorithm["table"]
+            shares = HashRing(w).shares()
+            results[-1]["switch_from_rendezvous"] = {
+                "keys": len(old),
+                "moved_sampled": sum(a != b for a, b in zip(old, new, strict=True)) / len(old),
+                "unrelated_mappings": 1.0 - math.fsum(s * s for s in shares.values()),
+            }
     return results
 
 
@@ -370,6 +431,88 @@ def alternatives() -> list[dict[str, Any]]:
     return rows
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def jump_bucket(h: int, buckets: int) -> int:
+    """Jump consistent hash (Lamping & Veach, arXiv:1406.2294, 2014): ``h``'s bucket of ``buckets``.
+
+    Written for this benchmark from the paper's description: the key's linear
+    congruential stream decides, bucket count by bucket count, where it jumps next.
+    """
+    bucket, candidate = -1, 0
+    while candidate < buckets:
+        bucket = candidate
+        h = (h * 2862933555777941757 + 1) & _MASK64
+        candidate = int((bucket + 1) * ((1 << 31) / ((h >> 33) + 1)))
+    return bucket
+
+
+class WeightedJump:
+    """Jump hashing over virtual buckets: ``per_weight * w`` consecutive buckets per queue.
+
+    Jump hashing numbers its buckets, so the queues are laid out in name order;
+    only a change at the end of that order is minimal.
+    """
+
+    def __init__(self, w: dict[str, float], per_weight: int) -> None:
+        self.names = sorted(w)
+        self.bounds = list(accumulate(max(1, round(per_weight * w[q])) for q in self.names))
+
+    def lookup_hash(self, h: int) -> str:
+        return self.names[bisect_right(self.bounds, jump_bucket(h, self.bounds[-1]))]
+
+
+def jump_alternative(seed: int, repeats: int) -> dict[str, Any]:
+    """Weighted jump hashing: moved fractions (sampled) and cost against the table, alternated."""
+    rng = random.Random(seed)
+    hashes = [rng.getrandbits(64) for _ in range(20_000)]
+    remaps = []
+    for n in (16, 256):
+        w: dict[str, float] = dict(quality_weights(n))
+        names = sorted(w)
+        base = WeightedJump(w, 100)
+        before = [base.lookup_hash(h) for h in hashes]
+        changes = []
+        for label, name in (
+            ("remove first", names[0]),
+            ("remove middle", names[n // 2]),
+            ("remove last", names[-1]),
+            ("add one, first in name order", "a-new"),
+            ("add one, last in name order", "z-new"),
+        ):
+            if label.startswith("add"):
+                other = {**w, name: 2.0}
+            else:
+                other = {q: v for q, v in w.items() if q != name}
+            changed = WeightedJump(other, 100)
+            moved = sum(a != changed.lookup_hash(h) for a, h in zip(before, hashes, strict=True))
+            ideal = ideal_moved_fraction(HashRing(w), HashRing(other))
+            changes.append({"change": label, "moved_sampled": moved / len(hashes),
+                            "ideal": ideal, "ratio": moved / len(hashes) / ideal})  # fmt: skip
+        remaps.append({"queues": n, "virtual_buckets_per_weight": 100, "changes": changes})
+    # Cost per lookup, jump against the table on the same hashes, alternated.
+    costs: dict[str, list[float]] = {}
+    lookups: dict[str, Callable[[int], str]] = {}
+    for n in QUEUE_COUNTS:
+        lookups[f"jump_{n}"] = WeightedJump(dict(weights(n)), 100).lookup_hash
+        lookups[f"table_{n}"] = HashRing(weights(n), algorithm="table").lookup_hash
+    sample = hashes[:5_000]
+    for rep in range(repeats):
+        order = list(lookups)
+        order = order[rep % len(order) :] + order[: rep % len(order)]
+        for name in order:
+            lookup = lookups[name]
+            start = time.perf_counter()
+            for h in sample:
+                lookup(h)
+            costs.setdefault(name, []).append((time.perf_counter() - start) / len(sample) * 1e6)
+    return {
+        "remaps": remaps,
+        "us_per_lookup_hash": {name: summary(values) for name, values in costs.items()},
+    }
+
+
 # -- 4. apply_async against a real Redis -----------------------------------------------------
 
 
@@ -395,11 +538,21 @@ def apply_async_overhead(calls: int, repeats: int) -> dict[str, Any]:
             "router_4q_no_memo": _app(
                 server.url, ConsistentHashRouter(weights(4), key="tenant_id", cache_size=0)
             ),
-            "router_256q_no_memo": _app(
+            "router_256q_rendezvous_no_memo": _app(
                 server.url, ConsistentHashRouter(weights(256), key="tenant_id", cache_size=0)
             ),
-            "router_10000q_no_memo": _app(
-                server.url, ConsistentHashRouter(weights(10_000), key="tenant_id", cache_size=0)
+            "router_256q_table_no_memo": _app(
+                server.url,
+                ConsistentHashRouter(
+                    weights(256), key="tenant_id", cache_size=0, algorithm="table"
+                ),
+            ),
+            # Rendezvous at 10,000 queues (6 ms a call) would dominate the run: table only.
+            "router_10000q_table_no_memo": _app(
+                server.url,
+                ConsistentHashRouter(
+                    weights(10_000), key="tenant_id", cache_size=0, algorithm="table"
+                ),
             ),
         }
         flush = variants["plain"].connection_for_write()
@@ -455,13 +608,18 @@ def _us(cell: dict[str, float]) -> str:
 
 def to_markdown(report: dict[str, Any]) -> str:
     dec = report["decisions"]
+    env = report["environment"]
     lines = [
         "# Consistent-hash routing benchmark",
         "",
-        f"`python -m bench.router` on {report['machine']}, Python {report['python']}, "
-        f"{report['when']}. Medians over {dec['repetitions']} repetitions, with [min, max]; "
+        f"`{report['command']}` on {report['machine']}, {env['cpus']} CPUs, Python "
+        f"{env['python']}, {env['when']}. Medians over {dec['repetitions']} repetitions, "
+        "with [min, max]; "
         "variants alternated within each repetition; every repetition routes fresh keys "
         "(keys never repeat, the router's memo is off) except the memo column.",
+        "",
+        f"The run took {sum(report['seconds_per_step'].values()):.0f} s "
+        f"({', '.join(f'{k} {v:.0f} s' for k, v in report['seconds_per_step'].items())}).",
         "",
         "## Cost per routing decision",
         "",
@@ -507,16 +665,23 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
         "## The table: size, build time, memory, weight change",
         "",
+        "*build*: a fresh build (memo cleared), 3 times; *memoised*: the same queues "
+        "listed in reverse order, served from the memo; *RSS kept* and *RSS peak*: "
+        "resident memory the build adds, and its peak above the start, in a fresh "
+        "interpreter; *with_weight*: one weight changed, a new table.",
+        "",
         "| queues | total weight (band top) | slots per weight | slots | buckets "
-        "| build s | retained MB | peak MB | `with_weight` s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| build s | memoised s | RSS kept MB | RSS peak MB | `with_weight` s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["table_costs"]:
         b = row["build_seconds"]
+        m = row["memoised_build_seconds"]
         lines.append(
             f"| {row['queues']:,} | {row['total_weight']:,} ({row['band_top']:,.0f}) "
             f"| {row['slots_per_weight']:g} | {row['slots']:,} | {row['buckets']:,} "
             f"| {b['median']:.3f} [{b['min']:.3f}, {b['max']:.3f}] "
+            f"| {m['median']:.4f} [{m['min']:.4f}, {m['max']:.4f}] "
             f"| {row['memory_retained_mb']:.1f} | {row['memory_peak_mb']:.1f} "
             f"| {row['with_weight_seconds']:.3f} |"
         )
@@ -526,26 +691,29 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
         "Weights 1, 1, 2, 2 at 4 queues, 1, 2, 3, 4, 1, ... above. *sampled*: over the "
         "keys of the run (the 4.5-sigma binomial band of the smallest queue's share is "
-        "given); *exact*: computed from the table itself, free of sampling noise "
+        "given where the smallest queue expects 100 keys or more); *exact*: computed from "
+        "the table itself, free of sampling noise "
         "(`HashRing.mapped_shares`; for rendezvous the weight shares, exact by "
-        "construction). Moved fractions are divided by the least any mapping must move.",
+        "construction). Moved fractions are divided by the least any mapping must move. "
+        "Rendezvous at 10,000 queues costs 6 ms a key, so only its exact figures are given.",
         "",
-        "| queues | algorithm | keys | chi-square p | worst share error sampled (band) "
+        "| queues | algorithm | keys | chi-square (dof) | p | worst share error sampled (band) "
         "| worst share error exact |",
-        "|---:|---|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for e in report["quality"]:
         if e["keys"]:
             sampled = (
-                f"{e['worst_share_error_sampled']:.2%} ({e['sampling_band']:.2%}) "
-                if e["keys"]
+                f"{e['worst_share_error_sampled']:.2%} ({e['sampling_band']:.2%})"
+                if "sampling_band" in e
                 else "-"
             )
             p = f"{e['chi2_pvalue']:.3f}"
+            chi2 = f"{e['chi2_statistic']:,.1f} ({e['chi2_dof']:,})"
         else:
-            sampled, p = "-", "-"
+            sampled, p, chi2 = "-", "-", "-"
         lines.append(
-            f"| {e['queues']:,} | {e['algorithm']} | {e['keys']:,} | {p} | {sampled} "
+            f"| {e['queues']:,} | {e['algorithm']} | {e['keys']:,} | {chi2} | {p} | {sampled} "
             f"| {e['worst_share_error_exact']:.2%} |"
         )
     lines += [
@@ -596,28 +764,79 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"| {row['queues']} | {row['table_size']:,} | {row['build_seconds']:.2f} "
             f"| {row['worst_share_error']:.2%} | {ratios} |"
         )
-    ov = report.get("apply_async")
-    if ov:
-        lines += [
-            "",
-            "## Added cost on `apply_async` to a real Redis",
-            "",
-            f"{ov['repetitions']} repetitions of {ov['calls_per_repetition']} calls per variant, "
-            "variants alternated within each repetition; ratio = variant / plain in the same "
-            "repetition.",
-            "",
-            "| variant | µs per call | ratio to plain |",
-            "|---|---:|---:|",
-        ]
-        for name in ov:
-            if not isinstance(ov[name], dict):
-                continue
-            v = ov[name]
+    lines += [
+        "",
+        "## Migration: switching a ring from rendezvous to the table",
+        "",
+        "Keys whose queue differs between the two mappings (same keys as above), against "
+        "what two unrelated mappings would differ on, 1 - sum of squared shares:",
+        "",
+        "| queues | keys | moved by the switch | unrelated mappings |",
+        "|---:|---:|---:|---:|",
+    ]
+    for e in report["quality"]:
+        switch = e.get("switch_from_rendezvous")
+        if switch:
             lines.append(
-                f"| {name} | {v['us_per_call_median']:.1f} [{v['us_per_call_min']:.1f}, "
-                f"{v['us_per_call_max']:.1f}] | {v['ratio_to_plain_median']:.3f} "
-                f"[{v['ratio_to_plain_min']:.3f}, {v['ratio_to_plain_max']:.3f}] |"
+                f"| {e['queues']:,} | {switch['keys']:,} | {switch['moved_sampled']:.2%} "
+                f"| {switch['unrelated_mappings']:.2%} |"
             )
+    jump = report["jump"]
+    lines += [
+        "",
+        "## Alternative measured: weighted jump consistent hash",
+        "",
+        "100 virtual buckets per unit of weight, queues in name order; 20,000 sampled keys; "
+        "moved fraction over the ideal.",
+        "",
+        "| queues | remove first | remove middle | remove last "
+        "| add one, first in name order | add one, last in name order |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in jump["remaps"]:
+        ratios = " | ".join(f"{c['ratio']:.2f}" for c in row["changes"])
+        lines.append(f"| {row['queues']} | {ratios} |")
+    lines += [
+        "",
+        "Cost per `lookup_hash` (µs, the key hash excluded), alternated with the table:",
+        "",
+        "| queues | weighted jump | table |",
+        "|---:|---:|---:|",
+    ]
+    costs = jump["us_per_lookup_hash"]
+    for n in QUEUE_COUNTS:
+        j, t = costs[f"jump_{n}"], costs[f"table_{n}"]
+        lines.append(
+            f"| {n:,} | {j['median']:.2f} [{j['min']:.2f}, {j['max']:.2f}] "
+            f"| {t['median']:.2f} [{t['min']:.2f}, {t['max']:.2f}] |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def apply_async_markdown(report: dict[str, Any]) -> str:
+    ov = report["apply_async"]
+    env = report["environment"]
+    lines = [
+        "# Consistent-hash routing: added cost on `apply_async` to a real Redis",
+        "",
+        f"`{report['command']}` on {report['machine']}, {env['cpus']} CPUs, Python "
+        f"{env['python']}, Celery {env['celery']}, {env['when']}. {ov['repetitions']} "
+        f"repetitions of {ov['calls_per_repetition']} calls per variant, variants alternated "
+        "within each repetition; ratio = variant / plain in the same repetition; medians "
+        "with [min, max]. Routers without an algorithm in their name use the default, "
+        "rendezvous.",
+        "",
+        "| variant | µs per call | ratio to plain |",
+        "|---|---:|---:|",
+    ]
+    for name, v in ov.items():
+        if not isinstance(v, dict):
+            continue
+        lines.append(
+            f"| {name} | {v['us_per_call_median']:.1f} [{v['us_per_call_min']:.1f}, "
+            f"{v['us_per_call_max']:.1f}] | {v['ratio_to_plain_median']:.3f} "
+            f"[{v['ratio_to_plain_min']:.3f}, {v['ratio_to_plain_max']:.3f}] |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -627,29 +846,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2_000, help="apply_async calls per run")
     parser.add_argument("--repeats", type=int, default=7, help="repetitions")
     parser.add_argument("--seed", type=int, default=20240501, help="seed of the quality keys")
-    parser.add_argument("--skip-apply-async", action="store_true", help="no Redis section")
+    parser.add_argument(
+        "--apply-async",
+        action="store_true",
+        help="run only the real-Redis apply_async section (results in router.apply_async.*)",
+    )
     args = parser.parse_args(argv)
+    command = " ".join(["python -m bench.router", *(sys.argv[1:] if argv is None else argv)])
     report: dict[str, Any] = {
+        "command": command,
         "machine": f"{platform.machine()} {platform.system()}",
-        "python": platform.python_version(),
-        "when": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "environment": environment(),
     }
+    if args.apply_async:
+        report["apply_async"] = apply_async_overhead(args.calls, args.repeats)
+        markdown = apply_async_markdown(report)
+        write("router.apply_async", report, markdown)
+        print(markdown)
+        return 0
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("decisions", lambda: decisions_per_second(args.keys, args.repeats)),
-        ("table_costs", lambda: table_costs(max(3, args.repeats // 2))),
+        ("table_costs", lambda: table_costs(3)),
         ("quality", lambda: quality(args.seed)),
         ("alternatives", alternatives),
+        ("jump", lambda: jump_alternative(args.seed, args.repeats)),
     ]
-    if not args.skip_apply_async:
-        steps.append(("apply_async", lambda: apply_async_overhead(args.calls, args.repeats)))
+    seconds: dict[str, float] = {}
     for name, step in steps:
         start = time.perf_counter()
         report[name] = step()
-        print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "router.json").write_text(json.dumps(report, indent=2) + "\n")
+        seconds[name] = time.perf_counter() - start
+        print(f"{name}: {seconds[name]:.0f} s", flush=True)
+    report["seconds_per_step"] = seconds
     markdown = to_markdown(report)
-    (RESULTS / "router.md").write_text(markdown)
+    write("router", report, markdown)
     print(markdown)
     return 0
 
