@@ -82,11 +82,16 @@ def plot_codel(ax: Axes, report: dict[str, Any]) -> None:
     ax.legend()
 
 
-def plot_hot_keys(ax: Axes, report: dict[str, Any]) -> None:
-    hot = report["hot_keys"][:10][::-1]
-    ax.barh([f"{h['fair_key']} ({h['queue']})" for h in hot], [h["share"] for h in hot])
-    ax.set_xlabel("share of all served cost")
-    ax.set_title("Hot keys" if hot else "Hot keys (none)")
+def plot_noisy_tenants(ax: Axes, report: dict[str, Any]) -> None:
+    noisy = report["noisy_tenants"][:10][::-1]
+    labels = [f"{n['fair_key']} ({n['queue']})" for n in noisy]
+    ax.barh(labels, [n["share"] or 0.0 for n in noisy], label="of all served cost")
+    ax.barh(labels, [n["share_in_queue"] or 0.0 for n in noisy], alpha=0.35, label="of its queue's")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of served cost")
+    ax.set_title("Noisy tenants" if noisy else "Noisy tenants (none)")
+    if noisy:
+        ax.legend(fontsize="small")
 
 
 CHARTS = {
@@ -95,7 +100,7 @@ CHARTS = {
     "waits": plot_waits,
     "throughput": plot_throughput,
     "codel": plot_codel,
-    "hot_keys": plot_hot_keys,
+    "noisy_tenants": plot_noisy_tenants,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,15 +51,31 @@ def _queue_table(report: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
-def _hot_table(report: dict[str, Any]) -> str:
-    if not report["hot_keys"]:
-        return "<p>No hot keys.</p>"
-    rows = ["<tr><th>key</th><th>queue</th><th>share</th><th>share in queue</th><th>heat</th></tr>"]
-    for h in report["hot_keys"]:
+def _when(periods: list[dict[str, Any]]) -> str:
+    spans = [
+        f"{datetime.fromtimestamp(p['start'], timezone.utc):%Y-%m-%d %H:%M:%S}"
+        f"-{datetime.fromtimestamp(p['end'], timezone.utc):%H:%M:%S}"
+        for p in periods[:5]
+    ]
+    more = f" (+{len(periods) - 5} more)" if len(periods) > 5 else ""
+    return html.escape(", ".join(spans) + more) if spans else "whole report"
+
+
+def _noisy_table(report: dict[str, Any]) -> str:
+    noisy = report["noisy_tenants"]
+    if not noisy:
+        return "<p>No noisy tenants.</p>"
+    rows = [
+        "<tr><th>key</th><th>queue</th><th>share</th><th>share in queue</th>"
+        "<th>rules</th><th>noisy (UTC)</th><th>advice</th></tr>"
+    ]
+    for n in noisy:
+        advice = "<br>".join(html.escape(a) for a in n["advice"])
         rows.append(
-            f"<tr><td>{html.escape(h['fair_key'])}</td><td>{html.escape(h['queue'])}</td>"
-            f"<td>{h['share']:.2%}</td><td>{h['share_in_queue']:.2%}</td>"
-            f"<td>{h['heat']:.1f}</td></tr>"
+            f"<tr><td>{html.escape(n['fair_key'])}</td><td>{html.escape(n['queue'])}</td>"
+            f"<td>{_cell(n['share'], '{:.2%}')}</td><td>{_cell(n['share_in_queue'], '{:.2%}')}</td>"
+            f"<td>{html.escape(', '.join(n['rules']))}</td><td>{_when(n['periods'])}</td>"
+            f'<td style="text-align:left">{advice}</td></tr>'
         )
     return "<table>" + "".join(rows) + "</table>"
 
@@ -87,7 +104,7 @@ def render_html(report: dict[str, Any], charts: dict[str, Path]) -> str:
 Jain's fairness index per window, mean: queues {jq}, fairness keys {jk}.</p>
 <h2>Queues</h2>{_queue_table(report)}
 <h2>Recommended settings</h2><pre>{settings}</pre>
-<h2>Hot keys</h2>{_hot_table(report)}
+<h2>Noisy tenants</h2>{_noisy_table(report)}
 <h2>Charts</h2><div class="charts">{images}</div>
 </body></html>
 """

@@ -1,7 +1,7 @@
 """Run the transforms over a telemetry directory and collect the small results.
 
-Stages are timed one by one (each ends with an action on a cached table of
-tasks), which is what ``bench/analytics.py`` reports as time per stage.
+Stages are timed one by one (each ends with actions that collect its
+results), which is what ``bench/analytics.py`` reports as time per stage.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from celery_fair.analytics import transforms as T
+from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 from celery_fair.telemetry.schema import SCHEMA
 
 __all__ = ("NICE_WINDOWS", "compute", "read_telemetry", "spark_ddl")
@@ -58,14 +59,22 @@ def compute(
     path: str,
     *,
     window_seconds: float | None = None,
-    hot_factor: float = 5.0,
+    rules: NoisyRules = DEFAULT_RULES,
+    max_keys: int = 100,
     on_stage: Callable[[str, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Compute every figure of the report; returns plain lists of row dicts."""
-    timings: dict[str, float] = {}
-    out: dict[str, Any] = {"timings": timings}
+    """Compute every figure of the report; returns plain lists of row dicts.
 
-    with _stage(timings, "load"):
+    Three passes over the telemetry: the time span (three columns, to size
+    the windows), ``usage_by_window`` (every additive figure, cached: it is
+    windows x keys rows, not records) and the latency percentiles. Every
+    other table is computed from the cached usage. Per key, only the
+    ``max_keys`` most served keys of each queue are collected.
+    """
+    timings: dict[str, float] = {}
+    out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
+
+    with _stage(timings, "span"):
         raw = read_telemetry(spark, path)
         span_row = raw.select(
             F.count(F.lit(1)).alias("records"),
@@ -77,42 +86,45 @@ def compute(
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0
         window = window_seconds or auto_window(span)
-        tasks = raw.transform(T.normalize, window).cache()
-        tasks.count()
         out.update(records=records, first=first, last=last, window_seconds=window)
 
-    with _stage(timings, "shares"):
-        shares = tasks.transform(T.queue_shares).cache()
-        out["queue_shares"] = _rows(shares)
-        keys = tasks.transform(T.key_shares).cache()
-        out["key_shares"] = _rows(keys)
+    tasks = raw.transform(T.normalize, window)
+    with _stage(timings, "usage"):
+        usage = tasks.transform(T.usage_by_window).cache()
+        usage.count()
 
-    with _stage(timings, "fairness"):
-        by_queue = tasks.transform(T.served_by_window, "queue").cache()
+    with _stage(timings, "tables"):
+        shares = usage.transform(T.queue_shares).cache()
+        out["queue_shares"] = _rows(shares)
+        keys = usage.transform(T.key_shares).cache()
+        top = keys.transform(T.top_keys, max_keys).cache()
+        out["key_shares"] = _rows(top)
+        by_queue = usage.transform(T.served_by_window, "queue").cache()
         out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window).orderBy("window"))
         out["jain_keys"] = _rows(
-            tasks.transform(T.served_by_window, "fair_key")
+            usage.transform(T.served_by_window, "fair_key")
             .transform(T.jain_by_window)
             .orderBy("window")
         )
         out["throughput"] = _rows(
             by_queue.transform(T.throughput, window).orderBy("window", "entity")
         )
+        out["codel"] = _rows(usage.transform(T.codel_rates))
+        out["skew"] = _rows(usage.transform(T.routing_skew, shares))
+        out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
+        out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
+        out["noisy_windows"] = _rows(
+            usage.transform(T.noisy_windows, window, rules).orderBy("window")
+        )
 
     with _stage(timings, "latency"):
         latency = tasks.transform(T.latency_percentiles, ("queue",)).cache()
         out["queue_latency"] = _rows(latency)
-        out["key_latency"] = _rows(tasks.transform(T.latency_percentiles, ("queue", "fair_key")))
-
-    with _stage(timings, "codel"):
-        out["codel"] = _rows(tasks.transform(T.codel_rates))
         out["recommendations"] = _rows(latency.transform(T.recommendations))
+        chosen = tasks.join(F.broadcast(top.select("queue", "fair_key")), ["queue", "fair_key"])
+        out["key_latency"] = _rows(chosen.transform(T.latency_percentiles, ("queue", "fair_key")))
 
-    with _stage(timings, "skew"):
-        out["skew"] = _rows(tasks.transform(T.routing_skew, shares))
-        out["hot_keys"] = _rows(keys.transform(T.hot_keys, hot_factor))
-
-    for df in (tasks, shares, keys, by_queue, latency):
+    for df in (usage, shares, keys, top, by_queue, latency):
         df.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules, findings
 
 __all__ = ("build_report", "format_summary", "register", "run", "session")
 
@@ -47,39 +51,99 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=float, default=None, help="seconds per time window (default: auto)"
     )
-    parser.add_argument(
-        "--hot-factor", type=float, default=5.0, help="a hot key serves this many fair parts"
-    )
     parser.add_argument("--max-keys", type=int, default=100, help="keys per queue in the JSON")
     parser.add_argument("--no-charts", action="store_true", help="skip PNG charts and HTML")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local)")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), e.g. spark.executor.memory=1g",
+    )
+    noisy = parser.add_argument_group(
+        "noisy tenants", "when a fairness key is reported as a noisy tenant (see docs/analytics.md)"
+    )
+    for field, (flag, kind, text) in _RULE_OPTIONS.items():
+        noisy.add_argument(
+            flag,
+            dest=field,
+            type=kind,
+            default=getattr(DEFAULT_RULES, field),
+            help=f"{text} (default %(default)s)",
+        )
 
 
-def session(master: str | None, driver_memory: str | None = None) -> Any:
-    """Create (or, under spark-submit, get) the SparkSession."""
+# NoisyRules field -> its option, the option's type and help.
+_RULE_OPTIONS: dict[str, tuple[str, type, str]] = {
+    "share_of_all": ("--noisy-share-of-all", float, "a key's share of all served cost"),
+    "share_of_queue": ("--noisy-share-of-queue", float, "a key's share of its queue's cost"),
+    "hot_factor": ("--hot-factor", float, "times its even part of its queue"),
+    "in_flight_share": ("--noisy-in-flight", float, "over this share of a window's in-flight work"),
+    "processing_share": ("--noisy-processing", float, "over this share of a window's run time"),
+    "min_tasks": ("--noisy-min-tasks", int, "records a key needs in a window to be judged"),
+    "min_in_flight": ("--noisy-min-in-flight", float, "tasks held at once, for the in-flight rule"),
+    "excess": ("--noisy-excess", float, "every share must be this many times an even split"),
+}
+
+
+def rules_from(args: argparse.Namespace) -> NoisyRules:
+    """The noisy-tenant rules the command line asks for (checked: errors name the option)."""
+    try:
+        return NoisyRules(**{f: getattr(args, f) for f in _RULE_OPTIONS})
+    except ValueError as exc:
+        message = str(exc)
+        for field, (flag, _, _) in _RULE_OPTIONS.items():
+            if message.startswith(f"{field}="):
+                message = flag + " " + message[len(field) + 1 :]
+        raise ValueError(message) from None
+
+
+def _confs(pairs: list[str]) -> dict[str, str]:
+    confs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf {pair!r}: must be KEY=VALUE")
+        confs[key.strip()] = value.strip()
+    return confs
+
+
+def session(
+    master: str | None,
+    driver_memory: str | None = None,
+    conf: dict[str, str] | None = None,
+) -> Any:
+    """Create (or, under spark-submit, get) the SparkSession.
+
+    Under ``spark-submit`` the master and the settings are spark-submit's;
+    ``master`` and ``driver_memory``, when given, still win.
+    """
     from pyspark.sql import SparkSession
 
+    submitted = _under_spark_submit()
     builder = SparkSession.builder.appName("celery-fair-report")
+    if master is None and not submitted:
+        master = DEFAULT_MASTER
     if master is not None:
         builder = builder.master(master)
-    elif not _under_spark_submit():
-        builder = builder.master(DEFAULT_MASTER)
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
-    if (master or DEFAULT_MASTER).startswith("local"):
-        # The results are per queue and per key: a few hundred rows. Spark's
+    if master is not None and master.startswith("local"):
+        # The aggregates are per window and key: a few thousand rows. Spark's
         # default of 200 shuffle partitions is made for clusters.
         builder = builder.config("spark.sql.shuffle.partitions", "8")
     builder = builder.config("spark.sql.session.timeZone", "UTC").config(
         "spark.ui.showConsoleProgress", "false"
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
 def _under_spark_submit() -> bool:
-    import os
-
-    return "SPARK_SUBMIT_OPTS" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ
+    # spark-submit starts the Python driver with the port of its own JVM.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:
@@ -108,15 +172,18 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
     keys: dict[str, dict[str, dict[str, Any]]] = {}
     latency = _by(data["key_latency"], "queue", "fair_key")
     ranked = sorted(data["key_shares"], key=lambda r: (-r["served_cost"], r["fair_key"]))
-    truncated = False
+    # The pipeline collects the most served keys of each queue only.
+    truncated = any((r.get("keys_in_queue") or 0) > max_keys for r in ranked)
     for row in ranked:
         per_queue = keys.setdefault(row["queue"], {})
         if len(per_queue) >= max_keys:
             truncated = True
             continue
-        fields = {k: v for k, v in row.items() if k not in ("queue", "fair_key")}
+        skip = ("queue", "fair_key", "keys_in_queue")
+        fields = {k: v for k, v in row.items() if k not in skip}
         fields.update(latency.get((row["queue"], row["fair_key"]), {}))
         per_queue[row["fair_key"]] = fields
+        queues.setdefault(row["queue"], {})["keys_in_queue"] = row.get("keys_in_queue")
 
     def mean(rows: list[dict[str, Any]]) -> float | None:
         values = [r["jain"] for r in rows if r["jain"] is not None]
@@ -130,6 +197,7 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             "last": data["last"],
             "window_seconds": data["window_seconds"],
             "keys_truncated_to": max_keys if truncated else None,
+            "noisy_rules": data.get("noisy_rules", DEFAULT_RULES.as_dict()),
             "timings": data["timings"],
         },
         "queues": dict(sorted(queues.items())),
@@ -143,6 +211,12 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         },
         "throughput": data["throughput"],
         "hot_keys": data["hot_keys"],
+        "noisy_tenants": findings(
+            data.get("noisy_keys", []),
+            data.get("noisy_windows", []),
+            data["window_seconds"],
+            known_keys=data["key_shares"],
+        ),
         "recommended": {
             "fair_codel_interval": max((r["codel_interval"] or 0.0 for r in recs), default=None),
             "fair_codel_target": max((r["codel_target"] or 0.0 for r in recs), default=None),
@@ -155,8 +229,19 @@ def _f(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _period(p: dict[str, Any]) -> str:
+    """``2026-11-23 12:00:00-12:03:00 UTC (18 windows; in flight 64%, run time 71%)``."""
+    start = datetime.fromtimestamp(p["start"], timezone.utc)
+    end = datetime.fromtimestamp(p["end"], timezone.utc)
+    shown = end.strftime("%H:%M:%S" if end.date() == start.date() else "%Y-%m-%d %H:%M:%S")
+    return (
+        f"{start:%Y-%m-%d %H:%M:%S}-{shown} UTC ({p['windows']} windows; in flight "
+        f"{p['in_flight_share']:.0%}, run time {p['processing_share']:.0%})"
+    )
+
+
 def format_summary(report: dict[str, Any]) -> str:
-    """The terminal summary: one line per queue, fairness, hot keys, settings."""
+    """The terminal summary: one line per queue, fairness, settings, noisy tenants."""
     meta = report["meta"]
     lines = [
         f"{meta['records']:,} records, windows of {meta['window_seconds']:g}s",
@@ -180,11 +265,17 @@ def format_summary(report: dict[str, Any]) -> str:
         f"recommended: fair_codel_target={_f(rec['fair_codel_target'], '.4g')} "
         f"fair_codel_interval={_f(rec['fair_codel_interval'], '.4g')}",
     ]
-    if report["hot_keys"]:
-        hot = ", ".join(
-            f"{h['fair_key']} ({h['queue']}, {h['share']:.1%})" for h in report["hot_keys"][:5]
-        )
-        lines.append(f"hot keys: {hot}")
+    noisy = report["noisy_tenants"]
+    lines.append("noisy tenants:" + ("" if noisy else " none"))
+    for n in noisy[:5]:
+        lines += [
+            f"  {n['fair_key']} (queue {n['queue']}): {_f(n['share'], '.1%')} of all served "
+            f"work, {_f(n['share_in_queue'], '.1%')} of its queue's; {', '.join(n['rules'])}",
+            *(f"    noisy {_period(p)}" for p in n["periods"][:3]),
+            f"    -> {n['advice'][0]}",
+        ]
+    if len(noisy) > 5:
+        lines.append(f"  ... and {len(noisy) - 5} more in report.json")
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in meta["timings"].items())
     lines.append(f"stages: {timings}")
     return "\n".join(lines)
@@ -194,12 +285,21 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair report``."""
     from celery_fair.analytics.pipeline import compute
 
+    try:
+        rules, conf = rules_from(args), _confs(args.conf)
+    except ValueError as exc:
+        print(f"celery-fair report: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    spark = session(args.master, args.driver_memory)
+    spark = session(args.master, args.driver_memory, conf)
     try:
         data = compute(
-            spark, args.directory, window_seconds=args.window, hot_factor=args.hot_factor
+            spark,
+            args.directory,
+            window_seconds=args.window,
+            rules=rules,
+            max_keys=args.max_keys,
         )
     finally:
         spark.stop()

@@ -4,18 +4,25 @@ Each transform opens or closes with a ``select`` naming its columns and uses
 Spark's built-in functions only (no Python UDFs), so the same code runs on a
 laptop and on a cluster. They compose with ``DataFrame.transform``::
 
-    tasks = raw.transform(normalize, 60.0).cache()
-    shares = tasks.transform(queue_shares)
-    jain = tasks.transform(served_by_window, "queue").transform(jain_by_window)
+    tasks = raw.transform(normalize, 60.0)
+    usage = tasks.transform(usage_by_window).cache()
+    shares = usage.transform(queue_shares)
+    jain = usage.transform(served_by_window, "queue").transform(jain_by_window)
 
-``normalize`` is the only transform that reads the telemetry schema; the
-others read its output (the "task" columns below).
+``normalize`` is the only transform that reads the telemetry schema. Two
+read its task rows, and they are the only ones that touch every record:
+``usage_by_window`` (every additive figure, at the finest grain the report
+needs: window x queue x key) and ``latency_percentiles``. The others read
+``usage_by_window``'s small table, so adding a figure costs no pass over
+the data.
 """
 
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+
+from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 
 __all__ = (
     "PERCENTILES",
@@ -25,12 +32,17 @@ __all__ = (
     "jain_by_window",
     "key_shares",
     "latency_percentiles",
+    "noisy_keys",
+    "noisy_windows",
     "normalize",
     "queue_shares",
     "recommendations",
+    "ratio",
     "routing_skew",
     "served_by_window",
     "throughput",
+    "top_keys",
+    "usage_by_window",
 )
 
 #: Outcomes of tasks that ran on the pool (and were charged).
@@ -45,6 +57,11 @@ def _pct_name(p: float) -> str:
     return f"p{round(p * 100):d}"
 
 
+def ratio(numerator: Column, denominator: Column) -> Column:
+    """numerator / denominator, null when the denominator is 0 (ANSI mode raises)."""
+    return F.when(denominator != 0, numerator / denominator)
+
+
 def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     """Telemetry records -> one row per record with derived times and costs.
 
@@ -53,14 +70,20 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     ``wait`` is publish -> start (receive -> start when the producer did not
     stamp the message); ``sojourn`` is the buffer sojourn receive -> dispatch
     (receive -> start when dispatch is not recorded, as from Celery events);
-    ``transfer`` is publish -> receive. ``window`` is the start of the
+    ``transfer`` is publish -> receive. ``in_flight`` is receive -> finish,
+    the time the worker held the task (0 when unknown); ``busy`` its run time
+    on the pool (0 for tasks that never ran). ``window`` is the start of the
     ``window_seconds`` bucket holding the time the task left the worker.
+
+    Only the columns the report reads are kept, so Spark reads no others
+    from the files.
     """
     ran = F.col("outcome").isin(*RAN)
     left_at = F.coalesce("finished", "started", "received")
+    held = F.col("finished") - F.col("received")
+    run = F.coalesce("runtime", F.col("finished") - F.col("started"))
     return raw.select(
         F.col("task_id"),
-        F.col("task_name"),
         F.coalesce("queue", F.lit("(unknown)")).alias("queue"),
         F.coalesce("fair_key", F.lit(NO_KEY)).alias("fair_key"),
         F.col("outcome"),
@@ -71,33 +94,88 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         (F.coalesce("dispatched", "started") - F.col("received")).alias("sojourn"),
         (F.col("received") - F.col("published")).alias("transfer"),
         F.col("runtime"),
+        # greatest() skips nulls: an unknown interval counts 0, a negative one
+        # (clocks of two hosts) too.
+        F.greatest(held, F.lit(0.0)).alias("in_flight"),
+        F.when(ran, F.greatest(run, F.lit(0.0))).otherwise(0.0).alias("busy"),
         left_at.alias("left_at"),
         (F.floor(left_at / window_seconds) * window_seconds).alias("window"),
-        F.col("hostname"),
     )
 
 
-def queue_shares(tasks: DataFrame) -> DataFrame:
+def _count_of(outcome: str) -> Column:
+    return F.sum((F.col("outcome") == outcome).cast("long"))
+
+
+def usage_by_window(tasks: DataFrame) -> DataFrame:
+    """Per window, queue and fairness key: every additive figure of the report.
+
+    The one aggregation over all the task rows: shares, Jain's index,
+    throughput, CoDel rates, routing skew and the noisy-tenant rules are all
+    sums of these columns, computed from this small table (windows x keys
+    rows) instead of each scanning the data again. ``weight`` is the group's
+    latest target weight, with ``last_at`` the time it was seen.
+    """
+    return (
+        tasks.groupBy("window", "queue", "fair_key")
+        .agg(
+            F.count(F.lit(1)).alias("records"),
+            F.sum(F.col("ran").cast("long")).alias("served_tasks"),
+            F.sum("cost").alias("served_cost"),
+            F.sum("in_flight").alias("in_flight"),
+            F.sum("busy").alias("busy"),
+            _count_of("codel-requeue").alias("codel_requeues"),
+            _count_of("codel-reject").alias("codel_rejects"),
+            _count_of("failure").alias("failures"),
+            _count_of("retry").alias("retries"),
+            _count_of("revoked").alias("revoked"),
+            F.max("left_at").alias("last_at"),
+            F.max_by("weight", "left_at").alias("weight"),
+        )
+        .select(
+            "window",
+            "queue",
+            "fair_key",
+            "records",
+            "served_tasks",
+            "served_cost",
+            "in_flight",
+            "busy",
+            "codel_requeues",
+            "codel_rejects",
+            "failures",
+            "retries",
+            "revoked",
+            "last_at",
+            "weight",
+        )
+    )
+
+
+def queue_shares(usage: DataFrame) -> DataFrame:
     """Per queue: share of served cost beside the target share from the weights.
 
-    The target weight is the latest one a queue's records carry (weights can
-    change at run time); ``target_share`` is it over the sum of the queues'.
+    Reads ``usage_by_window`` rows. The target weight is the latest one a
+    queue's records carry (weights can change at run time); ``target_share``
+    is it over the sum of the queues'.
     """
     everything = Window.partitionBy()
-    per_queue = tasks.groupBy("queue").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.sum(F.col("ran").cast("long")).alias("served_tasks"),
-        F.sum("cost").alias("served_cost"),
-        F.max_by("weight", "left_at").alias("target_weight"),
+    per_queue = usage.groupBy("queue").agg(
+        F.sum("records").alias("records"),
+        F.sum("served_tasks").alias("served_tasks"),
+        F.sum("served_cost").alias("served_cost"),
+        F.max_by("weight", "last_at").alias("target_weight"),
     )
     return per_queue.select(
         "queue",
         "records",
         "served_tasks",
         "served_cost",
-        (F.col("served_cost") / F.sum("served_cost").over(everything)).alias("share"),
+        ratio(F.col("served_cost"), F.sum("served_cost").over(everything)).alias("share"),
         "target_weight",
-        (F.col("target_weight") / F.sum("target_weight").over(everything)).alias("target_share"),
+        ratio(F.col("target_weight"), F.sum("target_weight").over(everything)).alias(
+            "target_share"
+        ),
     ).select(
         "queue",
         "records",
@@ -106,16 +184,21 @@ def queue_shares(tasks: DataFrame) -> DataFrame:
         "share",
         "target_weight",
         "target_share",
-        (F.col("share") / F.col("target_share")).alias("share_ratio"),
+        ratio(F.col("share"), F.col("target_share")).alias("share_ratio"),
     )
 
 
-def key_shares(tasks: DataFrame) -> DataFrame:
-    """Per queue and fairness key: served cost, its share overall and within its queue."""
-    per_key = tasks.groupBy("queue", "fair_key").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.sum(F.col("ran").cast("long")).alias("served_tasks"),
-        F.sum("cost").alias("served_cost"),
+def key_shares(usage: DataFrame) -> DataFrame:
+    """Per queue and fairness key: served cost, its share overall and within its queue.
+
+    Reads ``usage_by_window`` rows. ``keys_in_queue`` counts the fairness keys
+    of the queue (tasks without a key are not a key).
+    """
+    in_queue = Window.partitionBy("queue")
+    per_key = usage.groupBy("queue", "fair_key").agg(
+        F.sum("records").alias("records"),
+        F.sum("served_tasks").alias("served_tasks"),
+        F.sum("served_cost").alias("served_cost"),
     )
     return per_key.select(
         "queue",
@@ -123,30 +206,41 @@ def key_shares(tasks: DataFrame) -> DataFrame:
         "records",
         "served_tasks",
         "served_cost",
-        (F.col("served_cost") / F.sum("served_cost").over(Window.partitionBy())).alias("share"),
-        (F.col("served_cost") / F.sum("served_cost").over(Window.partitionBy("queue"))).alias(
-            "share_in_queue"
-        ),
+        ratio(F.col("served_cost"), F.sum("served_cost").over(Window.partitionBy())).alias("share"),
+        ratio(F.col("served_cost"), F.sum("served_cost").over(in_queue)).alias("share_in_queue"),
+        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).over(in_queue).alias("keys_in_queue"),
     )
 
 
-def served_by_window(tasks: DataFrame, by: str = "queue") -> DataFrame:
+def top_keys(keys: DataFrame, per_queue: int = 100) -> DataFrame:
+    """The ``per_queue`` keys of each queue that were served most, from ``key_shares``.
+
+    What the report keeps per key: with a million keys, collecting all of
+    them would cost more than computing them.
+    """
+    rank = F.row_number().over(
+        Window.partitionBy("queue").orderBy(F.col("served_cost").desc(), "fair_key")
+    )
+    return keys.select("*", rank.alias("rank")).where(F.col("rank") <= per_queue).drop("rank")
+
+
+def served_by_window(usage: DataFrame, by: str = "queue") -> DataFrame:
     """Per time window and ``by`` ("queue" or "fair_key"): tasks and cost served.
 
-    ``weight`` is the queue's target weight for queues and 1 for keys. An
-    entity with records but nothing served in a window has ``served_cost`` 0.
-    Keys are counted within their queue (``group`` is the queue; for queues
-    it is one group), and tasks without a key are left out: fairness between
-    keys is a matter inside one keyed queue.
+    Reads ``usage_by_window`` rows. ``weight`` is the queue's target weight
+    for queues and 1 for keys. An entity with records but nothing served in
+    a window has ``served_cost`` 0. Keys are counted within their queue
+    (``group`` is the queue; for queues it is one group), and tasks without a
+    key are left out: fairness between keys is a matter inside one keyed queue.
     """
     weight = F.max("weight") if by == "queue" else F.lit(1.0)
     group = F.lit("") if by == "queue" else F.col("queue")
-    rows = tasks if by == "queue" else tasks.where(F.col(by) != F.lit(NO_KEY))
+    rows = usage if by == "queue" else usage.where(F.col(by) != F.lit(NO_KEY))
     return (
         rows.groupBy("window", group.alias("group"), by)
         .agg(
-            F.sum(F.col("ran").cast("long")).alias("served_tasks"),
-            F.sum("cost").alias("served_cost"),
+            F.sum("served_tasks").alias("served_tasks"),
+            F.sum("served_cost").alias("served_cost"),
             F.coalesce(weight, F.lit(1.0)).alias("weight"),
         )
         .select(
@@ -222,35 +316,29 @@ def latency_percentiles(tasks: DataFrame, by: tuple[str, ...] = ("queue",)) -> D
     )
 
 
-def _rate(outcome: str) -> Column:
-    return F.avg((F.col("outcome") == outcome).cast("double"))
+def codel_rates(usage: DataFrame) -> DataFrame:
+    """Per queue: fraction of records that were CoDel requeues, rejects, failures.
 
-
-def codel_rates(tasks: DataFrame) -> DataFrame:
-    """Per queue: fraction of records that were CoDel requeues, rejects, failures."""
-    return (
-        tasks.groupBy("queue")
-        .agg(
-            F.count(F.lit(1)).alias("records"),
-            F.sum((F.col("outcome") == "codel-requeue").cast("long")).alias("codel_requeues"),
-            F.sum((F.col("outcome") == "codel-reject").cast("long")).alias("codel_rejects"),
-            _rate("codel-requeue").alias("codel_requeue_rate"),
-            _rate("codel-reject").alias("codel_reject_rate"),
-            _rate("failure").alias("failure_rate"),
-            _rate("retry").alias("retry_rate"),
-            _rate("revoked").alias("revoked_rate"),
-        )
-        .select(
-            "queue",
-            "records",
-            "codel_requeues",
-            "codel_rejects",
-            "codel_requeue_rate",
-            "codel_reject_rate",
-            "failure_rate",
-            "retry_rate",
-            "revoked_rate",
-        )
+    Reads ``usage_by_window`` rows.
+    """
+    per_queue = usage.groupBy("queue").agg(
+        *(
+            F.sum(c).alias(c)
+            for c in ("records", "codel_requeues", "codel_rejects", "failures", "retries")
+        ),
+        F.sum("revoked").alias("revoked"),
+    )
+    records = F.col("records")
+    return per_queue.select(
+        "queue",
+        "records",
+        "codel_requeues",
+        "codel_rejects",
+        ratio(F.col("codel_requeues"), records).alias("codel_requeue_rate"),
+        ratio(F.col("codel_rejects"), records).alias("codel_reject_rate"),
+        ratio(F.col("failures"), records).alias("failure_rate"),
+        ratio(F.col("retries"), records).alias("retry_rate"),
+        ratio(F.col("revoked"), records).alias("revoked_rate"),
     )
 
 
@@ -275,42 +363,41 @@ def recommendations(latency: DataFrame, target_fraction: float = 0.1) -> DataFra
     )
 
 
-def routing_skew(tasks: DataFrame, shares: DataFrame) -> DataFrame:
+def routing_skew(usage: DataFrame, shares: DataFrame) -> DataFrame:
     """Per queue: share of arrivals and of distinct keys against the target share.
 
-    Arrivals are records other than CoDel requeues (a requeued task comes
-    back and is counted at its final outcome). ``skew`` is arrival share /
-    target share - 1: 0 for a router that spreads work by weight.
+    Reads ``usage_by_window`` rows and ``queue_shares``. Arrivals are records
+    other than CoDel requeues (a requeued task comes back and is counted at
+    its final outcome); ``keys`` counts the keys with an arrival (tasks without
+    a key are one). ``skew`` is arrival share / target share - 1: 0 for a
+    router that spreads work by weight.
     """
     everything = Window.partitionBy()
-    arrivals = (
-        tasks.where(F.col("outcome") != "codel-requeue")
-        .groupBy("queue")
-        .agg(
-            F.count(F.lit(1)).alias("arrivals"),
-            F.approx_count_distinct("fair_key").alias("keys"),
-        )
+    arrived = usage.select(
+        "queue", "fair_key", (F.col("records") - F.col("codel_requeues")).alias("arrivals")
+    ).where(F.col("arrivals") > 0)
+    per_queue = arrived.groupBy("queue").agg(
+        F.sum("arrivals").alias("arrivals"),
+        F.countDistinct("fair_key").alias("keys"),
     )
-    return arrivals.join(shares.select("queue", "target_share"), "queue", "left").select(
+    arrival_share = ratio(F.col("arrivals"), F.sum("arrivals").over(everything))
+    return per_queue.join(shares.select("queue", "target_share"), "queue", "left").select(
         "queue",
         "arrivals",
-        (F.col("arrivals") / F.sum("arrivals").over(everything)).alias("arrival_share"),
+        arrival_share.alias("arrival_share"),
         "keys",
-        (F.col("keys") / F.sum("keys").over(everything)).alias("key_share"),
+        ratio(F.col("keys"), F.sum("keys").over(everything)).alias("key_share"),
         "target_share",
-        (F.col("arrivals") / F.sum("arrivals").over(everything) / F.col("target_share") - 1).alias(
-            "skew"
-        ),
+        (ratio(arrival_share, F.col("target_share")) - 1).alias("skew"),
     )
 
 
 def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
-    """Keys served ``factor`` times their fair part of their queue, hottest first.
+    """Keys served ``factor`` times their fair part of their queue, from ``key_shares``.
 
     The fair part of a key is 1 / (keys in its queue). Returns at most ``top``
     rows over all queues, with ``heat`` = share in queue x keys in queue.
     """
-    in_queue = Window.partitionBy("queue")
     heated = keys.where(F.col("fair_key") != NO_KEY).select(
         "queue",
         "fair_key",
@@ -318,7 +405,7 @@ def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
         "served_cost",
         "share",
         "share_in_queue",
-        (F.col("share_in_queue") * F.count(F.lit(1)).over(in_queue)).alias("heat"),
+        (F.col("share_in_queue") * F.col("keys_in_queue")).alias("heat"),
     )
     return (
         heated.where(F.col("heat") >= factor)
@@ -326,3 +413,94 @@ def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
         .limit(top)
         .select("queue", "fair_key", "records", "served_cost", "share", "share_in_queue", "heat")
     )
+
+
+def _above_even(share: Column, entities: Column, rules: NoisyRules) -> Column:
+    return share >= F.lit(rules.excess) / entities
+
+
+def noisy_keys(keys: DataFrame, rules: NoisyRules = DEFAULT_RULES) -> DataFrame:
+    """Keys that broke a whole-report rule of ``rules``, from ``key_shares`` rows.
+
+    One row per flagged (queue, key) with a boolean column per rule. Even
+    splits count keys only (tasks without a key are not a tenant).
+    """
+    everything = Window.partitionBy()
+    keyed = F.when(F.col("fair_key") != NO_KEY, 1)
+    counted = keys.select(
+        "queue",
+        "fair_key",
+        "served_cost",
+        "share",
+        "share_in_queue",
+        "keys_in_queue",
+        F.count(keyed).over(everything).alias("keys_overall"),
+    )
+    share, in_queue = F.col("share"), F.col("share_in_queue")
+    by_all = (share >= rules.share_of_all) & _above_even(share, F.col("keys_overall"), rules)
+    by_queue = (in_queue >= rules.share_of_queue) & _above_even(
+        in_queue, F.col("keys_in_queue"), rules
+    )
+    hot = in_queue * F.col("keys_in_queue") >= rules.hot_factor
+    flagged = counted.select(
+        "queue",
+        "fair_key",
+        "served_cost",
+        "share",
+        "share_in_queue",
+        "keys_in_queue",
+        F.coalesce(by_all, F.lit(False)).alias("share_of_all"),
+        F.coalesce(by_queue, F.lit(False)).alias("share_of_queue"),
+        F.coalesce(hot, F.lit(False)).alias("hot_in_queue"),
+    )
+    return flagged.where(
+        (F.col("fair_key") != NO_KEY)
+        & (F.col("share_of_all") | F.col("share_of_queue") | F.col("hot_in_queue"))
+    )
+
+
+def noisy_windows(
+    usage: DataFrame, window_seconds: float, rules: NoisyRules = DEFAULT_RULES
+) -> DataFrame:
+    """Windows in which a key held too much of the in-flight work or processing time.
+
+    The per-window rules of ``rules`` (after Amazon SQS fair queues; see
+    :mod:`celery_fair.analytics.noisy`). Reads ``usage_by_window`` rows; one
+    row per flagged (window, queue, key)
+    with its shares of the window's in-flight work and processing time and a
+    boolean per rule.
+    """
+    per_window = Window.partitionBy("window")
+    shares = usage.select(
+        "window",
+        "queue",
+        "fair_key",
+        "records",
+        (F.col("in_flight") / window_seconds).alias("in_flight_tasks"),
+        ratio(F.col("in_flight"), F.sum("in_flight").over(per_window)).alias("in_flight_share"),
+        ratio(F.col("busy"), F.sum("busy").over(per_window)).alias("processing_share"),
+        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).over(per_window).alias("keys_in_window"),
+    )
+    enough = (F.col("records") >= rules.min_tasks) & (F.col("fair_key") != NO_KEY)
+
+    def over(share: str, threshold: float) -> Column:
+        return (F.col(share) > threshold) & _above_even(
+            F.col(share), F.col("keys_in_window"), rules
+        )
+
+    held = F.col("in_flight_tasks") >= rules.min_in_flight
+    in_flight = enough & held & over("in_flight_share", rules.in_flight_share)
+    processing = enough & over("processing_share", rules.processing_share)
+
+    flagged = shares.select(
+        "window",
+        "queue",
+        "fair_key",
+        "records",
+        "in_flight_tasks",
+        "in_flight_share",
+        "processing_share",
+        F.coalesce(in_flight, F.lit(False)).alias("in_flight"),
+        F.coalesce(processing, F.lit(False)).alias("processing_time"),
+    )
+    return flagged.where(F.col("in_flight") | F.col("processing_time"))

@@ -18,6 +18,17 @@ The generator draws the records a perfectly known scheduler would leave:
   first key of each queue is the hot one;
 - a fraction ``codel_requeue`` / ``codel_reject`` of a queue's records are
   CoDel decisions (they never ran; cost 0), ``failure_rate`` fail.
+
+Two options shape a noisy neighbour and an outage, for the noisy-tenant
+findings and the charts (both off by default; the records are then the same
+as without them):
+
+- ``flood_share``: this fraction of the records belong to one more key,
+  ``flood_key``, in queue ``flood_queue``, started during ``flood_span`` (a
+  fraction of the time line). The queue shares and Jain index of
+  :class:`Truth` are those of the other records.
+- ``gaps``: (start, end) seconds after ``start`` in which no task starts; the
+  other records fill the rest of ``duration``.
 """
 
 from __future__ import annotations
@@ -58,6 +69,25 @@ class SyntheticSpec:
     start: float = 1_700_000_000.0
     seed: int = 0
     hostnames: int = 4
+    flood_share: float = 0.0
+    flood_queue: str | None = None  # None: the first queue
+    flood_key: str = "tenant-flood"
+    flood_span: tuple[float, float] = (0.0, 1.0)
+    gaps: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.flood_share < 1.0:
+            raise ValueError(f"flood_share={self.flood_share!r}: must be in [0, 1)")
+        low, high = self.flood_span
+        if not 0.0 <= low < high <= 1.0:
+            raise ValueError(f"flood_span={self.flood_span!r}: must be 0 <= start < end <= 1")
+        if self.flood_queue is not None and self.flood_queue not in self.weights:
+            raise ValueError(f"flood_queue={self.flood_queue!r}: not one of the weights' queues")
+        ends = [0.0]
+        for a, b in sorted(self.gaps):
+            if not ends[-1] <= a < b <= self.duration:
+                raise ValueError(f"gaps={self.gaps!r}: must be disjoint, within the duration")
+            ends.append(b)
 
     def queues(self) -> list[str]:
         return sorted(self.weights)
@@ -73,6 +103,10 @@ class SyntheticSpec:
         raw = self.served_shares or self.weights
         total = sum(raw.values())
         return {q: raw[q] / total for q in self.queues()}
+
+    def active_seconds(self) -> float:
+        """Seconds of ``duration`` outside the gaps."""
+        return self.duration - sum(b - a for a, b in self.gaps)
 
     def target_shares(self) -> dict[str, float]:
         total = sum(self.weights.values())
@@ -110,9 +144,21 @@ def _task_fractions(spec: SyntheticSpec) -> np.ndarray:
     return fractions
 
 
+def _keys(spec: SyntheticSpec, rng: np.random.Generator, qi: np.ndarray, n: int) -> np.ndarray:
+    """Index into the key names: Zipf keys within each queue (rank k weighs k ** -key_skew)."""
+    ranks = np.arange(1, spec.keys_per_queue + 1, dtype=np.float64) ** -spec.key_skew
+    key = rng.choice(spec.keys_per_queue, size=n, p=ranks / ranks.sum())
+    index: np.ndarray = qi * spec.keys_per_queue + key
+    return index
+
+
 def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) -> pa.Table:
     queues = spec.queues()
     qi = rng.choice(len(queues), size=n, p=_task_fractions(spec))
+    flooded = np.zeros(n, dtype=bool)
+    if spec.flood_share:
+        flooded = rng.random(n) < spec.flood_share
+        qi = np.where(flooded, queues.index(spec.flood_queue or queues[0]), qi)
     mean_rt = np.array([spec.runtime_of(q) for q in queues])[qi]
     mean_so = np.array([spec.sojourn_of(q) for q in queues])[qi]
     weights = np.array([float(spec.weights[q]) for q in queues])[qi]
@@ -127,15 +173,27 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
 
     runtime = rng.gamma(4.0, mean_rt / 4.0)
     sojourn = rng.exponential(mean_so)
-    started = spec.start + rng.random(n) * spec.duration
+    if not spec.gaps and not spec.flood_share:
+        started = spec.start + rng.random(n) * spec.duration
+    else:
+        # Positions on the time line without the gaps, then moved past them.
+        at = rng.random(n) * spec.active_seconds()
+    key_index = _keys(spec, rng, qi, n)
+    if spec.flood_share:
+        low, high = spec.flood_span
+        at[flooded] = (low + (high - low) * rng.random(int(flooded.sum()))) * spec.active_seconds()
+        key_index = np.where(flooded, len(queues) * spec.keys_per_queue, key_index)
+    if spec.gaps or spec.flood_share:
+        for a, b in sorted(spec.gaps):
+            at[at >= a] += b - a
+        started = spec.start + at
     received = started - sojourn
     published = received - spec.latency
     finished = np.where(ran, started + runtime, started)
 
-    # Zipf keys within each queue: rank k has weight k ** -key_skew.
-    ranks = np.arange(1, spec.keys_per_queue + 1, dtype=np.float64) ** -spec.key_skew
-    key = rng.choice(spec.keys_per_queue, size=n, p=ranks / ranks.sum())
-    key_names = pa.array([f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)])
+    key_names = pa.array(
+        [f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)] + [spec.flood_key]
+    )
     host_names = pa.array([f"worker{h}@example" for h in range(spec.hostnames)])
     host = rng.integers(0, spec.hostnames, size=n)
     outcomes = pa.array(["success", "failure", "retry", "codel-requeue", "codel-reject"])
@@ -151,7 +209,7 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "received": pa.array(received),
         "finished": pa.array(finished),
         "routing_key": pc.take(pa.array(queues), pa.array(qi)),
-        "fair_key": pc.take(key_names, pa.array(qi * spec.keys_per_queue + key)),
+        "fair_key": pc.take(key_names, pa.array(key_index)),
         "published": pa.array(published),
         "dispatched": maybe(started),
         "started": maybe(started),

@@ -86,7 +86,7 @@ def test_outputs(truth_and_report: tuple[Truth, dict[str, Any], Path]) -> None:
     (out / "report.json").write_text(json.dumps(report))
     charts = write_charts(report, out)
     page = write_html(report, charts, out / "report.html").read_text()
-    assert set(charts) >= {"shares", "jain", "waits", "throughput", "codel", "hot_keys"}
+    assert set(charts) >= {"shares", "jain", "waits", "throughput", "codel", "noisy_tenants"}
     assert all(p.stat().st_size > 1000 for p in charts.values())
     assert page.count("data:image/png;base64,") == len(charts) - 1
     assert "<script" not in page and "http" not in page.split("</style>", 1)[1]

@@ -65,7 +65,7 @@ def test_queue_shares_against_weights(spark: SparkSession) -> None:
         [rec("a", cost=1.0), rec("a", cost=1.0), rec("b", cost=6.0, target_weight=3.0)]
         + [rec("b", outcome="codel-reject", cost=9.0, target_weight=3.0)],
     )
-    got = raw.transform(T.normalize).transform(T.queue_shares)
+    got = raw.transform(T.normalize).transform(T.usage_by_window).transform(T.queue_shares)
     expected = spark.createDataFrame(
         [("a", 2, 2, 2.0, 0.25, 1.0, 0.25, 1.0), ("b", 2, 1, 6.0, 0.75, 3.0, 0.75, 1.0)],
         "queue string, records long, served_tasks long, served_cost double, share double, "
@@ -80,7 +80,12 @@ def test_latest_weight_is_the_target(spark: SparkSession) -> None:
         [rec("a", target_weight=1.0, finished=10.0), rec("a", target_weight=4.0, finished=20.0)]
         + [rec("b", target_weight=1.0)],
     )
-    got = raw.transform(T.normalize).transform(T.queue_shares).select("queue", "target_share")
+    got = (
+        raw.transform(T.normalize)
+        .transform(T.usage_by_window)
+        .transform(T.queue_shares)
+        .select("queue", "target_share")
+    )
     assertDataFrameEqual(
         got, spark.createDataFrame([("a", 0.8), ("b", 0.2)], "queue string, target_share double")
     )
@@ -94,6 +99,7 @@ def test_key_shares_overall_and_in_queue(spark: SparkSession) -> None:
     )
     got = (
         raw.transform(T.normalize)
+        .transform(T.usage_by_window)
         .transform(T.key_shares)
         .select("queue", "fair_key", "share", "share_in_queue")
     )
@@ -134,8 +140,8 @@ def test_jain_over_keys_is_per_keyed_queue(spark: SparkSession) -> None:
         + [rec("mail", finished=5.0, fair_key="x"), rec("mail", finished=6.0)]
         + [rec("mail", finished=7.0)],
     )
-    tasks = raw.transform(T.normalize, 10.0)
-    got = tasks.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
+    usage = raw.transform(T.normalize, 10.0).transform(T.usage_by_window)
+    got = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
     expected = spark.createDataFrame(
         [(0.0, "jobs", 2, 1.0), (0.0, "mail", 1, 1.0)],
         "window double, queue string, n long, jain double",
@@ -149,7 +155,8 @@ def test_served_by_window_and_throughput(spark: SparkSession) -> None:
         [rec("a", finished=5.0, cost=2.0), rec("a", finished=7.0, cost=2.0)]
         + [rec("a", finished=15.0, cost=1.0), rec("b", finished=15.0, outcome="revoked")],
     )
-    served = raw.transform(T.normalize, 10.0).transform(T.served_by_window, "queue")
+    usage = raw.transform(T.normalize, 10.0).transform(T.usage_by_window)
+    served = usage.transform(T.served_by_window, "queue")
     got = served.transform(T.throughput, 10.0)
     expected = spark.createDataFrame(
         [(0.0, "a", 0.2, 0.4), (10.0, "a", 0.1, 0.1), (10.0, "b", 0.0, 0.0)],
@@ -181,7 +188,7 @@ def test_latency_percentiles_are_exact_on_small_data(spark: SparkSession) -> Non
 def test_codel_rates(spark: SparkSession) -> None:
     outcomes = ["success"] * 6 + ["codel-requeue"] * 2 + ["codel-reject", "failure"]
     raw = frame(spark, [rec("a", outcome=o) for o in outcomes])
-    got = raw.transform(T.normalize).transform(T.codel_rates)
+    got = raw.transform(T.normalize).transform(T.usage_by_window).transform(T.codel_rates)
     expected = spark.createDataFrame(
         [("a", 10, 2, 1, 0.2, 0.1, 0.1, 0.0, 0.0)],
         "queue string, records long, codel_requeues long, codel_rejects long, "
@@ -211,9 +218,9 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     records += [rec("a", fair_key=f"k{i}") for i in range(4)]
     records += [rec("b", fair_key=f"m{i}", target_weight=3.0) for i in range(4)]
     records += [rec("b", fair_key="m0", outcome="codel-requeue", target_weight=3.0)]
-    tasks = frame(spark, records).transform(T.normalize)
-    shares = tasks.transform(T.queue_shares)
-    skew = tasks.transform(T.routing_skew, shares)
+    usage = frame(spark, records).transform(T.normalize).transform(T.usage_by_window)
+    shares = usage.transform(T.queue_shares)
+    skew = usage.transform(T.routing_skew, shares)
     expected = spark.createDataFrame(
         [("a", 12, 0.75, 5, 5 / 9, 0.25, 2.0), ("b", 4, 0.25, 4, 4 / 9, 0.75, -2 / 3)],
         "queue string, arrivals long, arrival_share double, keys long, key_share double, "
@@ -221,7 +228,7 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     )
     assertDataFrameEqual(skew, expected)
     # "hot" has 8 of 12 tasks of a queue of 5 keys: heat 8/12 * 5 = 3.33.
-    hot = tasks.transform(T.key_shares).transform(T.hot_keys, 3.0).select("fair_key", "heat")
+    hot = usage.transform(T.key_shares).transform(T.hot_keys, 3.0).select("fair_key", "heat")
     assertDataFrameEqual(
         hot, spark.createDataFrame([("hot", 10 / 3)], "fair_key string, heat double")
     )
