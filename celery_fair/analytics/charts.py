@@ -1,7 +1,16 @@
-"""PNG charts of a report (matplotlib, no display needed)."""
+"""PNG charts of a report (matplotlib, no display needed).
+
+Time series are drawn over every window between the report's first and last
+record: a window in which a series has no rows is NaN, which matplotlib does
+not join, so a line never bridges a stretch without data (the demo pauses
+between its scenarios; a worker may have been down). Points are marked, so
+a value between two gaps still shows.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +21,52 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-__all__ = ("CHARTS", "write_charts")
+__all__ = ("CHARTS", "series", "window_grid", "write_charts")
 
 
-def _times(rows: list[dict[str, Any]]) -> np.ndarray:
+def window_grid(meta: dict[str, Any]) -> np.ndarray:
+    """Every window start from the first record's window to the last's (epoch seconds).
+
+    The same floor(t / w) * w as ``transforms.normalize``; empty without records.
+    """
+    w, first, last = meta["window_seconds"], meta.get("first"), meta.get("last")
+    if first is None or last is None:
+        return np.array([], dtype=np.float64)
+    start = math.floor(first / w) * w
+    count = int(round((math.floor(last / w) * w - start) / w)) + 1
+    grid: np.ndarray = start + w * np.arange(count, dtype=np.float64)
+    return grid
+
+
+def series(
+    rows: Iterable[dict[str, Any]], field: str, grid: Sequence[float] | np.ndarray, window: float
+) -> np.ndarray:
+    """``field`` of ``rows`` on ``grid``: NaN where no row has that window (or its value is null).
+
+    Rows are placed by index, round((window - grid[0]) / window), so float
+    noise in the window starts cannot drop a row.
+    """
+    values = np.full(len(grid), np.nan)
+    if len(grid) == 0:
+        return values
+    for row in rows:
+        i = int(round((row["window"] - grid[0]) / window))
+        if 0 <= i < len(grid) and row[field] is not None:
+            values[i] = row[field]
+    return values
+
+
+def _times(grid: np.ndarray) -> np.ndarray:
     """Window starts (epoch seconds, UTC) as datetime64, which matplotlib plots as dates."""
-    millis = np.array([r["window"] * 1000 for r in rows], dtype=np.float64)
-    return millis.astype(np.int64).astype("datetime64[ms]")
+    return (grid * 1000).astype(np.int64).astype("datetime64[ms]")
+
+
+def _plot_series(
+    ax: Axes, report: dict[str, Any], rows: list[dict[str, Any]], field: str, label: str
+) -> None:
+    grid = window_grid(report["meta"])
+    values = series(rows, field, grid, report["meta"]["window_seconds"])
+    ax.plot(_times(grid), values, marker=".", markersize=3, label=label)
 
 
 def plot_shares(ax: Axes, report: dict[str, Any]) -> None:
@@ -34,14 +82,13 @@ def plot_shares(ax: Axes, report: dict[str, Any]) -> None:
 
 
 def plot_jain(ax: Axes, report: dict[str, Any]) -> None:
-    rows = report["jain"]["queues"]
-    ax.plot(_times(rows), [r["jain"] for r in rows], label="queues (weighted)")
+    _plot_series(ax, report, report["jain"]["queues"], "jain", "queues (weighted)")
     by_queue: dict[str, list[dict[str, Any]]] = {}
     for row in report["jain"]["keys"]:
         by_queue.setdefault(str(row.get("queue")), []).append(row)
     for queue, rows in sorted(by_queue.items()):
         if any(r["n"] > 1 for r in rows):  # a queue with one key is trivially fair
-            ax.plot(_times(rows), [r["jain"] for r in rows], label=f"keys of {queue}")
+            _plot_series(ax, report, rows, "jain", f"keys of {queue}")
     ax.set_ylim(0, 1.05)
     ax.set_title("Jain's fairness index per window")
     ax.legend()
@@ -60,11 +107,11 @@ def plot_waits(ax: Axes, report: dict[str, Any]) -> None:
 
 
 def plot_throughput(ax: Axes, report: dict[str, Any]) -> None:
-    series: dict[str, list[dict[str, Any]]] = {}
+    by_entity: dict[str, list[dict[str, Any]]] = {}
     for row in report["throughput"]:
-        series.setdefault(row["entity"], []).append(row)
-    for queue, rows in sorted(series.items()):
-        ax.plot(_times(rows), [r["tasks_per_second"] for r in rows], label=queue)
+        by_entity.setdefault(row["entity"], []).append(row)
+    for queue, rows in sorted(by_entity.items()):
+        _plot_series(ax, report, rows, "tasks_per_second", queue)
     ax.set_ylabel("tasks / s")
     ax.set_title("Throughput per queue")
     ax.legend(fontsize="small")
