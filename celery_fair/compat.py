@@ -140,6 +140,12 @@ CAPABILITIES: dict[str, Capability] = {
             "Celery < 5.7 (small per-queue windows on RabbitMQ then starve the pool)",
         ),
         Capability(
+            "celery.request.on_timeout",
+            "telemetry of a task killed at its hard time limit on Celery < 5.7, which sends "
+            "no task_failure then (Request.on_timeout, read by execute_using_pool)",
+            "such a task has no telemetry record",
+        ),
+        Capability(
             "celery.consumer.qos",
             "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
             "fair_prefetch='auto' keeps Celery's fixed window on Redis",
@@ -803,3 +809,39 @@ def backport_immediate_acks(consumer: Any, probe: Probe) -> bool:
     consumer.create_task_handler = create_task_handler
     consumer._fair_immediate_acks = True
     return True
+
+
+def can_follow_hard_timeouts(probe: Probe) -> bool:
+    """Whether :func:`on_hard_timeout` is needed and works with this Celery.
+
+    Celery 5.7 sends ``task_failure`` for a task killed at its hard time
+    limit; earlier releases only mark it failed in the result backend, so
+    the telemetry follows each request's ``on_timeout`` (an instance
+    attribute: ``execute_using_pool`` reads ``self.on_timeout`` per call).
+    """
+    from celery.worker.request import Request
+
+    sends = getattr(Request.on_timeout, "__code__", None)
+    if sends is not None and "task_failure" in sends.co_names:
+        return False
+    execute = getattr(Request.execute_using_pool, "__code__", None)
+    if execute is None or "on_timeout" not in execute.co_names:
+        probe.missing_capability(
+            "celery.request.on_timeout", "Request.execute_using_pool (self.on_timeout)"
+        )
+        return False
+    return True
+
+
+def on_hard_timeout(request: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` after Celery handled ``request``'s hard time limit."""
+    original = request.on_timeout
+
+    def on_timeout(soft: bool, timeout: float) -> Any:
+        try:
+            return original(soft, timeout)
+        finally:
+            if not soft:
+                callback()
+
+    request.on_timeout = on_timeout

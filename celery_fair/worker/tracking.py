@@ -149,12 +149,19 @@ class TaskTracker:
         meter = self.meter
         telemetry = self.writer is not None
 
+        # Celery < 5.7 sends no task_failure when it kills a task at its hard
+        # time limit: follow those requests' timeouts instead (on_task_failure).
+        watch_timeouts = telemetry and compat.can_follow_hard_timeouts(service.probe)
+        write = self._write
+
         def stamp(request: Any, queue: str) -> None:
             # Read back by the pool process that runs the task (recorder.py).
             headers = compat.request_headers(request)
             headers[QUEUE_STAMP] = queue
             headers[WEIGHT_STAMP] = scheduler.weight(queue)
             headers[DISPATCHED_STAMP] = wall()
+            if watch_timeouts:
+                compat.on_hard_timeout(request, lambda: write(request, queue, "failure"))
 
         if not self.follows_completion:
             # Metrics and/or telemetry: stamp and count at dispatch, nothing

@@ -88,6 +88,7 @@ def test_solo_and_threads_pools_record_in_the_main_process(
         assert row["received"] <= row["dispatched"] <= row["started"] <= row["finished"]
 
 
+@pytest.mark.compat
 def test_a_task_killed_at_the_hard_time_limit_is_recorded_by_the_main_process(
     redis_url: str, tmp_path: Path
 ) -> None:

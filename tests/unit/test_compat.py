@@ -292,3 +292,26 @@ def test_a_handler_that_reads_no_call_soon_is_reported() -> None:
     probe = compat.Probe(log=lambda line: None)
     assert not compat.backport_immediate_acks(Other(), probe)
     assert "celery.consumer.immediate_acks" in probe.missing
+
+
+def test_a_hard_timeout_is_followed_after_celery_handled_it() -> None:
+    calls: list[str] = []
+
+    class Request:
+        def on_timeout(self, soft: bool, timeout: float) -> None:
+            calls.append(f"celery soft={soft}")
+
+    request = Request()
+    compat.on_hard_timeout(request, lambda: calls.append("recorded"))
+    request.on_timeout(True, 1.0)  # soft: Celery only warns, the task runs on
+    request.on_timeout(False, 2.0)
+    assert calls == ["celery soft=True", "celery soft=False", "recorded"]
+
+
+def test_hard_timeouts_are_followed_only_where_celery_sends_no_task_failure() -> None:
+    from celery.worker.request import Request
+
+    probe = Probe(log=lambda line: None)
+    sends = "task_failure" in Request.on_timeout.__code__.co_names  # Celery >= 5.7
+    assert compat.can_follow_hard_timeouts(probe) is not sends
+    assert probe.missing == {}
