@@ -18,7 +18,10 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..keys.serving import KeyStatistics
 
 __all__ = (
     "SOJOURN_BUCKETS",
@@ -144,7 +147,8 @@ class FairCollector:
             HistogramMetricFamily,
         )
 
-        stats = self.service.statistics()
+        snapshot = self.service.snapshot()
+        stats = snapshot.scheduler
         metered = self.meter.statistics()
         labels = ["worker", "queue"]
         w = self.worker
@@ -155,7 +159,7 @@ class FairCollector:
                 metric.add_metric([w, queue], float(value))
             return metric
 
-        cost_unit = "seconds of run time" if stats["cost"] == "runtime" else "tasks"
+        cost_unit = "seconds of run time" if stats.cost == "runtime" else "tasks"
         yield family(
             CounterMetricFamily,
             "served_tasks",
@@ -172,47 +176,48 @@ class FairCollector:
             CounterMetricFamily,
             "fetched_tasks",
             "Messages fetched from the broker in DWRR order, per queue (polling brokers).",
-            stats["fetched"],
+            dict(stats.fetched),
         )
-        yield family(GaugeMetricFamily, "weight", "Weight in force, per queue.", stats["weights"])
-        drr = stats["drr"]["queues"]
+        yield family(
+            GaugeMetricFamily, "weight", "Weight in force, per queue.", dict(stats.weights)
+        )
         yield family(
             GaugeMetricFamily,
             "deficit",
             "Fetch DRR deficit, per queue (negative: a post-charged debt).",
-            {q: s["deficit"] for q, s in drr.items()},
+            {q.name: q.deficit for q in stats.drr.queues},
         )
         yield family(
             GaugeMetricFamily,
             "held_tasks",
             "Prefetched, unacknowledged messages held, per queue (polling brokers).",
-            stats["held"],
+            dict(stats.held),
         )
         yield family(
             GaugeMetricFamily,
             "buffer_tasks",
             "Tasks in the worker's buffer waiting for a pool slot, per queue.",
-            stats["waiting"],
+            dict(stats.waiting),
         )
-        codel = stats.get("codel") or {}
+        codel = snapshot.codel
         yield family(
             CounterMetricFamily,
             "codel_requeued",
             "Stale tasks CoDel sent back to the broker, per queue.",
-            codel.get("requeued_by_queue", {}),
+            dict(codel.requeued_by_queue) if codel is not None else {},
         )
         yield family(
             CounterMetricFamily,
             "codel_rejected",
             "Stale tasks CoDel rejected (dead-lettered), per queue.",
-            codel.get("rejected_by_queue", {}),
+            dict(codel.rejected_by_queue) if codel is not None else {},
         )
         dropping = GaugeMetricFamily(
             f"{PREFIX}_codel_dropping",
             "1 while CoDel finds the buffer stale (0 when off or not dropping).",
             labels=["worker"],
         )
-        dropping.add_metric([w], 1.0 if codel.get("dropping") else 0.0)
+        dropping.add_metric([w], 1.0 if codel is not None and codel.dropping else 0.0)
         yield dropping
         sojourn = HistogramMetricFamily(
             f"{PREFIX}_sojourn_seconds",
@@ -227,11 +232,10 @@ class FairCollector:
                 cumulative.append((bound, float(running)))
             sojourn.add_metric([w, queue], cumulative, metered.sojourn_sum[queue])
         yield sojourn
-        keys = stats.get("keys")
-        if keys:
-            yield from self._keys(keys)
+        if snapshot.keys is not None:
+            yield from self._keys(snapshot.keys)
 
-    def _keys(self, keys: dict[str, Any]) -> Iterator[Any]:
+    def _keys(self, keys: KeyStatistics) -> Iterator[Any]:
         """Keyed queues: served tasks per queue, and per key for the top keys only.
 
         Full per-key labels do not scale (a label set per tenant); the worker
@@ -244,7 +248,7 @@ class FairCollector:
             "Tasks fetched from a keyed queue, per queue.",
             labels=["worker", "queue"],
         )
-        for queue, count in sorted(keys["served"].items()):
+        for queue, count in sorted(keys.served.items()):
             served.add_metric([self.worker, queue], float(count))
         yield served
         top = GaugeMetricFamily(
@@ -253,7 +257,7 @@ class FairCollector:
             "key (a bounded summary: counts are halved as other keys come and go).",
             labels=["worker", "queue", "key"],
         )
-        for queue, key, count in keys["top"][:TOP_KEYS]:
+        for queue, key, count in keys.top[:TOP_KEYS]:
             top.add_metric([self.worker, queue, key], float(count))
         yield top
 

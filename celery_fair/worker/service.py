@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from time import monotonic
 from typing import Any, TypeVar
 
@@ -17,13 +17,15 @@ from .. import compat
 from ..keys import store
 from ..keys.layout import KeyedNames
 from ..keys.publish import names_for
-from ..keys.serving import KeyedServing, served_header
+from ..keys.serving import KeyedServing, KeyStatistics, served_header
+from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
-from ..scheduling.prefetch import AdaptivePrefetch
-from ..scheduling.scheduler import FairScheduler
+from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
+from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from .push_prefetch import PushWindows
-from .quarantine import Quarantine
+from .quarantine import Quarantine, QuarantineStatistics
 from .settings import FairConfigError, FairSettings, parse_weights
+from .shedding import Shedder, ShedderStatistics
 
 __all__ = ("LIVE_WEIGHTS", "FairService")
 
@@ -62,7 +64,7 @@ class FairService:
         self.cycle: DWRRCycle | None = None
         self.gate: Any = None  # a FairGate on threads/solo pools
         self.tracker: Any = None  # a TaskTracker
-        self.shedder: Any = None  # a Shedder when CoDel is on
+        self.shedder: Shedder | None = None  # when CoDel is on
         self.adaptive: AdaptivePrefetch | None = None
         self.push: PushWindows | None = None  # adaptive windows on AMQP
         self._qos: Any = None
@@ -196,6 +198,8 @@ class FairService:
         """
         can_consume = qos.can_consume
         shedder, waiting = self.shedder, self.scheduler.waiting
+        if shedder is None:
+            return
 
         def fair_can_consume() -> bool:
             if shedder.controller.dropping and len(waiting) > 0:
@@ -414,21 +418,56 @@ class FairService:
             self.scheduler.set_weights(live)
         logger.info("celery-fair: weights set live earlier, from the broker: %s", live)
 
-    def statistics(self) -> dict[str, object]:
-        """The scheduler's state as plain data."""
+    def snapshot(self) -> WorkerStatistics:
+        """The scheduler's state and every part's counters, as a frozen record."""
         window = self.cycle.window() if self.cycle is not None else None
         with self.lock:
-            stats = self.scheduler.statistics(window).as_dict()
-        stats["prefetch_windows"] = dict(self.windows)
-        stats["codel"] = self.shedder.statistics() if self.shedder is not None else None
-        if self.adaptive is not None:
-            adaptive = asdict(self.adaptive.statistics())
-            if self.push is not None:
-                adaptive.update(self.push.statistics())
-            stats["adaptive_prefetch"] = adaptive
+            scheduler = self.scheduler.statistics(window)
         fetch = self.cycle.atomic if self.cycle is not None else None
-        stats["atomic_fetch"] = asdict(fetch.statistics()) if fetch is not None else None
-        stats["compat_fallbacks"] = dict(self.probe.missing)
-        stats["keys"] = asdict(self.keyed.statistics()) if self.keyed is not None else None
-        stats["bad_input"] = asdict(self.quarantine.statistics())
+        return WorkerStatistics(
+            scheduler=scheduler,
+            prefetch_windows=dict(self.windows),
+            codel=self.shedder.statistics() if self.shedder is not None else None,
+            adaptive_prefetch=(self.adaptive.statistics() if self.adaptive is not None else None),
+            push_windows=self.push.statistics() if self.push is not None else None,
+            atomic_fetch=fetch.statistics() if fetch is not None else None,
+            compat_fallbacks=dict(self.probe.missing),
+            keys=self.keyed.statistics() if self.keyed is not None else None,
+            bad_input=self.quarantine.statistics(),
+        )
+
+    def statistics(self) -> dict[str, object]:
+        """:meth:`snapshot` as plain data (``inspect fair_stats``)."""
+        return self.snapshot().as_dict()
+
+
+@dataclass(frozen=True)
+class WorkerStatistics:
+    """A snapshot of a worker's :class:`FairService` (``inspect fair_stats``, metrics)."""
+
+    scheduler: SchedulerStatistics
+    prefetch_windows: Mapping[str, int]
+    codel: ShedderStatistics | None
+    adaptive_prefetch: PrefetchStatistics | None
+    push_windows: Mapping[str, Any] | None
+    atomic_fetch: AtomicFetchStatistics | None
+    compat_fallbacks: Mapping[str, str]
+    keys: KeyStatistics | None
+    bad_input: QuarantineStatistics
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-friendly nested data: the scheduler's fields at the top level."""
+        stats = self.scheduler.as_dict()
+        stats["prefetch_windows"] = dict(self.prefetch_windows)
+        stats["codel"] = self.codel.as_dict() if self.codel is not None else None
+        adaptive: dict[str, Any] | None = None
+        if self.adaptive_prefetch is not None:
+            adaptive = asdict(self.adaptive_prefetch)
+            adaptive.update(self.push_windows or {})
+        if adaptive is not None:
+            stats["adaptive_prefetch"] = adaptive
+        stats["atomic_fetch"] = asdict(self.atomic_fetch) if self.atomic_fetch else None
+        stats["compat_fallbacks"] = dict(self.compat_fallbacks)
+        stats["keys"] = asdict(self.keys) if self.keys is not None else None
+        stats["bad_input"] = asdict(self.bad_input)
         return stats

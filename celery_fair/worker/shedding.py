@@ -22,14 +22,15 @@ dead-letter exchange (checked at start: other brokers would drop it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .. import compat
 from ..kombu.requeue import REQUEUE_HEADER, requeue_count, return_copy
-from ..scheduling.codel import CoDelController
+from ..scheduling.codel import CoDelController, CoDelStatistics
 
-__all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder")
+__all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder", "ShedderStatistics")
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +117,10 @@ class Shedder:
         return_copy(request.message, queue, {REQUEUE_HEADER: count + 1}, front=True)
         request.acknowledge()
 
-    def statistics(self) -> dict[str, Any]:
-        stats = self.controller.statistics().as_dict()
-        stats.update(
+    def statistics(self) -> ShedderStatistics:
+        """A frozen snapshot: the CoDel state and what was returned, per queue."""
+        return ShedderStatistics(
+            controller=self.controller.statistics(),
             action=self.action,
             max_requeues=self.max_requeues,
             requeued=self.requeued,
@@ -126,6 +128,40 @@ class Shedder:
             requeued_by_queue=dict(self.requeued_by_queue),
             rejected_by_queue=dict(self.rejected_by_queue),
             kept_at_cap=self.kept,
+            errors=self.errors,
+        )
+
+
+@dataclass(frozen=True)
+class ShedderStatistics:
+    """A snapshot of a :class:`Shedder` (``inspect fair_stats`` -> ``codel``)."""
+
+    controller: CoDelStatistics
+    action: str
+    max_requeues: int
+    requeued: int
+    rejected: int
+    requeued_by_queue: Mapping[str, int]
+    rejected_by_queue: Mapping[str, int]
+    kept_at_cap: int
+    errors: int
+
+    @property
+    def dropping(self) -> bool:
+        """Whether CoDel finds the buffer stale now."""
+        return self.controller.dropping
+
+    def as_dict(self) -> dict[str, Any]:
+        """The CoDel state and these counters, flat, as JSON-friendly data."""
+        stats: dict[str, Any] = dict(self.controller.as_dict())
+        stats.update(
+            action=self.action,
+            max_requeues=self.max_requeues,
+            requeued=self.requeued,
+            rejected=self.rejected,
+            requeued_by_queue=dict(self.requeued_by_queue),
+            rejected_by_queue=dict(self.rejected_by_queue),
+            kept_at_cap=self.kept_at_cap,
             errors=self.errors,
         )
         return stats

@@ -151,3 +151,34 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
         ("celery_fair_keyed_served_tasks_total", (("queue", "jobs"), ("worker", "w@h")))
     ]
     assert served == sum(range(1, 51))
+
+
+def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
+    from celery_fair.worker.shedding import Shedder
+
+    service, meter = _service()
+    clock = iter(range(1000)).__next__
+    shedder = Shedder(None, target=0.1, interval=1.0, clock=lambda: float(clock()))
+    shedder.requeued_by_queue["a"] = 2
+    shedder.rejected_by_queue["b"] = 1
+    service.shedder = shedder
+    samples = _samples(FairCollector(service, meter, worker="w@h"))
+    assert samples[("celery_fair_codel_requeued_total", (("queue", "a"), ("worker", "w@h")))] == 2
+    assert samples[("celery_fair_codel_rejected_total", (("queue", "b"), ("worker", "w@h")))] == 1
+    assert samples[("celery_fair_codel_dropping", (("worker", "w@h"),))] == 0
+    deficits = {k for k in samples if k[0] == "celery_fair_deficit"}
+    assert {dict(labels)["queue"] for _, labels in deficits} == {"a", "b"}
+
+
+def test_fair_stats_keeps_its_fields() -> None:
+    # inspect fair_stats is read by people and scripts: the snapshot's plain
+    # form keeps every field it had.
+    service, _ = _service()
+    stats = service.statistics()
+    assert set(stats) >= {
+        "cost", "weights", "held", "credit", "cost_estimate", "fetched", "waiting", "drr",
+        "dispatch", "prefetch_windows", "codel", "atomic_fetch", "compat_fallbacks", "keys",
+        "bad_input",
+    }  # fmt: skip
+    assert set(stats["drr"]["queues"]["b"]) >= {"quantum", "deficit"}  # type: ignore[index]
+    assert stats["bad_input"] == {"parked": {}, "returned": 0, "held": 0, "errors": 0}
