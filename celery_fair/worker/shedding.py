@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .. import compat
@@ -154,16 +154,9 @@ class ShedderStatistics:
     def as_dict(self) -> dict[str, Any]:
         """The CoDel state and these counters, flat, as JSON-friendly data."""
         stats: dict[str, Any] = dict(self.controller.as_dict())
-        stats.update(
-            action=self.action,
-            max_requeues=self.max_requeues,
-            requeued=self.requeued,
-            rejected=self.rejected,
-            requeued_by_queue=dict(self.requeued_by_queue),
-            rejected_by_queue=dict(self.rejected_by_queue),
-            kept_at_cap=self.kept_at_cap,
-            errors=self.errors,
-        )
+        for name in (f.name for f in fields(self) if f.name != "controller"):
+            value = getattr(self, name)
+            stats[name] = dict(value) if isinstance(value, Mapping) else value
         return stats
 
 
