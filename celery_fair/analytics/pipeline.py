@@ -90,7 +90,11 @@ def compute(
 
     tasks = raw.transform(T.normalize, window)
     with _stage(timings, "usage"):
-        usage = tasks.transform(T.usage_by_window).cache()
+        # The usage table is windows x keys rows, read by a dozen small jobs:
+        # kept in the shuffle's partitions (200 by default on a cluster) each
+        # of them would run 200 tiny tasks. One partition per core suffices.
+        parallelism = spark.sparkContext.defaultParallelism
+        usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
         usage.count()
 
     with _stage(timings, "tables"):

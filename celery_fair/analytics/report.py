@@ -3,7 +3,8 @@
 This module creates the SparkSession (the only place outside the test
 fixture that does), runs :func:`celery_fair.analytics.pipeline.compute`,
 shapes the results per queue and per key, and writes ``report.json``, the
-PNG charts and ``report.html``. The same file runs under ``spark-submit``::
+PNG charts and ``report.html``. The same file runs under ``spark-submit``
+(see docs/analytics.md, "On a cluster")::
 
     spark-submit --master spark://host:7077 celery_fair/analytics/report.py DIR --out OUT
 """
@@ -19,7 +20,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules, findings
+if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    # spark-submit runs this file as a script, which puts this directory first
+    # on sys.path: its html.py would shadow the standard library's html (which
+    # matplotlib needs). The package is imported by its full name below.
+    del sys.path[0]
+
+from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules, findings  # noqa: E402
 
 __all__ = ("build_report", "format_summary", "register", "run", "session")
 
@@ -117,7 +124,8 @@ def session(
     """Create (or, under spark-submit, get) the SparkSession.
 
     Under ``spark-submit`` the master and the settings are spark-submit's;
-    ``master`` and ``driver_memory``, when given, still win.
+    ``master`` and ``conf``, when given, still win (``driver_memory`` cannot:
+    the driver's JVM is already running).
     """
     from pyspark.sql import SparkSession
 
