@@ -8,7 +8,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m celery_fair.demo
+	$(PY) -m bench.demo
 
 lint: setup
 	$(VENV)/bin/ruff check celery_fair tests bench examples noxfile.py

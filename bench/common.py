@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from celery_fair.showcase.ledger import spread
+from bench.showcase.ledger import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

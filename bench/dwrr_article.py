@@ -16,8 +16,8 @@ import statistics
 import sys
 from typing import Any
 
-from celery_fair.testing.harness import run_backlogged
-from celery_fair.testing.redis import RedisServer
+from bench.harness.harness import run_backlogged
+from bench.harness.redis import RedisServer
 
 from .common import environment, summary, write
 
@@ -27,7 +27,7 @@ WEIGHTS = ",".join(f"{q}={w}" for q, w in QUANTA.items())
 
 def _server(broker: str) -> Any:
     if broker == "rabbitmq":
-        from celery_fair.testing.rabbitmq import RabbitMQServer
+        from bench.harness.rabbitmq import RabbitMQServer
 
         return RabbitMQServer()
     return RedisServer()

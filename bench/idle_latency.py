@@ -24,9 +24,9 @@ from typing import Any
 
 import redis as redis_lib
 
-from celery_fair.testing.control import control_app
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.redis import RedisServer
+from bench.harness.control import control_app
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

@@ -24,10 +24,10 @@ import sys
 from collections import Counter
 from typing import Any
 
-from celery_fair.showcase.ledger import Ledger
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.keys import keyed_app, most_at_once, publish_by_key
-from celery_fair.testing.redis import RedisServer
+from bench.harness.harness import WorkerProcess
+from bench.harness.keys import keyed_app, most_at_once, publish_by_key
+from bench.harness.redis import RedisServer
+from bench.showcase.ledger import Ledger
 
 from .common import environment, summary, write
 from .keys_scale import fill, throughput

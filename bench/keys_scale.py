@@ -36,11 +36,11 @@ from typing import Any
 
 import redis as redis_lib
 
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
 from celery_fair.keys import store
 from celery_fair.keys.layout import KEY_HEADER, KEYED_HEADER, KeyedNames
 from celery_fair.kombu.atomic import FETCH_SCRIPT
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
 

@@ -25,10 +25,10 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
-from celery_fair.showcase.ledger import Ledger
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.keys import keyed_app, publish_by_key
-from celery_fair.testing.redis import RedisServer
+from bench.harness.harness import WorkerProcess
+from bench.harness.keys import keyed_app, publish_by_key
+from bench.harness.redis import RedisServer
+from bench.showcase.ledger import Ledger
 
 from .common import environment, summary, write
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import redis as redis_lib
 
-from celery_fair.testing.harness import fill_queues
-from celery_fair.testing.memory import MemoryRun, drain_and_sample
-from celery_fair.testing.redis import RedisServer, free_port
+from bench.harness.harness import fill_queues
+from bench.harness.memory import MemoryRun, drain_and_sample
+from bench.harness.redis import RedisServer, free_port
 
 from .common import environment, write
 

@@ -33,8 +33,8 @@ from kombu import Connection, Queue
 from kombu.message import Message
 from kombu.mixins import ConsumerMixin
 
+from bench.harness.brokers import publish_plain
 from celery_fair.kombu import FairConsumerMixin
-from celery_fair.testing.brokers import publish_plain
 
 from .common import environment, summary, write
 
@@ -188,12 +188,12 @@ def broker(kind: str) -> Iterator[str]:
         yield "memory://"
         return
     if kind == "redis":
-        from celery_fair.testing.redis import RedisServer
+        from bench.harness.redis import RedisServer
 
         with RedisServer() as server:
             yield server.url
         return
-    from celery_fair.testing.rabbitmq import RabbitMQServer
+    from bench.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as server:
         yield server.url

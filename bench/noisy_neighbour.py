@@ -3,7 +3,7 @@
 A flood, B heavy tasks, C tiers, D slow worker; real ``celery worker -P prefork
 -c 2`` processes on a real Redis or RabbitMQ; the modes alternate within each
 repetition. Results: ``bench/results/noisy_neighbour_<broker>.{json,md,png}``.
-The scenario logic lives in :mod:`celery_fair.showcase`.
+The scenario logic lives in :mod:`bench.showcase`.
 
     python -m bench.noisy_neighbour [--broker redis|rabbitmq] [--scenarios A,B,C,D]
                                     [--reps 3] [--quick] [--flood 20000]
@@ -17,9 +17,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from celery_fair.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, server_for
-from celery_fair.showcase.summary import markdown, summarise, write_chart
-from celery_fair.testing.redis import RedisServer
+from bench.harness.redis import RedisServer
+from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, server_for
+from bench.showcase.summary import markdown, summarise, write_chart
 
 from .common import RESULTS, environment, write
 

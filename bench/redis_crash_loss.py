@@ -34,10 +34,10 @@ from typing import Any
 
 import redis as redis_lib
 
+from bench.harness.harness import WorkerProcess, fill_queues
+from bench.harness.redis import RedisServer
 from celery_fair.keys import store
 from celery_fair.keys.layout import KeyedNames
-from celery_fair.testing.harness import WorkerProcess, fill_queues
-from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
 from .keys_scale import messages, template

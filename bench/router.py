@@ -51,9 +51,9 @@ from typing import Any
 from celery import Celery
 from scipy import stats
 
+from bench.harness.redis import RedisServer
 from celery_fair.routing import ConsistentHashRouter, HashRing
 from celery_fair.routing.ring import _probe_table, ideal_moved_fraction, key_hash
-from celery_fair.testing.redis import RedisServer
 
 from .common import environment, summary, write
 

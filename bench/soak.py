@@ -34,8 +34,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.redis import RedisServer
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
 
 from .common import environment, write
 

@@ -22,8 +22,8 @@ import sys
 import tempfile
 from typing import Any
 
-from celery_fair.testing.harness import run_backlogged
-from celery_fair.testing.redis import RedisServer
+from bench.harness.harness import run_backlogged
+from bench.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

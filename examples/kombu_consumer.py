@@ -46,7 +46,7 @@ def broker(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from celery_fair.testing.redis import RedisServer
+    from bench.harness.redis import RedisServer
 
     with RedisServer() as server:
         print(f"started redis-server on {server.url}")

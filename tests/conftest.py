@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_fair.testing.redis import RedisServer
+from bench.harness.redis import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def rabbitmq_server() -> Iterator[object]:
     """A real RabbitMQ (consistent-hash plugin enabled), one per test session."""
-    from celery_fair.testing.rabbitmq import RabbitMQServer
+    from bench.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as server:
         yield server

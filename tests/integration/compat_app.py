@@ -18,7 +18,7 @@ import os
 import celery.worker.components as components
 from kombu.transport import TRANSPORT_ALIASES
 
-from celery_fair.testing.workload import app
+from bench.harness.workload import app
 
 __all__ = ("app",)
 

@@ -15,10 +15,10 @@ import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from bench.harness.harness import WorkerProcess, fill_queues
+from bench.harness.redis import RedisServer
 from celery_fair.kombu.cycle import install_on_channel
 from celery_fair.scheduling.scheduler import FairScheduler
-from celery_fair.testing.harness import WorkerProcess, fill_queues
-from celery_fair.testing.redis import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -73,7 +73,7 @@ def test_an_idle_worker_is_woken_by_the_broker_not_by_a_timeout(redis_url: str) 
     env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_POLL": "60"}
     client = redis_lib.Redis.from_url(redis_url)
     with WorkerProcess(redis_url, ["idle"], env=env) as worker:
-        from celery_fair.testing.control import control_app
+        from bench.harness.control import control_app
 
         app = control_app(redis_url)
 

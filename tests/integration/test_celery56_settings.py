@@ -19,8 +19,8 @@ import pytest
 import redis as redis_lib
 from celery import __version__ as celery_version
 
-from celery_fair.testing.control import control_app, wait_fair_stats
-from celery_fair.testing.harness import WorkerProcess, fill_queues, run_backlogged
+from bench.harness.control import control_app, wait_fair_stats
+from bench.harness.harness import WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = [
     pytest.mark.integration,

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from celery_fair.testing.harness import WorkerProcess, fill_queues
-from celery_fair.testing.redis import RedisSentinel, RedisServer
+from bench.harness.harness import WorkerProcess, fill_queues
+from bench.harness.redis import RedisSentinel, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

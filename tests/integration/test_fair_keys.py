@@ -16,11 +16,11 @@ import redis as redis_lib
 from celery import Celery
 
 import celery_fair
+from bench.harness.control import wait_fair_stats
+from bench.harness.harness import WorkerProcess
+from bench.harness.keys import keyed_app, publish_by_key
+from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
-from celery_fair.showcase.ledger import Entry, Ledger
-from celery_fair.testing.control import wait_fair_stats
-from celery_fair.testing.harness import WorkerProcess
-from celery_fair.testing.keys import keyed_app, publish_by_key
 
 pytestmark = [pytest.mark.integration]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from celery_fair.testing.harness import fill_queues
-from celery_fair.testing.memory import drain_and_sample
-from celery_fair.testing.redis import free_port
+from bench.harness.harness import fill_queues
+from bench.harness.memory import drain_and_sample
+from bench.harness.redis import free_port
 
 pytestmark = pytest.mark.integration
 

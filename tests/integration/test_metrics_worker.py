@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
-from celery_fair.testing.harness import WorkerProcess, fill_queues
-from celery_fair.testing.redis import free_port
+from bench.harness.harness import WorkerProcess, fill_queues
+from bench.harness.redis import free_port
 
 pytestmark = pytest.mark.integration
 prometheus_client = pytest.importorskip("prometheus_client")

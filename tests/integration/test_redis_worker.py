@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from celery_fair.testing.control import wait_fair_stats
-from celery_fair.testing.harness import WorkerProcess, fill_queues, run_backlogged
+from bench.harness.control import wait_fair_stats
+from bench.harness.harness import WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -102,7 +102,7 @@ def test_bad_settings_stop_the_worker_at_start(
 def test_weights_change_at_run_time(redis_url: str) -> None:
     import redis
 
-    from celery_fair.testing.control import control_app
+    from bench.harness.control import control_app
 
     fill_queues(redis_url, {"a": 2000, "b": 2000}, task="nap", args=(5,))
     client = redis.Redis.from_url(redis_url)

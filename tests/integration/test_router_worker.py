@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import redis
 
-from celery_fair.testing.redis import RedisServer
+from bench.harness.redis import RedisServer
 
 pytestmark = pytest.mark.integration
 

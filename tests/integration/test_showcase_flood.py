@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
-from celery_fair.showcase.layout import MODES, SHARED_QUEUE, TenantLayout, TenantProducer
-from celery_fair.showcase.ledger import Entry, Ledger
-from celery_fair.testing.harness import WorkerProcess
+from bench.harness.harness import WorkerProcess
+from bench.showcase.layout import MODES, SHARED_QUEUE, TenantLayout, TenantProducer
+from bench.showcase.ledger import Entry, Ledger
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from celery_fair.testing.control import control_app
-from celery_fair.testing.harness import WorkerProcess
+from bench.harness.control import control_app
+from bench.harness.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from celery_fair.testing.harness import run_backlogged
+from bench.harness.harness import run_backlogged
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +63,8 @@ def test_revoked_and_expired_tasks_are_recorded(redis_url: str, tmp_path: Path) 
 
     import redis as redis_lib
 
-    from celery_fair.testing.control import control_app
-    from celery_fair.testing.harness import WorkerProcess
+    from bench.harness.control import control_app
+    from bench.harness.harness import WorkerProcess
 
     app = control_app(redis_url)
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from celery_fair.showcase.flood import FloodParams, analyse_flood
-from celery_fair.showcase.layout import MODES, SHARED_QUEUE, TenantLayout
-from celery_fair.showcase.ledger import Entry, percentile, spread
-from celery_fair.showcase.summary import markdown, summarise, terminal
+from bench.showcase.flood import FloodParams, analyse_flood
+from bench.showcase.layout import MODES, SHARED_QUEUE, TenantLayout
+from bench.showcase.ledger import Entry, percentile, spread
+from bench.showcase.summary import markdown, summarise, terminal
 
 LAYOUT = TenantLayout.build(shards=4, quiet=6)
 FLOOD_AT = 100.0

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from celery_fair.testing.redis import free_port
+from bench.harness.redis import free_port
 
 __all__ = ("RabbitMQServer",)
 

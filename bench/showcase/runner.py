@@ -126,10 +126,10 @@ class Live:
 def server_for(broker: str) -> Any:
     """A fresh broker server: ``RedisServer`` or ``RabbitMQServer`` (not started)."""
     if broker == "rabbitmq":
-        from celery_fair.testing.rabbitmq import RabbitMQServer
+        from bench.harness.rabbitmq import RabbitMQServer
 
         return RabbitMQServer()
-    from celery_fair.testing.redis import RedisServer
+    from bench.harness.redis import RedisServer
 
     return RedisServer()
 

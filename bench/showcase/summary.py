@@ -1,9 +1,9 @@
 """Medians over repetitions with spread, Markdown tables and the quiet-tenant chart.
 
 Input: ``runs[scenario][mode]``, a list with one record per repetition as
-returned by :func:`~celery_fair.showcase.flood.run_flood` (A, D),
-:func:`~celery_fair.showcase.shares.run_heavy` (B) and
-:func:`~celery_fair.showcase.shares.run_tiers` (C).
+returned by :func:`~bench.showcase.flood.run_flood` (A, D),
+:func:`~bench.showcase.shares.run_heavy` (B) and
+:func:`~bench.showcase.shares.run_tiers` (C).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Scenarios A and D: one tenant floods while quiet tenants trickle.
 
-One run, for one mode (:data:`~celery_fair.showcase.layout.MODES`):
+One run, for one mode (:data:`~bench.showcase.layout.MODES`):
 
 1. start ``workers`` real ``celery worker -P prefork`` processes on the
    mode's queues and wait until they log ``ready``;
@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from celery_fair.testing.brokers import broker_for
-from celery_fair.testing.harness import WorkerProcess
+from bench.harness.brokers import broker_for
+from bench.harness.harness import WorkerProcess
 
 from .layout import (
     AUTO_ISOLATED_QUEUE,

@@ -25,7 +25,7 @@ from .brokers import broker_for
 
 __all__ = ("RunResult", "WorkerProcess", "fill_queues", "run_backlogged")
 
-WORKLOAD = "celery_fair.testing.workload"
+WORKLOAD = "bench.harness.workload"
 
 
 def fill_queues(

@@ -2,7 +2,7 @@
 
 Starts its own ``redis-server`` on a free loopback port (and a second one
 for the run ledger), then runs short versions of the four scenarios of
-:mod:`celery_fair.showcase` with real ``celery worker -P prefork -c 2``
+:mod:`bench.showcase` with real ``celery worker -P prefork -c 2``
 processes, plain Celery and celery-fair side by side:
 
 A. a flood: one tenant bursts 3,000 tasks while 20 quiet tenants trickle;
@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase
-from .showcase.summary import markdown, summarise, terminal, write_chart
-from .testing.redis import RedisServer
+from bench.harness.redis import RedisServer
+from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase
+from bench.showcase.summary import markdown, summarise, terminal, write_chart
 
 
 def _explain(config: ShowcaseConfig) -> list[str]:

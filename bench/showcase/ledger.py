@@ -90,7 +90,7 @@ class Ledger:
     ) -> bool:
         """Poll until ``n`` runs are recorded; ``False`` at the deadline.
 
-        ``alive`` are :class:`~celery_fair.testing.harness.WorkerProcess`
+        ``alive`` are :class:`~bench.harness.harness.WorkerProcess`
         objects that must keep running; one that exits raises with its log.
         """
         workers = list(alive)
