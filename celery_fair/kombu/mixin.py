@@ -37,8 +37,9 @@ from kombu.message import Message
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.mixins import ConsumerMixin
 
-from ..scheduling.codel import CoDelController, CoDelStatistics
+from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelController, CoDelStatistics
 from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
+from ..scheduling.scheduler import COST_MODES, CostMode
 from .requeue import REQUEUE_HEADER, requeue_count, return_copy
 
 __all__ = (
@@ -55,14 +56,10 @@ logger = logging.getLogger(__name__)
 
 #: ``handler(queue_name, body, message)``; the mixin acks when it returns.
 Handler = Callable[[str, Any, Message], None]
-CostMode = Literal["count", "runtime"]
 ErrorPolicy = Literal["reject", "requeue", "raise"]
-CoDelAction = Literal["requeue", "reject"]
 #: Queues (names or :class:`kombu.Queue` objects) with their weights.
 QueueWeights = Mapping[str, float] | Mapping[Queue, float] | Iterable[tuple[str | Queue, float]]
-COST_MODES: tuple[str, ...] = ("count", "runtime")
 ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
-CODEL_ACTIONS: tuple[str, ...] = ("requeue", "reject")
 
 #: Default total window per consumed queue (split between them by weight).
 WINDOW_PER_QUEUE = 25

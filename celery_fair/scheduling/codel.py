@@ -48,9 +48,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
-__all__ = ("CoDelController", "CoDelStatistics")
+__all__ = ("CODEL_ACTIONS", "CoDelAction", "CoDelController", "CoDelStatistics")
+
+#: What happens to a task CoDel drops: sent back to its queue (with a count),
+#: or rejected without requeue (dead-lettered where the broker does that).
+CoDelAction = Literal["requeue", "reject"]
+CODEL_ACTIONS: tuple[CoDelAction, ...] = ("requeue", "reject")
 
 # RFC 8289 §5.5: re-entering the dropping state less than this many
 # intervals after the last scheduled drop resumes the previous drop rate.

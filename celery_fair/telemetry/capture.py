@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..scheduling.scheduler import COST_MODES
+
 if TYPE_CHECKING:
     from celery_fair.telemetry.schema import TaskRecord
 
@@ -63,8 +65,8 @@ class EventCapture:
         cost: str = "runtime",
         max_pending: int = 100_000,
     ) -> None:
-        if cost not in ("runtime", "count"):
-            raise ValueError(f"cost={cost!r}: must be 'runtime' or 'count'")
+        if cost not in COST_MODES:
+            raise ValueError(f"cost={cost!r}: must be one of {', '.join(COST_MODES)}")
         self.sink = sink
         self.weights = dict(weights or {})
         self.cost = cost
@@ -203,7 +205,7 @@ def register(subparsers: Any) -> None:
         "--weights", type=parse_queue_weights, default=None, help="q=weight pairs (targets)"
     )
     parser.add_argument(
-        "--cost", choices=("runtime", "count"), default="runtime", help="cost charged per task"
+        "--cost", choices=COST_MODES, default="runtime", help="cost charged per task"
     )
     parser.add_argument(
         "--enable-events", action="store_true", help="ask running workers to send task events"

@@ -16,6 +16,7 @@ import click
 from celery.exceptions import ImproperlyConfigured
 
 from ..keys.limits import KeyLimits
+from ..scheduling.codel import CODEL_ACTIONS
 from ..scheduling.scheduler import COST_MODES, CostMode
 
 __all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_pairs", "parse_weights")
@@ -46,8 +47,6 @@ DEFAULTS: dict[str, Any] = {
     "fair_unknown_task_delay": 10.0,
     "fair_unknown_task_max_returns": 30,
 }
-
-CODEL_ACTIONS = ("requeue", "reject")
 
 
 class FairConfigError(ImproperlyConfigured, click.ClickException):
