@@ -76,7 +76,9 @@ class FairWorkerStep(bootsteps.StartStopStep):
         service: FairService = w.fair
         tracker: TaskTracker = service.tracker
         compat.probe_worker(w, service.probe)
-        threaded = compat.dispatches_directly(w)
+        # threads, solo, gevent, eventlet: received tasks go straight to the
+        # pool (Celery may still create a semaphore for its event loop: unused).
+        direct = compat.dispatches_directly(w)
         # The tracker reads its writer at call time: the writer is opened in
         # start(), after the pool has forked its children.
         directory = service.settings.telemetry_dir
@@ -86,17 +88,16 @@ class FairWorkerStep(bootsteps.StartStopStep):
                 w, directory, runtime_cost=service.settings.cost == "runtime"
             )
         process = tracker.wrap_dispatch(compat.dispatch_of(w))
-        if getattr(w, "semaphore", None) is not None:
-            # prefork: tasks waiting for a slot wait in the semaphore.
-            install_on_semaphore(w.semaphore, service)
-            compat.set_dispatch(w, process)
-            w.process_task = tracker.wrap_receive(w.process_task)
-        if threaded:
-            # threads/solo call _process_task directly: add a fair wait.
+        compat.set_dispatch(w, process)
+        if direct:
+            # No semaphore wait on the way to the pool: add a fair one.
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
             service.gate = FairGate(service, slots)
-            compat.set_dispatch(w, process)
             w.process_task = tracker.wrap_receive(service.gate.wrap(process, w.pool))
+        elif getattr(w, "semaphore", None) is not None:
+            # prefork: tasks waiting for a slot wait in the semaphore.
+            install_on_semaphore(w.semaphore, service)
+            w.process_task = tracker.wrap_receive(w.process_task)
 
     def start(self, w: Any) -> None:
         service: FairService = w.fair
