@@ -845,3 +845,24 @@ def on_hard_timeout(request: Any, callback: Callable[[], None]) -> None:
                 callback()
 
     request.on_timeout = on_timeout
+
+
+def hold_fetch_while(qos: Any, hold: Callable[[], bool]) -> bool:
+    """Make a Kombu virtual QoS refuse to fetch while ``hold()`` is true.
+
+    Kombu's virtual transports (Redis, memory) ask ``QoS.can_consume()``
+    before each fetch (Redis holds back a pending reply while it is false).
+    Used while CoDel finds a buffer stale: otherwise the slot freed by each
+    returned message is refilled at once, often with the message just
+    returned (on Redis it is first in line).  False, doing nothing, for a
+    QoS without ``can_consume`` (RabbitMQ pushes).
+    """
+    can_consume = getattr(qos, "can_consume", None)
+    if can_consume is None:
+        return False
+
+    def fair_can_consume() -> bool:
+        return not hold() and bool(can_consume())
+
+    qos.can_consume = fair_can_consume
+    return True

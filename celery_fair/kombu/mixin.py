@@ -37,6 +37,7 @@ from kombu.message import Message
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.mixins import ConsumerMixin
 
+from .. import compat
 from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelController, CoDelStatistics
 from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
 from ..scheduling.scheduler import COST_MODES, CostMode
@@ -399,24 +400,12 @@ class FairConsumerMixin(ConsumerMixin):
             self.on_consume_end(conn, default_channel)
 
     def _hold_fetch_while_dropping(self, channel: Any) -> None:
-        # A consumer whose buffer CoDel finds stale fetches nothing more, or
-        # the slot freed by each returned message is refilled at once, often
-        # with the message just returned (on Redis it is first in line).
-        # Kombu's virtual transports (Redis, memory) ask can_consume() before
-        # each fetch; RabbitMQ pushes, and its returned copies join the back
-        # of the queue instead.
+        # RabbitMQ pushes, and its returned copies join the back of the queue.
         codel = self._codel
-        qos: Any = getattr(channel, "qos", None) if codel is not None else None
-        can_consume = getattr(qos, "can_consume", None)
-        if codel is None or can_consume is None:
-            return
-
-        def fair_can_consume() -> bool:
-            if codel.dropping and self._buffered:
-                return False
-            return bool(can_consume())
-
-        qos.can_consume = fair_can_consume
+        if codel is not None:
+            compat.hold_fetch_while(
+                getattr(channel, "qos", None), lambda: codel.dropping and bool(self._buffered)
+            )
 
     def _on_delivery(self, name: str, body: Any, message: Message) -> None:
         with self._lock:

@@ -188,25 +188,11 @@ class FairService:
         )
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
-        """A worker whose buffer CoDel finds stale fetches nothing more.
-
-        Otherwise the slot freed by each returned task is refilled at once,
-        often with the very task just returned (it is first in line), and the
-        tasks bounce instead of reaching an idle worker.  Kombu's Redis
-        transport asks ``can_consume()`` before every BRPOP (and holds back a
-        pending reply while it is false).
-        """
-        can_consume = qos.can_consume
+        """A worker whose buffer CoDel finds stale fetches nothing more."""
         shedder, waiting = self.shedder, self.scheduler.waiting
-        if shedder is None:
-            return
-
-        def fair_can_consume() -> bool:
-            if shedder.controller.dropping and len(waiting) > 0:
-                return False
-            return bool(can_consume())
-
-        qos.can_consume = fair_can_consume
+        if shedder is not None:
+            controller = shedder.controller
+            compat.hold_fetch_while(qos, lambda: controller.dropping and len(waiting) > 0)
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
