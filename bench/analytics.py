@@ -6,13 +6,23 @@ written to a temporary directory (not timed), then the whole pipeline runs
 on it ``--reps`` times in one ``local[2]`` session. The anchor measured in
 the same run is a bare scan of the same files (``count()`` of every
 column), so the ratio pipeline / scan says what the analysis adds to
-reading the data. Also measured: the cost of ``TelemetryWriter.record``
-(what the worker pays per task) with its background thread writing.
+reading the data. "Past start-up" is the marginal rate between the smallest
+and the largest size, (n_max - n_min) / (t_max - t_min): what each further
+record costs once Spark's fixed costs are paid. Also measured: the cost of
+``TelemetryWriter.record`` (what the worker pays per task) with its
+background thread writing.
+
+``--baseline FILE`` puts an earlier run's JSON (for example the code before
+a change, run just before in the same conditions) beside this one.
+``--cluster`` runs the pipeline on a standalone Spark cluster started for
+the run (one worker, 1 core, 1 GiB; ``celery_fair.analytics.standalone``)
+instead of ``--master``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import tempfile
@@ -22,7 +32,7 @@ from typing import Any
 
 from bench.common import environment, summary, write
 
-STAGES = ("load", "shares", "fairness", "latency", "codel", "skew")
+STAGES = ("span", "usage", "tables", "latency")
 
 
 def _scan(spark: Any, path: str) -> float:
@@ -52,7 +62,7 @@ def bench_size(spark: Any, n: int, reps: int, tmp: Path) -> dict[str, Any]:
         data = compute(spark, str(path))
         totals.append(time.perf_counter() - t0)
         for s in STAGES:
-            stages[s].append(data["timings"][s])
+            stages[s].append(data["timings"].get(s, float("nan")))
         print(f"  {n:>11,} rep {rep + 1}/{reps}: {totals[-1]:.1f}s (scan {scans[-1]:.1f}s)")
     shutil.rmtree(path, ignore_errors=True)
     return {
@@ -87,12 +97,53 @@ def bench_writer(records: int = 200_000, reps: int = 5) -> dict[str, Any]:
     return {"ns_per_record_call": summary(per_call), "records_per_second_to_disk": summary(drained)}
 
 
+def past_start_up(sizes: list[dict[str, Any]]) -> float | None:
+    """Marginal records per second between the smallest and the largest size."""
+    if len(sizes) < 2:
+        return None
+    a, b = sizes[0], sizes[-1]
+    extra = b["total_seconds"]["median"] - a["total_seconds"]["median"]
+    return (b["records"] - a["records"]) / extra if extra > 0 else None
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _baseline(data: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    by_size = {r["records"]: r for r in before["sizes"]}
+    lines = [
+        "",
+        f"Before (`{before['command']}` at {before.get('label') or 'the baseline'}, "
+        f"{before['environment']['when']}) against this run:",
+        "",
+        "| records | before s | after s | before events/s | after events/s | speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["sizes"]:
+        b = by_size.get(r["records"])
+        if b is None:
+            continue
+        t0, t1 = b["total_seconds"]["median"], r["total_seconds"]["median"]
+        lines.append(
+            f"| {r['records']:,} | {t0:.1f} | {t1:.1f} | {b['events_per_second']:,.0f} | "
+            f"{r['events_per_second']:,.0f} | {t0 / t1:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Past start-up: before {_rate(past_start_up(before['sizes']))} events/s, "
+        f"after {_rate(data['past_start_up'])} events/s.",
+    ]
+    return lines
+
+
 def _markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Analytics: Spark report throughput",
         "",
         f"`{data['command']}` on {data['master']} ({data['environment']['cpus']} CPUs, "
-        f"spark.driver.memory {data['driver_memory']}), {data['environment']['when']}.",
+        f"spark.driver.memory {data['driver_memory']}), {data['environment']['when']}"
+        + (f", code at {data['label']}." if data.get("label") else "."),
         "Synthetic telemetry, 4 queues x 50 keys; medians over repetitions, "
         "spread = (max-min)/median.",
         "",
@@ -112,6 +163,13 @@ def _markdown(data: dict[str, Any]) -> str:
     lines += ["", "Scaling (time ~ size^k between consecutive sizes):", ""]
     for a, b, k in data["scaling"]:
         lines.append(f"- {a:,} -> {b:,} records: k = {k:.2f}")
+    lines += [
+        "",
+        f"Past start-up ({data['sizes'][0]['records']:,} -> {data['sizes'][-1]['records']:,} "
+        f"records): {_rate(data['past_start_up'])} events/s.",
+    ]
+    if data.get("baseline"):
+        lines += _baseline(data, data["baseline"])
     w = data["writer"]
     lines += [
         "",
@@ -131,39 +189,58 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,1000000,10000000")
     parser.add_argument("--reps", default="3,3,1", help="repetitions per size")
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--cluster", action="store_true", help="on a 1-core standalone cluster")
+    parser.add_argument("--baseline", default=None, help="an earlier run's JSON, shown beside")
+    parser.add_argument("--label", default="", help="what code was measured (a commit)")
+    parser.add_argument("--name", default="analytics", help="result file name in bench/results")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     reps = [int(r) for r in args.reps.split(",")]
     reps += [reps[-1]] * (len(sizes) - len(reps))
 
+    from contextlib import ExitStack
+
     from celery_fair.analytics.report import session
+    from celery_fair.analytics.standalone import StandaloneCluster
 
     writer = bench_writer()
     print(f"writer: {writer['ns_per_record_call']['median']:.0f} ns per record()")
-    spark = session(args.master, args.driver_memory)
-    spark.sparkContext.setLogLevel("ERROR")
     results = []
-    with tempfile.TemporaryDirectory(prefix="celery-fair-bench-") as tmp:
+    with ExitStack() as stack:
+        master, conf = args.master, {}
+        if args.cluster:
+            cluster = stack.enter_context(StandaloneCluster(cores=1, memory="1g"))
+            master, conf = cluster.url, {"spark.executor.memory": "512m"}
+            # The driver binds to loopback too, where the cluster can reach it.
+            conf["spark.driver.host"] = "127.0.0.1"
+        spark = session(master, args.driver_memory, conf)
+        spark.sparkContext.setLogLevel("ERROR")
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="celery-fair-bench-"))
         for n, r in zip(sizes, reps, strict=True):
             results.append(bench_size(spark, n, r, Path(tmp)))
-    spark.stop()
+        spark.stop()
     scaling = [
         (a["records"], b["records"],
          math.log(b["total_seconds"]["median"] / a["total_seconds"]["median"])
          / math.log(b["records"] / a["records"]))
         for a, b in zip(results, results[1:], strict=False)
     ]  # fmt: skip
+    command = f"python -m bench.analytics --sizes {args.sizes} --reps {args.reps}"
+    command += " --cluster" if args.cluster else ""
     data = {
-        "command": "python -m bench.analytics --sizes " + args.sizes + " --reps " + args.reps,
-        "master": args.master,
+        "command": command,
+        "label": args.label,
+        "master": "standalone cluster, 1 worker, 1 core, 1 GiB" if args.cluster else args.master,
         "driver_memory": args.driver_memory,
         "environment": environment(),
         "sizes": results,
         "scaling": scaling,
+        "past_start_up": past_start_up(results),
         "writer": writer,
+        "baseline": json.loads(Path(args.baseline).read_text()) if args.baseline else None,
     }
-    write("analytics", data, _markdown(data))
+    write(args.name, data, _markdown(data))
     print(_markdown(data))
 
 

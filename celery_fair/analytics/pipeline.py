@@ -35,8 +35,12 @@ def read_telemetry(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.schema(spark_ddl()).option("recursiveFileLookup", "true").parquet(path)
 
 
-def _rows(df: DataFrame) -> list[dict[str, Any]]:
-    return [row.asDict() for row in df.collect()]
+def _rows(df: DataFrame, order: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Collect a small result; sorted here, since orderBy would cost a sampling job."""
+    rows = [row.asDict() for row in df.collect()]
+    if order:
+        rows.sort(key=lambda r: tuple((r[c] is None, r[c]) for c in order))
+    return rows
 
 
 def auto_window(span: float, windows: int = 60) -> float:
@@ -45,6 +49,22 @@ def auto_window(span: float, windows: int = 60) -> float:
         if span / size <= windows:
             return float(size)
     return float(math.ceil(span / windows))
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Set runtime SQL settings for a block, then restore the caller's."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
 
 
 @contextmanager
@@ -97,35 +117,40 @@ def compute(
         usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
         usage.count()
 
-    with _stage(timings, "tables"):
+    # The tables below are computed from the small usage table: a dozen jobs
+    # whose cost is Spark's per-job overhead. Adaptive execution re-plans
+    # every shuffle (built for large ones) and doubles it; one shuffle
+    # partition per core is plenty for windows x keys rows.
+    small = {
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": str(parallelism),
+    }
+    with _stage(timings, "tables"), _session_conf(spark, small):
         shares = usage.transform(T.queue_shares).cache()
         out["queue_shares"] = _rows(shares)
         keys = usage.transform(T.key_shares).cache()
         top = keys.transform(T.top_keys, max_keys).cache()
         out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
-        out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window).orderBy("window"))
+        out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
         out["jain_keys"] = _rows(
-            usage.transform(T.served_by_window, "fair_key")
-            .transform(T.jain_by_window)
-            .orderBy("window")
+            usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window),
+            ("window", "queue"),
         )
-        out["throughput"] = _rows(
-            by_queue.transform(T.throughput, window).orderBy("window", "entity")
-        )
+        out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
         out["codel"] = _rows(usage.transform(T.codel_rates))
         out["skew"] = _rows(usage.transform(T.routing_skew, shares))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["noisy_windows"] = _rows(
-            usage.transform(T.noisy_windows, window, rules).orderBy("window")
+            usage.transform(T.noisy_windows, window, rules), ("window", "queue", "fair_key")
         )
 
     with _stage(timings, "latency"):
         latency = tasks.transform(T.latency_percentiles, ("queue",)).cache()
         out["queue_latency"] = _rows(latency)
         out["recommendations"] = _rows(latency.transform(T.recommendations))
-        chosen = tasks.join(F.broadcast(top.select("queue", "fair_key")), ["queue", "fair_key"])
+        chosen = tasks.join(F.broadcast(top), ["queue", "fair_key"], "left_semi")
         out["key_latency"] = _rows(chosen.transform(T.latency_percentiles, ("queue", "fair_key")))
 
     for df in (usage, shares, keys, top, by_queue, latency):

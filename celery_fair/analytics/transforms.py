@@ -49,8 +49,10 @@ __all__ = (
 RAN: tuple[str, ...] = ("success", "failure", "retry")
 PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 NO_KEY = "(none)"
-#: Relative error of ``percentile_approx`` is 1 / ACCURACY.
-ACCURACY = 10_000
+#: ``percentile_approx``'s rank error is 1 / ACCURACY: a p99 lies between the
+#: p98.9 and the p99.1. 10,000 cost twice the time of the whole percentile
+#: pass for a precision no latency figure needs.
+ACCURACY = 1_000
 
 
 def _pct_name(p: float) -> str:
