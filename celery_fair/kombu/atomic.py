@@ -145,9 +145,6 @@ return nil
 """
 )
 
-#: Where a payload that cannot be decoded is kept (a Redis list per queue).
-MALFORMED_SUFFIX = PARKING_SUFFIX
-
 #: Without an invalidation listener, an idle fetch polls this often (seconds).
 POLL_WAIT = 0.05
 
@@ -425,7 +422,7 @@ class AtomicFetch:
         found = self._malformed.get(key)
         if found is None:
             queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
-            found = self._malformed[key] = self._prefix + queue + MALFORMED_SUFFIX
+            found = self._malformed[key] = self._prefix + queue + PARKING_SUFFIX
         return found
 
     def _report_malformed(self, queue: str, item: Any) -> None:
@@ -452,7 +449,7 @@ def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
     cycle.last_fetched = None
     logger.error(
         "celery-fair: undecodable message on queue %r moved to %r: %r",
-        queue, queue + MALFORMED_SUFFIX, item[:200],
+        queue, queue + PARKING_SUFFIX, item[:200],
     )  # fmt: skip
 
 

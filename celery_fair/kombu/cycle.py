@@ -23,11 +23,11 @@ from kombu.transport.virtual import QoS as VirtualQoS
 
 from .. import compat
 from ..keys.serving import KeyedServing
-from ..parking.records import NOT_A_MESSAGE, encode_record
+from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX, encode_record
 from ..scheduling.scheduler import FairScheduler
-from .atomic import MALFORMED_SUFFIX, AtomicFetch, install_atomic_fetch, malformed_moved
+from .atomic import AtomicFetch, install_atomic_fetch, malformed_moved
 
-__all__ = ("MALFORMED_SUFFIX", "DWRRCycle", "install_on_channel")
+__all__ = ("DWRRCycle", "install_on_channel")
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
                 None, reason=NOT_A_MESSAGE, parked_at=time.time(), queue=queue, raw=raw
             )
             with compat.redis_client(channel) as conn:
-                conn.lpush(prefix + queue + MALFORMED_SUFFIX, record)
+                conn.lpush(prefix + queue + PARKING_SUFFIX, record)
             malformed_moved(cycle, queue, item)
             raise Empty() from None
 
