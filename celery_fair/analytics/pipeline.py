@@ -15,6 +15,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from celery_fair.analytics import quantiles as Q
 from celery_fair.analytics import transforms as T
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 from celery_fair.telemetry.schema import SCHEMA
@@ -86,10 +87,10 @@ def compute(
     """Compute every figure of the report; returns plain lists of row dicts.
 
     Three passes over the telemetry: the time span (three columns, to size
-    the windows), ``usage_by_window`` (every additive figure, cached: it is
-    windows x keys rows, not records) and the latency percentiles. Every
-    other table is computed from the cached usage. Per key, only the
-    ``max_keys`` most served keys of each queue are collected.
+    the windows), ``usage_by_window`` (every additive figure) and the latency
+    histograms, both cached: they are windows x keys and buckets x keys rows,
+    not records. Every other table is computed from those two. Per key, only
+    the ``max_keys`` most served keys of each queue are collected.
     """
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
@@ -147,13 +148,19 @@ def compute(
         )
 
     with _stage(timings, "latency"):
-        latency = tasks.transform(T.latency_percentiles, ("queue",)).cache()
-        out["queue_latency"] = _rows(latency)
-        out["recommendations"] = _rows(latency.transform(T.recommendations))
-        chosen = tasks.join(F.broadcast(top), ["queue", "fair_key"], "left_semi")
-        out["key_latency"] = _rows(chosen.transform(T.latency_percentiles, ("queue", "fair_key")))
+        # Keys beyond the shown ones share one histogram row per bucket; when
+        # every key is shown, no per-row lookup is needed to tell them apart.
+        every_key = all(r["keys_in_queue"] <= max_keys for r in out["key_shares"])
+        shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
+        histograms = tasks.transform(Q.latency_histograms, shown).coalesce(parallelism).cache()
+        histograms.count()
+        with _session_conf(spark, small):
+            latency = histograms.transform(Q.quantiles, ("queue",)).cache()
+            out["queue_latency"] = _rows(latency)
+            out["recommendations"] = _rows(latency.transform(T.recommendations))
+            out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
 
-    for df in (usage, shares, keys, top, by_queue, latency):
+    for df in (usage, shares, keys, top, by_queue, histograms, latency):
         df.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():

@@ -12,8 +12,8 @@ laptop and on a cluster. They compose with ``DataFrame.transform``::
 ``normalize`` is the only transform that reads the telemetry schema. Two
 read its task rows, and they are the only ones that touch every record:
 ``usage_by_window`` (every additive figure, at the finest grain the report
-needs: window x queue x key) and ``latency_percentiles``. The others read
-``usage_by_window``'s small table, so adding a figure costs no pass over
+needs: window x queue x key) and ``quantiles.latency_histograms``. The
+others read those two small tables, so adding a figure costs no pass over
 the data.
 """
 
@@ -25,13 +25,11 @@ from pyspark.sql import functions as F
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 
 __all__ = (
-    "PERCENTILES",
     "RAN",
     "codel_rates",
     "hot_keys",
     "jain_by_window",
     "key_shares",
-    "latency_percentiles",
     "noisy_keys",
     "noisy_windows",
     "normalize",
@@ -47,16 +45,7 @@ __all__ = (
 
 #: Outcomes of tasks that ran on the pool (and were charged).
 RAN: tuple[str, ...] = ("success", "failure", "retry")
-PERCENTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 NO_KEY = "(none)"
-#: ``percentile_approx``'s rank error is 1 / ACCURACY: a p99 lies between the
-#: p98.9 and the p99.1. 10,000 cost twice the time of the whole percentile
-#: pass for a precision no latency figure needs.
-ACCURACY = 1_000
-
-
-def _pct_name(p: float) -> str:
-    return f"p{round(p * 100):d}"
 
 
 def ratio(numerator: Column, denominator: Column) -> Column:
@@ -290,34 +279,6 @@ def throughput(served: DataFrame, window_seconds: float) -> DataFrame:
     )
 
 
-def latency_percentiles(tasks: DataFrame, by: tuple[str, ...] = ("queue",)) -> DataFrame:
-    """Per ``by`` group: p50/p95/p99 of wait and buffer sojourn, run-time figures.
-
-    Also ``runtime_p50`` (the service time), ``runtime_p99`` (the worst normal
-    task) and ``transfer_p05`` (publish -> receive when the queue is short, the
-    round trip estimate), all from ``percentile_approx``.
-    """
-    ps = list(PERCENTILES)
-    stats = tasks.groupBy(*by).agg(
-        F.count(F.lit(1)).alias("records"),
-        F.percentile_approx("wait", ps, ACCURACY).alias("wait_q"),
-        F.percentile_approx("sojourn", ps, ACCURACY).alias("sojourn_q"),
-        F.percentile_approx("runtime", [0.5, 0.99], ACCURACY).alias("runtime_q"),
-        F.percentile_approx("transfer", 0.05, ACCURACY).alias("transfer_p05"),
-    )
-    wait = [F.col("wait_q")[i].alias(f"wait_{_pct_name(p)}") for i, p in enumerate(ps)]
-    sojourn = [F.col("sojourn_q")[i].alias(f"sojourn_{_pct_name(p)}") for i, p in enumerate(ps)]
-    return stats.select(
-        *by,
-        "records",
-        *wait,
-        *sojourn,
-        F.col("runtime_q")[0].alias("runtime_p50"),
-        F.col("runtime_q")[1].alias("runtime_p99"),
-        "transfer_p05",
-    )
-
-
 def codel_rates(usage: DataFrame) -> DataFrame:
     """Per queue: fraction of records that were CoDel requeues, rejects, failures.
 
@@ -345,7 +306,7 @@ def codel_rates(usage: DataFrame) -> DataFrame:
 
 
 def recommendations(latency: DataFrame, target_fraction: float = 0.1) -> DataFrame:
-    """Per queue, from ``latency_percentiles``: prefetch and CoDel settings.
+    """Per queue, from ``quantiles.quantiles``: prefetch and CoDel settings.
 
     Prefetch = ceil(round trip / service time), at least 1: enough messages
     in flight to cover one fetch round trip while the pool works ("Some

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -163,26 +162,6 @@ def test_served_by_window_and_throughput(spark: SparkSession) -> None:
         "window double, entity string, tasks_per_second double, cost_per_second double",
     )
     assertDataFrameEqual(got, expected)
-
-
-def test_latency_percentiles_are_exact_on_small_data(spark: SparkSession) -> None:
-    # Waits 1..100 ms: percentile_approx returns the element at each rank.
-    records = [
-        rec(
-            "a", published=100.0, received=100.0, dispatched=100.0 + t, started=100.0 + t, runtime=t
-        )
-        for t in (i / 1000 for i in range(1, 101))
-    ]
-    got = frame(spark, records).transform(T.normalize).transform(T.latency_percentiles)
-    row = got.first()
-    assert row is not None
-    assert row["records"] == 100
-    assert (row["wait_p50"], row["wait_p95"], row["wait_p99"]) == pytest.approx(
-        (0.050, 0.095, 0.099)
-    )
-    assert row["sojourn_p99"] == pytest.approx(0.099)
-    assert (row["runtime_p50"], row["runtime_p99"]) == pytest.approx((0.050, 0.099))
-    assert row["transfer_p05"] == 0.0
 
 
 def test_codel_rates(spark: SparkSession) -> None:
