@@ -147,7 +147,9 @@ class Quarantine:
 
     def park(self, message: Any, cause: str, reason: str) -> None:
         """Keep ``message`` on the broker with ``reason``; log one line."""
-        queue = self._queue(message)
+        info = getattr(message, "delivery_info", None) or {}
+        # Named after the queue it came from (its routing key if the queue is unknown).
+        queue = self.queue_of(message) or str(info.get("routing_key") or "unknown")
         parking = self.parking
         try:
             if parking is None:
@@ -170,7 +172,8 @@ class Quarantine:
             self._consumer.qos.decrement_eventually()
         if message.acknowledged or channel_closed(message.channel):
             return  # the transport gave it back already (reconnection, shutdown)
-        queue = self._queue(message)
+        # Unknown queue (None): the copy goes to the exchange and routing key it came with.
+        queue = self.queue_of(message)
         try:
             return_copy(message, queue, {RETURNS_HEADER: count + 1}, front=False)
             message.ack()
@@ -190,10 +193,6 @@ class Quarantine:
                 "a worker that does (return %d of at most %d, then parked)",
                 name, queue, count + 1, self.max_returns,
             )  # fmt: skip
-
-    def _queue(self, message: Any) -> str:
-        info = getattr(message, "delivery_info", None) or {}
-        return self.queue_of(message) or str(info.get("routing_key") or "<unknown>")
 
     def statistics(self) -> QuarantineStatistics:
         return QuarantineStatistics(
