@@ -18,6 +18,7 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
+import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
@@ -67,6 +68,11 @@ def _plot_series(
     grid = window_grid(report["meta"])
     values = series(rows, field, grid, report["meta"]["window_seconds"])
     ax.plot(_times(grid), values, marker=".", markersize=3, label=label)
+    # Short labels (the date once, then times): the default repeats the date
+    # in every label, and they overlap.
+    locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
 
 
 def plot_shares(ax: Axes, report: dict[str, Any]) -> None:
@@ -132,8 +138,9 @@ def plot_codel(ax: Axes, report: dict[str, Any]) -> None:
 def plot_noisy_tenants(ax: Axes, report: dict[str, Any]) -> None:
     noisy = report["noisy_tenants"][:10][::-1]
     labels = [f"{n['fair_key']} ({n['queue']})" for n in noisy]
-    ax.barh(labels, [n["share"] or 0.0 for n in noisy], label="of all served cost")
+    # The share of its queue is at least its share of everything: drawn first, behind.
     ax.barh(labels, [n["share_in_queue"] or 0.0 for n in noisy], alpha=0.35, label="of its queue's")
+    ax.barh(labels, [n["share"] or 0.0 for n in noisy], label="of all served cost")
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of served cost")
     ax.set_title("Noisy tenants" if noisy else "Noisy tenants (none)")

@@ -59,7 +59,10 @@ class NoisyRules:
     rule also needs the key to hold at least this many tasks at once on
     average over the window (SQS asks for 30 messages in flight; a Celery
     worker holds its pool's slots and prefetch, far fewer), so a quiet key's
-    handful of tasks never counts, however unevenly they fall.
+    handful of tasks never counts, however unevenly they fall. ``min_windows``:
+    a key is reported for a stretch of at least this many consecutive noisy
+    windows (SQS judges "recent" use, smoothed over time, not one sample): a
+    quiet key twice its even share in one window by chance is not reported.
     ``excess``: every share must also be at least this many times an even split
     between the keys of its scope.
     """
@@ -71,6 +74,7 @@ class NoisyRules:
     processing_share: float = 0.10
     min_tasks: int = 30
     min_in_flight: float = 1.0
+    min_windows: int = 2
     excess: float = 1.5
 
     def __post_init__(self) -> None:
@@ -82,10 +86,10 @@ class NoisyRules:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 1:
                 raise ValueError(f"{name}={value!r}: must be a number >= 1")
-        if isinstance(self.min_tasks, bool) or not isinstance(self.min_tasks, int):
-            raise ValueError(f"min_tasks={self.min_tasks!r}: must be an integer")
-        if self.min_tasks < 1:
-            raise ValueError(f"min_tasks={self.min_tasks!r}: must be >= 1")
+        for name in ("min_tasks", "min_windows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
         if not isinstance(self.min_in_flight, (int, float)) or not self.min_in_flight >= 0:
             raise ValueError(f"min_in_flight={self.min_in_flight!r}: must be a number >= 0")
 
@@ -98,7 +102,7 @@ class NoisyRules:
 DEFAULT_RULES = NoisyRules()
 
 
-def _periods(windows: list[dict[str, Any]], window_seconds: float) -> list[dict[str, Any]]:
+def _periods(windows: Iterable[Mapping[str, Any]], window_seconds: float) -> list[dict[str, Any]]:
     """Consecutive flagged windows of one key merged into [start, end) periods."""
     periods: list[dict[str, Any]] = []
     for w in sorted(windows, key=lambda r: r["window"]):
@@ -155,13 +159,15 @@ def findings(
     windows: Iterable[Mapping[str, Any]],
     window_seconds: float,
     known_keys: Iterable[Mapping[str, Any]] = (),
+    min_windows: int = 1,
 ) -> list[dict[str, Any]]:
     """One finding per noisy (queue, key): the rules it broke, when, and advice.
 
     ``keys`` are ``transforms.noisy_keys`` rows, ``windows``
     ``transforms.noisy_windows`` rows; ``known_keys`` (``key_shares`` rows)
-    give the shares of a key that broke only a per-window rule. Largest
-    share of all served cost first.
+    give the shares of a key that broke only a per-window rule. Stretches of
+    fewer than ``min_windows`` consecutive noisy windows are left out (and a
+    key with nothing else against it). Largest share of all served cost first.
     """
     known = {(k["queue"], k["fair_key"]): k for k in known_keys}
     found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -176,8 +182,8 @@ def findings(
                 "share_in_queue": base.get("share_in_queue"),
                 "keys_in_queue": base.get("keys_in_queue"),
                 "rules": [],
+                "noisy_windows": 0,
                 "periods": [],
-                "_windows": [],
             }
         return found[(queue, key)]
 
@@ -195,18 +201,23 @@ def findings(
         ):
             if row[flag]:
                 e["rules"].append(name)
+    by_key: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in windows:
-        e = entry(row["queue"], row["fair_key"])
-        e["_windows"].append(row)
+        by_key.setdefault((row["queue"], row["fair_key"]), []).append(row)
+    for (queue, key), rows in by_key.items():
+        periods = [p for p in _periods(rows, window_seconds) if p["windows"] >= min_windows]
+        if not periods:
+            continue
+        e = entry(queue, key)
+        e["periods"] = periods
+        kept = [r for r in rows if any(p["start"] <= r["window"] < p["end"] for p in periods)]
+        e["noisy_windows"] = len(kept)
         for flag, name in (("in_flight", IN_FLIGHT), ("processing_time", PROCESSING_TIME)):
-            if row[flag] and name not in e["rules"]:
+            if any(r[flag] for r in kept) and name not in e["rules"]:
                 e["rules"].append(name)
 
     out = []
     for e in found.values():
-        flagged = e.pop("_windows")
-        e["noisy_windows"] = len(flagged)
-        e["periods"] = _periods(flagged, window_seconds)
         e["advice"] = advice(e["queue"], e["fair_key"], e["rules"], e["keys_in_queue"])
         out.append(e)
     out.sort(key=lambda e: (-(e["share"] or 0.0), e["queue"], e["fair_key"]))

@@ -90,6 +90,7 @@ _RULE_OPTIONS: dict[str, tuple[str, type, str]] = {
     "processing_share": ("--noisy-processing", float, "over this share of a window's run time"),
     "min_tasks": ("--noisy-min-tasks", int, "records a key needs in a window to be judged"),
     "min_in_flight": ("--noisy-min-in-flight", float, "tasks held at once, for the in-flight rule"),
+    "min_windows": ("--noisy-min-windows", int, "consecutive noisy windows a key needs"),
     "excess": ("--noisy-excess", float, "every share must be this many times an even split"),
 }
 
@@ -224,6 +225,7 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             data.get("noisy_windows", []),
             data["window_seconds"],
             known_keys=data["key_shares"],
+            min_windows=data.get("noisy_rules", {}).get("min_windows", DEFAULT_RULES.min_windows),
         ),
         "recommended": {
             "fair_codel_interval": max((r["codel_interval"] or 0.0 for r in recs), default=None),

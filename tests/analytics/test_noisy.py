@@ -189,6 +189,11 @@ def test_findings_merge_consecutive_windows_and_advise() -> None:
     # Alone in its queue: isolating it changes nothing, its queue's weight does.
     assert "has queue q to itself" in f["advice"][0]
     assert any("fair_key_concurrency" in a for a in f["advice"])
+    # With two windows needed, the lone window at 30 s is a blip, not a stretch.
+    blip = dict(windows[0], fair_key="blip", window=50.0)
+    [g] = findings([], [*windows, blip], 10.0, known_keys=known, min_windows=2)
+    assert g["fair_key"] == "k" and g["noisy_windows"] == 2
+    assert [(p["start"], p["end"]) for p in g["periods"]] == [(0.0, 20.0)]
 
 
 def test_rules_are_checked_and_errors_name_the_option() -> None:
