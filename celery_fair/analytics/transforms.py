@@ -379,7 +379,8 @@ def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
 
 
 def _above_even(share: Column, entities: Column, rules: NoisyRules) -> Column:
-    return share >= F.lit(rules.excess) / entities
+    # Null (not flagged) where there is no keyed entity: a window of unkeyed tasks only.
+    return share >= ratio(F.lit(rules.excess), entities)
 
 
 def noisy_keys(keys: DataFrame, rules: NoisyRules = DEFAULT_RULES) -> DataFrame:
