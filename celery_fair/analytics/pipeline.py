@@ -152,8 +152,8 @@ def compute(
         # every key is shown, no per-row lookup is needed to tell them apart.
         every_key = all(r["keys_in_queue"] <= max_keys for r in out["key_shares"])
         shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
+        # Cached by the first quantile job, which runs the pass over the tasks.
         histograms = tasks.transform(Q.latency_histograms, shown).coalesce(parallelism).cache()
-        histograms.count()
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
             out["queue_latency"] = _rows(latency)
