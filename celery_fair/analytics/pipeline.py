@@ -121,14 +121,21 @@ def compute(
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans
     # every shuffle (built for large ones) and doubles it; one shuffle
-    # partition per core is plenty for windows x keys rows.
+    # partition per core is plenty for windows x keys rows; a broadcast join
+    # would start a job of its own to collect its small side.
     small = {
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.shuffle.partitions": str(parallelism),
+        "spark.sql.autoBroadcastJoinThreshold": "-1",
     }
     with _stage(timings, "tables"), _session_conf(spark, small):
         shares = usage.transform(T.queue_shares).cache()
-        out["queue_shares"] = _rows(shares)
+        # One job for the three per-queue tables (each would be a job of its
+        # own, and at these sizes a job's cost is its overhead).
+        codel = usage.transform(T.codel_rates).drop("records")
+        skew = usage.transform(T.routing_skew, shares).drop("target_share")
+        per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
+        out["queue_shares"] = out["codel"] = out["skew"] = per_queue
         keys = usage.transform(T.key_shares).cache()
         top = keys.transform(T.top_keys, max_keys).cache()
         out["key_shares"] = _rows(top)
@@ -139,8 +146,6 @@ def compute(
             ("window", "queue"),
         )
         out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
-        out["codel"] = _rows(usage.transform(T.codel_rates))
-        out["skew"] = _rows(usage.transform(T.routing_skew, shares))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["noisy_windows"] = _rows(
@@ -156,8 +161,9 @@ def compute(
         histograms = tasks.transform(Q.latency_histograms, shown).coalesce(parallelism).cache()
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
-            out["queue_latency"] = _rows(latency)
-            out["recommendations"] = _rows(latency.transform(T.recommendations))
+            recommended = latency.transform(T.recommendations)
+            both = _rows(latency.join(recommended, "queue"))  # one job for the two
+            out["queue_latency"] = out["recommendations"] = both
             out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
 
     for df in (usage, shares, keys, top, by_queue, histograms, latency):
