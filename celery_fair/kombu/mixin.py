@@ -8,7 +8,9 @@ per consumer on RabbitMQ, per channel on the virtual transports, and one
 consumer per channel makes the two the same).  Deliveries land in a small
 per-queue buffer that can never hold more than the queue's window, and the
 buffers are served in Deficit Weighted Round Robin order (Shreedhar &
-Varghese, SIGCOMM 1995) by :class:`~celery_fair.scheduling.drr.DeficitRoundRobin`.
+Varghese, SIGCOMM 1995) by the same
+:class:`~celery_fair.scheduling.dispatch.DispatchRound` that orders a Celery
+worker's tasks, with the same cost model and CoDel policy.
 Each acknowledgement returns one unit of the queue's window to the broker,
 so a queue is fetched exactly as fast as DWRR serves it.
 
@@ -21,10 +23,8 @@ message.  See :meth:`FairConsumerMixin.consume` for the one timeout it uses.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -38,9 +38,11 @@ from kombu.messaging import Consumer as KombuConsumer
 from kombu.mixins import ConsumerMixin
 
 from .. import compat
-from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelController, CoDelStatistics
-from ..scheduling.drr import DeficitRoundRobin, DRRStatistics
-from ..scheduling.scheduler import COST_MODES, CostMode
+from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelStatistics
+from ..scheduling.cost import COST_MODES, CostMode, CostModel
+from ..scheduling.dispatch import DispatchRound
+from ..scheduling.drr import DRRStatistics, check_quantum
+from ..scheduling.shedding import SheddingPolicy, Verdict, check_codel, option_error
 from .requeue import REQUEUE_HEADER, requeue_count, return_copy
 
 __all__ = (
@@ -137,37 +139,14 @@ class FairConsumerStatistics:
 
 
 def _option_error(option: str, value: object, expected: str) -> ValueError:
-    return ValueError(f"FairConsumerMixin option {option}={value!r}: {expected}")
+    return ValueError(f"FairConsumerMixin option {option_error(option, value, expected)}")
 
 
 def _positive_number(option: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _option_error(option, value, "must be a positive number")
-    if not 0 < value < math.inf:
-        raise _option_error(option, value, "must be a positive number")
-    return float(value)
-
-
-def _check_codel(
-    target: object, interval: object, action: object, max_requeues: object
-) -> tuple[float, float] | None:
-    if action not in CODEL_ACTIONS:
-        raise _option_error("codel_action", action, f"must be one of {CODEL_ACTIONS}")
-    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
-        raise _option_error("codel_max_requeues", max_requeues, "must be an integer >= 0")
-    if target is None and interval is None:
-        return None
-    if target is None or interval is None:
-        if target is None:
-            missing, other, given = "codel_target", "codel_interval", interval
-        else:
-            missing, other, given = "codel_interval", "codel_target", target
-        raise _option_error(missing, None, f"must be set with {other}={given!r} (CoDel needs both)")
-    target_s = _positive_number("codel_target", target)
-    interval_s = _positive_number("codel_interval", interval)
-    if not target_s < interval_s:
-        raise _option_error("codel_target", target, f"must be below codel_interval={interval!r}")
-    return target_s, interval_s
+    try:
+        return check_quantum(option, value)
+    except ValueError:
+        raise _option_error(option, value, "must be a positive number") from None
 
 
 def _positive_int(option: str, value: object) -> int:
@@ -300,7 +279,10 @@ class FairConsumerMixin(ConsumerMixin):
         if on_error not in ERROR_POLICIES:
             raise _option_error("on_error", on_error, f"must be one of {ERROR_POLICIES}")
         self.on_error: ErrorPolicy = on_error
-        codel = _check_codel(codel_target, codel_interval, codel_action, codel_max_requeues)
+        try:
+            codel = check_codel(codel_target, codel_interval, codel_action, codel_max_requeues)
+        except ValueError as exc:
+            raise ValueError(f"FairConsumerMixin option {exc}") from None
         self.codel_action: CoDelAction = codel_action
         self.codel_max_requeues = codel_max_requeues
         self.stop_check_interval = _positive_number("stop_check_interval", stop_check_interval)
@@ -308,30 +290,21 @@ class FairConsumerMixin(ConsumerMixin):
             raise _option_error("clock", clock, "must be callable")
         self._clock = clock
         self._accept = None if accept is None else list(accept)
-        self._codel = None if codel is None else CoDelController(*codel, clock=clock)
+        self._codel = None if codel is None else SheddingPolicy(codel, clock=clock)
 
-        # Quanta are the weights scaled so that the heaviest queue gets one
-        # cost unit per DWRR visit: shares depend only on the ratios, and no
-        # queue is served in bursts longer than about one message, so a small
-        # window keeps every backlogged queue's buffer non-empty at its turn.
-        # Quanta below the cost are fine with DRR++: a visit that finds the
-        # deficit non-positive ends at once, and skips per service stay bounded.
-        heaviest = max(self._weights.values())
-        unit = 1.0 if cost == "count" else self.runtime_quantum
-        self._drr = DeficitRoundRobin({n: unit * w / heaviest for n, w in self._weights.items()})
-        # (body, message, time received) per queue.
-        self._buffers: dict[str, deque[tuple[Any, Message, float]]] = {
-            n: deque() for n in self._queues
-        }
-        self._buffered = 0
+        # The worker's scheduling core: the cost model gives the quanta (the
+        # heaviest queue one cost unit per visit, so no queue is served in
+        # bursts longer than about one message and a small window keeps every
+        # backlogged queue's buffer non-empty at its turn), and the dispatch
+        # round holds (body, message, time received) per queue in DWRR order.
+        self._costs = CostModel(cost, runtime_quantum=self.runtime_quantum)
+        self._round: DispatchRound[tuple[Any, Message, float]] = DispatchRound(self._costs)
+        self._round.set_quanta(self._costs.quanta(self._weights))
         self._in_hand: Message | None = None
         self._acked = dict.fromkeys(self._queues, 0)
         self._failed = dict.fromkeys(self._queues, 0)
-        self._codel_requeued = dict.fromkeys(self._queues, 0)
-        self._codel_rejected = dict.fromkeys(self._queues, 0)
-        self._codel_kept = dict.fromkeys(self._queues, 0)
         self._idle_waits = 0
-        # Guards the buffers and the scheduler against statistics() readers.
+        # Guards the round against statistics() readers.
         self._lock = threading.Lock()
 
     # -- the user's hooks ---------------------------------------------------
@@ -404,17 +377,12 @@ class FairConsumerMixin(ConsumerMixin):
         codel = self._codel
         if codel is not None:
             compat.hold_fetch_while(
-                getattr(channel, "qos", None), lambda: codel.dropping and bool(self._buffered)
+                getattr(channel, "qos", None), lambda: codel.dropping and bool(self._round)
             )
 
     def _on_delivery(self, name: str, body: Any, message: Message) -> None:
         with self._lock:
-            buffer = self._buffers[name]
-            buffer.append((body, message, self._clock()))
-            self._buffered += 1
-            if len(buffer) == 1:
-                # DRR: a queue that gets work joins the tail of the active list.
-                self._drr.activate(name)
+            self._round.put(name, (body, message, self._clock()))
 
     # -- the main loop ---------------------------------------------------------
 
@@ -453,7 +421,7 @@ class FairConsumerMixin(ConsumerMixin):
         with self.consumer_context(**kwargs) as (conn, _channel, _consumers):
             while not self.should_stop and (limit is None or handled < limit):
                 self.on_iteration()
-                if self._buffered:
+                if self._round:
                     self._collect(conn)
                     self._dispatch_one()
                     handled += 1
@@ -483,38 +451,10 @@ class FairConsumerMixin(ConsumerMixin):
                 return
 
     def _dispatch_one(self) -> None:
-        codel = self._codel
-        now = self._clock() if codel is not None else 0.0
-        while True:
-            with self._lock:
-                name = self._drr.head()
-                if name is None:
-                    if codel is not None:
-                        codel.empty(now)  # RFC 8289: a dequeue that found nothing
-                    return
-                buffer = self._buffers[name]
-                body, message, received = buffer.popleft()
-                self._buffered -= 1
-                # The decision about the head, and after a drop about the next
-                # head with the same `now` (RFC 8289 §5.5).
-                stale = codel is not None and codel.should_drop(
-                    now - received, now, backlog=self._buffered
-                )
-                if not stale:
-                    # Count mode charges now; runtime mode post-charges (DRR++).
-                    # A message sent back is not served and costs nothing.
-                    self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
-                if not buffer:
-                    # DRR: a queue found empty leaves the active list.
-                    self._drr.deactivate(name)
-                self._in_hand = message
-            if stale and self._shed(name, message):
-                self._in_hand = None
-                continue
-            if stale:
-                with self._lock:
-                    self._drr.served(name, 1.0 if self.cost == "count" else 0.0)
-            break
+        taken = self._next_admitted()
+        if taken is None:
+            return
+        name, (body, message, _received) = taken
         started = self._clock()
         try:
             self.handle(name, body, message)
@@ -525,39 +465,66 @@ class FairConsumerMixin(ConsumerMixin):
                 message.ack()
             self._acked[name] += 1
         finally:
-            if self.cost == "runtime":
+            if self._costs.runtime:
+                runtime = max(0.0, self._clock() - started)
                 with self._lock:
-                    self._drr.charge(name, max(0.0, self._clock() - started))
+                    self._round.finished(name, runtime)
+                    self._costs.observe(name, runtime)
         # Left set if the handler raised a BaseException: shutdown requeues it.
         self._in_hand = None
 
-    def _shed(self, name: str, message: Message) -> bool:
-        """CoDel found ``message`` stale: True if it left, False to handle it here."""
-        count = requeue_count(message.headers)
-        if self.codel_action == "requeue" and count >= self.codel_max_requeues:
-            self._codel_kept[name] += 1
-            return False
+    def _next_admitted(self) -> tuple[str, tuple[Any, Message, float]] | None:
+        """The next buffered message in DWRR order that CoDel lets run.
+
+        A stale message sent back is refunded and the next one is
+        considered at once (RFC 8289 §5.5: drop, then dequeue the next).
+        """
+        codel = self._codel
+        while True:
+            with self._lock:
+                taken = self._round.take()
+                backlog = len(self._round)
+                if taken is not None:
+                    self._in_hand = taken[1][1]
+            if taken is None:
+                if codel is not None:
+                    codel.empty()  # RFC 8289: a dequeue that found nothing
+                return None
+            if codel is None:
+                return taken
+            name, (_, message, received) = taken
+            verdict = codel.verdict(
+                name, received, backlog, partial(requeue_count, message.headers)
+            )
+            if verdict in ("run", "keep") or not self._shed(name, message, verdict):
+                return taken
+            with self._lock:
+                self._round.refund(name)  # sent back, not served
+            self._in_hand = None
+
+    def _shed(self, name: str, message: Message, verdict: Verdict) -> bool:
+        """Send a stale ``message`` back: True if it left, False to handle it here."""
         try:
-            if self.codel_action == "requeue":
-                self._requeue_copy(name, message, count + 1)
-                self._codel_requeued[name] += 1
+            if verdict == "requeue":
+                # The copy first, then the ack: a crash between them
+                # duplicates the message, never loses it.
+                count = requeue_count(message.headers) + 1
+                return_copy(message, self._queues[name].name, {REQUEUE_HEADER: count}, front=True)
+                message.ack()
             else:
                 message.reject(requeue=False)
-                self._codel_rejected[name] += 1
         except Exception:  # noqa: BLE001 - handling it beats losing it
             logger.warning(
                 "CoDel could not return a message of queue %r; handling it here",
                 name,
                 exc_info=True,
             )
-            return message.acknowledged  # acked anyway: the copy is out
+            if message.acknowledged:
+                return True  # acked anyway: the copy is out
+            assert self._codel is not None
+            self._codel.failed(name, verdict)
+            return False
         return True
-
-    def _requeue_copy(self, name: str, message: Message, count: int) -> None:
-        # The copy first, then the ack: a crash between them duplicates the
-        # message, never loses it.
-        return_copy(message, self._queues[name].name, {REQUEUE_HEADER: count}, front=True)
-        message.ack()
 
     def _handler_failed(self, name: str, message: Message, exc: Exception) -> None:
         self._failed[name] += 1
@@ -582,7 +549,7 @@ class FairConsumerMixin(ConsumerMixin):
         # that requeue at the head (Redis) keep the original order.  If the
         # connection is gone the broker redelivers unacked messages itself.
         with self._lock:
-            pending = [m for buffer in self._buffers.values() for _, m, _ in buffer]
+            pending = [message for _, message, _ in self._round]
             if self._in_hand is not None:
                 pending.insert(0, self._in_hand)
         for message in reversed(pending):
@@ -592,10 +559,8 @@ class FairConsumerMixin(ConsumerMixin):
 
     def _forget_buffered(self) -> None:
         with self._lock:
-            for name, buffer in self._buffers.items():
-                buffer.clear()
-                self._drr.deactivate(name)
-            self._buffered = 0
+            self._round.clear()
+            self._round.forget_pending()
             self._in_hand = None
         if self._codel is not None:
             self._codel.reset()  # the broker has the buffered messages again
@@ -612,33 +577,35 @@ class FairConsumerMixin(ConsumerMixin):
     def statistics(self) -> FairConsumerStatistics:
         """A frozen snapshot: windows, buffers, served counts and deficits."""
         with self._lock:
-            drr = self._drr.statistics()
+            drr = self._round.statistics()
+            buffered = self._round.counts()
+            codel = None if self._codel is None else self._codel.statistics()
             records = tuple(
                 FairQueueStatistics(
                     name=q.name,
                     weight=self._weights[q.name],
                     window=self._windows[q.name],
-                    buffered=len(self._buffers[q.name]),
+                    buffered=buffered.get(q.name, 0),
                     acked=self._acked[q.name],
                     failed=self._failed[q.name],
                     served_count=q.served_count,
                     served_cost=q.served_cost,
                     deficit=q.deficit,
                     active=q.active,
-                    codel_requeued=self._codel_requeued[q.name],
-                    codel_rejected=self._codel_rejected[q.name],
-                    codel_kept=self._codel_kept[q.name],
+                    codel_requeued=codel.requeued_by_queue.get(q.name, 0) if codel else 0,
+                    codel_rejected=codel.rejected_by_queue.get(q.name, 0) if codel else 0,
+                    codel_kept=codel.kept_by_queue.get(q.name, 0) if codel else 0,
                 )
                 for q in drr.queues
             )
             return FairConsumerStatistics(
                 cost=self.cost,
                 queues=records,
-                buffered=self._buffered,
+                buffered=len(self._round),
                 handled=sum(self._acked.values()) + sum(self._failed.values()),
                 idle_waits=self._idle_waits,
                 drr=drr,
-                codel=None if self._codel is None else self._codel.statistics(),
+                codel=None if codel is None else codel.controller,
             )
 
     def __repr__(self) -> str:

@@ -1,50 +1,30 @@
-"""The fair scheduler of one worker: weights, costs and per-queue credit.
+"""The fair scheduler of one worker: a thin facade over its named parts.
 
-This is the one scheduler a worker has.  It owns a single
-:class:`~celery_fair.scheduling.drr.DeficitRoundRobin` and decides *where
-messages are fetched* (the design's one law: in steady state a queue is
-consumed exactly as fast as it is fetched, so a weight that acts only on
-the worker's buffer does nothing).
+This is the one scheduler a worker has.  It holds the weights and composes:
 
-A polling transport asks :meth:`FairScheduler.fetch_order` for the order in
-which to poll its queues, and reports what it got with
-:meth:`FairScheduler.fetched`.  Queues that are not the first in the order
-and yet were passed over by the broker were empty (or held back by credit):
-their visit ends, as DRR prescribes for an empty queue.
+* :class:`~celery_fair.scheduling.fetch.FetchRound`: DWRR where messages are
+  fetched (the poll order, per-queue credit, AMQP window sizing), the
+  design's one law;
+* :class:`~celery_fair.scheduling.dispatch.DispatchRound`: the tasks waiting
+  for a pool slot, taken in DWRR order with the same weights;
+* :class:`~celery_fair.scheduling.cost.CostModel`: what a message costs (1,
+  or its run-time estimate, post-charged when it finishes).
 
-Costs: in ``"count"`` mode every message costs one unit.  In ``"runtime"``
-mode a message is charged an estimate of its run time when fetched (the
-queue's moving average) and the difference to the measured run time when it
-finishes (DRR++ post-charge, RFC 8290): the sum charged per queue is exactly
-the measured run time once the messages have finished.
-
-Credit: a queue that holds ``credit`` or more unacknowledged messages moves
-to the *end* of the poll order, behind every queue that is below its credit,
-so one busy queue cannot keep the others out of the prefetch window.  It is
-demoted, not excluded: a BRPOP that leaves a backlogged queue out would block
-until its timeout even after that queue became eligible again, idling the
-worker.  A queue's credit is ``window - reserve`` (room kept for the others)
-or twice its expected share of the fetches times the window, whichever is
-larger, so credit never binds on a queue that is only taking its fair share
-(in runtime mode, a queue of short tasks takes most of the fetches).
+The facade keeps both rounds' quanta in step with the weights and routes
+each event (fetched, released, finished) to the parts that need it.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from .buffer import FairBuffer
-from .drr import DeficitRoundRobin, DRRStatistics, check_quantum
-from .estimate import Ewma
+from .cost import COST_MODES, CostMode, CostModel
+from .dispatch import DispatchRound
+from .drr import DRRStatistics, check_quantum
+from .fetch import FetchRound
 
 __all__ = ("COST_MODES", "CostMode", "FairScheduler", "SchedulerStatistics")
-
-CostMode = Literal["count", "runtime"]
-COST_MODES: tuple[str, ...] = ("count", "runtime")
 
 
 @dataclass(frozen=True)
@@ -77,7 +57,7 @@ class SchedulerStatistics:
 
 
 class FairScheduler:
-    """Weighted fair fetch decisions for the queues one worker consumes.
+    """Weighted fair fetch and dispatch decisions for the queues one worker consumes.
 
     ``weights`` maps queue names to weights; consumed queues without one get
     ``default_weight``.  ``runtime_quantum`` is the cost unit (seconds) in
@@ -98,27 +78,30 @@ class FairScheduler:
     ) -> None:
         if cost not in COST_MODES:
             raise ValueError(f"cost must be one of {COST_MODES}, got {cost!r}")
-        self.cost: CostMode = cost
+        self.costs = CostModel(cost, runtime_quantum=runtime_quantum)
         self.default_weight = check_quantum("<default>", default_weight)
-        self.runtime_quantum = check_quantum("<runtime quantum>", runtime_quantum)
         if credit is not None and (isinstance(credit, bool) or int(credit) < 1):
             raise ValueError(f"credit must be a positive integer or None, got {credit!r}")
-        self.credit_limit = credit
-        self.reserve = max(0, int(reserve))
         self._weights: dict[str, float] = {
             name: check_quantum(name, w) for name, w in (weights or {}).items()
         }
-        self._drr = DeficitRoundRobin()
-        self._held: dict[str, int] = {}
-        self._fetched: dict[str, int] = {}
-        self._estimates: dict[str, Ewma] = {}
-        self._pending: dict[str, deque[float]] = {}
-        self._global_estimate = Ewma()
+        self.fetch = FetchRound(
+            self.weight,
+            self.costs,
+            credit=credit,
+            reserve=reserve,
+            on_new_queue=self._apply_quanta,
+        )
         #: Tasks waiting for a pool slot, taken in DRR order (same weights).
-        self.waiting: FairBuffer[object] = FairBuffer()
-        self._wait_pending: dict[str, deque[float]] = {}
-        #: Queues the last fetch order polled last for holding their credit.
-        self._demoted: set[str] = set()
+        self.dispatch: DispatchRound[object] = DispatchRound(self.costs)
+
+    @property
+    def cost(self) -> CostMode:
+        return self.costs.mode
+
+    @property
+    def runtime_quantum(self) -> float:
+        return self.costs.runtime_quantum
 
     # -- queues and weights -------------------------------------------------
 
@@ -128,28 +111,19 @@ class FairScheduler:
 
     @property
     def queues(self) -> tuple[str, ...]:
-        return self._drr.queues
+        return self.fetch.queues
 
     def set_queues(self, queues: Iterable[str]) -> None:
         """Make the consumed queues exactly ``queues`` (in that order)."""
         wanted = list(dict.fromkeys(queues))
-        for name in set(self._drr.queues) - set(wanted):
-            self._drr.remove(name)
+        for name in set(self.fetch.queues) - set(wanted):
+            self.fetch.remove(name)
         for name in wanted:
-            self._adopt(name)
+            self.fetch.adopt(name)
             # On a polling transport every consumed queue stays in the
             # active list; emptiness is observed per poll (pass_over).
-            self._drr.activate(name)
+            self.fetch.drr.activate(name)
         self._apply_quanta()
-
-    def _adopt(self, queue: str) -> bool:
-        """Start tracking ``queue``; True if the DRR did not know it yet."""
-        self._held.setdefault(queue, 0)
-        self._fetched.setdefault(queue, 0)
-        if queue in self._drr:
-            return False
-        self._drr.add(queue)
-        return True
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """Change weights at run time; all are validated before any change."""
@@ -160,219 +134,90 @@ class FairScheduler:
     @property
     def weights(self) -> dict[str, float]:
         """The weight in force for every consumed queue."""
-        return {name: self.weight(name) for name in self._drr.queues}
+        return {name: self.weight(name) for name in self.fetch.queues}
 
     def _apply_quanta(self) -> None:
-        # Quanta are the weights scaled so that the *heaviest* consumed queue
-        # gets one cost unit per visit: shares depend only on the ratios, and
-        # no queue fetches a burst of messages in one visit (a burst larger
-        # than the queue's credit would be cut short and the queue would lose
-        # share).  Lighter queues accumulate credit over several visits.
-        # Quanta are rounded to multiples of 2**-20 so that deficits add up
-        # exactly in binary floating point (0.1 added ten times is not 1.0).
-        names = self._drr.queues
-        if not names:
-            return
-        heaviest = max(self.weight(n) for n in names)
-        unit = 1.0 if self.cost == "count" else self.runtime_quantum
-        quanta = {n: _dyadic(unit * self.weight(n) / heaviest) for n in names}
-        self._drr.set_quanta(quanta)
-        self.waiting.set_quanta(quanta)
+        quanta = self.costs.quanta(self.weights)
+        if quanta:
+            self.fetch.drr.set_quanta(quanta)
+            self.dispatch.set_quanta(quanta)
 
-    # -- fetch decisions ----------------------------------------------------
+    # -- fetch decisions (see FetchRound) -------------------------------------
 
     def push_windows(self, total: int, cap: int | None = None) -> dict[str, int]:
-        """Per-queue prefetch windows for a push transport (AMQP).
-
-        Proportional to the weights, the lightest queue getting
-        ``ceil(total / queues)``: when the worker is faster than the broker
-        can push, each queue is consumed at window / round trip, so the
-        windows alone give the weighted shares; when it is slower, the
-        windows keep every queue's buffer stocked and the dispatch order
-        decides.  ``cap`` bounds any one window.
-        """
-        names = self._drr.queues
-        if not names:
-            return {}
-        base = max(2, math.ceil(total / len(names)))
-        lightest = min(self.weight(n) for n in names)
-        windows = {n: max(1, round(base * self.weight(n) / lightest)) for n in names}
-        if cap is not None:
-            windows = {n: min(w, cap) for n, w in windows.items()}
-        return windows
+        """Per-queue prefetch windows for a push transport (AMQP)."""
+        return self.fetch.push_windows(total, cap)
 
     def credit(self, queue: str, window: int | None) -> int | None:
         """How many unacknowledged messages ``queue`` may hold before demotion."""
-        credits = self._credits(window)
-        return None if credits is None else credits.get(queue, max(1, window or 1))
-
-    def _credits(self, window: int | None) -> dict[str, int] | None:
-        """Every queue's credit for this window (None: no credit applies)."""
-        names = self._drr.queues
-        if self.credit_limit is not None:
-            return dict.fromkeys(names, self.credit_limit)
-        if not window:
-            return None
-        floor = max(1, window - self.reserve)
-        fractions = self._fetch_fractions()
-        return {n: max(floor, math.ceil(2.0 * window * fractions[n])) for n in names}
-
-    def _fetch_fractions(self) -> dict[str, float]:
-        # Expected fraction of fetches per queue: weight / cost per message.
-        rates = {n: self.weight(n) / max(self.fetch_cost(n), 1e-9) for n in self._drr.queues}
-        total = sum(rates.values()) or 1.0
-        return {n: r / total for n, r in rates.items()}
+        return self.fetch.credit(queue, window)
 
     def fetch_order(self, window: int | None = None) -> list[str]:
         """The order in which to poll the consumed queues, best first."""
-        order = list(self._drr.order())
-        self._demoted = set()
-        if len(order) < 2 or not window:
-            return order
-        held, credits = self._held, self._credits(window)
-        assert credits is not None
-        below: list[str] = []
-        above: list[str] = []
-        for name in order:
-            (below if held[name] < credits[name] else above).append(name)
-        self._demoted = set(above)
-        return below + above if above else order
+        return self.fetch.order(window)
 
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
-        """A message of ``queue`` was fetched; ``skipped`` were polled first.
-
-        The skipped queues were empty when polled: their DRR visit ends, and
-        any turn they come to again before ``queue``'s ends too (a queue
-        served alone owes nobody: it runs up no debt).
-        Queues ahead of ``queue`` that were polled last because they held
-        their credit defer their turn, keeping their credit (capped at one
-        quantum), so ``queue`` is served in its own turn.  Serving it out of
-        turn instead would charge it a debt on every such fetch, and the
-        queue after a bursty heavy one would collect those debts faster than
-        its visits repay them.  If ``queue`` is still not the head (weights
-        changed meanwhile), it is served out of turn and charged as usual.
-        """
-        drr = self._drr
-        for name in skipped:
-            drr.pass_over(name)
-        demoted, empty = self._demoted, set(skipped)
-        passed: set[str] = set()
-        head = drr.head()
-        while head is not None and head != queue:
-            if head in demoted:
-                demoted.discard(head)
-                drr.defer(head)
-            elif head in empty:
-                # Found empty by this very poll: DRR would have taken it off
-                # the active list, and the round would come back to ``queue``.
-                # A second meeting means a whole round found only empty
-                # queues: ``queue`` is alone, and what it would owe is
-                # forgiven.  Charging it out of turn instead made a queue that
-                # ran alone for a while run up an unbounded debt, then starve
-                # once the others had work again.
-                if head in passed:
-                    drr.forgive(queue)
-                passed.add(head)
-                drr.pass_over(head)
-            else:
-                break
-            head = drr.head()
-        if not drr.is_active(queue):
-            if self._adopt(queue):
-                self._apply_quanta()
-            drr.activate(queue)
-        estimate = self.fetch_cost(queue)
-        drr.served(queue, estimate)
-        self._held[queue] += 1
-        self._fetched[queue] += 1
-        if self.cost == "runtime":
-            self._pending.setdefault(queue, deque()).append(estimate)
+        """A message of ``queue`` was fetched; ``skipped`` were polled first."""
+        self.fetch.fetched(queue, skipped)
 
     def released(self, queue: str) -> None:
         """A held message of ``queue`` was acknowledged, rejected or restored."""
-        if self._held.get(queue, 0) > 0:
-            self._held[queue] -= 1
+        self.fetch.released(queue)
 
     def finished(self, queue: str, runtime: float) -> None:
         """A message of ``queue`` ran for ``runtime`` seconds.
 
-        In runtime mode this post-charges the difference between the
-        measured run time and the estimate charged at fetch time.
+        In runtime mode this post-charges, in both rounds, the difference
+        between the measured run time and the estimate charged before.
         """
-        if self.cost != "runtime" or queue not in self._held:
+        if not self.costs.runtime or not self.fetch.tracks(queue):
             return
         runtime = max(0.0, float(runtime))
-        pending = self._pending.get(queue)
-        if pending:
-            self._drr.charge(queue, runtime - pending.popleft())
-        waited = self._wait_pending.get(queue)
-        if waited:
-            self.waiting.charge(queue, runtime - waited.popleft())
-        self._estimates.setdefault(queue, Ewma()).update(runtime)
-        self._global_estimate.update(runtime)
-
-    # -- dispatch: tasks waiting for a pool slot ------------------------------
-
-    def wait(self, queue: str, item: object, key: str | None = None) -> None:
-        """Buffer a task of ``queue`` until a pool slot is free (``key``: a keyed queue's)."""
-        if self._adopt(queue):
-            self._apply_quanta()
-        self.waiting.put(queue, item, key)
-
-    def next_waiting(self) -> tuple[str, object] | None:
-        """The next buffered task in DRR order, charged at dispatch."""
-        taken = self.waiting.take(self.fetch_cost)
-        if taken is not None and self.cost == "runtime":
-            queue = taken[0]
-            self._wait_pending.setdefault(queue, deque()).append(self.fetch_cost(queue))
-        return taken
+        self.fetch.finished(queue, runtime)
+        self.dispatch.finished(queue, runtime)
+        self.costs.observe(queue, runtime)
 
     def discarded(self, queue: str) -> None:
         """A fetched message of ``queue`` will not run here: refund its estimate."""
-        pending = self._pending.get(queue)
-        if self.cost == "runtime" and pending:
-            self._drr.charge(queue, -pending.popleft())
+        self.fetch.discarded(queue)
 
     def fetch_cost(self, queue: str) -> float:
-        """What a message of ``queue`` is charged when fetched: 1, or its run-time estimate."""
-        if self.cost == "count":
-            return 1.0
-        estimate = self._estimates.get(queue)
-        if estimate is not None and estimate.value is not None:
-            return estimate.value
-        fallback = self._global_estimate.value
-        return self.runtime_quantum if fallback is None else fallback
+        """What a message of ``queue`` is charged: 1, or its run-time estimate."""
+        return self.costs.cost(queue)
 
     def reset_held(self) -> None:
         """Forget all held messages (a new channel holds none)."""
-        for name in self._held:
-            self._held[name] = 0
-        self._pending.clear()
-        self._wait_pending.clear()
+        self.fetch.reset_held()
+        self.dispatch.forget_pending()
 
     def held(self, queue: str) -> int:
-        return self._held.get(queue, 0)
+        return self.fetch.held(queue)
+
+    # -- dispatch: tasks waiting for a pool slot (see DispatchRound) ----------
+
+    def wait(self, queue: str, item: object, key: str | None = None) -> None:
+        """Buffer a task of ``queue`` until a pool slot is free (``key``: a keyed queue's)."""
+        if self.fetch.adopt(queue):
+            self._apply_quanta()
+        self.dispatch.put(queue, item, key)
+
+    def next_waiting(self) -> tuple[str, object] | None:
+        """The next buffered task in DRR order, charged at dispatch."""
+        return self.dispatch.take()
 
     # -- introspection ------------------------------------------------------
 
     def statistics(self, window: int | None = None) -> SchedulerStatistics:
         """A frozen snapshot: weights, held messages, credit and DRR state."""
-        names = self._drr.queues
+        names = self.fetch.queues
         return SchedulerStatistics(
             cost=self.cost,
-            weights={n: self.weight(n) for n in names},
-            held={n: self._held.get(n, 0) for n in names},
-            credit={n: self.credit(n, window) for n in names},
-            cost_estimate={
-                n: (e.value if (e := self._estimates.get(n)) is not None else None) for n in names
-            },
-            fetched={n: self._fetched.get(n, 0) for n in names},
-            waiting=self.waiting.counts(),
-            drr=self._drr.statistics(),
-            dispatch=self.waiting.drr.statistics(),
+            weights=self.weights,
+            held=self.fetch.held_counts(),
+            credit={n: self.fetch.credit(n, window) for n in names},
+            cost_estimate=self.costs.estimates(names),
+            fetched=self.fetch.fetched_counts(),
+            waiting=self.dispatch.counts(),
+            drr=self.fetch.statistics(),
+            dispatch=self.dispatch.statistics(),
         )
-
-
-def _dyadic(value: float) -> float:
-    """``value`` rounded to a multiple of 2**-20 (at least 2**-20)."""
-    return max(1, round(value * 1048576)) / 1048576

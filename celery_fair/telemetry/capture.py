@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..scheduling.scheduler import COST_MODES
+from ..scheduling.cost import COST_MODES
 
 if TYPE_CHECKING:
     from celery_fair.telemetry.schema import TaskRecord

@@ -20,11 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
+from ..scheduling.shedding import UNKNOWN_QUEUE
 from .service import FairService
 
 __all__ = ("FairGate", "install_on_semaphore")
-
-UNKNOWN_QUEUE = "<unknown>"
 
 
 class _WaitingView:
@@ -35,10 +34,10 @@ class _WaitingView:
 
     def clear(self) -> None:
         with self.service.lock:
-            self.service.scheduler.waiting.clear()
+            self.service.scheduler.dispatch.clear()
 
     def __len__(self) -> int:
-        return len(self.service.scheduler.waiting)
+        return len(self.service.scheduler.dispatch)
 
 
 def _queue_of(service: FairService, args: tuple[Any, ...]) -> str:
@@ -59,18 +58,20 @@ def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> An
     considered at once (RFC 8289: drop and dequeue the next).  The CoDel
     decision, which may publish, runs outside the lock.
     """
-    scheduler, shedder = service.scheduler, service.shedder
+    dispatch, shedder = service.scheduler.dispatch, service.shedder
     while True:
         with service.lock:
-            taken = scheduler.next_waiting()
-            backlog = len(scheduler.waiting)
+            taken = dispatch.take()
+            backlog = len(dispatch)
         if taken is None:
             if shedder is not None:
                 shedder.empty()
             return None
-        entry = taken[1]
+        queue, entry = taken
         if shedder is None or shedder.admit(request_of(entry), backlog):
             return entry
+        with service.lock:
+            dispatch.refund(queue)  # sent back, not served: only what runs is charged
 
 
 def install_on_semaphore(semaphore: Any, service: FairService) -> None:

@@ -36,12 +36,23 @@ callback) is applied at the consumer's next delivery.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..scheduling.prefetch import AdaptivePrefetch
 
-__all__ = ("PushWindows",)
+__all__ = ("PushWindows", "PushWindowsStatistics")
+
+
+@dataclass(frozen=True)
+class PushWindowsStatistics:
+    """A snapshot of a :class:`PushWindows` (``fair_stats`` -> ``adaptive_prefetch``)."""
+
+    reconsumes: int
+    round_trip_samples: int
+    #: Unacknowledged messages per consumer tag (those holding any).
+    unacked_by_consumer: Mapping[str, int]
 
 
 class PushWindows:
@@ -210,10 +221,11 @@ class PushWindows:
         finally:
             self._applying = False
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> PushWindowsStatistics:
+        """A frozen snapshot: re-consumes, round-trip samples, unacked per consumer."""
         with self._lock:
-            return {
-                "reconsumes": self.reconsumes,
-                "round_trip_samples": self.round_trip_samples,
-                "unacked_by_consumer": {t: n for t, n in self._inflight.items() if n},
-            }
+            return PushWindowsStatistics(
+                reconsumes=self.reconsumes,
+                round_trip_samples=self.round_trip_samples,
+                unacked_by_consumer={t: n for t, n in self._inflight.items() if n},
+            )

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from time import monotonic
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import compat
 from ..keys import store
@@ -22,10 +22,14 @@ from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
-from .push_prefetch import PushWindows
+from .push_prefetch import PushWindows, PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
 from .settings import FairConfigError, FairSettings, parse_weights
 from .shedding import Shedder, ShedderStatistics
+from .tracking import TaskTracker
+
+if TYPE_CHECKING:
+    from .dispatch import FairGate
 
 __all__ = ("LIVE_WEIGHTS", "FairService")
 
@@ -40,7 +44,9 @@ LIVE_WEIGHTS = "_fair.queue_weights"
 class FairService:
     """One worker's scheduler, and the hooks that feed it.
 
-    ``clock`` is injectable (seconds, monotonic) for tests.
+    Owns its collaborators: the :class:`TaskTracker` that feeds it and, with
+    CoDel on, the :class:`Shedder`.  ``clock`` is injectable (seconds,
+    monotonic) for tests; ``hostname`` names the worker in telemetry.
     """
 
     def __init__(
@@ -49,6 +55,7 @@ class FairService:
         *,
         concurrency: int = 1,
         clock: Callable[[], float] = monotonic,
+        hostname: str | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -62,9 +69,15 @@ class FairService:
         )
         self.lock = threading.RLock()
         self.cycle: DWRRCycle | None = None
-        self.gate: Any = None  # a FairGate on threads/solo pools
-        self.tracker: Any = None  # a TaskTracker
-        self.shedder: Shedder | None = None  # when CoDel is on
+        #: The gate of the pools that dispatch directly (threads, solo, green).
+        self.gate: FairGate | None = None
+        self.tracker = TaskTracker(self, hostname=hostname)
+        codel = settings.codel_options
+        self.shedder: Shedder | None = None
+        if codel is not None:
+            self.shedder = Shedder(
+                codel, clock=clock, on_returned=self.tracker.returned, queue_of=self.queue_of
+            )
         self.adaptive: AdaptivePrefetch | None = None
         self.push: PushWindows | None = None  # adaptive windows on AMQP
         self._qos: Any = None
@@ -189,10 +202,10 @@ class FairService:
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more."""
-        shedder, waiting = self.shedder, self.scheduler.waiting
+        shedder, waiting = self.shedder, self.scheduler.dispatch
         if shedder is not None:
-            controller = shedder.controller
-            compat.hold_fetch_while(qos, lambda: controller.dropping and len(waiting) > 0)
+            policy = shedder.policy
+            compat.hold_fetch_while(qos, lambda: policy.dropping and len(waiting) > 0)
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
@@ -435,7 +448,7 @@ class WorkerStatistics:
     prefetch_windows: Mapping[str, int]
     codel: ShedderStatistics | None
     adaptive_prefetch: PrefetchStatistics | None
-    push_windows: Mapping[str, Any] | None
+    push_windows: PushWindowsStatistics | None
     atomic_fetch: AtomicFetchStatistics | None
     compat_fallbacks: Mapping[str, str]
     keys: KeyStatistics | None
@@ -449,7 +462,8 @@ class WorkerStatistics:
         adaptive: dict[str, Any] | None = None
         if self.adaptive_prefetch is not None:
             adaptive = asdict(self.adaptive_prefetch)
-            adaptive.update(self.push_windows or {})
+            if self.push_windows is not None:
+                adaptive.update(asdict(self.push_windows))
         if adaptive is not None:
             stats["adaptive_prefetch"] = adaptive
         stats["atomic_fetch"] = asdict(self.atomic_fetch) if self.atomic_fetch else None

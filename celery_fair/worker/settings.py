@@ -5,6 +5,7 @@ Every error names the setting (or the command-line option) and the value.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
 import os
@@ -16,8 +17,9 @@ import click
 from celery.exceptions import ImproperlyConfigured
 
 from ..keys.limits import KeyLimits
-from ..scheduling.codel import CODEL_ACTIONS
-from ..scheduling.scheduler import COST_MODES, CostMode
+from ..scheduling.codel import CoDelAction
+from ..scheduling.cost import COST_MODES, CostMode
+from ..scheduling.shedding import CoDelOptions, check_codel
 
 __all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_pairs", "parse_weights")
 
@@ -181,39 +183,27 @@ def _prefetch(value: Any) -> int | dict[str, int] | str | None:
 
 
 def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
-    target, interval = conf.get("fair_codel_target"), conf.get("fair_codel_interval")
+    """The ``fair_codel_*`` settings, checked by the one CoDel validator."""
     action = conf.get("fair_codel_action") or "requeue"
-    if action not in CODEL_ACTIONS:
-        raise FairConfigError(
-            f"fair_codel_action must be one of {', '.join(CODEL_ACTIONS)}; got {action!r}"
-        )
     max_requeues = conf.get("fair_codel_max_requeues")
     if max_requeues is None:
         max_requeues = 3
-    if isinstance(max_requeues, bool) or not isinstance(max_requeues, int) or max_requeues < 0:
-        raise FairConfigError(
-            f"fair_codel_max_requeues must be an integer >= 0, got {max_requeues!r}"
-        )
-    if target is None and interval is None:
+    times = [conf.get("fair_codel_target"), conf.get("fair_codel_interval")]
+    for i, value in enumerate(times):
+        if isinstance(value, str):  # from the command line or the environment
+            with contextlib.suppress(ValueError):
+                times[i] = float(value)
+    try:
+        options = check_codel(times[0], times[1], action, max_requeues, name="fair_{}".format)
+    except ValueError as exc:
+        raise FairConfigError(str(exc)) from None
+    if options is None:
         return {"codel_action": action, "codel_max_requeues": max_requeues}
-    if target is None or interval is None:
-        missing = "fair_codel_target" if target is None else "fair_codel_interval"
-        raise FairConfigError(
-            f"{missing} must be set too: CoDel needs both fair_codel_target and "
-            f"fair_codel_interval (got target={target!r}, interval={interval!r})"
-        )
-    target_s = _positive("fair_codel_target", None, target)
-    interval_s = _positive("fair_codel_interval", None, interval)
-    if not target_s < interval_s:
-        raise FairConfigError(
-            f"fair_codel_target must be less than fair_codel_interval, got "
-            f"target={target!r} and interval={interval!r}"
-        )
     return {
-        "codel_target": target_s,
-        "codel_interval": interval_s,
-        "codel_action": action,
-        "codel_max_requeues": max_requeues,
+        "codel_target": options.target,
+        "codel_interval": options.interval,
+        "codel_action": options.action,
+        "codel_max_requeues": options.max_requeues,
     }
 
 
@@ -255,7 +245,7 @@ class FairSettings:
     telemetry_dir: str | None = None
     codel_target: float | None = None
     codel_interval: float | None = None
-    codel_action: str = "requeue"
+    codel_action: CoDelAction = "requeue"
     codel_max_requeues: int = 3
     atomic_fetch: bool = True
     metrics_port: int | None = None
@@ -275,6 +265,18 @@ class FairSettings:
     def codel(self) -> bool:
         """Whether CoDel is on (both ``fair_codel_target`` and ``_interval`` set)."""
         return self.codel_target is not None
+
+    @property
+    def codel_options(self) -> CoDelOptions | None:
+        """The checked CoDel options, or None when CoDel is off."""
+        if self.codel_target is None or self.codel_interval is None:
+            return None
+        return CoDelOptions(
+            self.codel_target,
+            self.codel_interval,
+            self.codel_action,
+            self.codel_max_requeues,
+        )
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:

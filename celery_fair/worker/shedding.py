@@ -22,13 +22,17 @@ dead-letter exchange (checked at start: other brokers would drop it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable
 from typing import Any
 
 from .. import compat
 from ..kombu.requeue import REQUEUE_HEADER, requeue_count, return_copy
-from ..scheduling.codel import CoDelController, CoDelStatistics
+from ..scheduling.shedding import (
+    UNKNOWN_QUEUE,
+    CoDelOptions,
+    SheddingPolicy,
+    SheddingStatistics,
+)
 
 __all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder", "ShedderStatistics")
 
@@ -37,62 +41,57 @@ logger = logging.getLogger(__name__)
 #: Monotonic receipt (or due) time stamped on the request by the tracker.
 RECEIVED_MONOTONIC = "_fair_received_monotonic"
 
+#: ``inspect fair_stats`` -> ``codel``: the shared policy's record.
+ShedderStatistics = SheddingStatistics
+
 
 class Shedder:
-    """Decides, per task leaving the wait buffer, whether to send it back."""
+    """Carries out the shared :class:`SheddingPolicy` on Celery requests."""
 
     def __init__(
         self,
-        app: Any,
+        options: CoDelOptions,
         *,
-        target: float,
-        interval: float,
-        action: str = "requeue",
-        max_requeues: int = 3,
         clock: Callable[[], float],
         on_returned: Callable[[Any, str], None] | None = None,
         queue_of: Callable[[Any], str | None] | None = None,
     ) -> None:
-        self.app = app
-        self.clock = clock
-        self.controller = CoDelController(target, interval, clock=clock)
-        self.action = action
-        self.max_requeues = max_requeues
+        self.policy = SheddingPolicy(options, clock=clock)
         self.on_returned = on_returned
         self.queue_of = queue_of
-        self.requeued = 0
-        self.rejected = 0
-        self.kept = 0  # stale, but at the requeue cap: ran here
-        self.errors = 0
-        #: Tasks returned per queue (only shedding touches these: off the hot path).
-        self.requeued_by_queue: dict[str, int] = {}
-        self.rejected_by_queue: dict[str, int] = {}
+
+    @property
+    def controller(self) -> Any:
+        return self.policy.controller
+
+    @property
+    def requeued_by_queue(self) -> dict[str, int]:
+        return self.policy.returned["requeue"]
+
+    @property
+    def rejected_by_queue(self) -> dict[str, int]:
+        return self.policy.returned["reject"]
 
     def admit(self, request: Any, backlog: int) -> bool:
         """True: dispatch ``request`` now.  False: it went back to the broker."""
         received = getattr(request, RECEIVED_MONOTONIC, None)
         if received is None:
             return True
-        now = self.clock()
-        if not self.controller.should_drop(now - received, now, backlog=backlog):
-            return True
-        count = _requeues(request)
-        if self.action == "requeue" and count >= self.max_requeues:
-            self.kept += 1
+        known = self.queue_of(request) if self.queue_of is not None else None
+        queue = known or UNKNOWN_QUEUE
+        verdict = self.policy.verdict(queue, received, backlog, lambda: _requeues(request))
+        if verdict in ("run", "keep"):
             return True
         try:
-            if self.action == "requeue":
-                self._requeue(request, count)
-                self.requeued += 1
-                self._count(self.requeued_by_queue, request)
-                outcome = "codel-requeue"
+            if verdict == "requeue":
+                count = _requeues(request) + 1
+                # Without a known queue: to the exchange and routing key it came with.
+                return_copy(request.message, known, {REQUEUE_HEADER: count}, front=True)
+                request.acknowledge()
             else:
                 request.reject(requeue=False)
-                self.rejected += 1
-                self._count(self.rejected_by_queue, request)
-                outcome = "codel-reject"
         except Exception:  # noqa: BLE001 - running the task beats losing it
-            self.errors += 1
+            self.policy.failed(queue, verdict)
             logger.warning(
                 "celery-fair: could not return %s to the broker", request.id, exc_info=True
             )
@@ -101,63 +100,16 @@ class Shedder:
 
         task_ready(request)
         if self.on_returned is not None:
-            self.on_returned(request, outcome)
+            self.on_returned(request, f"codel-{verdict}")
         return False
-
-    def _count(self, counts: dict[str, int], request: Any) -> None:
-        queue = (self.queue_of(request) if self.queue_of is not None else None) or "<unknown>"
-        counts[queue] = counts.get(queue, 0) + 1
 
     def empty(self) -> None:
         """The wait buffer is empty (CoDel leaves its dropping state)."""
-        self.controller.empty(self.clock())
-
-    def _requeue(self, request: Any, count: int) -> None:
-        queue = self.queue_of(request) if self.queue_of is not None else None
-        return_copy(request.message, queue, {REQUEUE_HEADER: count + 1}, front=True)
-        request.acknowledge()
+        self.policy.empty()
 
     def statistics(self) -> ShedderStatistics:
         """A frozen snapshot: the CoDel state and what was returned, per queue."""
-        return ShedderStatistics(
-            controller=self.controller.statistics(),
-            action=self.action,
-            max_requeues=self.max_requeues,
-            requeued=self.requeued,
-            rejected=self.rejected,
-            requeued_by_queue=dict(self.requeued_by_queue),
-            rejected_by_queue=dict(self.rejected_by_queue),
-            kept_at_cap=self.kept,
-            errors=self.errors,
-        )
-
-
-@dataclass(frozen=True)
-class ShedderStatistics:
-    """A snapshot of a :class:`Shedder` (``inspect fair_stats`` -> ``codel``)."""
-
-    controller: CoDelStatistics
-    action: str
-    max_requeues: int
-    requeued: int
-    rejected: int
-    requeued_by_queue: Mapping[str, int]
-    rejected_by_queue: Mapping[str, int]
-    kept_at_cap: int
-    errors: int
-
-    @property
-    def dropping(self) -> bool:
-        """Whether CoDel finds the buffer stale now."""
-        return self.controller.dropping
-
-    def as_dict(self) -> dict[str, Any]:
-        """The CoDel state and these counters, flat, as JSON-friendly data."""
-        stats: dict[str, Any] = dict(self.controller.as_dict())
-        for name in (f.name for f in fields(self) if f.name != "controller"):
-            value = getattr(self, name)
-            stats[name] = dict(value) if isinstance(value, Mapping) else value
-        return stats
+        return self.policy.statistics()
 
 
 def _requeues(request: Any) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from typing import Any
@@ -12,13 +11,11 @@ from celery.utils.log import get_logger
 
 from .. import compat
 from ..keys.consumers import warn_about_plain_consumers
-from ..keys.publish import register_app
+from .build import build
 from .dispatch import FairGate, install_on_semaphore
-from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .recorder import PoolRecorder
 from .service import FairService
-from .settings import FairConfigError, FairSettings
-from .shedding import Shedder
+from .settings import FairSettings
 from .tracking import TaskTracker
 
 __all__ = ("FairConsumerStep", "FairWorkerStep")
@@ -40,37 +37,10 @@ class FairWorkerStep(bootsteps.StartStopStep):
         super().__init__(w, **kwargs)
         settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
         concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
-        w.fair = FairService(settings, concurrency=concurrency)
-        w.fair.tracker = TaskTracker(w.fair, hostname=getattr(w, "hostname", None))
-        if settings.codel:
-            assert settings.codel_target is not None and settings.codel_interval is not None
-            w.fair.shedder = Shedder(
-                w.app,
-                target=settings.codel_target,
-                interval=settings.codel_interval,
-                action=settings.codel_action,
-                max_requeues=settings.codel_max_requeues,
-                clock=w.fair.clock,
-                on_returned=w.fair.tracker.returned,
-                queue_of=w.fair.queue_of,
-            )
-            if settings.codel_action == "reject":
-                _check_dead_lettering(w.app)
-        if settings.keys:
-            _check_keyed_broker(w.app, settings)
-        if settings.telemetry_dir is not None:
-            _require_pyarrow()
-        self.metrics: MetricsServer | None = None
+        w.fair, self.metrics = build(
+            w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)
+        )
         self.recorder: PoolRecorder | None = None  # with telemetry, from create()
-        if settings.metrics_port is not None:
-            require_prometheus_client()
-            meter = DispatchMeter(cost_at_dispatch=settings.cost == "count")
-            w.fair.tracker.meter = meter
-            collector = FairCollector(w.fair, meter, worker=getattr(w, "hostname", "") or "")
-            self.metrics = MetricsServer(
-                collector, port=settings.metrics_port, addr=settings.metrics_addr
-            )
-            self.metrics.check()
 
     def create(self, w: Any) -> None:
         service: FairService = w.fair
@@ -92,8 +62,8 @@ class FairWorkerStep(bootsteps.StartStopStep):
         if direct:
             # No semaphore wait on the way to the pool: add a fair one.
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
-            service.gate = FairGate(service, slots)
-            w.process_task = tracker.wrap_receive(service.gate.wrap(process, w.pool))
+            gate = service.gate = FairGate(service, slots)
+            w.process_task = tracker.wrap_receive(gate.wrap(process, w.pool))
         elif getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
             install_on_semaphore(w.semaphore, service)
@@ -149,20 +119,6 @@ class FairWorkerStep(bootsteps.StartStopStep):
 
 def _host(addr: str) -> str:
     return f"[{addr}]" if ":" in addr else addr
-
-
-def _require_pyarrow() -> None:
-    """Fail at start, with the fix, if the telemetry extra is not installed.
-
-    Only looks for the package: importing it here would load pyarrow (and
-    numpy) into the main process, which costs a prefork worker's main
-    process CPU on every task; see :class:`_MainWriter`.
-    """
-    if importlib.util.find_spec("pyarrow") is None:
-        raise FairConfigError(
-            "fair_telemetry_dir is set but pyarrow is not installed: "
-            "pip install 'celery-fair[telemetry]'"
-        )
 
 
 def _telemetry_writer(directory: str, hostname: str | None, pid: int) -> Any:
@@ -309,36 +265,3 @@ def _hold_during_drain(connection: Any, gate: Any) -> None:
             gate.open()
 
     connection.drain_events = fair_drain_events
-
-
-def _broker_driver(app: Any) -> str:
-    """The broker transport's driver type (``redis``, ``amqp`` ...)."""
-    from kombu.connection import Connection
-
-    return str(getattr(Connection(app.conf.broker_url).transport, "driver_type", ""))
-
-
-def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
-    """Keyed queues need server-side scripts: Redis only (and Kombu's hooks)."""
-    driver = _broker_driver(app)
-    if driver != "redis":
-        raise FairConfigError(
-            f"fair_keys={sorted(settings.keys)!r} needs the Redis broker (keys are served by a "
-            f"server-side script); this broker's transport is {driver!r}. On RabbitMQ, spread "
-            "the keys over shard queues with ConsistentHashRouter, which can also isolate a "
-            "noisy key (isolate=...); see docs/fairness-keys.md"
-        )
-    # install() registered the app already; again here in case fair_keys was set
-    # after it (register_app wraps Kombu's channel, probed, when there are keys).
-    register_app(app)
-
-
-def _check_dead_lettering(app: Any) -> None:
-    """``fair_codel_action="reject"`` must not silently drop tasks."""
-    driver = _broker_driver(app)
-    if driver != "amqp":
-        raise FairConfigError(
-            "fair_codel_action='reject' needs a broker that dead-letters rejected "
-            f"messages (RabbitMQ with a dead-letter exchange); got broker transport "
-            f"{driver!r}. Use fair_codel_action='requeue'."
-        )

@@ -154,11 +154,12 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
 
 
 def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
+    from celery_fair.scheduling.shedding import CoDelOptions
     from celery_fair.worker.shedding import Shedder
 
     service, meter = _service()
     clock = iter(range(1000)).__next__
-    shedder = Shedder(None, target=0.1, interval=1.0, clock=lambda: float(clock()))
+    shedder = Shedder(CoDelOptions(0.1, 1.0), clock=lambda: float(clock()))
     shedder.requeued_by_queue["a"] = 2
     shedder.rejected_by_queue["b"] = 1
     service.shedder = shedder

@@ -136,7 +136,7 @@ def test_a_slower_task_time_shrinks_the_window_by_re_consuming_on_the_same_chann
         world.channel.basic_ack(tag)
     assert [m for m in world.channel.sent if m[0] == "ack"] == [("ack", t) for t in delivered]
     assert world.service.push is not None
-    assert world.service.push.statistics()["unacked_by_consumer"] == {}
+    assert world.service.push.statistics().unacked_by_consumer == {}
 
 
 def test_an_ack_that_frees_a_full_window_times_the_refill() -> None:

@@ -88,13 +88,25 @@ def test_install_adds_and_never_replaces_configuration() -> None:
 @pytest.mark.parametrize(
     ("conf", "fragment"),
     [
-        ({"fair_codel_target": 0.5, "fair_codel_interval": 0.1}, "must be less than"),
-        ({"fair_codel_target": 0.1}, "fair_codel_interval must be set too"),
-        ({"fair_codel_interval": 1}, "fair_codel_target must be set too"),
-        ({"fair_codel_target": -1, "fair_codel_interval": 1}, "fair_codel_target must be a"),
-        ({"fair_codel_target": 0.1, "fair_codel_interval": "x"}, "got 'x'"),
-        ({"fair_codel_action": "drop"}, "fair_codel_action must be one of requeue, reject"),
-        ({"fair_codel_max_requeues": -1}, "fair_codel_max_requeues must be an integer >= 0"),
+        (
+            {"fair_codel_target": 0.5, "fair_codel_interval": 0.1},
+            "fair_codel_target=0.5: must be below fair_codel_interval=0.1",
+        ),
+        (
+            {"fair_codel_target": 0.1},
+            "fair_codel_interval=None: must be set with fair_codel_target=0.1",
+        ),
+        (
+            {"fair_codel_interval": 1},
+            "fair_codel_target=None: must be set with fair_codel_interval=1",
+        ),
+        (
+            {"fair_codel_target": -1, "fair_codel_interval": 1},
+            "fair_codel_target=-1: must be a positive",
+        ),
+        ({"fair_codel_target": 0.1, "fair_codel_interval": "x"}, "fair_codel_interval='x'"),
+        ({"fair_codel_action": "drop"}, "fair_codel_action='drop': must be one of"),
+        ({"fair_codel_max_requeues": -1}, "fair_codel_max_requeues=-1: must be an integer >= 0"),
     ],
 )
 def test_codel_settings_are_validated(conf: dict[str, object], fragment: str) -> None:
