@@ -215,7 +215,9 @@ class FairConsumerMixin(ConsumerMixin):
       (at least 1 each); default ``25`` per queue.  ``windows`` overrides it
       per queue (``{"bulk": 2}``).
     * ``cost``: ``"count"`` (every message costs 1) or ``"runtime"`` (the
-      handler's measured run time, charged after it returns: DRR++).
+      handler's run time: its queue's average is charged when a message is
+      chosen and corrected to the measured time when the handler returns,
+      DRR++ as in the worker).
       ``runtime_quantum`` is the seconds of run time the heaviest queue may
       use per DWRR visit.
     * ``on_error``: what a handler exception does to its message: ``"reject"``
