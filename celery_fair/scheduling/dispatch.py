@@ -59,10 +59,6 @@ class DispatchRound(Generic[T]):
         if estimate is not None:
             self.buffer.charge(queue, runtime - estimate)
 
-    def remove(self, queue: str, item: T) -> bool:
-        """Take a specific item out, uncharged (a revoked or returned task)."""
-        return self.buffer.remove(queue, item)
-
     def clear(self) -> list[T]:
         """Empty the buffer (its messages went back to the broker); return them."""
         return self.buffer.clear()

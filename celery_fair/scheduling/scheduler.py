@@ -76,8 +76,6 @@ class FairScheduler:
         credit: int | None = None,
         reserve: int = 1,
     ) -> None:
-        if cost not in COST_MODES:
-            raise ValueError(f"cost must be one of {COST_MODES}, got {cost!r}")
         self.costs = CostModel(cost, runtime_quantum=runtime_quantum)
         self.default_weight = check_quantum("<default>", default_weight)
         if credit is not None and (isinstance(credit, bool) or int(credit) < 1):

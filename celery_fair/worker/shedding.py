@@ -61,10 +61,6 @@ class Shedder:
         self.queue_of = queue_of
 
     @property
-    def controller(self) -> Any:
-        return self.policy.controller
-
-    @property
     def requeued_by_queue(self) -> dict[str, int]:
         return self.policy.returned["requeue"]
 
