@@ -48,10 +48,11 @@ What both mappings guarantee:
   Python's salted ``hash()``, so every process on every machine agrees.
 * Shares. Rendezvous shares are exact. The table's are exact in expectation
   over the slot placement; the placement itself leaves each queue a fixed
-  relative error of about ``0.3 / sqrt(slots of the queue)``, which is also
-  what separates a moved fraction from its ideal: under 0.6% at 16 queues,
-  2.6% for the worst of 256 queues, and at 10,000 queues (64 slots per unit
-  of weight) a standard deviation of 3.5% for a queue of weight 1 and 12% for
+  relative error of about ``0.6 p / sqrt(slots of the queue)`` for a pass
+  probability *p* (see ``table_layout``), which is also what separates a
+  moved fraction from its ideal: under 0.6% at 16 queues, 2.6% for the worst
+  of 256 queues, and at 10,000 queues (64 slots per unit of weight, *p* =
+  1/8) a standard deviation of 0.9% for a queue of weight 1 and about 3% for
   the worst queue (``bench/router.py`` measures it all;
   ``HashRing.mapped_shares`` computes it for any ring).
 
@@ -126,11 +127,11 @@ _COPY_STRIDE = 0xD6E8FEB86659FD93
 # A table entry is ``bucket << 24 | owner``: the owner is the queue's index in name order.
 _OWNER_BITS = 24
 _OWNER_MASK = (1 << _OWNER_BITS) - 1
-# A slot passes when its coin is below 2**63: probability 1/2.
-_PASS = 1 << 63
-# After this many probes without a passing slot (probability below 1e-10 for any
-# layout, see ``TableLayout``) the key falls back to rendezvous over all queues.
-_MAX_PROBES = 64
+# Most a layout lowers a slot's pass probability to: 1/16 (see ``table_layout``).
+_MAX_PASS_BITS = 4
+# A key makes at most ``_PROBES_PER_PASS << pass_bits`` probes (probability below 1e-10
+# for any layout, see ``TableLayout``), then falls back to rendezvous over all queues.
+_PROBES_PER_PASS = 32
 #: How many built probe tables are kept, keyed by queue set, weights and layout. A table
 #: of 10,000 queues takes seconds to build and about 20 MB, and a process often builds
 #: the same one again: a router per task group over the same shards, a ring changed and
@@ -245,10 +246,11 @@ class TableLayout:
     change that crosses a band boundary (3, 12, 48, 192, 768, 3072, 12288,
     49152, ...) re-draws every slot, like resizing a Maglev table.
 
-    Inside a band the buckets hold on average between 0.75 and 3 slots, so a
-    probe finds a passing slot with probability at least ``1 - exp(-0.375)``,
-    about 0.31: at most 3.2 probes are expected, and 64 fail together with
-    probability below 1e-10.
+    Inside a band the buckets hold on average between 0.75 and 3 slots. A
+    slot passes a probe with probability ``p = 2**-pass_bits``, so a probe
+    finds a passing slot with probability at least ``1 - exp(-0.75 p)``: at
+    most 3.2 probes are expected at ``p = 1/2``, 5.8 at 1/4, 11 at 1/8 and 22
+    at 1/16, and ``32 / p`` probes fail together with probability below 1e-10.
     """
 
     band: int
@@ -257,6 +259,8 @@ class TableLayout:
     """Slots per unit of weight (a power of two): queue q owns ``ceil(slots_per_weight * w_q)``."""
     bucket_bits: int
     """The table has ``2**bucket_bits`` buckets."""
+    pass_bits: int = 1
+    """A slot passes a probe with probability ``2**-pass_bits`` (see ``table_layout``)."""
 
     @property
     def band_top(self) -> float:
@@ -279,6 +283,18 @@ def table_layout(total_weight: float) -> TableLayout:
     to 12,288, 64 up to 49,152) so that the table stays under 3.2 million
     slots. The bucket count is the slots per unit times ``4**band``, which
     keeps 0.75 to 3 slots per bucket.
+
+    Where there are fewer slots per unit weight, a slot passes a probe less
+    often, ``2**-pass_bits`` with ``pass_bits = 6 - exponent // 2`` between 1
+    and 4: 1/2 up to a total of 768, 1/4 up to 12,288, 1/8 up to 49,152. Why:
+    slots in one bucket compete for the probe, so a slot that shares its
+    bucket decides fewer probes than one alone, by about half the pass
+    probability per neighbour. That is what gives a queue's share its error,
+    about ``sqrt(load) * p / 2 / sqrt(slots)``; halving *p* halves it, and costs
+    probes. At 10,000 queues (64 slots per unit) *p* = 1/2 left a queue of
+    weight 1 a share error of 3.5% (standard deviation) and the worst queue
+    12%; *p* = 1/8 gives 0.9% and 3% (``bench/router.py``), for about four
+    probes more per key.
     """
     if not math.isfinite(total_weight) or total_weight <= 0:
         raise ValueError(f"total weight {total_weight!r} must be a positive finite number")
@@ -299,6 +315,7 @@ def table_layout(total_weight: float) -> TableLayout:
         band=band,
         slots_per_weight=math.ldexp(1.0, exponent),
         bucket_bits=max(0, exponent + 2 * band),
+        pass_bits=min(_MAX_PASS_BITS, max(1, 6 - exponent // 2)),
     )
 
 
@@ -318,10 +335,11 @@ class _ProbeTable:
     queue in one bucket are equal entries; their coins differ by their rank
     among the equal entries (``copy``), which depends on that queue alone.
     ``partial`` maps the entry of each queue's fractional last slot to its rank
-    and to its pass threshold (``_PASS`` times the fraction).
+    and to its pass threshold (``passing`` times the fraction). A coin below
+    ``passing`` passes.
     """
 
-    __slots__ = ("entries", "layout", "partial", "seeds", "shift", "start")
+    __slots__ = ("entries", "layout", "partial", "passing", "probes", "seeds", "shift", "start")
 
     def __init__(
         self, names: tuple[str, ...], weights: Mapping[str, float], layout: TableLayout
@@ -331,6 +349,8 @@ class _ProbeTable:
         shift = 64 - layout.bucket_bits
         self.layout = layout
         self.shift = shift
+        self.passing = 1 << (64 - layout.pass_bits)
+        self.probes = _PROBES_PER_PASS << layout.pass_bits
         self.seeds = tuple(_queue_seed(name) for name in names)
         values: list[int] = []
         partial: dict[int, tuple[int, int]] = {}
@@ -350,7 +370,7 @@ class _ProbeTable:
                 # The fractional slot is the last-ranked copy in its bucket; raising the
                 # weight turns it into a full slot without changing any other coin.
                 rank = buckets.count(last) - 1
-                partial[last << _OWNER_BITS | owner] = (rank, int(fraction * _PASS))
+                partial[last << _OWNER_BITS | owner] = (rank, int(fraction * self.passing))
             # Each queue adds a sorted run; sorting runs is what Timsort does fastest.
             values.extend(
                 sorted(map(or_, map(lshift, buckets, repeat(_OWNER_BITS)), repeat(owner)))
@@ -402,7 +422,7 @@ class _ProbeTable:
                     previous = entry
                     copy = 0
                 fractional = partial.get(entry)
-                threshold = _PASS
+                threshold = self.passing
                 if fractional is not None and fractional[0] == copy:
                     threshold = fractional[1]
                 owners.append(entry & _OWNER_MASK)
@@ -422,19 +442,25 @@ class _ProbeTable:
         return [share / decided for share in shares]
 
     def find(self, h: int) -> int:
-        """Return the owner index for key hash ``h``, or -1 if 64 probes found no slot."""
+        """Return the owner index for key hash ``h``, or -1 if every probe came up empty."""
         start = self.start
         entries = self.entries
         seeds = self.seeds
         partial = self.partial
         shift = self.shift
+        passing = self.passing
+        # Module constants as locals: a probe costs a few dozen integer operations, and
+        # at 1/8 pass probability a key makes several probes.
+        mask, mix1, mix2, golden, owner_mask = _MASK64, _MIX1, _MIX2, _GOLDEN, _OWNER_MASK
         x = h  # the key hash is itself uniform: it serves as the first probe word
-        for probe in range(_MAX_PROBES):
+        z = h
+        for probe in range(self.probes):
             if probe:
                 # The probe-th output of SplitMix64 seeded with the key hash.
-                x = (h + probe * _GOLDEN) & _MASK64
-                x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
-                x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+                z += golden
+                x = z & mask
+                x = ((x ^ (x >> 30)) * mix1) & mask
+                x = ((x ^ (x >> 27)) * mix2) & mask
                 x ^= x >> 31
             bucket = x >> shift
             position = start[bucket]
@@ -444,14 +470,14 @@ class _ProbeTable:
             if end - position == 1:
                 # A bucket with one slot is the common case; spare it the bookkeeping.
                 entry = entries[position]
-                y = x ^ seeds[entry & _OWNER_MASK]
-                y = ((y ^ (y >> 30)) * _MIX1) & _MASK64
-                y = ((y ^ (y >> 27)) * _MIX2) & _MASK64
+                y = x ^ seeds[entry & owner_mask]
+                y = ((y ^ (y >> 30)) * mix1) & mask
+                y = ((y ^ (y >> 27)) * mix2) & mask
                 y ^= y >> 31
-                if y < _PASS:
+                if y < passing:
                     fractional = partial.get(entry) if partial else None
                     if fractional is None or y < fractional[1]:
-                        return entry & _OWNER_MASK
+                        return entry & owner_mask
                 continue
             winner = -1
             winner_draw = 0
@@ -466,18 +492,18 @@ class _ProbeTable:
                 else:
                     previous = entry
                     copy = 0
-                owner = entry & _OWNER_MASK
+                owner = entry & owner_mask
                 # The coin of (slot, key, probe): the bucket's probe word, the queue's
                 # seed and the slot's rank, mixed. Nothing here depends on other queues.
                 y = x ^ seeds[owner]
                 if copy:
-                    y ^= (copy * _COPY_STRIDE) & _MASK64
-                y = ((y ^ (y >> 30)) * _MIX1) & _MASK64
-                y = ((y ^ (y >> 27)) * _MIX2) & _MASK64
+                    y ^= (copy * _COPY_STRIDE) & mask
+                y = ((y ^ (y >> 30)) * mix1) & mask
+                y = ((y ^ (y >> 27)) * mix2) & mask
                 y ^= y >> 31
-                if y >= _PASS:
+                if y >= passing:
                     continue
-                threshold = _PASS
+                threshold = passing
                 if partial:
                     fractional = partial.get(entry)
                     if fractional is not None and fractional[0] == copy:
@@ -641,7 +667,7 @@ class HashRing:
             owner = table.find(h)
             if owner >= 0:
                 return self._names[owner]
-            # 64 empty probes: rendezvous over all queues decides (it is a per-key
+            # Every probe came up empty: rendezvous over all queues decides (it is a per-key
             # rule like the probes, so minimal disruption still holds).
         return self._rendezvous(h)
 

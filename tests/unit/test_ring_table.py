@@ -144,6 +144,33 @@ def test_mapped_shares_are_what_keys_actually_get(table16: HashRing) -> None:
         assert abs(counts[name] / len(hashes) - share) < 4.5 * sigma, name
 
 
+@pytest.mark.parametrize("pass_bits", [2, 3, 4])
+def test_mapped_shares_hold_at_every_pass_probability(pass_bits: int) -> None:
+    # 40 units of weight at 256 slots each in 4,096 buckets: 2.5 slots a bucket, the
+    # crowded end of a band, where competing slots matter most.
+    layout = TableLayout(band=2, slots_per_weight=256.0, bucket_bits=12, pass_bits=pass_bits)
+    ring = HashRing(mixed(16), algorithm="rendezvous")
+    ring._table = _ProbeTable(ring.queues, ring.weights, layout)
+    mapped = ring.mapped_shares()
+    hashes = random_hashes(100_000, seed=13)
+    counts = Counter(ring.lookup_hash(h) for h in hashes)
+    for name, share in mapped.items():
+        sigma = math.sqrt(share * (1 - share) / len(hashes))
+        assert abs(counts[name] / len(hashes) - share) < 4.5 * sigma, name
+
+
+def test_removal_at_10000_queues_moves_at_most_105_percent_of_the_ideal() -> None:
+    # Removing a queue moves exactly its keys, so moved / ideal is its mapped share over its
+    # weight share (see HashRing.mapped_shares); this checks every queue of the ring at once.
+    # About 20 s: the bound of the routing issue, at the size it names.
+    ring = HashRing(mixed(10_000), algorithm="table")
+    assert ring.layout is not None and ring.layout.pass_bits == 3
+    mapped, ideal = ring.mapped_shares(), ring.shares()
+    ratios = [mapped[q] / ideal[q] for q in ideal]
+    assert max(ratios) <= 1.05
+    assert min(ratios) >= 0.95
+
+
 @pytest.mark.parametrize(
     ("fixture", "bound"),
     [("table4", 0.005), ("table16", 0.02), ("table256", 0.045)],
@@ -302,13 +329,17 @@ def test_table_weight_keeps_the_layout_across_a_band_boundary() -> None:
 
 # Property tests on small tables: the per-key rules do not depend on the layout's size, and a
 # small layout (8 buckets, 2 slots per unit of weight) keeps hypothesis fast.
+# Each pass probability a layout can choose, 1/2 to 1/16, is drawn.
 SMALL = TableLayout(band=0, slots_per_weight=2.0, bucket_bits=3)
+small_layouts = st.sampled_from(
+    [TableLayout(band=0, slots_per_weight=2.0, bucket_bits=3, pass_bits=b) for b in (1, 2, 3, 4)]
+)
 
 
-def small_ring(weights: dict[str, float]) -> HashRing:
-    """A table ring on the small layout (the fallback to rendezvous included)."""
+def small_ring(weights: dict[str, float], layout: TableLayout = SMALL) -> HashRing:
+    """A table ring on a small layout (the fallback to rendezvous included)."""
     ring = HashRing(weights, algorithm="rendezvous")
-    ring._table = _ProbeTable(ring.queues, ring.weights, SMALL)
+    ring._table = _ProbeTable(ring.queues, ring.weights, layout)
     return ring
 
 
@@ -322,40 +353,45 @@ hash_lists = st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=1,
 
 
 @settings(max_examples=150, deadline=None)
-@given(weights=weight_maps, hashes=hash_lists, weight=st.integers(min_value=1, max_value=50))
+@given(
+    weights=weight_maps,
+    hashes=hash_lists,
+    weight=st.integers(min_value=1, max_value=50),
+    layout=small_layouts,
+)
 def test_property_add_only_pulls_onto_the_new_queue(
-    weights: dict[str, int], hashes: list[int], weight: int
+    weights: dict[str, int], hashes: list[int], weight: int, layout: TableLayout
 ) -> None:
-    before, after = small_ring(weights), small_ring({**weights, "new": weight})
+    before, after = small_ring(weights, layout), small_ring({**weights, "new": weight}, layout)
     for h in hashes:
         assert after.lookup_hash(h) in (before.lookup_hash(h), "new")
 
 
 @settings(max_examples=150, deadline=None)
-@given(weights=weight_maps, hashes=hash_lists, data=st.data())
+@given(weights=weight_maps, hashes=hash_lists, data=st.data(), layout=small_layouts)
 def test_property_remove_only_frees_the_removed_queue(
-    weights: dict[str, int], hashes: list[int], data: st.DataObject
+    weights: dict[str, int], hashes: list[int], data: st.DataObject, layout: TableLayout
 ) -> None:
     if len(weights) < 2:
         return
     removed = data.draw(st.sampled_from(sorted(weights)))
-    before = small_ring(weights)
-    after = small_ring({q: w for q, w in weights.items() if q != removed})
+    before = small_ring(weights, layout)
+    after = small_ring({q: w for q, w in weights.items() if q != removed}, layout)
     for h in hashes:
         if before.lookup_hash(h) != removed:
             assert after.lookup_hash(h) == before.lookup_hash(h)
 
 
 @settings(max_examples=150, deadline=None)
-@given(weights=weight_maps, hashes=hash_lists, data=st.data())
+@given(weights=weight_maps, hashes=hash_lists, data=st.data(), layout=small_layouts)
 def test_property_reweight_moves_only_onto_or_off_that_queue(
-    weights: dict[str, int], hashes: list[int], data: st.DataObject
+    weights: dict[str, int], hashes: list[int], data: st.DataObject, layout: TableLayout
 ) -> None:
     name = data.draw(st.sampled_from(sorted(weights)))
     # Fractional weights too: the last slot's pass probability carries the fraction.
     new_weight = data.draw(st.floats(min_value=0.1, max_value=50))
-    before = small_ring(weights)
-    after = small_ring({**weights, name: new_weight})
+    before = small_ring(weights, layout)
+    after = small_ring({**weights, name: new_weight}, layout)
     for h in hashes:
         old, new = before.lookup_hash(h), after.lookup_hash(h)
         if new_weight >= weights[name]:
@@ -402,25 +438,29 @@ def test_keys_that_no_probe_settles_fall_back_to_rendezvous() -> None:
 
 
 @pytest.mark.parametrize(
-    ("total", "band", "per_weight", "bits"),
+    ("total", "band", "per_weight", "bits", "pass_bits"),
     [
-        (1, 0, 65536, 16),
-        (2.99, 0, 65536, 16),
-        (3, 1, 16384, 16),
-        (6, 1, 16384, 16),
-        (12, 2, 4096, 16),
-        (47.9, 2, 4096, 16),
-        (48, 3, 1024, 16),
-        (640, 4, 1024, 18),
-        (768, 5, 512, 19),
-        (3072, 6, 256, 20),
-        (25_000, 7, 64, 20),
-        (49_152, 8, 16, 20),
+        (1, 0, 65536, 16, 1),
+        (2.99, 0, 65536, 16, 1),
+        (3, 1, 16384, 16, 1),
+        (6, 1, 16384, 16, 1),
+        (12, 2, 4096, 16, 1),
+        (47.9, 2, 4096, 16, 1),
+        (48, 3, 1024, 16, 1),
+        (640, 4, 1024, 18, 1),
+        (768, 5, 512, 19, 2),
+        (3072, 6, 256, 20, 2),
+        (25_000, 7, 64, 20, 3),
+        (49_152, 8, 16, 20, 4),
     ],
 )
-def test_layout_bands(total: float, band: int, per_weight: float, bits: int) -> None:
+def test_layout_bands(
+    total: float, band: int, per_weight: float, bits: int, pass_bits: int
+) -> None:
     layout = table_layout(total)
-    assert layout == TableLayout(band=band, slots_per_weight=per_weight, bucket_bits=bits)
+    assert layout == TableLayout(
+        band=band, slots_per_weight=per_weight, bucket_bits=bits, pass_bits=pass_bits
+    )
     assert layout.band_top / 4 <= total < layout.band_top
     # 0.75 to 3 slots per bucket on average, at any total weight of the band.
     load = per_weight * total / layout.buckets
