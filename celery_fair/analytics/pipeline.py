@@ -158,7 +158,11 @@ def compute(
         every_key = all(r["keys_in_queue"] <= max_keys for r in out["key_shares"])
         shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
         # Cached by the first quantile job, which runs the pass over the tasks.
-        histograms = tasks.transform(Q.latency_histograms, shown).coalesce(parallelism).cache()
+        histograms = (
+            tasks.transform(Q.latency_histograms, shown, usage)
+            .coalesce(parallelism)
+            .cache()
+        )
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
             recommended = latency.transform(T.recommendations)
