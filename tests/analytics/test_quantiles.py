@@ -94,3 +94,26 @@ def test_queue_histogram_is_the_sum_of_its_keys(spark: SparkSession) -> None:
             mine = [w for q2, k, w in rows if (q2, k) == ("a", key)]
             assert close(per_key[("a", key)][name], exact(mine, q))
     assert close(per_key[("b", "x")]["wait_p99"], 7.0)
+
+
+def test_pairs_from_the_usage_table_give_the_same_histograms(spark: SparkSession) -> None:
+    # The pipeline names the hashed pairs from the usage table; without it they come
+    # from the tasks. Both, with a key hidden, must count every value once, by name.
+    rng = np.random.default_rng(12)
+    rows = [("a", "x", float(w)) for w in rng.exponential(0.01, 200)]
+    rows += [("a", "z", float(w)) for w in rng.exponential(1.0, 100)]
+    rows += [("b", None, float(w)) for w in rng.exponential(0.1, 50)]
+    tasks = tasks_with(spark, rows)
+    usage = tasks.transform(T.usage_by_window)
+    by_tasks = tasks.transform(latency_histograms, {"x"}).collect()
+    by_usage = tasks.transform(latency_histograms, {"x"}, usage).collect()
+    assert sorted(map(repr, by_tasks)) == sorted(map(repr, by_usage))
+    counted: dict[tuple[str, str | None, str], int] = {}
+    for r in by_usage:
+        counted[(r["queue"], r["fair_key"], r["metric"])] = (
+            counted.get((r["queue"], r["fair_key"], r["metric"]), 0) + r["count"]
+        )
+    assert counted[("a", "x", "wait")] == 200
+    assert counted[("a", None, "wait")] == 100  # z is hidden: counted under the null key
+    assert counted[("b", None, "wait")] == 50
+    assert {r["metric"] for r in by_usage} == set(METRICS)
