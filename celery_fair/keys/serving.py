@@ -76,8 +76,10 @@ class KeyedServing:
     ) -> None:
         self.queues = frozenset(queues)
         self.limits = limits if limits is not None else KeyLimits()
-        #: Sends ``(queue, delivery tag)`` releases to the broker (set when a channel is attached).
-        self.send_releases: Callable[[list[tuple[str, str]]], None] | None = None
+        #: Sends ``(queue, delivery tag)`` releases to the broker (set when a channel is
+        #: attached); with ``wake`` true it also ends this worker's idle fetch, in the
+        #: same round trip (see ``release``).
+        self.send_releases: Callable[[list[tuple[str, str]], bool], None] | None = None
         self.released = self.release_errors = 0
         self._tags: dict[Any, str] = {}
         #: Pool slots of this worker: limited tasks fetched and not finished stay below.
@@ -152,14 +154,20 @@ class KeyedServing:
         with self._lock:
             held = self._in_flight.get(queue, 0)
             self._in_flight[queue] = max(0, held - 1)
-        if held >= self.slots and self.on_room is not None:
-            self.on_room()  # this worker may fetch from the queue again
+        # A worker that was full may fetch from the queue again: its idle fetch must
+        # end. The release and that wake-up go in one round trip: with no buffer
+        # under limits, the pool slot waits for them and the fetch that follows.
+        room = held >= self.slots
         send = self.send_releases
         if send is None:
+            if room and self.on_room is not None:
+                self.on_room()
             return
         try:
-            send([(queue, str(delivery_tag))])
+            send([(queue, str(delivery_tag))], room)
         except Exception as exc:  # the lease expires after lease_ttl: never fatal
+            if room and self.on_room is not None:
+                self.on_room()  # the fetch must not wait for its timeout as well
             with self._lock:
                 self.release_errors += 1
             logger.warning(

@@ -397,15 +397,22 @@ class AtomicFetch:
         self._armed_generation = listener.generation if listener is not None else 0
         self.mode = _FETCH
 
-    def wake(self) -> None:
-        """End the current wait: something to fetch (the listener's thread, or a freed slot)."""
+    def wake(self, pipe: Any = None) -> None:
+        """End the current wait: something to fetch (the listener's thread, or a freed slot).
+
+        With ``pipe`` (a redis-py pipeline the caller executes) the wake-up
+        rides on it, for instance with the release of a key slot.
+        """
         self.wakeups += 1
         if self._waking:
             return
         self._waking = True
+        # The wake key only ever ends a BLPOP of this channel; a value left
+        # after a timeout costs one extra fetch, and expires.
+        if pipe is not None:
+            pipe.lpush(self._wake_key, 1).expire(self._wake_key, 60)
+            return
         with compat.redis_client(self.channel) as client:
-            # The wake key only ever ends a BLPOP of this channel; a value
-            # left after a timeout costs one extra fetch, and expires.
             client.pipeline(transaction=False).lpush(self._wake_key, 1).expire(
                 self._wake_key, 60
             ).execute()

@@ -154,14 +154,23 @@ class FairService:
         if self.keyed is not None and self.keyed.limited:
             self.keyed.send_releases = self._send_releases
 
-    def _send_releases(self, releases: list[tuple[str, str]]) -> None:
-        """Free key slots: ``(queue, delivery tag)`` of tasks done with (per-key limits)."""
+    def _send_releases(self, releases: list[tuple[str, str]], wake: bool = False) -> None:
+        """Free key slots: ``(queue, delivery tag)`` of tasks done with (per-key limits).
+
+        ``wake`` also ends the atomic fetch's idle wait, in the same pipeline.
+        """
         channel = self._channel
         if channel is None:
             raise RuntimeError("no channel")
         sep = compat.key_separator(channel)
+        leases = [(names_for(channel, q).base, tag) for q, tag in releases]
+        fetch = self.cycle.atomic if self.cycle is not None else None
         with compat.redis_client(channel) as client:
-            store.release(client, sep, [(names_for(channel, q).base, tag) for q, tag in releases])
+            pipe = client.pipeline(transaction=False)
+            store.release(pipe, sep, leases)
+            if wake and fetch is not None:
+                fetch.wake(pipe)
+            pipe.execute()
 
     def _on_keyed_queues(
         self, setting: str, action: Callable[[Any, KeyedNames], T]

@@ -194,11 +194,17 @@ def test_limits_need_keyed_queues_and_default_to_the_visibility_timeout() -> Non
         )
 
 
-def _limited(sent: list[tuple[str, str]]) -> KeyedServing:
+def _limited(sent: list[tuple[str, str]], wakes: list[bool] | None = None) -> KeyedServing:
     from celery_fair.keys.limits import KeyLimits
 
     serving = KeyedServing(["jobs"], limits=KeyLimits(concurrency={"*": 1}))
-    serving.send_releases = sent.extend
+
+    def send(releases: list[tuple[str, str]], wake: bool) -> None:
+        sent.extend(releases)
+        if wakes is not None:
+            wakes.append(wake)
+
+    serving.send_releases = send
     return serving
 
 
@@ -230,15 +236,39 @@ def test_a_task_acked_without_running_frees_its_slot() -> None:
     assert serving.statistics().released == 1
 
 
+def test_a_full_worker_wakes_its_fetch_with_the_release_in_one_round_trip() -> None:
+    sent: list[tuple[str, str]] = []
+    wakes: list[bool] = []
+    rooms: list[int] = []
+    serving = _limited(sent, wakes)
+    serving.on_room = lambda: rooms.append(1)
+    serving.served("jobs", "k")  # one pool slot (slots=1): now full
+    assert not serving.has_room("jobs")
+    serving.lease_dispatched("t1")
+    serving.lease_finished("jobs", "t1")
+    assert sent == [("jobs", "t1")] and wakes == [True]
+    assert rooms == []  # the wake-up rode on the release
+    assert serving.has_room("jobs")
+    serving.lease_settled("jobs", "t2")  # not full: the fetch is not idle for want of room
+    assert wakes == [True, False]
+
+
 def test_a_failed_release_is_counted_and_never_raises() -> None:
     serving = _limited([])
+    rooms: list[int] = []
+    serving.on_room = lambda: rooms.append(1)
 
-    def broken(releases: list[tuple[str, str]]) -> None:
+    def broken(releases: list[tuple[str, str]], wake: bool) -> None:
         raise ConnectionError("broker away")
 
     serving.send_releases = broken
     serving.lease_settled("jobs", "t9")
     assert serving.statistics().release_errors == 1
+    assert rooms == []  # the worker was not full
+    serving.served("jobs", "k")
+    serving.lease_settled("jobs", "t10")
+    assert serving.statistics().release_errors == 2
+    assert rooms == [1]  # full: the fetch is woken without the failed pipeline
 
 
 class _FakeService:
