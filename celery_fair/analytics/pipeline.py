@@ -159,9 +159,7 @@ def compute(
         shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
         # Cached by the first quantile job, which runs the pass over the tasks.
         histograms = (
-            tasks.transform(Q.latency_histograms, shown, usage)
-            .coalesce(parallelism)
-            .cache()
+            tasks.transform(Q.latency_histograms, shown, usage).coalesce(parallelism).cache()
         )
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
