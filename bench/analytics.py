@@ -14,6 +14,8 @@ background thread writing.
 
 ``--baseline FILE`` puts an earlier run's JSON (for example the code before
 a change, run just before in the same conditions) beside this one.
+``--keys N`` sets the fairness keys per queue (4 queues; default 50) and
+``--key-skew`` the Zipf exponent of their use (default 1.2; 0 is uniform).
 ``--cluster`` runs the pipeline on a standalone Spark cluster started for
 the run (one worker, 1 core, 1 GiB; ``celery_fair.analytics.standalone``)
 instead of ``--master``.
@@ -46,13 +48,16 @@ def _scan(spark: Any, path: str) -> float:
     return time.perf_counter() - t0
 
 
-def bench_size(spark: Any, n: int, reps: int, tmp: Path) -> dict[str, Any]:
+def bench_size(
+    spark: Any, n: int, reps: int, tmp: Path, keys: int = 50, skew: float = 1.2
+) -> dict[str, Any]:
     from celery_fair.analytics.pipeline import compute
     from celery_fair.telemetry.synthetic import SyntheticSpec, write_synthetic
 
     path = tmp / f"n{n}"
     t0 = time.perf_counter()
-    write_synthetic(SyntheticSpec(records=n, seed=1), path)
+    spec = SyntheticSpec(records=n, seed=1, keys_per_queue=keys, key_skew=skew)
+    write_synthetic(spec, path)
     generated = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in path.iterdir())
     totals, scans, stages = [], [], {s: [] for s in STAGES}
@@ -144,7 +149,8 @@ def _markdown(data: dict[str, Any]) -> str:
         f"`{data['command']}` on {data['master']} ({data['environment']['cpus']} CPUs, "
         f"spark.driver.memory {data['driver_memory']}), {data['environment']['when']}"
         + (f", code at {data['label']}." if data.get("label") else "."),
-        "Synthetic telemetry, 4 queues x 50 keys; medians over repetitions, "
+        f"Synthetic telemetry, 4 queues x {data.get('keys', 50):,} keys (Zipf exponent "
+        f"{data.get('key_skew', 1.2):g}); medians over repetitions, "
         "spread = (max-min)/median.",
         "",
         "| records | reps | pipeline s (spread) | events/s | bare scan s | pipeline/scan | "
@@ -194,6 +200,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="an earlier run's JSON, shown beside")
     parser.add_argument("--label", default="", help="what code was measured (a commit)")
     parser.add_argument("--name", default="analytics", help="result file name in bench/results")
+    parser.add_argument("--keys", type=int, default=50, help="fairness keys per queue (4 queues)")
+    parser.add_argument("--key-skew", type=float, default=1.2, help="Zipf exponent of key use")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     reps = [int(r) for r in args.reps.split(",")]
@@ -218,7 +226,7 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="celery-fair-bench-"))
         for n, r in zip(sizes, reps, strict=True):
-            results.append(bench_size(spark, n, r, Path(tmp)))
+            results.append(bench_size(spark, n, r, Path(tmp), args.keys, args.key_skew))
         spark.stop()
     scaling = [
         (a["records"], b["records"],
@@ -228,11 +236,15 @@ def main() -> None:
     ]  # fmt: skip
     command = f"python -m bench.analytics --sizes {args.sizes} --reps {args.reps}"
     command += " --cluster" if args.cluster else ""
+    command += f" --keys {args.keys}" if args.keys != 50 else ""
+    command += f" --key-skew {args.key_skew:g}" if args.key_skew != 1.2 else ""
     data = {
         "command": command,
         "label": args.label,
         "master": "standalone cluster, 1 worker, 1 core, 1 GiB" if args.cluster else args.master,
         "driver_memory": args.driver_memory,
+        "keys": args.keys,
+        "key_skew": args.key_skew,
         "environment": environment(),
         "sizes": results,
         "scaling": scaling,
