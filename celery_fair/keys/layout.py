@@ -22,7 +22,10 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   expiry) and ``fair.lease`` (task id -> key), ``fair.parked`` (keys set
   aside at their concurrency limit), ``fair.sleep`` (keys set aside by their
   rate, scored by when they may go on) and ``fair.b.<key>`` (a key's token
-  bucket, expiring once full again).
+  bucket, expiring once full again). Throttling: ``fair.hsince`` (key ->
+  when it was set aside, while it is), ``fair.held`` (key -> seconds spent
+  set aside, the ``HELD_TOP`` longest kept), and in ``fair.state`` the
+  fields ``held_n`` (times a key was set aside) and ``held_s`` (seconds).
 
 Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
 with these names: Kombu's priority lists use it followed by a digit.
@@ -57,6 +60,9 @@ LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
     "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.parked",
     "fair.sleep", "fair.b.",
 )  # fmt: skip
+HELD_SINCE, HELD = "fair.hsince", "fair.held"
+#: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
+HELD_TOP = 1000
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,16 @@ class KeyedNames:
     @property
     def sleep(self) -> str:
         return self._name(SLEEP)
+
+    @property
+    def held_since(self) -> str:
+        """Hash: key set aside by its limits -> when (broker clock)."""
+        return self._name(HELD_SINCE)
+
+    @property
+    def held(self) -> str:
+        """Sorted set: key -> seconds it spent set aside by its limits (the longest)."""
+        return self._name(HELD)
 
     def key_list(self, key: str) -> str:
         """The list of ``key``'s waiting messages."""

@@ -66,16 +66,39 @@ local function server_now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- Throttling, for inspect and metrics: a key set aside by its limits (at its
+-- concurrency limit or out of tokens) is timed until it goes back in line.
+local function hold(base, key, now)
+  if redis.call('HSETNX', kname(base, '{layout.HELD_SINCE}'), key, now) == 1 then
+    redis.call('HINCRBY', kname(base, '{layout.STATE}'), 'held_n', 1)
+  end
+end
+
+local function resume(base, key, now)
+  local since = kname(base, '{layout.HELD_SINCE}')
+  local t = tonumber(redis.call('HGET', since, key))
+  if not t then return end
+  redis.call('HDEL', since, key)
+  local d = math.max(0, now - t)
+  redis.call('HINCRBYFLOAT', kname(base, '{layout.STATE}'), 'held_s', d)
+  local held = kname(base, '{layout.HELD}')
+  redis.call('ZINCRBY', held, d, key)
+  if redis.call('ZCARD', held) > {2 * layout.HELD_TOP} then
+    redis.call('ZREMRANGEBYRANK', held, 0, -{layout.HELD_TOP + 1})
+  end
+end
+
 -- A key set aside at its concurrency limit goes back in line.
-local function unpark(base, key)
+local function unpark(base, key, now)
   if redis.call('SREM', kname(base, '{layout.PARKED}'), key) == 1 then
     redis.call('ZADD', kname(base, '{layout.ACTIVE}'), start_tag(base, key), key)
+    resume(base, key, now)
   end
 end
 
 -- A task of a limited key finished, was restored or its lease expired
--- (``id``: its message's delivery tag).
-local function release(base, id)
+-- (``id``: its message's delivery tag; ``now``: the broker's clock).
+local function release(base, id, now)
   local leases = kname(base, '{layout.LEASE_KEY}')
   local key = redis.call('HGET', leases, id)
   if not key then return 0 end
@@ -85,7 +108,7 @@ local function release(base, id)
   local n = redis.call('HINCRBY', running, key, -1)
   if n <= 0 then redis.call('HDEL', running, key) end
   local c = limit(base, 'c', key)
-  if not c or n < c then unpark(base, key) end
+  if not c or n < c then unpark(base, key, now) end
   return 1
 end
 
@@ -145,8 +168,8 @@ RELEASE = (
     "local SEP, DFLT = ARGV[1], tonumber(ARGV[2])\n"
     + PRELUDE
     + """
-local n = 0
-for i = 3, #ARGV, 2 do n = n + release(ARGV[i], ARGV[i + 1]) end
+local n, now = 0, server_now()
+for i = 3, #ARGV, 2 do n = n + release(ARGV[i], ARGV[i + 1], now) end
 return n
 """
 )
@@ -208,12 +231,13 @@ local function keyed_pop(base, suffixes, est, limited, now)
     -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
     for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, '{layout.LEASES}'),
                                    '-inf', now, 'LIMIT', 0, 32)) do
-      release(base, id)
+      release(base, id, now)
     end
     local sleep = kname(base, '{layout.SLEEP}')
     for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
       redis.call('ZREM', sleep, key)
       redis.call('ZADD', active, start_tag(base, key), key)
+      resume(base, key, now)
     end
   end
   -- Messages of producers without celery-fair: one more key, the empty one.
@@ -237,6 +261,7 @@ local function keyed_pop(base, suffixes, est, limited, now)
         redis.call('ZREM', active, key)
         keep_tag(last, key, tag)
         redis.call('SADD', kname(base, '{layout.PARKED}'), key)
+        hold(base, key, now)
         held = true
       else
         -- Out of tokens: set aside until the bucket holds one again.
@@ -252,6 +277,7 @@ local function keyed_pop(base, suffixes, est, limited, now)
             redis.call('ZREM', active, key)
             keep_tag(last, key, tag)
             redis.call('ZADD', kname(base, '{layout.SLEEP}'), now + (1 - tokens) / rate, key)
+            hold(base, key, now)
             held = true
           end
         end

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -122,21 +122,52 @@ class KeyedLimitsState:
     #: Keys set aside at their concurrency limit, and by their rate.
     parked: int
     sleeping: int
+    #: Times a key was set aside by its limits, since the queue's state began.
+    held_back: int = 0
+    #: Seconds keys spent set aside, the ones still set aside until now included.
+    held_seconds: float = 0.0
+    #: Messages waiting in the keys set aside now (counted for up to HELD_SCAN keys).
+    tasks_held: int = 0
+    #: The keys that spent longest set aside, and their seconds (the top few).
+    top_held: list[tuple[str, float]] = field(default_factory=list)
 
 
-def limits_state(client: Any, names: KeyedNames) -> KeyedLimitsState:
+#: How many of the keys set aside now ``limits_state`` counts the waiting messages of.
+HELD_SCAN = 1000
+
+
+def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsState:
     """The limits in force, running counts and keys held back, from the broker."""
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(names.limits_conf).hgetall(names.limits_live).hgetall(names.running)
     pipe.scard(names.parked).zcard(names.sleep)
-    conf, live, running, parked, sleeping = pipe.execute()
+    pipe.hmget(names.state, "held_n", "held_s").hscan(names.held_since, 0, count=HELD_SCAN)
+    pipe.zrevrange(names.held, 0, top - 1, withscores=True).time()
+    conf, live, running, parked, sleeping, totals, since, longest, clock = pipe.execute()
     limits = {text(k): text(v) for k, v in conf.items()}
     limits.update({text(k): text(v) for k, v in live.items()})
+    now = clock[0] + clock[1] / 1e6
+    held_now = {text(k): max(0.0, now - float(v)) for k, v in since[1].items()}
+    # The keys still set aside count too: the totals grow only when a key goes on.
+    seconds = {text(k): float(v) for k, v in longest}
+    for key, extra in held_now.items():
+        seconds[key] = seconds.get(key, 0.0) + extra
+    lengths = client.pipeline(transaction=False)
+    for key in held_now:
+        if key == UNKEYED:
+            lengths.llen(names.base)
+        else:
+            lengths.llen(names.key_list(key))
+    waiting = lengths.execute() if held_now else []
     return KeyedLimitsState(
         limits=limits,
         running={text(k): int(v) for k, v in running.items()},
         parked=int(parked),
         sleeping=int(sleeping),
+        held_back=int(totals[0] or 0),
+        held_seconds=float(totals[1] or 0.0) + sum(held_now.values()),
+        tasks_held=sum(int(n) for n in waiting),
+        top_held=sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))[:top],
     )
 
 

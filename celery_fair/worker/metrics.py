@@ -260,6 +260,59 @@ class FairCollector:
         for queue, key, count in keys.top[:TOP_KEYS]:
             top.add_metric([self.worker, queue, key], float(count))
         yield top
+        yield from self._throttling()
+
+    def _throttling(self) -> Iterator[Any]:
+        """Per-key limits: how much keys were held back, read from the broker at scrape.
+
+        Queue-wide counters, and the seconds of the keys held back longest
+        (top keys only, as above). A broker that cannot answer leaves these
+        out of this scrape; the worker's own metrics are still served.
+        """
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        try:
+            states = self.service.key_limits_state()
+        except Exception:  # the broker is away: the next scrape tries again
+            return
+        if not states:
+            return
+        w = self.worker
+        events = CounterMetricFamily(
+            f"{PREFIX}_key_held_back",
+            "Times a key was set aside by its concurrency or rate limit, per keyed queue "
+            "(all workers: read from the broker).",
+            labels=["worker", "queue"],
+        )
+        seconds = CounterMetricFamily(
+            f"{PREFIX}_key_held_seconds",
+            "Seconds keys spent set aside by their limits, summed over keys, per keyed queue.",
+            labels=["worker", "queue"],
+        )
+        keys_held = GaugeMetricFamily(
+            f"{PREFIX}_keys_held",
+            "Keys set aside now, by reason (concurrency or rate).",
+            labels=["worker", "queue", "reason"],
+        )
+        tasks_held = GaugeMetricFamily(
+            f"{PREFIX}_key_tasks_held",
+            "Messages waiting in the keys set aside now (they stay on the broker).",
+            labels=["worker", "queue"],
+        )
+        top = GaugeMetricFamily(
+            f"{PREFIX}_top_key_held_seconds",
+            "Seconds set aside by its limits, for the keys held back longest.",
+            labels=["worker", "queue", "key"],
+        )
+        for queue, state in sorted(states.items()):
+            events.add_metric([w, queue], float(state.held_back))
+            seconds.add_metric([w, queue], state.held_seconds)
+            keys_held.add_metric([w, queue, "concurrency"], float(state.parked))
+            keys_held.add_metric([w, queue, "rate"], float(state.sleeping))
+            tasks_held.add_metric([w, queue], float(state.tasks_held))
+            for key, held in state.top_held[:TOP_KEYS]:
+                top.add_metric([w, queue, key], held)
+        yield from (events, seconds, keys_held, tasks_held, top)
 
 
 class MetricsServer:

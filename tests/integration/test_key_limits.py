@@ -57,6 +57,11 @@ def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Ce
     limits = stats["keys"]["limits_state"][QUEUE]
     assert limits["limits"] == {"c:*": "1", "c:wide": "3"}
     assert limits["running"] == {}  # every slot came back
+    # Throttling, as the broker timed it: keys were held back, and none is now.
+    assert limits["held_back"] > 0 and limits["held_seconds"] > 0, limits
+    assert limits["tasks_held"] == 0 and limits["parked"] == 0, limits
+    held_keys = {key for key, _ in limits["top_held"]}
+    assert held_keys and held_keys <= {*singles, "wide"}, limits["top_held"]
 
 
 def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -> None:
@@ -66,6 +71,11 @@ def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -
     env = {"CELERY_FAIR_KEY_RATE": "slow=10/s"}
     with _worker(redis_url, 2, **env) as w1, _worker(redis_url, 2, **env) as w2:
         assert ledger.wait_for(280, timeout=120, alive=[w1, w2]), w1.log()[-3000:]
+        stats = wait_fair_stats(redis_url)
+    # Out of tokens, the key was set aside again and again, and timed.
+    limits = stats["keys"]["limits_state"][QUEUE]
+    assert limits["held_back"] >= 20 and limits["held_seconds"] > 1.0, limits
+    assert [key for key, _ in limits["top_held"]] == ["slow"], limits["top_held"]
     entries = sorted(ledger.entries(), key=lambda e: e.started)
     slow = [e.started for e in entries if e.tenant == "slow"]
     # After the bucket's first second's worth (10 tokens), 10 per second.

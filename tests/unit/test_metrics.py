@@ -6,6 +6,7 @@ import urllib.request
 
 import pytest
 
+from celery_fair.keys.store import KeyedLimitsState
 from celery_fair.worker.metrics import (
     SOJOURN_BUCKETS,
     DispatchMeter,
@@ -151,6 +152,45 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
         ("celery_fair_keyed_served_tasks_total", (("queue", "jobs"), ("worker", "w@h")))
     ]
     assert served == sum(range(1, 51))
+
+
+class _LimitedService(FairService):
+    """A service whose broker-side limits state is given (the broker part is tested live)."""
+
+    def __init__(self, states: dict[str, KeyedLimitsState] | Exception) -> None:
+        super().__init__(FairSettings(keys={"jobs": "tenant_id"}))
+        self.states = states
+
+    def key_limits_state(self) -> dict[str, KeyedLimitsState]:
+        if isinstance(self.states, Exception):
+            raise self.states
+        return self.states
+
+
+def test_throttling_is_exported_from_the_brokers_limits_state() -> None:
+    state = KeyedLimitsState(
+        limits={"c:*": "1"}, running={"a": 1}, parked=2, sleeping=1, held_back=7,
+        held_seconds=3.5, tasks_held=12, top_held=[("a", 2.5), ("b", 1.0)],
+    )  # fmt: skip
+    samples = _samples(FairCollector(_LimitedService({"jobs": state}), DispatchMeter(), worker="w"))
+    queue = (("queue", "jobs"), ("worker", "w"))
+    assert samples[("celery_fair_key_held_back_total", queue)] == 7
+    assert samples[("celery_fair_key_held_seconds_total", queue)] == 3.5
+    assert samples[("celery_fair_key_tasks_held", queue)] == 12
+    reason = (("queue", "jobs"), ("reason", "concurrency"), ("worker", "w"))
+    assert samples[("celery_fair_keys_held", reason)] == 2
+    top = (("key", "a"), ("queue", "jobs"), ("worker", "w"))
+    assert samples[("celery_fair_top_key_held_seconds", top)] == 2.5
+
+
+def test_a_broker_away_leaves_only_the_throttling_metrics_out() -> None:
+    service = _LimitedService(ConnectionError("away"))
+    assert service.keyed is not None
+    service.keyed.served("jobs", "tenant-1")
+    collector = FairCollector(service, DispatchMeter())
+    names = {name for name, _ in _samples(collector)}
+    assert "celery_fair_keyed_served_tasks_total" in names
+    assert not any("held" in name for name in names)
 
 
 def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
