@@ -122,3 +122,15 @@ def test_weights_change_at_run_time(redis_url: str) -> None:
         after = {q: client.llen(q) for q in "ab"}
     consumed = {q: before[q] - after[q] for q in "ab"}
     assert consumed["a"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.04)
+    # The live weights are kept on the broker: a worker started later (a restart,
+    # configured with no weights) serves by them, not by its configuration.
+    from bench.harness.control import wait_fair_stats
+
+    with WorkerProcess(redis_url, ["a", "b"]) as restarted:
+        stats = wait_fair_stats(redis_url)
+        assert stats["weights"] == {"a": 3.0, "b": 1.0}, stats["weights"]
+        before = {q: client.llen(q) for q in "ab"}
+        _wait_consumed(redis_url, before, 400, restarted)
+        after = {q: client.llen(q) for q in "ab"}
+    consumed = {q: before[q] - after[q] for q in "ab"}
+    assert consumed["a"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.05)
