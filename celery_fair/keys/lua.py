@@ -176,21 +176,40 @@ return n
 
 #: Delete up to ARGV[3] keys' lists of a keyed queue.  ARGV: base, sep,
 #: limit.  Returns {messages deleted, keys visited}; call until keys < limit.
+#: The keys waiting in line come first, then the ones set aside by their
+#: limits (at their concurrency limit, or out of tokens): their lists hold
+#: messages too.
 PURGE = f"""
 local base, SEP, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local active = base .. SEP .. '{layout.ACTIVE}'
-local members = redis.call('ZRANGE', active, 0, limit - 1)
-local n = 0
-for _, key in ipairs(members) do
+local function name(suffix) return base .. SEP .. suffix end
+local n, visited = 0, 0
+local function drop(key)
   if key ~= '{layout.UNKEYED}' then
-    local list = base .. SEP .. '{layout.KEY_LIST}' .. key
+    local list = name('{layout.KEY_LIST}') .. key
     n = n + redis.call('LLEN', list)
     redis.call('DEL', list)
   end
-  redis.call('ZREM', active, key)
+  redis.call('HDEL', name('{layout.HELD_SINCE}'), key)
+  visited = visited + 1
 end
-if n > 0 then redis.call('HINCRBY', base .. SEP .. '{layout.STATE}', 'backlog', -n) end
-return {{n, #members}}
+for _, key in ipairs(redis.call('ZRANGE', name('{layout.ACTIVE}'), 0, limit - 1)) do
+  drop(key)
+  redis.call('ZREM', name('{layout.ACTIVE}'), key)
+end
+if visited < limit then
+  for _, key in ipairs(redis.call('SPOP', name('{layout.PARKED}'), limit - visited)) do
+    drop(key)
+  end
+end
+if visited < limit then
+  local sleep = name('{layout.SLEEP}')
+  for _, key in ipairs(redis.call('ZRANGE', sleep, 0, limit - visited - 1)) do
+    drop(key)
+    redis.call('ZREM', sleep, key)
+  end
+end
+if n > 0 then redis.call('HINCRBY', name('{layout.STATE}'), 'backlog', -n) end
+return {{n, visited}}
 """
 
 #: The keyed branch of the fetch script (``celery_fair.kombu.atomic``),

@@ -64,6 +64,26 @@ def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Cel
     assert client.zcard(names.active) == 0 and client.llen(names.key_list("a")) == 0
 
 
+def test_purge_deletes_the_messages_of_keys_held_back_by_their_limits(
+    redis_url: str, producer: Celery
+) -> None:
+    from celery_fair.keys import store
+
+    publish_by_key(producer, QUEUE, {"a": 3, "b": 2, "c": 4}, ms=0)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    # What the fetch script does to keys at their limits: out of line, set aside.
+    client.zrem(names.active, "b", "c")
+    client.sadd(names.parked, "b")
+    client.zadd(names.sleep, {"c": 1e12})
+    client.hset(names.held_since, mapping={"b": 1.0, "c": 1.0})
+    assert store.purge(client, names) == 9
+    assert all(client.llen(names.key_list(k)) == 0 for k in "abc")
+    assert int(client.hget(names.state, "backlog") or 0) == 0
+    assert client.scard(names.parked) == client.zcard(names.sleep) == 0
+    assert client.hlen(names.held_since) == 0
+
+
 def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> None:
     weights = {"a": 1, "b": 2, "c": 4}
     # Each key's backlog lasts as long as the others' at these weights.
