@@ -224,15 +224,23 @@ def served_by_window(usage: DataFrame, by: str = "queue") -> DataFrame:
     (``group`` is the queue; for queues it is one group), and tasks without a
     key are left out: fairness between keys is a matter inside one keyed queue.
     """
-    weight = F.max("weight") if by == "queue" else F.lit(1.0)
-    group = F.lit("") if by == "queue" else F.col("queue")
-    rows = usage if by == "queue" else usage.where(F.col(by) != F.lit(NO_KEY))
+    if by == "fair_key":
+        # Usage rows are one per window, queue and key already: no grouping, which
+        # with a million keys would shuffle as many rows as there are records.
+        return usage.where(F.col("fair_key") != F.lit(NO_KEY)).select(
+            "window",
+            F.col("queue").alias("group"),
+            F.col("fair_key").alias("entity"),
+            "served_tasks",
+            "served_cost",
+            F.lit(1.0).alias("weight"),
+        )
     return (
-        rows.groupBy("window", group.alias("group"), by)
+        usage.groupBy("window", F.lit("").alias("group"), by)
         .agg(
             F.sum("served_tasks").alias("served_tasks"),
             F.sum("served_cost").alias("served_cost"),
-            F.coalesce(weight, F.lit(1.0)).alias("weight"),
+            F.coalesce(F.max("weight"), F.lit(1.0)).alias("weight"),
         )
         .select(
             "window",
@@ -434,18 +442,30 @@ def noisy_windows(
     with its shares of the window's in-flight work and processing time and a
     boolean per rule.
     """
-    per_window = Window.partitionBy("window")
-    shares = usage.select(
-        "window",
-        "queue",
-        "fair_key",
-        "records",
-        (F.col("in_flight") / window_seconds).alias("in_flight_tasks"),
-        ratio(F.col("in_flight"), F.sum("in_flight").over(per_window)).alias("in_flight_share"),
-        ratio(F.col("busy"), F.sum("busy").over(per_window)).alias("processing_share"),
-        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).over(per_window).alias("keys_in_window"),
+    # A window's totals from one small aggregation, joined to the rows that can be
+    # flagged at all (a key with min_tasks records): a window function over every
+    # usage row would sort them all, and with a million keys they are as many as
+    # the records.
+    totals = usage.groupBy("window").agg(
+        F.sum("in_flight").alias("window_in_flight"),
+        F.sum("busy").alias("window_busy"),
+        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).alias("keys_in_window"),
     )
     enough = (F.col("records") >= rules.min_tasks) & (F.col("fair_key") != NO_KEY)
+    shares = (
+        usage.where(enough)
+        .join(totals, "window")
+        .select(
+            "window",
+            "queue",
+            "fair_key",
+            "records",
+            (F.col("in_flight") / window_seconds).alias("in_flight_tasks"),
+            ratio(F.col("in_flight"), F.col("window_in_flight")).alias("in_flight_share"),
+            ratio(F.col("busy"), F.col("window_busy")).alias("processing_share"),
+            "keys_in_window",
+        )
+    )
 
     def over(share: str, threshold: float) -> Column:
         return (F.col(share) > threshold) & _above_even(
