@@ -154,10 +154,7 @@ class FairCollector:
         w = self.worker
 
         def family(kind: Any, name: str, doc: str, values: dict[str, Any]) -> Any:
-            metric = kind(f"{PREFIX}_{name}", doc, labels=labels)
-            for queue, value in sorted(values.items()):
-                metric.add_metric([w, queue], float(value))
-            return metric
+            return _per_queue(kind, name, doc, w, values)
 
         cost_unit = "seconds of run time" if stats.cost == "runtime" else "tasks"
         yield family(
@@ -278,26 +275,32 @@ class FairCollector:
         if not states:
             return
         w = self.worker
-        events = CounterMetricFamily(
-            f"{PREFIX}_key_held_back",
+        yield _per_queue(
+            CounterMetricFamily,
+            "key_held_back",
             "Times a key was set aside by its concurrency or rate limit, per keyed queue "
             "(all workers: read from the broker).",
-            labels=["worker", "queue"],
+            w,
+            {queue: state.held_back for queue, state in states.items()},
         )
-        seconds = CounterMetricFamily(
-            f"{PREFIX}_key_held_seconds",
+        yield _per_queue(
+            CounterMetricFamily,
+            "key_held_seconds",
             "Seconds keys spent set aside by their limits, summed over keys, per keyed queue.",
-            labels=["worker", "queue"],
+            w,
+            {queue: state.held_seconds for queue, state in states.items()},
+        )
+        yield _per_queue(
+            GaugeMetricFamily,
+            "key_tasks_held",
+            "Messages waiting in the keys set aside now (they stay on the broker).",
+            w,
+            {queue: state.tasks_held for queue, state in states.items()},
         )
         keys_held = GaugeMetricFamily(
             f"{PREFIX}_keys_held",
             "Keys set aside now, by reason (concurrency or rate).",
             labels=["worker", "queue", "reason"],
-        )
-        tasks_held = GaugeMetricFamily(
-            f"{PREFIX}_key_tasks_held",
-            "Messages waiting in the keys set aside now (they stay on the broker).",
-            labels=["worker", "queue"],
         )
         top = GaugeMetricFamily(
             f"{PREFIX}_top_key_held_seconds",
@@ -305,14 +308,19 @@ class FairCollector:
             labels=["worker", "queue", "key"],
         )
         for queue, state in sorted(states.items()):
-            events.add_metric([w, queue], float(state.held_back))
-            seconds.add_metric([w, queue], state.held_seconds)
             keys_held.add_metric([w, queue, "concurrency"], float(state.parked))
             keys_held.add_metric([w, queue, "rate"], float(state.sleeping))
-            tasks_held.add_metric([w, queue], float(state.tasks_held))
             for key, held in state.top_held[:TOP_KEYS]:
                 top.add_metric([w, queue, key], held)
-        yield from (events, seconds, keys_held, tasks_held, top)
+        yield from (keys_held, top)
+
+
+def _per_queue(kind: Any, name: str, doc: str, worker: str, values: dict[str, Any]) -> Any:
+    """A metric family with one sample per queue (labels ``worker`` and ``queue``)."""
+    metric = kind(f"{PREFIX}_{name}", doc, labels=["worker", "queue"])
+    for queue, value in sorted(values.items()):
+        metric.add_metric([worker, queue], float(value))
+    return metric
 
 
 class MetricsServer:
