@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -42,7 +43,7 @@ class Script:
 
     text: str
 
-    @property
+    @cached_property
     def sha(self) -> str:
         return hashlib.sha1(self.text.encode()).hexdigest()
 
@@ -93,12 +94,18 @@ def release(client: Any, sep: str, releases: list[tuple[str, str]]) -> Any:
 
     On a pipeline (a Kombu restore's ``MULTI``) the script is sent with ``EVAL``.
     """
-    flat: list[Any] = [sep, "1"]
-    for base, task_id in releases:
-        flat.extend((base, task_id))
+    flat = release_args(sep, releases)
     if _is_pipeline(client):
         return client.eval(RELEASE.text, 0, *flat)
     return RELEASE(client, *flat)
+
+
+def release_args(sep: str, releases: list[tuple[str, str]]) -> list[Any]:
+    """The ``RELEASE`` script's arguments (for ``EVALSHA`` in a pipeline of one's own)."""
+    flat: list[Any] = [sep, "1"]
+    for base, task_id in releases:
+        flat.extend((base, task_id))
+    return flat
 
 
 def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:
