@@ -25,7 +25,9 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   bucket, expiring once full again). Throttling: ``fair.hsince`` (key ->
   when it was set aside, while it is), ``fair.held`` (key -> seconds spent
   set aside, the ``HELD_TOP`` longest kept), and in ``fair.state`` the
-  fields ``held_n`` (times a key was set aside) and ``held_s`` (seconds).
+  fields ``held_n`` (times a key was set aside) and ``held_s`` (seconds);
+  ``fair.howed`` (key -> seconds it was set aside, not yet reported): the
+  next task served of the key carries them in its :data:`SERVED_HEADER`.
 
 Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
 with these names: Kombu's priority lists use it followed by a digit.
@@ -46,8 +48,11 @@ KEY_HEADER = "fair_key"
 KEYED_HEADER = "fair_keyed"
 
 #: Stamped by the worker on a message it fetched from a keyed queue:
-#: ``[key, charge]``, the key served and the cost charged to it at fetch time
-#: (run-time mode corrects it when the task finishes).
+#: ``[key, charge, weight, held]``: the key served, the cost charged to it at
+#: fetch time (run-time mode corrects it when the task finishes), the key's
+#: weight when it was served, and the seconds the key had spent set aside by
+#: its limits since its previous task was served (0 without limits).
+#: Telemetry records the last two as ``key_weight`` and ``key_held``.
 SERVED_HEADER = "fair_served"
 
 #: The key of messages published without one (plain Kombu lists).
@@ -60,7 +65,7 @@ LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
     "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.parked",
     "fair.sleep", "fair.b.",
 )  # fmt: skip
-HELD_SINCE, HELD = "fair.hsince", "fair.held"
+HELD_SINCE, HELD, HELD_OWED = "fair.hsince", "fair.held", "fair.howed"
 #: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
 HELD_TOP = 1000
 
@@ -133,6 +138,11 @@ class KeyedNames:
     def held(self) -> str:
         """Sorted set: key -> seconds it spent set aside by its limits (the longest)."""
         return self._name(HELD)
+
+    @property
+    def held_owed(self) -> str:
+        """Hash: key -> seconds set aside that its next served task reports."""
+        return self._name(HELD_OWED)
 
     def key_list(self, key: str) -> str:
         """The list of ``key``'s waiting messages."""

@@ -81,6 +81,8 @@ local function resume(base, key, now)
   redis.call('HDEL', since, key)
   local d = math.max(0, now - t)
   redis.call('HINCRBYFLOAT', kname(base, '{layout.STATE}'), 'held_s', d)
+  -- Reported by the key's next served task (telemetry's key_held).
+  redis.call('HINCRBYFLOAT', kname(base, '{layout.HELD_OWED}'), key, d)
   local held = kname(base, '{layout.HELD}')
   redis.call('ZINCRBY', held, d, key)
   if redis.call('ZCARD', held) > {2 * layout.HELD_TOP} then
@@ -190,6 +192,7 @@ local function drop(key)
     redis.call('DEL', list)
   end
   redis.call('HDEL', name('{layout.HELD_SINCE}'), key)
+  redis.call('HDEL', name('{layout.HELD_OWED}'), key)
   visited = visited + 1
 end
 for _, key in ipairs(redis.call('ZRANGE', name('{layout.ACTIVE}'), 0, limit - 1)) do
@@ -214,9 +217,12 @@ return {{n, visited}}
 
 #: The keyed branch of the fetch script (``celery_fair.kombu.atomic``),
 #: a function ``keyed_pop(base, suffixes, est, limited, now)`` returning
-#: ``item, key`` or nil.  ``suffixes`` name the queue's Kombu priority lists
-#: other than its own (the unkeyed messages); ``est`` is the charge at fetch;
-#: ``limited``: the queue has per-key limits, ``now`` the broker's clock.
+#: ``item, key, weight, held`` or nil (``weight`` as text: a Lua number
+#: returned to Redis loses its fraction; ``held``: the seconds the key was
+#: set aside since its previous task was served, as text, or nil).
+#: ``suffixes`` name the queue's Kombu priority lists other than its own
+#: (the unkeyed messages); ``est`` is the charge at fetch; ``limited``: the
+#: queue has per-key limits, ``now`` the broker's clock.
 #: Also ``next_event`` and ``lease`` (per-key limits).
 KEYED_POP = f"""
 local function plain_pop(base, suffixes)
@@ -317,7 +323,8 @@ local function keyed_pop(base, suffixes, est, limited, now)
       end
       if item then
         if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
-        local finish = tag + est / weight(base, key)
+        local w = weight(base, key)
+        local finish = tag + est / w
         redis.call('ZREMRANGEBYSCORE', last, '-inf', '(' .. tag)
         if left > 0 then
           redis.call('ZADD', active, finish, key)
@@ -330,10 +337,17 @@ local function keyed_pop(base, suffixes, est, limited, now)
           redis.call('HSET', bucket, 't', tokens - 1, 's', now)
           redis.call('PEXPIRE', bucket, math.ceil((math.max(1, rate) - tokens + 1) / rate * 1000))
         end
-        return item, key
+        local owed = nil
+        if limited then
+          local name = kname(base, '{layout.HELD_OWED}')
+          owed = redis.call('HGET', name, key)
+          if owed then redis.call('HDEL', name, key) end
+        end
+        return item, key, tostring(w), owed
       end
       -- Listed but empty (its list was deleted by hand): forget it.
       redis.call('ZREM', active, key)
+      if limited then redis.call('HDEL', kname(base, '{layout.HELD_OWED}'), key) end
     end
   end
 end

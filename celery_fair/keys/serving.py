@@ -18,7 +18,7 @@ from typing import Any
 from .layout import SERVED_HEADER
 from .limits import KeyLimits
 
-__all__ = ("KeyStatistics", "KeyedServing")
+__all__ = ("KeyStatistics", "KeyedServing", "served_header", "served_weight_held")
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +247,20 @@ class KeyedServing:
 def served_header(request_headers: Any) -> Any:
     """The :data:`SERVED_HEADER` of a request's headers, or None."""
     return request_headers.get(SERVED_HEADER) if isinstance(request_headers, dict) else None
+
+
+def served_weight_held(served: Any) -> tuple[float | None, float | None]:
+    """A :data:`SERVED_HEADER` value's key weight and seconds held (None if absent).
+
+    Workers before telemetry's schema 2 stamped ``[key, charge]`` only.
+    """
+    if not isinstance(served, (list, tuple)) or len(served) < 4:
+        return None, None
+    weight, held = served[2], served[3]
+    return (
+        float(weight) if isinstance(weight, (int, float)) else None,
+        float(held) if isinstance(held, (int, float)) else None,
+    )
 
 
 def _halve(counts: dict[tuple[str, str], int]) -> None:

@@ -66,7 +66,8 @@ logger = logging.getLogger(__name__)
 #: and the word is the charge at fetch.
 #: A keyed queue's word is its charge at fetch, or ``L<charge>:<lease s>``
 #: with per-key limits.  Returns {key, item} for a delivered message,
-#: {key, item, "key", fair key} for one of a keyed queue, {key, item,
+#: {key, item, "key", fair key, key weight, seconds held} for one of a
+#: keyed queue (:data:`~celery_fair.keys.layout.SERVED_HEADER`), {key, item,
 #: "malformed"} for a payload moved aside, or, when every queue is empty
 #: (after reading the queue lengths, so that client-side tracking watches
 #: them), nil or the milliseconds until a key held back by its limits may go on.
@@ -87,7 +88,7 @@ end
 local flags = a + 3 * nc
 local now = nil
 for i = 1, n do
-  local item, fkey, ttl = nil, nil, nil
+  local item, fkey, fweight, fheld, ttl = nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
   elseif string.sub(word, 1, 1) == 'L' then
@@ -95,8 +96,9 @@ for i = 1, n do
     local sep = string.find(word, ':', 2, true)
     ttl = tonumber(string.sub(word, sep + 1))
     now = now or server_now()
-    item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now)
-  else item, fkey = keyed_pop(KEYS[i], suffixes, tonumber(word), false, 0) end
+    item, fkey, fweight, fheld = keyed_pop(
+      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now)
+  else item, fkey, fweight, fheld = keyed_pop(KEYS[i], suffixes, tonumber(word), false, 0) end
   if item then
     local ok, msg = pcall(cjson.decode, item)
     local tag, ex, rk = nil, '', ''
@@ -125,7 +127,7 @@ for i = 1, n do
       -- The task holds a slot of its key until it finishes (or the lease expires).
       lease(KEYS[i], fkey, tag, now, ttl)
     end
-    if fkey then return {KEYS[i], item, 'key', fkey} end
+    if fkey then return {KEYS[i], item, 'key', fkey, fweight, fheld or '0'} end
     return {KEYS[i], item}
   end
 end
@@ -359,12 +361,13 @@ class AtomicFetch:
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(text(reply[1]))
-        if len(reply) == 4 and self.keyed is not None:
+        if len(reply) >= 4 and self.keyed is not None:
             fair_key = text(reply[3])
             self.keyed.served(queue, fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                headers[SERVED_HEADER] = [fair_key, self._charged.get(queue, 1.0)]
+                weight, held = (float(v) for v in reply[4:6]) if len(reply) >= 6 else (None, 0.0)
+                headers[SERVED_HEADER] = [fair_key, self._charged.get(queue, 1.0), weight, held]
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:

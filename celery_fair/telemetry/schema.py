@@ -15,6 +15,11 @@ A record is written when a task leaves the worker, whatever the outcome:
 ``finished``    when the task body ended, or when the worker let go of a task
                 that never ran (CoDel requeue/reject, revoked)
 ``runtime``     the task's run time as Celery measures it (seconds)
+``key_weight``  a task of a keyed queue: its key's weight when it was fetched
+``key_held``    a task of a keyed queue: the seconds its key had spent set
+                aside by its per-key limits since the key's previous task was
+                fetched (0 when it was not; summed over a key's records, the
+                time it spent at its limits)
 
 Derived in the report: wait = started - published (received when published
 is null); buffer sojourn = dispatched - received (CoDel's sojourn).
@@ -39,7 +44,8 @@ __all__ = (
     "records_to_table",
 )
 
-SCHEMA_VERSION = 1
+#: 2 added ``key_weight`` and ``key_held``; files of version 1 read them as null.
+SCHEMA_VERSION = 2
 
 #: The outcomes a record may carry. Only the first three ran on the pool.
 OUTCOMES: tuple[str, ...] = (
@@ -70,6 +76,8 @@ class TaskRecord:
     runtime: float | None = None
     cost: float | None = None
     target_weight: float | None = None
+    key_weight: float | None = None
+    key_held: float | None = None
     hostname: str | None = None
     pid: int | None = None
     source: str = "worker"
@@ -91,6 +99,8 @@ SCHEMA = pa.schema(
         pa.field("runtime", pa.float64()),
         pa.field("cost", pa.float64()),
         pa.field("target_weight", pa.float64()),
+        pa.field("key_weight", pa.float64()),
+        pa.field("key_held", pa.float64()),
         pa.field("hostname", pa.string()),
         pa.field("pid", pa.int32()),
         pa.field("source", pa.string()),

@@ -29,6 +29,9 @@ as without them):
   :class:`Truth` are those of the other records.
 - ``gaps``: (start, end) seconds after ``start`` in which no task starts; the
   other records fill the rest of ``duration``.
+
+Every record carries its key's weight (``key_weights``, else 1) and a
+``key_held`` of 0: synthetic keys are never held back by limits.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class SyntheticSpec:
     flood_key: str = "tenant-flood"
     flood_span: tuple[float, float] = (0.0, 1.0)
     gaps: tuple[tuple[float, float], ...] = ()
+    key_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.flood_share < 1.0:
@@ -191,9 +195,10 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
     published = received - spec.latency
     finished = np.where(ran, started + runtime, started)
 
-    key_names = pa.array(
-        [f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)] + [spec.flood_key]
-    )
+    names = [f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)]
+    names.append(spec.flood_key)
+    key_names = pa.array(names)
+    key_weights = pa.array([float(spec.key_weights.get(k, 1.0)) for k in names])
     host_names = pa.array([f"worker{h}@example" for h in range(spec.hostnames)])
     host = rng.integers(0, spec.hostnames, size=n)
     outcomes = pa.array(["success", "failure", "retry", "codel-requeue", "codel-reject"])
@@ -216,6 +221,8 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "runtime": maybe(runtime),
         "cost": pa.array(np.where(ran, runtime, 0.0)),
         "target_weight": pa.array(weights),
+        "key_weight": pc.take(key_weights, pa.array(key_index)),
+        "key_held": pa.array(np.zeros(n)),
         "hostname": pc.take(host_names, pa.array(host)),
         "pid": pa.array(1000 + host, type=pa.int32()),
         "source": pa.array(["synthetic"] * n),

@@ -30,7 +30,8 @@ from typing import Any
 
 from celery import signals, states
 
-from ..keys.layout import KEY_HEADER
+from ..keys.layout import KEY_HEADER, SERVED_HEADER
+from ..keys.serving import served_weight_held
 
 __all__ = (
     "DISPATCHED_STAMP",
@@ -169,6 +170,7 @@ class PoolRecorder:
         finished_perf = self.perf()
         started_perf = getattr(request, _STARTED_PERF, None)
         runtime = None if started_perf is None else finished_perf - started_perf
+        key_weight, key_held = served_weight_held(getattr(request, SERVED_HEADER, None))
         # A row in the schema's FIELDS order (TaskRecord's field order; a
         # unit test holds the two together).
         writer.record_row(
@@ -187,6 +189,8 @@ class PoolRecorder:
                 runtime,  # runtime
                 runtime if self.runtime_cost else 1.0,  # cost
                 as_float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
+                key_weight,  # key_weight
+                key_held,  # key_held
                 self.hostname,  # hostname
                 self.pid,  # pid
                 "worker",  # source

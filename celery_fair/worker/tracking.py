@@ -20,7 +20,8 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
-from ..keys.serving import served_header
+from ..keys.layout import SERVED_HEADER
+from ..keys.serving import served_header, served_weight_held
 from .recorder import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -277,6 +278,7 @@ class TaskTracker:
         **times: Any,
     ) -> None:
         """One record; ``get(header)`` reads the task's headers and stamps."""
+        key_weight, key_held = served_weight_held(get(SERVED_HEADER))
         self.writer.record(
             _task_record()(
                 task_id=str(task_id),
@@ -290,6 +292,8 @@ class TaskTracker:
                 published=as_float(get(PUBLISHED_HEADER)),
                 dispatched=as_float(get(DISPATCHED_STAMP)),
                 target_weight=None if queue is None else self.service.scheduler.weight(queue),
+                key_weight=key_weight,
+                key_held=key_held,
                 hostname=self.hostname,
                 pid=self.pid,
                 **times,

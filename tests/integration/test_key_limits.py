@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis as redis_lib
@@ -64,11 +65,19 @@ def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Ce
     assert held_keys and held_keys <= {*singles, "wide"}, limits["top_held"]
 
 
-def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -> None:
+def test_a_rate_limited_key_runs_at_its_rate(
+    redis_url: str, producer: Celery, tmp_path: Path
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
     publish_by_key(producer, QUEUE, {"slow": 40}, ms=1)
     publish_by_key(producer, QUEUE, {f"free{i}": 60 for i in range(4)}, ms=1)
     ledger = Ledger(redis_url)
-    env = {"CELERY_FAIR_KEY_RATE": "slow=10/s"}
+    telemetry = tmp_path / "telemetry"
+    env = {
+        "CELERY_FAIR_KEY_RATE": "slow=10/s",
+        "CELERY_FAIR_KEY_WEIGHTS": "free0=3",
+        "CELERY_FAIR_TELEMETRY_DIR": str(telemetry),
+    }
     with _worker(redis_url, 2, **env) as w1, _worker(redis_url, 2, **env) as w2:
         assert ledger.wait_for(280, timeout=120, alive=[w1, w2]), w1.log()[-3000:]
         stats = wait_fair_stats(redis_url)
@@ -85,6 +94,16 @@ def test_a_rate_limited_key_runs_at_its_rate(redis_url: str, producer: Celery) -
     # The unlimited keys, published at the same time, are not held back by it.
     free_done = max(e.finished for e in entries if e.tenant != "slow")
     assert free_done < slow[20], (free_done - slow[0], slow[20] - slow[0])
+    # Telemetry: each task carries its key's weight, and the time its key was
+    # held reaches the telemetry whole, told by the key's next served task.
+    rows = [r for r in pq.read_table(telemetry).to_pylist() if r["outcome"] == "success"]
+    assert len(rows) == 280
+    weights = {r["fair_key"]: r["key_weight"] for r in rows}
+    assert weights == {"slow": 1.0, "free0": 3.0, "free1": 1.0, "free2": 1.0, "free3": 1.0}
+    held = {k: sum(r["key_held"] for r in rows if r["fair_key"] == k) for k in weights}
+    assert held["slow"] == pytest.approx(limits["held_seconds"], rel=1e-6), (held, limits)
+    assert all(held[k] == 0 for k in weights if k != "slow"), held
+    assert sum(1 for r in rows if r["fair_key"] == "slow" and r["key_held"] > 0) >= 20
 
 
 def test_a_killed_workers_slots_come_back_and_nothing_is_lost(
