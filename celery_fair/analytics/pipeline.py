@@ -148,6 +148,7 @@ def compute(
         out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
+        out["held_keys"] = _rows(keys.transform(T.held_keys))
         out["noisy_windows"] = _rows(
             usage.transform(T.noisy_windows, window, rules), ("window", "queue", "fair_key")
         )

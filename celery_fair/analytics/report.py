@@ -220,6 +220,8 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         },
         "throughput": data["throughput"],
         "hot_keys": data["hot_keys"],
+        # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
+        "held_keys": data.get("held_keys", []),
         "noisy_tenants": findings(
             data.get("noisy_keys", []),
             data.get("noisy_windows", []),
@@ -275,6 +277,10 @@ def format_summary(report: dict[str, Any]) -> str:
         f"recommended: fair_codel_target={_f(rec['fair_codel_target'], '.4g')} "
         f"fair_codel_interval={_f(rec['fair_codel_interval'], '.4g')}",
     ]
+    held = report.get("held_keys") or []
+    if held:
+        shown = ", ".join(f"{h['fair_key']} ({h['queue']}) {h['held']:.1f}s" for h in held[:5])
+        lines.append(f"held back by per-key limits: {shown}")
     noisy = report["noisy_tenants"]
     lines.append("noisy tenants:" + ("" if noisy else " none"))
     for n in noisy[:5]:

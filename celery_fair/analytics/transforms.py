@@ -27,6 +27,7 @@ from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 __all__ = (
     "RAN",
     "codel_rates",
+    "held_keys",
     "hot_keys",
     "jain_by_window",
     "key_shares",
@@ -61,7 +62,9 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     ``wait`` is publish -> start (receive -> start when the producer did not
     stamp the message); ``sojourn`` is the buffer sojourn receive -> dispatch
     (receive -> start when dispatch is not recorded, as from Celery events);
-    ``transfer`` is publish -> receive. ``in_flight`` is receive -> finish,
+    ``transfer`` is publish -> receive. ``key_weight`` is the key's weight
+    (null in records of schema 1), ``key_held`` the seconds its key spent set
+    aside by its per-key limits (0 when unknown). ``in_flight`` is receive -> finish,
     the time the worker held the task (0 when unknown); ``busy`` its run time
     on the pool (0 for tasks that never ran). ``window`` is the start of the
     ``window_seconds`` bucket holding the time the task left the worker.
@@ -81,6 +84,8 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         ran.alias("ran"),
         F.when(ran, F.coalesce("cost", "runtime", F.lit(1.0))).otherwise(0.0).alias("cost"),
         F.col("target_weight").alias("weight"),
+        F.col("key_weight"),
+        F.coalesce("key_held", F.lit(0.0)).alias("key_held"),
         (F.col("started") - F.coalesce("published", "received")).alias("wait"),
         (F.coalesce("dispatched", "started") - F.col("received")).alias("sojourn"),
         (F.col("received") - F.col("published")).alias("transfer"),
@@ -105,7 +110,9 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     throughput, CoDel rates, routing skew and the noisy-tenant rules are all
     sums of these columns, computed from this small table (windows x keys
     rows) instead of each scanning the data again. ``weight`` is the group's
-    latest target weight, with ``last_at`` the time it was seen.
+    latest target weight, with ``last_at`` the time it was seen, and
+    ``key_weight`` the key's; ``key_held`` the seconds the key spent set
+    aside by its per-key limits.
     """
     return (
         tasks.groupBy("window", "queue", "fair_key")
@@ -122,6 +129,8 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
             _count_of("revoked").alias("revoked"),
             F.max("left_at").alias("last_at"),
             F.max_by("weight", "left_at").alias("weight"),
+            F.sum("key_held").alias("key_held"),
+            F.max_by("key_weight", "left_at").alias("key_weight"),
         )
         .select(
             "window",
@@ -139,6 +148,8 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
             "revoked",
             "last_at",
             "weight",
+            "key_held",
+            "key_weight",
         )
     )
 
@@ -183,14 +194,23 @@ def key_shares(usage: DataFrame) -> DataFrame:
     """Per queue and fairness key: served cost, its share overall and within its queue.
 
     Reads ``usage_by_window`` rows. ``keys_in_queue`` counts the fairness keys
-    of the queue (tasks without a key are not a key).
+    of the queue (tasks without a key are not a key). ``weight`` is the key's
+    latest weight (1 when the records do not carry it); ``target_in_queue``
+    is it over the sum of the weights of the queue's keys: the share weighted
+    fairness gives the key while every key of the queue has work waiting (a
+    key that is often idle gets less and leaves its part to the others).
+    ``held`` is the seconds the key spent set aside by its per-key limits.
     """
     in_queue = Window.partitionBy("queue")
+    keyed = F.col("fair_key") != NO_KEY
     per_key = usage.groupBy("queue", "fair_key").agg(
         F.sum("records").alias("records"),
         F.sum("served_tasks").alias("served_tasks"),
         F.sum("served_cost").alias("served_cost"),
+        F.sum("key_held").alias("held"),
+        F.max_by("key_weight", "last_at").alias("weight"),
     )
+    weight = F.when(keyed, F.coalesce("weight", F.lit(1.0)))
     return per_key.select(
         "queue",
         "fair_key",
@@ -199,7 +219,10 @@ def key_shares(usage: DataFrame) -> DataFrame:
         "served_cost",
         ratio(F.col("served_cost"), F.sum("served_cost").over(Window.partitionBy())).alias("share"),
         ratio(F.col("served_cost"), F.sum("served_cost").over(in_queue)).alias("share_in_queue"),
-        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).over(in_queue).alias("keys_in_queue"),
+        F.count(F.when(keyed, 1)).over(in_queue).alias("keys_in_queue"),
+        weight.alias("weight"),
+        ratio(weight, F.sum(weight).over(in_queue)).alias("target_in_queue"),
+        "held",
     )
 
 
@@ -218,11 +241,12 @@ def top_keys(keys: DataFrame, per_queue: int = 100) -> DataFrame:
 def served_by_window(usage: DataFrame, by: str = "queue") -> DataFrame:
     """Per time window and ``by`` ("queue" or "fair_key"): tasks and cost served.
 
-    Reads ``usage_by_window`` rows. ``weight`` is the queue's target weight
-    for queues and 1 for keys. An entity with records but nothing served in
-    a window has ``served_cost`` 0. Keys are counted within their queue
-    (``group`` is the queue; for queues it is one group), and tasks without a
-    key are left out: fairness between keys is a matter inside one keyed queue.
+    Reads ``usage_by_window`` rows. ``weight`` is the queue's target weight,
+    or the key's weight (1 when the records do not carry it). An entity with
+    records but nothing served in a window has ``served_cost`` 0. Keys are
+    counted within their queue (``group`` is the queue; for queues it is one
+    group), and tasks without a key are left out: fairness between keys is a
+    matter inside one keyed queue.
     """
     if by == "fair_key":
         # Usage rows are one per window, queue and key already: no grouping, which
@@ -233,7 +257,7 @@ def served_by_window(usage: DataFrame, by: str = "queue") -> DataFrame:
             F.col("fair_key").alias("entity"),
             "served_tasks",
             "served_cost",
-            F.lit(1.0).alias("weight"),
+            F.coalesce("key_weight", F.lit(1.0)).alias("weight"),
         )
     return (
         usage.groupBy("window", F.lit("").alias("group"), by)
@@ -259,6 +283,8 @@ def jain_by_window(served: DataFrame) -> DataFrame:
     J = (sum x)^2 / (n * sum x^2) with x = served cost / weight over the n
     entities present in the window (Jain, Chiu & Hawe, 1984): 1 when every
     entity gets exactly its weighted share, 1/n when one gets everything.
+    Over keys, a key present but idle for part of a window lowers the index
+    though the scheduler was fair to it: read it beside the key shares.
     For keys, one index per queue and window: the keys of one keyed queue.
     """
     x = F.col("served_cost") / F.col("weight")
@@ -383,6 +409,20 @@ def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
         .orderBy(F.col("share").desc(), "queue", "fair_key")
         .limit(top)
         .select("queue", "fair_key", "records", "served_cost", "share", "share_in_queue", "heat")
+    )
+
+
+def held_keys(keys: DataFrame, top: int = 20) -> DataFrame:
+    """The ``top`` keys that spent longest set aside by their limits, from ``key_shares``.
+
+    Collected apart from the most served keys: a throttled key is served
+    little, by design, and could be missing from those.
+    """
+    return (
+        keys.where(F.col("held") > 0)
+        .orderBy(F.col("held").desc(), "queue", "fair_key")
+        .limit(top)
+        .select("queue", "fair_key", "held", "served_tasks", "weight")
     )
 
 

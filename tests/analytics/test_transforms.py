@@ -211,3 +211,42 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     assertDataFrameEqual(
         hot, spark.createDataFrame([("hot", 10 / 3)], "fair_key string, heat double")
     )
+
+
+def test_key_weights_set_targets_held_time_and_jain(spark: SparkSession) -> None:
+    # Queue "jobs": gold (weight 3) served 3 s, free (weight 1) 1 s, in one
+    # window: weighted-fair, so Jain's index over keys is 1. Free's key was
+    # held 2.5 s by its limits, told by two of its records.
+    raw = frame(
+        spark,
+        [rec("jobs", fair_key="gold", cost=1.0, key_weight=3.0) for _ in range(3)]
+        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_held=2.0)]
+        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_held=0.5)]
+        + [rec("jobs", cost=1.0)],  # no key: no weight, no target
+    )
+    usage = raw.transform(T.normalize, 10.0).transform(T.usage_by_window)
+    keys = usage.transform(T.key_shares)
+    got = keys.select("fair_key", "weight", "target_in_queue", "held")
+    expected = spark.createDataFrame(
+        [("gold", 3.0, 0.75, 0.0), ("free", 1.0, 0.25, 2.5), ("(none)", None, None, 0.0)],
+        "fair_key string, weight double, target_in_queue double, held double",
+    )
+    assertDataFrameEqual(got, expected)
+    held = keys.transform(T.held_keys).select("fair_key", "held")
+    assertDataFrameEqual(
+        held, spark.createDataFrame([("free", 2.5)], "fair_key string, held double")
+    )
+    jain = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
+    assertDataFrameEqual(
+        jain,
+        spark.createDataFrame(
+            [(100.0, "jobs", 2, 1.0)], "window double, queue string, n long, jain double"
+        ),
+    )
+    # Records of schema 1 carry no weight: every key weighs 1, and gold's 3x is unfair.
+    old = raw.drop("key_weight", "key_held").selectExpr(
+        "*", "CAST(NULL AS DOUBLE) AS key_weight", "CAST(NULL AS DOUBLE) AS key_held"
+    )
+    flat = old.transform(T.normalize, 10.0).transform(T.usage_by_window)
+    row = flat.transform(T.served_by_window, "fair_key").transform(T.jain_by_window).first()
+    assert row is not None and row["jain"] == (3 + 1) ** 2 / (2 * (9 + 1))
