@@ -322,6 +322,12 @@ local function keyed_pop(base, suffixes, est, limited, now)
         end
       end
       if item then
+        -- Read here, before the key's tag moves. The same HGET at the end of
+        -- this branch made idle workers miss the wake-up of a released slot
+        -- and wait for their next poll (Redis 7.0.15, seen in
+        -- test_concurrency_limits_hold_across_two_workers; cause not found).
+        local owed = nil
+        if limited then owed = redis.call('HGET', kname(base, '{layout.HELD_OWED}'), key) end
         if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
         local w = weight(base, key)
         local finish = tag + est / w
@@ -337,12 +343,7 @@ local function keyed_pop(base, suffixes, est, limited, now)
           redis.call('HSET', bucket, 't', tokens - 1, 's', now)
           redis.call('PEXPIRE', bucket, math.ceil((math.max(1, rate) - tokens + 1) / rate * 1000))
         end
-        local owed = nil
-        if limited then
-          local name = kname(base, '{layout.HELD_OWED}')
-          owed = redis.call('HGET', name, key)
-          if owed then redis.call('HDEL', name, key) end
-        end
+        if owed then redis.call('HDEL', kname(base, '{layout.HELD_OWED}'), key) end
         return item, key, tostring(w), owed
       end
       -- Listed but empty (its list was deleted by hand): forget it.
