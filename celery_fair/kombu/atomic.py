@@ -361,12 +361,13 @@ class AtomicFetch:
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(text(reply[1]))
-        if len(reply) >= 4 and self.keyed is not None:
+        if len(reply) == 6 and self.keyed is not None:
             fair_key = text(reply[3])
             self.keyed.served(queue, fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                weight, held = (float(v) for v in reply[4:6]) if len(reply) >= 6 else (None, 0.0)
+                # The script returns a keyed reply whole: key, weight, seconds held.
+                weight, held = float(reply[4]), float(reply[5])
                 headers[SERVED_HEADER] = [fair_key, self._charged.get(queue, 1.0), weight, held]
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
