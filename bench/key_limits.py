@@ -10,11 +10,14 @@ Three experiments on a real Redis with real ``celery worker -P prefork``:
   backlog, and four unlimited keys published at the same time.  The metered key's
   rate over ``--rate-seconds`` after its first second's burst, and when the
   unlimited keys finished;
-* **cost**: fetch throughput of one worker ``-c 2`` on no-op tasks, limits off
-  against limits on (``"*"`` concurrency 1,000 and 100,000/s: checked at every
-  fetch, never binding), with 10 and 10,000 keys waiting; alternating.
+* **cost**: throughput of one worker ``-c 2``, limits off against limits on
+  (``"*"`` concurrency 1,000 and 100,000/s: checked at every fetch, never
+  binding), with 10 and 10,000 keys waiting; alternating.  No-op tasks measure
+  the fetch path alone; tasks that sleep ``--task-ms`` (10 and 50 ms by default)
+  show what the limits cost at realistic task lengths, where the release and
+  the fetch that follow each task leave its pool slot idle.
 
-    python -m bench.key_limits [--reps 3] [--rate-seconds 30]
+    python -m bench.key_limits [--reps 3] [--rate-seconds 30] [--task-ms 0,10,50]
 """
 
 from __future__ import annotations
@@ -104,15 +107,24 @@ def rate_run(seconds: float) -> dict[str, Any]:
     }
 
 
-def cost_run(keys: int, limited: bool, warmup: int, consume: int) -> float:
+#: Seconds each napping-task throughput is measured over (the backlog is sized to outlast it).
+NAP_SECONDS = 15.0
+COST_CONCURRENCY = 2
+
+
+def cost_run(keys: int, limited: bool, task_ms: float, consume: int) -> float:
+    """One worker's tasks/s on a backlogged keyed queue, limits on or off."""
     env = (
         {"CELERY_FAIR_KEY_CONCURRENCY": "*=1000", "CELERY_FAIR_KEY_RATE": "*=100000/s"}
         if limited
         else {}
     )
+    if task_ms:  # what the pool can do in NAP_SECONDS at best
+        consume = int(NAP_SECONDS * COST_CONCURRENCY * 1000 / task_ms)
+    warmup = max(50, consume // 8)
     with RedisServer() as server:
-        fill(server.url, max(keys, consume + warmup + 5_000), keys)
-        return throughput(server.url, True, warmup, consume, env)
+        fill(server.url, max(keys, consume + warmup + max(500, consume // 3)), keys, task_ms)
+        return throughput(server.url, True, warmup, consume, env, COST_CONCURRENCY)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate-seconds", type=float, default=30.0)
     parser.add_argument("--consume", type=int, default=15_000)
+    parser.add_argument("--task-ms", default="0,10,50", help="task lengths of the cost runs")
     parser.add_argument("--name", default="key_limits")
     args = parser.parse_args(argv)
+    lengths = [float(x) for x in args.task_ms.split(",")]
     results: dict[str, Any] = {"env": environment(), "args": vars(args)}
     results["concurrency"] = [concurrency_run() for _ in range(args.reps)]
     print("concurrency", results["concurrency"], flush=True)
@@ -129,15 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     print("rate", [{k: v for k, v in r.items() if k != "per_second"} for r in results["rate"]])
     cost: dict[str, list[float]] = {}
     for rep in range(args.reps):
-        for keys in (10, 10_000):
-            order = [False, True] if rep % 2 == 0 else [True, False]
-            for limited in order:
-                label = f"{keys} keys, limits {'on' if limited else 'off'}"
-                cost.setdefault(label, []).append(cost_run(keys, limited, 2_000, args.consume))
-                print(f"rep {rep + 1} {label}: {cost[label][-1]:.0f} tasks/s", flush=True)
+        for ms in lengths:
+            for keys in (10, 10_000):
+                order = [False, True] if rep % 2 == 0 else [True, False]
+                for limited in order:
+                    label = _label(ms, keys, limited)
+                    rate = cost_run(keys, limited, ms, args.consume)
+                    cost.setdefault(label, []).append(rate)
+                    print(f"rep {rep + 1} {label}: {rate:.0f} tasks/s", flush=True)
     results["cost"] = cost
     write(args.name, results, _markdown(results))
     return 0
+
+
+def _label(ms: float, keys: int, limited: bool) -> str:
+    return f"{ms:g} ms, {keys} keys, limits {'on' if limited else 'off'}"
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -147,8 +167,9 @@ def _markdown(results: dict[str, Any]) -> str:
         "# Per-key limits",
         "",
         f"Reproduce: `python -m bench.key_limits --reps {args['reps']} --rate-seconds "
-        f"{args['rate_seconds']:g}` ({env['when']}, celery {env['celery']}, kombu "
-        f"{env['kombu']}, {env['cpus']} CPUs). Medians over {args['reps']} runs [min, max].",
+        f"{args['rate_seconds']:g} --task-ms {args['task_ms']}` ({env['when']}, "
+        f"celery {env['celery']}, kombu {env['kombu']}, {env['cpus']} CPUs). "
+        f"Medians over {args['reps']} runs [min, max].",
         "",
         "## Concurrency across two workers",
         "",
@@ -182,21 +203,27 @@ def _markdown(results: dict[str, Any]) -> str:
         f"| metered key done after (s) | "
         f"{_num(summary([r['metered_done_after_s'] for r in rate]))} |",
         "",
-        "## Cost at the fetch",
+        "## Cost",
         "",
-        "One worker `-c 2`, no-op tasks, the queue backlogged; limits on = every key "
-        "checked against a concurrency of 1,000 and 100,000/s (never binding).",
+        f"One worker `-c {COST_CONCURRENCY}`, the queue backlogged throughout; limits on = "
+        "every key checked against a concurrency of 1,000 and 100,000/s (never binding). "
+        "No-op tasks (0 ms) measure the fetch path alone; tasks that sleep show the cost "
+        f"at realistic lengths (measured over about {NAP_SECONDS:g} s of the pool's time). "
+        "*Pool bound*: the most a pool of this size can run, concurrency / task length.",
         "",
-        "| keys waiting | limits off (tasks/s) | limits on (tasks/s) | on / off |",
-        "|---|---|---|---|",
+        "| task | keys waiting | limits off (tasks/s) | limits on (tasks/s) | on / off | "
+        "pool bound |",
+        "|---|---|---|---|---|---|",
     ]
-    for keys in (10, 10_000):
-        off = summary(cost[f"{keys} keys, limits off"])
-        on = summary(cost[f"{keys} keys, limits on"])
-        lines.append(
-            f"| {keys:,} | {_num(off, ',.0f')} | {_num(on, ',.0f')} | "
-            f"{on['median'] / off['median']:.1%} |"
-        )
+    for ms in (float(x) for x in args["task_ms"].split(",")):
+        for keys in (10, 10_000):
+            off = summary(cost[_label(ms, keys, False)])
+            on = summary(cost[_label(ms, keys, True)])
+            bound = f"{COST_CONCURRENCY * 1000 / ms:,.0f}" if ms else "-"
+            lines.append(
+                f"| {'no-op' if not ms else f'{ms:g} ms'} | {keys:,} | {_num(off, ',.0f')} | "
+                f"{_num(on, ',.0f')} | {on['median'] / off['median']:.1%} | {bound} |"
+            )
     return "\n".join([*lines, ""])
 
 

@@ -84,11 +84,14 @@ def messages(model: dict[str, Any], n: int, keys: int) -> Any:
         yield key, tid, json.dumps(message)
 
 
-def fill(url: str, n: int, keys: int) -> dict[str, float]:
-    """Publish ``n`` messages over ``keys`` keys (0: a plain list); rate and memory."""
+def fill(url: str, n: int, keys: int, task_ms: float = 0.0) -> dict[str, float]:
+    """Publish ``n`` messages over ``keys`` keys (0: a plain list); rate and memory.
+
+    The tasks are no-ops, or with ``task_ms`` sleep that long (``nap``).
+    """
     client = redis_lib.Redis.from_url(url)
     client.script_load(store.ENQUEUE.text)
-    model = template(url)
+    model = template(url, "nap", (task_ms,)) if task_ms else template(url)
     names = KeyedNames(QUEUE)
     before = int(client.info("memory")["used_memory"])
     started = time.perf_counter()
@@ -147,7 +150,12 @@ def kombu_fetch_cost(url: str, calls: int = 400, batches: int = 5) -> dict[str, 
 
 
 def throughput(
-    url: str, keyed: bool, warmup: int, consume: int, extra_env: dict[str, str] | None = None
+    url: str,
+    keyed: bool,
+    warmup: int,
+    consume: int,
+    extra_env: dict[str, str] | None = None,
+    concurrency: int = 2,
 ) -> float:
     """Tasks per second of one worker, between ``warmup`` and ``consume`` tasks done."""
     client = redis_lib.Redis.from_url(url)
@@ -160,7 +168,7 @@ def throughput(
 
     start = waiting()
     env = {"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", **(extra_env or {})} if keyed else {}
-    with WorkerProcess(url, [QUEUE], concurrency=2, fair=keyed, env=env) as worker:
+    with WorkerProcess(url, [QUEUE], concurrency=concurrency, fair=keyed, env=env) as worker:
         deadline = time.monotonic() + 600
         t0: float | None = None
         while True:
