@@ -26,6 +26,15 @@ NICE_WINDOWS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 2
 _SPARK_TYPES = {"string": "STRING", "double": "DOUBLE", "int32": "INT", "int64": "BIGINT"}
 
 
+#: Distinct keys (estimated) past which keys are bucketed in the usage table.
+EXACT_KEYS = 20_000
+#: Buckets per window and queue then (Jain's index over keys: see
+#: transforms.jain_over_buckets).
+KEY_BUCKETS = 1024
+#: The columns naming one usage row.
+_CELL = ("window", "queue", "fair_key")
+
+
 def spark_ddl() -> str:
     """The telemetry schema as a Spark DDL string (read with it, never inferred)."""
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in SCHEMA)
@@ -82,6 +91,8 @@ def compute(
     window_seconds: float | None = None,
     rules: NoisyRules = DEFAULT_RULES,
     max_keys: int = 100,
+    exact_keys: int = EXACT_KEYS,
+    key_buckets: int = KEY_BUCKETS,
     on_stage: Callable[[str, float], None] | None = None,
 ) -> dict[str, Any]:
     """Compute every figure of the report; returns plain lists of row dicts.
@@ -91,6 +102,14 @@ def compute(
     histograms, both cached: they are windows x keys and buckets x keys rows,
     not records. Every other table is computed from those two. Per key, only
     the ``max_keys`` most served keys of each queue are collected.
+
+    Past ``exact_keys`` distinct keys (estimated in the first pass), a row
+    per window and key would be about a row per record. Then the per-key
+    totals take a pass of their own, the usage table holds ``key_buckets``
+    buckets of keys per window and queue (every per-queue figure stays
+    exact), Jain's index over keys is estimated from the buckets, and the
+    noisy-window rules look inside the buckets they flag: see
+    :func:`~celery_fair.analytics.transforms.bucket_keys`.
     """
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
@@ -101,13 +120,21 @@ def compute(
             F.count(F.lit(1)).alias("records"),
             F.min(F.coalesce("finished", "started", "received")).alias("first"),
             F.max(F.coalesce("finished", "started", "received")).alias("last"),
+            F.approx_count_distinct(F.xxhash64("queue", "fair_key"), 0.05).alias("keys"),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0
         window = window_seconds or auto_window(span)
-        out.update(records=records, first=first, last=last, window_seconds=window)
+        many = span_row["keys"] > exact_keys
+        out.update(
+            records=records,
+            first=first,
+            last=last,
+            window_seconds=window,
+            key_buckets=key_buckets if many else None,
+        )
 
     tasks = raw.transform(T.normalize, window)
     with _stage(timings, "usage"):
@@ -115,8 +142,24 @@ def compute(
         # kept in the shuffle's partitions (200 by default on a cluster) each
         # of them would run 200 tiny tasks. One partition per core suffices.
         parallelism = spark.sparkContext.defaultParallelism
-        usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
+        if many:
+            # The per-key totals: the usage table's columns over the whole report.
+            per_key = (
+                tasks.withColumn("window", F.lit(0.0))
+                .transform(T.usage_by_window)
+                .coalesce(parallelism)
+                .cache()
+            )
+            per_key.count()
+            bucketed = tasks.transform(T.bucket_keys, key_buckets)
+            counts = tasks.transform(T.key_counts).cache()
+            counts.count()
+        else:
+            bucketed = tasks
+        usage = bucketed.transform(T.usage_by_window).coalesce(parallelism).cache()
         usage.count()
+        if not many:
+            per_key = usage
 
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans
@@ -133,25 +176,38 @@ def compute(
         # One job for the three per-queue tables (each would be a job of its
         # own, and at these sizes a job's cost is its overhead).
         codel = usage.transform(T.codel_rates).drop("records")
-        skew = usage.transform(T.routing_skew, shares).drop("target_share")
+        skew = per_key.transform(T.routing_skew, shares).drop("target_share")
         per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
         out["queue_shares"] = out["codel"] = out["skew"] = per_queue
-        keys = usage.transform(T.key_shares).cache()
+        keys = per_key.transform(T.key_shares).cache()
         top = keys.transform(T.top_keys, max_keys).cache()
         out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
         out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
-        out["jain_keys"] = _rows(
-            usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window),
-            ("window", "queue"),
-        )
+        if many:
+            jain_keys = usage.transform(T.jain_over_buckets, counts)
+        else:
+            jain_keys = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
+        out["jain_keys"] = _rows(jain_keys, ("window", "queue"))
         out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
-        out["noisy_windows"] = _rows(
-            usage.transform(T.noisy_windows, window, rules), ("window", "queue", "fair_key")
-        )
+        if many:
+            totals = usage.transform(T.window_totals, counts).cache()
+            flagged = usage.transform(T.noisy_windows, window, rules, totals)
+            # The keys of the flagged buckets, one row each: a pass over the tasks,
+            # but one that keeps the few rows of those buckets.
+            inside = (
+                bucketed.join(F.broadcast(flagged.select(*_CELL)), list(_CELL))
+                .drop("fair_key", *(c for c in bucketed.columns if c.startswith("key_x")))
+                .withColumnRenamed("key_name", "fair_key")
+                .transform(T.usage_by_window)
+            )
+            noisy = inside.transform(T.noisy_windows, window, rules, totals)
+        else:
+            noisy = usage.transform(T.noisy_windows, window, rules)
+        out["noisy_windows"] = _rows(noisy, _CELL)
 
     with _stage(timings, "latency"):
         # Keys beyond the shown ones share one histogram row per bucket; when
@@ -160,7 +216,7 @@ def compute(
         shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
         # Cached by the first quantile job, which runs the pass over the tasks.
         histograms = (
-            tasks.transform(Q.latency_histograms, shown, usage).coalesce(parallelism).cache()
+            tasks.transform(Q.latency_histograms, shown, per_key).coalesce(parallelism).cache()
         )
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
@@ -169,8 +225,11 @@ def compute(
             out["queue_latency"] = out["recommendations"] = both
             out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
 
-    for df in (usage, shares, keys, top, by_queue, histograms, latency):
+    for df in (usage, per_key, shares, keys, top, by_queue, histograms, latency):
         df.unpersist()
+    if many:
+        counts.unpersist()
+        totals.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)

@@ -217,6 +217,9 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             "queues_mean": mean(data["jain_queues"]),
             # Per keyed queue and window; a queue with one key is trivially fair.
             "keys_mean": mean([r for r in data["jain_keys"] if r["n"] > 1]),
+            # Past the pipeline's exact_keys, the index over keys is estimated from
+            # this many buckets of keys per window and queue (None: exact).
+            "keys_buckets": data.get("key_buckets"),
         },
         "throughput": data["throughput"],
         "hot_keys": data["hot_keys"],
@@ -273,7 +276,8 @@ def format_summary(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Jain index per window (mean): queues {_f(jain['queues_mean'], '.4f')}, "
-        f"keys {_f(jain['keys_mean'], '.4f')}",
+        f"keys {_f(jain['keys_mean'], '.4f')}"
+        + (f" (estimated, {b} buckets of keys)" if (b := jain.get("keys_buckets")) else ""),
         f"recommended: fair_codel_target={_f(rec['fair_codel_target'], '.4g')} "
         f"fair_codel_interval={_f(rec['fair_codel_interval'], '.4g')}",
     ]

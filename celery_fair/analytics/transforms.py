@@ -26,10 +26,13 @@ from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 
 __all__ = (
     "RAN",
+    "bucket_keys",
     "codel_rates",
     "held_keys",
     "hot_keys",
     "jain_by_window",
+    "jain_over_buckets",
+    "key_counts",
     "key_shares",
     "noisy_keys",
     "noisy_windows",
@@ -42,11 +45,16 @@ __all__ = (
     "throughput",
     "top_keys",
     "usage_by_window",
+    "window_totals",
 )
 
 #: Outcomes of tasks that ran on the pool (and were charged).
 RAN: tuple[str, ...] = ("success", "failure", "retry")
 NO_KEY = "(none)"
+#: Prefix of the bucket labels :func:`bucket_keys` puts in place of keys.
+BUCKET = "(bucket) "
+#: Independent signs per key in :func:`bucket_keys` (sketches of the sum of squares).
+SIGNS = 4
 
 
 def ratio(numerator: Column, denominator: Column) -> Column:
@@ -113,7 +121,11 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     latest target weight, with ``last_at`` the time it was seen, and
     ``key_weight`` the key's; ``key_held`` the seconds the key spent set
     aside by its per-key limits.
+
+    On tasks from :func:`bucket_keys`, ``fair_key`` is a bucket of keys, and
+    the rows also carry the bucket's sums of its ``key_x*`` columns.
     """
+    sketch = [c for c in tasks.columns if c.startswith("key_x")]
     return (
         tasks.groupBy("window", "queue", "fair_key")
         .agg(
@@ -131,6 +143,7 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
             F.max_by("weight", "left_at").alias("weight"),
             F.sum("key_held").alias("key_held"),
             F.max_by("key_weight", "left_at").alias("key_weight"),
+            *(F.sum(c).alias(c) for c in sketch),
         )
         .select(
             "window",
@@ -150,7 +163,90 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
             "weight",
             "key_held",
             "key_weight",
+            *sketch,
         )
+    )
+
+
+def bucket_keys(tasks: DataFrame, buckets: int) -> DataFrame:
+    """Task rows with each fairness key replaced by one of ``buckets`` buckets.
+
+    For queues with very many keys, where a row per window and key would be
+    about a row per record: ``usage_by_window`` over these rows has at most
+    ``buckets`` rows per window and queue, and every figure that sums over
+    keys stays exact. ``key_name`` keeps the key (``noisy_windows`` looks
+    inside the few buckets that can hold a noisy key). Tasks without a key
+    keep :data:`NO_KEY`. The ``key_x*`` columns feed Jain's index over keys:
+    ``key_x`` is the task's cost over its key's weight, and each of the
+    :data:`SIGNS` columns ``key_x<j>`` the same with a sign drawn from the
+    key's hash: a bucket's signed sum, squared, estimates the sum of its
+    keys' squared totals (the CountSketch estimate of the second moment:
+    Charikar, Chen & Farach-Colton, 2002), and the mean over independent
+    signs divides the estimate's variance by their number.
+    """
+    pair = F.xxhash64("queue", "fair_key")
+    keyed = F.col("fair_key") != NO_KEY
+    x = F.col("cost") / F.coalesce("key_weight", F.lit(1.0))
+
+    def signed(j: int) -> Column:
+        # The bucket from the hash's low bits, the signs from bits 32 and up.
+        bit = F.shiftright(pair, 32 + j).bitwiseAND(1)
+        return F.when(keyed, F.when(bit == 0, x).otherwise(-x)).otherwise(0.0)
+
+    others = [c for c in tasks.columns if c != "fair_key"]
+    return tasks.select(
+        *others,
+        F.when(keyed, F.concat(F.lit(BUCKET), F.pmod(pair, F.lit(buckets)).cast("string")))
+        .otherwise(F.col("fair_key"))
+        .alias("fair_key"),
+        F.col("fair_key").alias("key_name"),
+        F.when(keyed, x).otherwise(0.0).alias("key_x"),
+        *(signed(j).alias(f"key_x{j}") for j in range(SIGNS)),
+    )
+
+
+def key_counts(tasks: DataFrame) -> DataFrame:
+    """Per window and queue: the number of distinct fairness keys, estimated.
+
+    HyperLogLog++ (``approx_count_distinct``, relative error about 1%): with
+    bucketed keys (:func:`bucket_keys`) the exact count would regroup every
+    record by key, the pass the buckets avoid.
+    """
+    return (
+        tasks.where(F.col("fair_key") != NO_KEY)
+        .groupBy("window", "queue")
+        .agg(F.approx_count_distinct("fair_key", 0.01).alias("n"))
+        .select("window", "queue", "n")
+    )
+
+
+def jain_over_buckets(usage: DataFrame, counts: DataFrame) -> DataFrame:
+    """Jain's index over keys per window and queue, from bucketed usage rows.
+
+    The rows of ``jain_by_window`` over keys, estimated: n from
+    :func:`key_counts`, the sum of x exact, the sum of x^2 from the buckets'
+    signed sums (relative standard error at most sqrt(2 / (buckets x
+    :data:`SIGNS`)), less when few keys share a bucket).
+    """
+    squares = F.lit(0.0)
+    for j in range(SIGNS):
+        squares = squares + F.sum(F.col(f"key_x{j}") * F.col(f"key_x{j}"))
+    per_window = (
+        usage.where(F.col("fair_key") != NO_KEY)
+        .groupBy("window", "queue")
+        .agg(
+            F.sum("key_x").alias("sum_x"),
+            (squares / SIGNS).alias("sum_x2"),
+        )
+        .join(counts, ["window", "queue"])
+    )
+    jain = F.col("sum_x") * F.col("sum_x") / (F.col("n") * F.col("sum_x2"))
+    return per_window.select(
+        "window",
+        "queue",
+        "n",
+        # The estimate can pass 1 by a little: J is at most 1.
+        F.when(F.col("sum_x2") > 0, F.least(jain, F.lit(1.0))).alias("jain"),
     )
 
 
@@ -471,8 +567,26 @@ def noisy_keys(keys: DataFrame, rules: NoisyRules = DEFAULT_RULES) -> DataFrame:
     )
 
 
+def window_totals(usage: DataFrame, counts: DataFrame | None = None) -> DataFrame:
+    """Per window: in-flight work, processing time and keys, over every queue.
+
+    Reads ``usage_by_window`` rows; on bucketed rows the keys are counted by
+    ``counts`` (:func:`key_counts`) instead of the rows.
+    """
+    sums = [F.sum("in_flight").alias("window_in_flight"), F.sum("busy").alias("window_busy")]
+    if counts is None:
+        return usage.groupBy("window").agg(
+            *sums, F.count(F.when(F.col("fair_key") != NO_KEY, 1)).alias("keys_in_window")
+        )
+    keys = counts.groupBy("window").agg(F.sum("n").alias("keys_in_window"))
+    return usage.groupBy("window").agg(*sums).join(keys, "window", "left")
+
+
 def noisy_windows(
-    usage: DataFrame, window_seconds: float, rules: NoisyRules = DEFAULT_RULES
+    usage: DataFrame,
+    window_seconds: float,
+    rules: NoisyRules = DEFAULT_RULES,
+    totals: DataFrame | None = None,
 ) -> DataFrame:
     """Windows in which a key held too much of the in-flight work or processing time.
 
@@ -480,17 +594,19 @@ def noisy_windows(
     :mod:`celery_fair.analytics.noisy`). Reads ``usage_by_window`` rows; one
     row per flagged (window, queue, key)
     with its shares of the window's in-flight work and processing time and a
-    boolean per rule.
+    boolean per rule. ``totals`` (:func:`window_totals`) are the windows'
+    when ``usage`` holds only some of their rows.
+
+    Every rule compares sums with thresholds that do not depend on the row:
+    on bucketed rows (:func:`bucket_keys`) it flags every bucket that holds
+    a noisy key, and the keys inside those buckets are checked next.
     """
     # A window's totals from one small aggregation, joined to the rows that can be
     # flagged at all (a key with min_tasks records): a window function over every
     # usage row would sort them all, and with a million keys they are as many as
     # the records.
-    totals = usage.groupBy("window").agg(
-        F.sum("in_flight").alias("window_in_flight"),
-        F.sum("busy").alias("window_busy"),
-        F.count(F.when(F.col("fair_key") != NO_KEY, 1)).alias("keys_in_window"),
-    )
+    if totals is None:
+        totals = window_totals(usage)
     enough = (F.col("records") >= rules.min_tasks) & (F.col("fair_key") != NO_KEY)
     shares = (
         usage.where(enough)
