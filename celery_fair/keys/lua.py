@@ -325,7 +325,9 @@ local function keyed_pop(base, suffixes, est, limited, now)
         -- Read here, before the key's tag moves. The same HGET at the end of
         -- this branch made idle workers miss the wake-up of a released slot
         -- and wait for their next poll (Redis 7.0.15, seen in
-        -- test_concurrency_limits_hold_across_two_workers; cause not found).
+        -- test_concurrency_limits_hold_across_two_workers; cause not found;
+        -- a lost wake-up of the idle wait, fixed since in AtomicFetch.start,
+        -- may have been it: not checked again).
         local owed = nil
         if limited then owed = redis.call('HGET', kname(base, '{layout.HELD_OWED}'), key) end
         if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end

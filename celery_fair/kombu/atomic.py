@@ -266,7 +266,11 @@ class AtomicFetch:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
             if self._due is not None:
                 wait = min(wait or self._due, self._due)
-            self.pending = _WAIT
+            # A wake-up during this wait must push the wake key, even when one was
+            # pushed before: that one ended the last wait, or ends this one at once.
+            # Left set, a wake-up taken while the worker was full (no fetch, so no
+            # reset) would swallow the next: a freed slot waits for the timeout.
+            self.pending, self._waking = _WAIT, False
             self.waits += 1
             conn.send_command("BLPOP", self._wake_key, wait or 0)
 
