@@ -216,10 +216,10 @@ class TaskTracker:
                 if attrs is not None:
                     attrs.pop("on_success", None)
                     attrs.pop("on_failure", None)
-                if limited is not None:
-                    limited.lease_finished(queue, tag)
                 if runtime is None:
                     runtime = clock() - started
+                if limited is not None:
+                    limited.lease_finished(queue, tag, runtime)
                 if runtime_cost:
                     with lock:
                         scheduler.finished(queue, runtime)

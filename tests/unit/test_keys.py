@@ -253,6 +253,25 @@ def test_a_full_worker_wakes_its_fetch_with_the_release_in_one_round_trip() -> N
     assert wakes == [True, False]
 
 
+def test_a_worker_fetches_one_task_ahead_only_while_tasks_are_short() -> None:
+    from celery_fair.keys.serving import LOOKAHEAD_BELOW
+
+    serving = _limited([])  # one pool slot
+    serving.served("jobs", "k")
+    assert serving.capacity("jobs") == 1 and not serving.has_room("jobs")  # nothing measured
+    serving.lease_dispatched("t1")
+    serving.lease_finished("jobs", "t1", runtime=LOOKAHEAD_BELOW / 10)
+    assert serving.capacity("jobs") == 2  # short tasks: one more than the pool
+    serving.served("jobs", "k")
+    serving.served("jobs", "k")
+    assert not serving.has_room("jobs")  # one running, one waiting with its lease
+    for i in range(30):  # the tasks grow long: the average passes the bound
+        serving.lease_dispatched(f"long-{i}")
+        serving.lease_finished("jobs", f"long-{i}", runtime=LOOKAHEAD_BELOW * 10)
+        serving.served("jobs", "k")
+    assert serving.capacity("jobs") == 1
+
+
 def test_a_failed_release_is_counted_and_never_raises() -> None:
     serving = _limited([])
     rooms: list[int] = []
