@@ -171,8 +171,8 @@ class KeyedServing:
             held = self._in_flight.get(queue, 0)
             self._in_flight[queue] = max(0, held - 1)
         # A worker that was full may fetch from the queue again: its idle fetch must
-        # end. The release and that wake-up go in one round trip: with no buffer
-        # under limits, the pool slot waits for them and the fetch that follows.
+        # end. The release and that wake-up go in one round trip: unless a task was
+        # fetched ahead, the pool slot waits for them and the fetch that follows.
         # "Full" counts from the pool's size, not the capacity: the capacity can
         # change between a fetch and its release, and a wake-up too many costs
         # an empty fetch, one too few a poll interval.
@@ -202,9 +202,10 @@ class KeyedServing:
         """Whether this worker may fetch from keyed ``queue`` now.
 
         With per-key limits a fetched task holds its key's slot until it
-        finishes, so a worker fetches only for a free pool slot: tasks that
-        would wait in its buffer would keep their keys' slots from workers
-        with free pool slots.
+        finishes, so a worker fetches for its free pool slots (and one task
+        ahead while tasks are short, see :meth:`capacity`): tasks that would
+        wait in its buffer would keep their keys' slots from workers with
+        free pool slots.
         """
         return not self.limited or self._in_flight.get(queue, 0) < self.capacity(queue)
 
