@@ -31,8 +31,9 @@ EXACT_KEYS = 20_000
 #: Buckets per window and queue then (Jain's index over keys: see
 #: transforms.jain_over_buckets).
 KEY_BUCKETS = 1024
-#: The columns naming one usage row.
+#: The columns naming one usage row, and one bucketed usage row.
 _CELL = ("window", "queue", "fair_key")
+_BUCKET_CELL = ("window", "queue", "key_bucket")
 
 
 def spark_ddl() -> str:
@@ -120,7 +121,9 @@ def compute(
             F.count(F.lit(1)).alias("records"),
             F.min(F.coalesce("finished", "started", "received")).alias("first"),
             F.max(F.coalesce("finished", "started", "received")).alias("last"),
-            F.approx_count_distinct(F.xxhash64("queue", "fair_key"), 0.05).alias("keys"),
+            # Key names, not (queue, key) pairs: enough to choose the grain, and
+            # hashing one column costs less (10M records: +1.0 s against +1.8 s).
+            F.approx_count_distinct("fair_key", 0.05).alias("keys"),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
@@ -143,13 +146,7 @@ def compute(
         # of them would run 200 tiny tasks. One partition per core suffices.
         parallelism = spark.sparkContext.defaultParallelism
         if many:
-            # The per-key totals: the usage table's columns over the whole report.
-            per_key = (
-                tasks.withColumn("window", F.lit(0.0))
-                .transform(T.usage_by_window)
-                .coalesce(parallelism)
-                .cache()
-            )
+            per_key = tasks.transform(T.key_totals).coalesce(parallelism).cache()
             per_key.count()
             bucketed = tasks.transform(T.bucket_keys, key_buckets)
             counts = tasks.transform(T.key_counts).cache()
@@ -179,7 +176,10 @@ def compute(
         skew = per_key.transform(T.routing_skew, shares).drop("target_share")
         per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
         out["queue_shares"] = out["codel"] = out["skew"] = per_queue
-        keys = per_key.transform(T.key_shares).cache()
+        if many:
+            keys = per_key.transform(T.shares_by_key).cache()
+        else:
+            keys = usage.transform(T.key_shares).cache()
         top = keys.transform(T.top_keys, max_keys).cache()
         out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
@@ -195,19 +195,29 @@ def compute(
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         if many:
             totals = usage.transform(T.window_totals, counts).cache()
-            flagged = usage.transform(T.noisy_windows, window, rules, totals)
-            # The keys of the flagged buckets, one row each: a pass over the tasks,
-            # but one that keeps the few rows of those buckets.
-            inside = (
-                bucketed.join(F.broadcast(flagged.select(*_CELL)), list(_CELL))
-                .drop("fair_key", *(c for c in bucketed.columns if c.startswith("key_x")))
-                .withColumnRenamed("key_name", "fair_key")
-                .transform(T.usage_by_window)
+            flagged = usage.transform(T.noisy_windows, window, rules, totals).join(
+                usage.select(*_CELL, "key_bucket"), list(_CELL)
             )
-            noisy = inside.transform(T.noisy_windows, window, rules, totals)
+            cells = _rows(flagged.select(*_BUCKET_CELL))
+            out["noisy_windows"] = []
+            if cells:
+                # The keys of the flagged buckets: a pass over the tasks that keeps
+                # the rows of those buckets only (none when no bucket is flagged).
+                schema = usage.select(*_BUCKET_CELL).schema
+                inside = (
+                    bucketed.join(
+                        F.broadcast(spark.createDataFrame(cells, schema)), list(_BUCKET_CELL)
+                    )
+                    .drop("fair_key", "key_bucket")
+                    .drop(*(c for c in bucketed.columns if c.startswith("key_x")))
+                    .withColumnRenamed("key_name", "fair_key")
+                    .transform(T.usage_by_window)
+                )
+                noisy = inside.transform(T.noisy_windows, window, rules, totals)
+                out["noisy_windows"] = _rows(noisy, _CELL)
         else:
             noisy = usage.transform(T.noisy_windows, window, rules)
-        out["noisy_windows"] = _rows(noisy, _CELL)
+            out["noisy_windows"] = _rows(noisy, _CELL)
 
     with _stage(timings, "latency"):
         # Keys beyond the shown ones share one histogram row per bucket; when

@@ -34,6 +34,7 @@ __all__ = (
     "jain_over_buckets",
     "key_counts",
     "key_shares",
+    "key_totals",
     "noisy_keys",
     "noisy_windows",
     "normalize",
@@ -42,6 +43,7 @@ __all__ = (
     "ratio",
     "routing_skew",
     "served_by_window",
+    "shares_by_key",
     "throughput",
     "top_keys",
     "usage_by_window",
@@ -123,11 +125,18 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     aside by its per-key limits.
 
     On tasks from :func:`bucket_keys`, ``fair_key`` is a bucket of keys, and
-    the rows also carry the bucket's sums of its ``key_x*`` columns.
+    the rows also carry its number, ``key_bucket``, and the bucket's sums of
+    its ``key_x*`` columns.
     """
     sketch = [c for c in tasks.columns if c.startswith("key_x")]
+    bucket = ["key_bucket"] if "key_bucket" in tasks.columns else []
+    key = F.col("fair_key")
+    if bucket:
+        key = F.when(
+            F.col("key_bucket").isNotNull(), F.concat(key, F.col("key_bucket").cast("string"))
+        ).otherwise(key)
     return (
-        tasks.groupBy("window", "queue", "fair_key")
+        tasks.groupBy("window", "queue", "fair_key", *bucket)
         .agg(
             F.count(F.lit(1)).alias("records"),
             F.sum(F.col("ran").cast("long")).alias("served_tasks"),
@@ -148,7 +157,8 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
         .select(
             "window",
             "queue",
-            "fair_key",
+            key.alias("fair_key"),
+            *bucket,
             "records",
             "served_tasks",
             "served_cost",
@@ -174,7 +184,9 @@ def bucket_keys(tasks: DataFrame, buckets: int) -> DataFrame:
     For queues with very many keys, where a row per window and key would be
     about a row per record: ``usage_by_window`` over these rows has at most
     ``buckets`` rows per window and queue, and every figure that sums over
-    keys stays exact. ``key_name`` keeps the key (``noisy_windows`` looks
+    keys stays exact. ``key_bucket`` is the bucket's number (null without a
+    key), ``fair_key`` :data:`BUCKET` until ``usage_by_window`` appends the
+    number. ``key_name`` keeps the key (``noisy_windows`` looks
     inside the few buckets that can hold a noisy key). Tasks without a key
     keep :data:`NO_KEY`. The ``key_x*`` columns feed Jain's index over keys:
     ``key_x`` is the task's cost over its key's weight, and each of the
@@ -196,9 +208,10 @@ def bucket_keys(tasks: DataFrame, buckets: int) -> DataFrame:
     others = [c for c in tasks.columns if c != "fair_key"]
     return tasks.select(
         *others,
-        F.when(keyed, F.concat(F.lit(BUCKET), F.pmod(pair, F.lit(buckets)).cast("string")))
-        .otherwise(F.col("fair_key"))
-        .alias("fair_key"),
+        # The bucket as a number: usage_by_window names it after grouping, on a
+        # row per bucket, not per task (a string per task tripled the pass).
+        F.when(keyed, F.lit(BUCKET)).otherwise(F.col("fair_key")).alias("fair_key"),
+        F.when(keyed, F.pmod(pair, F.lit(buckets))).alias("key_bucket"),
         F.col("fair_key").alias("key_name"),
         F.when(keyed, x).otherwise(0.0).alias("key_x"),
         *(signed(j).alias(f"key_x{j}") for j in range(SIGNS)),
@@ -286,19 +299,28 @@ def queue_shares(usage: DataFrame) -> DataFrame:
     )
 
 
+def key_totals(tasks: DataFrame) -> DataFrame:
+    """Task rows -> per queue and fairness key, over the whole report.
+
+    The columns :func:`shares_by_key` and :func:`routing_skew` read, in one
+    pass over the tasks: with very many keys, where the usage table holds
+    buckets of keys (:func:`bucket_keys`). ``weight`` is the key's latest.
+    """
+    return tasks.groupBy("queue", "fair_key").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.sum(F.col("ran").cast("long")).alias("served_tasks"),
+        F.sum("cost").alias("served_cost"),
+        _count_of("codel-requeue").alias("codel_requeues"),
+        F.sum("key_held").alias("held"),
+        F.max_by("key_weight", "left_at").alias("weight"),
+    )
+
+
 def key_shares(usage: DataFrame) -> DataFrame:
     """Per queue and fairness key: served cost, its share overall and within its queue.
 
-    Reads ``usage_by_window`` rows. ``keys_in_queue`` counts the fairness keys
-    of the queue (tasks without a key are not a key). ``weight`` is the key's
-    latest weight (1 when the records do not carry it); ``target_in_queue``
-    is it over the sum of the weights of the queue's keys: the share weighted
-    fairness gives the key while every key of the queue has work waiting (a
-    key that is often idle gets less and leaves its part to the others).
-    ``held`` is the seconds the key spent set aside by its per-key limits.
+    Reads ``usage_by_window`` rows; :func:`shares_by_key` has the columns.
     """
-    in_queue = Window.partitionBy("queue")
-    keyed = F.col("fair_key") != NO_KEY
     per_key = usage.groupBy("queue", "fair_key").agg(
         F.sum("records").alias("records"),
         F.sum("served_tasks").alias("served_tasks"),
@@ -306,18 +328,48 @@ def key_shares(usage: DataFrame) -> DataFrame:
         F.sum("key_held").alias("held"),
         F.max_by("key_weight", "last_at").alias("weight"),
     )
+    return per_key.transform(shares_by_key)
+
+
+def shares_by_key(per_key: DataFrame) -> DataFrame:
+    """The ``key_shares`` table from one row per queue and key (``key_totals``).
+
+    ``keys_in_queue`` counts the fairness keys of the queue (tasks without a
+    key are not a key). ``weight`` is the key's latest weight (1 when the
+    records do not carry it); ``target_in_queue`` is it over the sum of the
+    weights of the queue's keys: the share weighted fairness gives the key
+    while every key of the queue has work waiting (a key that is often idle
+    gets less and leaves its part to the others). ``held`` is the seconds the
+    key spent set aside by its per-key limits.
+    """
+    keyed = F.col("fair_key") != NO_KEY
     weight = F.when(keyed, F.coalesce("weight", F.lit(1.0)))
-    return per_key.select(
+    rows = per_key.select(
+        "queue", "fair_key", "records", "served_tasks", "served_cost", "held",
+        weight.alias("weight"),
+    )  # fmt: skip
+    # Totals per queue (a few rows) joined back, not window functions: those
+    # would sort every key's row into one partition per queue, and with a
+    # million keys that sort was most of the table's cost.
+    per_queue = rows.groupBy("queue").agg(
+        F.sum("served_cost").alias("queue_cost"),
+        F.count(F.when(keyed, 1)).alias("keys_in_queue"),
+        F.sum("weight").alias("queue_weight"),
+    )
+    per_queue = per_queue.select(
+        "*", F.sum("queue_cost").over(Window.partitionBy()).alias("all_cost")
+    )
+    return rows.join(F.broadcast(per_queue), "queue").select(
         "queue",
         "fair_key",
         "records",
         "served_tasks",
         "served_cost",
-        ratio(F.col("served_cost"), F.sum("served_cost").over(Window.partitionBy())).alias("share"),
-        ratio(F.col("served_cost"), F.sum("served_cost").over(in_queue)).alias("share_in_queue"),
-        F.count(F.when(keyed, 1)).over(in_queue).alias("keys_in_queue"),
-        weight.alias("weight"),
-        ratio(weight, F.sum(weight).over(in_queue)).alias("target_in_queue"),
+        ratio(F.col("served_cost"), F.col("all_cost")).alias("share"),
+        ratio(F.col("served_cost"), F.col("queue_cost")).alias("share_in_queue"),
+        "keys_in_queue",
+        "weight",
+        ratio(F.col("weight"), F.col("queue_weight")).alias("target_in_queue"),
         "held",
     )
 
@@ -459,7 +511,7 @@ def recommendations(latency: DataFrame, target_fraction: float = 0.1) -> DataFra
 def routing_skew(usage: DataFrame, shares: DataFrame) -> DataFrame:
     """Per queue: share of arrivals and of distinct keys against the target share.
 
-    Reads ``usage_by_window`` rows and ``queue_shares``. Arrivals are records
+    Reads ``usage_by_window`` (or ``key_totals``) rows and ``queue_shares``. Arrivals are records
     other than CoDel requeues (a requeued task comes back and is counted at
     its final outcome); ``keys`` counts the keys with an arrival (tasks without
     a key are one). ``skew`` is arrival share / target share - 1: 0 for a
