@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,24 +11,14 @@ from pyspark.sql import SparkSession
 
 from celery_fair.analytics.pipeline import compute
 from celery_fair.analytics.report import build_report
-from celery_fair.telemetry.synthetic import SyntheticSpec, write_synthetic
+from celery_fair.telemetry.synthetic import write_synthetic
 
-EVEN = {"p0": 1.0, "p1": 1.0, "p2": 1.0, "p3": 1.0}
+from .test_noisy import FLOOD
 
-# 8,000 quiet keys, so most of them have one task or none in a window, and a
-# flood in p1 during the middle half: the case the buckets are for, with a
-# noisy key for the window rules to find inside its bucket.
-MANY = SyntheticSpec(
-    records=60_000,
-    weights=EVEN,
-    mean_sojourn=dict.fromkeys(EVEN, 0.05),
-    keys_per_queue=2_000,
-    key_skew=0.0,
-    flood_share=0.6,
-    flood_queue="p1",
-    flood_span=(0.25, 0.75),
-    seed=5,
-)
+# The flood of test_noisy with 2,000 quiet keys per queue (8,000), so most of them
+# have one task or none in a window: the case the buckets are for, with a noisy
+# key for the window rules to find inside its bucket.
+MANY = replace(FLOOD, keys_per_queue=2_000, seed=5)
 WINDOW = 10.0
 BUCKETS = 1024
 
