@@ -36,6 +36,33 @@ _CELL = ("window", "queue", "fair_key")
 _BUCKET_CELL = ("window", "queue", "key_bucket")
 
 
+def _noisy_in_buckets(
+    spark: SparkSession,
+    usage: DataFrame,
+    bucketed: DataFrame,
+    totals: DataFrame,
+    window: float,
+    rules: NoisyRules,
+) -> list[dict[str, Any]]:
+    """``noisy_windows`` rows from bucketed usage: the rules, then inside the flagged buckets."""
+    flagged = usage.transform(T.noisy_windows, window, rules, totals).join(
+        usage.select(*_CELL, "key_bucket"), list(_CELL)
+    )
+    cells = _rows(flagged.select(*_BUCKET_CELL))
+    if not cells:
+        return []  # no pass over the tasks
+    # The tasks of the flagged buckets only, grouped by their own keys.
+    chosen = spark.createDataFrame(cells, usage.select(*_BUCKET_CELL).schema)
+    inside = (
+        bucketed.join(F.broadcast(chosen), list(_BUCKET_CELL))
+        .drop("fair_key", "key_bucket")
+        .drop(*(c for c in bucketed.columns if c.startswith("key_x")))
+        .withColumnRenamed("key_name", "fair_key")
+        .transform(T.usage_by_window)
+    )
+    return _rows(inside.transform(T.noisy_windows, window, rules, totals), _CELL)
+
+
 def spark_ddl() -> str:
     """The telemetry schema as a Spark DDL string (read with it, never inferred)."""
     return ", ".join(f"`{f.name}` {_SPARK_TYPES[str(f.type)]}" for f in SCHEMA)
@@ -195,26 +222,8 @@ def compute(
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         if many:
             totals = usage.transform(T.window_totals, counts).cache()
-            flagged = usage.transform(T.noisy_windows, window, rules, totals).join(
-                usage.select(*_CELL, "key_bucket"), list(_CELL)
-            )
-            cells = _rows(flagged.select(*_BUCKET_CELL))
-            out["noisy_windows"] = []
-            if cells:
-                # The keys of the flagged buckets: a pass over the tasks that keeps
-                # the rows of those buckets only (none when no bucket is flagged).
-                schema = usage.select(*_BUCKET_CELL).schema
-                inside = (
-                    bucketed.join(
-                        F.broadcast(spark.createDataFrame(cells, schema)), list(_BUCKET_CELL)
-                    )
-                    .drop("fair_key", "key_bucket")
-                    .drop(*(c for c in bucketed.columns if c.startswith("key_x")))
-                    .withColumnRenamed("key_name", "fair_key")
-                    .transform(T.usage_by_window)
-                )
-                noisy = inside.transform(T.noisy_windows, window, rules, totals)
-                out["noisy_windows"] = _rows(noisy, _CELL)
+            out["noisy_windows"] = _noisy_in_buckets(spark, usage, bucketed, totals, window, rules)
+            totals.unpersist()
         else:
             noisy = usage.transform(T.noisy_windows, window, rules)
             out["noisy_windows"] = _rows(noisy, _CELL)
@@ -239,7 +248,6 @@ def compute(
         df.unpersist()
     if many:
         counts.unpersist()
-        totals.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)
