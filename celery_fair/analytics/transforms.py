@@ -14,7 +14,10 @@ read its task rows, and they are the only ones that touch every record:
 ``usage_by_window`` (every additive figure, at the finest grain the report
 needs: window x queue x key) and ``quantiles.latency_histograms``. The
 others read those two small tables, so adding a figure costs no pass over
-the data.
+the data. With very many keys, where a row per window and key is about a
+row per record, ``key_totals`` and ``key_counts`` read the task rows too,
+and ``usage_by_window`` reads them through ``bucket_keys`` (see
+``pipeline.compute``).
 """
 
 from __future__ import annotations
