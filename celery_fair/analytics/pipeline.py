@@ -173,17 +173,17 @@ def compute(
         # of them would run 200 tiny tasks. One partition per core suffices.
         parallelism = spark.sparkContext.defaultParallelism
         if many:
+            # shares_by_key reads its input twice (per-queue totals joined back):
+            # uncached, the pass over the tasks would run twice.
             per_key = tasks.transform(T.key_totals).coalesce(parallelism).cache()
-            per_key.count()
+            keys = per_key.transform(T.shares_by_key).cache()
+            keys.count()
+            per_key.unpersist()
             bucketed = tasks.transform(T.bucket_keys, key_buckets)
-            counts = tasks.transform(T.key_counts).cache()
-            counts.count()
         else:
             bucketed = tasks
         usage = bucketed.transform(T.usage_by_window).coalesce(parallelism).cache()
         usage.count()
-        if not many:
-            per_key = usage
 
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans
@@ -200,19 +200,17 @@ def compute(
         # One job for the three per-queue tables (each would be a job of its
         # own, and at these sizes a job's cost is its overhead).
         codel = usage.transform(T.codel_rates).drop("records")
-        skew = per_key.transform(T.routing_skew, shares).drop("target_share")
+        if not many:
+            keys = usage.transform(T.key_shares).cache()
+        skew = keys.transform(T.routing_skew, shares).drop("target_share")
         per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
         out["queue_shares"] = out["codel"] = out["skew"] = per_queue
-        if many:
-            keys = per_key.transform(T.shares_by_key).cache()
-        else:
-            keys = usage.transform(T.key_shares).cache()
         top = keys.transform(T.top_keys, max_keys).cache()
         out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
         out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
         if many:
-            jain_keys = usage.transform(T.jain_over_buckets, counts)
+            jain_keys = usage.transform(T.jain_over_buckets)
         else:
             jain_keys = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
         out["jain_keys"] = _rows(jain_keys, ("window", "queue"))
@@ -221,7 +219,7 @@ def compute(
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         if many:
-            totals = usage.transform(T.window_totals, counts).cache()
+            totals = usage.transform(T.window_totals).cache()
             out["noisy_windows"] = _noisy_in_buckets(spark, usage, bucketed, totals, window, rules)
             totals.unpersist()
         else:
@@ -235,7 +233,7 @@ def compute(
         shown = None if every_key else {r["fair_key"] for r in out["key_shares"]}
         # Cached by the first quantile job, which runs the pass over the tasks.
         histograms = (
-            tasks.transform(Q.latency_histograms, shown, per_key).coalesce(parallelism).cache()
+            tasks.transform(Q.latency_histograms, shown, keys).coalesce(parallelism).cache()
         )
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
@@ -244,10 +242,8 @@ def compute(
             out["queue_latency"] = out["recommendations"] = both
             out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
 
-    for df in (usage, per_key, shares, keys, top, by_queue, histograms, latency):
+    for df in (usage, shares, keys, top, by_queue, histograms, latency):
         df.unpersist()
-    if many:
-        counts.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)

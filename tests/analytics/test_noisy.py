@@ -145,20 +145,22 @@ def test_window_rules_one_by_one(spark: SparkSession) -> None:
 
 
 def test_share_rules_one_by_one(spark: SparkSession) -> None:
+    # 17 keys in all (keys_overall): 2 + 5 + 10.
+    rows = [
+        # queue a: 'big' takes 30% of everything but only 30/60 of a (2 keys).
+        ("a", "big", 30.0, 0.30, 0.50, 2),
+        ("a", "a1", 30.0, 0.30, 0.50, 2),
+        # queue b: 'boss' 20% of everything, 20/25 of b, 5 keys: queue rule.
+        ("b", "boss", 20.0, 0.20, 0.80, 5),
+        *[("b", f"b{i}", 1.25, 0.0125, 0.05, 5) for i in range(4)],
+        # queue c: 10 keys, 'warm' 6 times its even part of c, 6% of everything.
+        ("c", "warm", 1.2, 0.012, 0.6, 10),
+        *[("c", f"c{i}", 0.089, 0.00089, 0.0444, 10) for i in range(9)],
+    ]
     keys = spark.createDataFrame(
-        [
-            # queue a: 'big' takes 30% of everything but only 30/60 of a (2 keys).
-            ("a", "big", 30.0, 0.30, 0.50, 2),
-            ("a", "a1", 30.0, 0.30, 0.50, 2),
-            # queue b: 'boss' 20% of everything, 20/25 of b, 5 keys: queue rule.
-            ("b", "boss", 20.0, 0.20, 0.80, 5),
-            *[("b", f"b{i}", 1.25, 0.0125, 0.05, 5) for i in range(4)],
-            # queue c: 10 keys, 'warm' 6 times its even part of c, 6% of everything.
-            ("c", "warm", 1.2, 0.012, 0.6, 10),
-            *[("c", f"c{i}", 0.089, 0.00089, 0.0444, 10) for i in range(9)],
-        ],
+        [(*row, 17) for row in rows],
         "queue string, fair_key string, served_cost double, share double, "
-        "share_in_queue double, keys_in_queue long",
+        "share_in_queue double, keys_in_queue long, keys_overall long",
     )
     got = keys.transform(T.noisy_keys).select(
         "fair_key", "share_of_all", "share_of_queue", "hot_in_queue"

@@ -199,7 +199,8 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     records += [rec("b", fair_key="m0", outcome="codel-requeue", target_weight=3.0)]
     usage = frame(spark, records).transform(T.normalize).transform(T.usage_by_window)
     shares = usage.transform(T.queue_shares)
-    skew = usage.transform(T.routing_skew, shares)
+    keys = usage.transform(T.key_shares)
+    skew = keys.transform(T.routing_skew, shares)
     expected = spark.createDataFrame(
         [("a", 12, 0.75, 5, 5 / 9, 0.25, 2.0), ("b", 4, 0.25, 4, 4 / 9, 0.75, -2 / 3)],
         "queue string, arrivals long, arrival_share double, keys long, key_share double, "
@@ -207,7 +208,7 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     )
     assertDataFrameEqual(skew, expected)
     # "hot" has 8 of 12 tasks of a queue of 5 keys: heat 8/12 * 5 = 3.33.
-    hot = usage.transform(T.key_shares).transform(T.hot_keys, 3.0).select("fair_key", "heat")
+    hot = keys.transform(T.hot_keys, 3.0).select("fair_key", "heat")
     assertDataFrameEqual(
         hot, spark.createDataFrame([("hot", 10 / 3)], "fair_key string, heat double")
     )
