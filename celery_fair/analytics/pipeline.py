@@ -121,6 +121,7 @@ def compute(
     max_keys: int = 100,
     exact_keys: int = EXACT_KEYS,
     key_buckets: int = KEY_BUCKETS,
+    exact_windows: int = T.MASK_BITS,
     on_stage: Callable[[str, float], None] | None = None,
 ) -> dict[str, Any]:
     """Compute every figure of the report; returns plain lists of row dicts.
@@ -133,10 +134,13 @@ def compute(
 
     Past ``exact_keys`` distinct keys (estimated in the first pass), a row
     per window and key would be about a row per record. Then the per-key
-    totals take a pass of their own, the usage table holds ``key_buckets``
-    buckets of keys per window and queue (every per-queue figure stays
-    exact), Jain's index over keys is estimated from the buckets, and the
-    noisy-window rules look inside the buckets they flag: see
+    totals take a pass of their own (which also counts the keys of each
+    window, while there are at most ``exact_windows``, up to 64; past them
+    a pass estimates them), the usage table
+    holds ``key_buckets`` buckets of keys per window and queue (every
+    per-queue figure stays exact), Jain's index over keys is estimated from
+    the buckets, and the noisy-window rules look inside the buckets they
+    flag: see
     :func:`~celery_fair.analytics.transforms.bucket_keys`.
     """
     timings: dict[str, float] = {}
@@ -173,11 +177,20 @@ def compute(
         # of them would run 200 tiny tasks. One partition per core suffices.
         parallelism = spark.sparkContext.defaultParallelism
         if many:
-            # shares_by_key reads its input twice (per-queue totals joined back):
-            # uncached, the pass over the tasks would run twice.
-            per_key = tasks.transform(T.key_totals).coalesce(parallelism).cache()
+            spread = T.Windows.spanning(first, last, window)
+            masked = spread.count <= min(exact_windows, T.MASK_BITS)
+            # Cached: shares_by_key reads it twice (per-queue totals joined
+            # back), and uncached the pass over the tasks would run twice.
+            per_key = tasks.transform(T.key_totals, spread if masked else None)
+            per_key = per_key.coalesce(parallelism).cache()
             keys = per_key.transform(T.shares_by_key).cache()
             keys.count()
+            if masked:
+                counts = per_key.transform(T.keys_by_window, spread)
+            else:
+                counts = tasks.transform(T.key_counts)
+            counts = counts.cache()
+            counts.count()
             per_key.unpersist()
             bucketed = tasks.transform(T.bucket_keys, key_buckets)
         else:
@@ -210,7 +223,7 @@ def compute(
         by_queue = usage.transform(T.served_by_window, "queue").cache()
         out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
         if many:
-            jain_keys = usage.transform(T.jain_over_buckets)
+            jain_keys = usage.transform(T.jain_over_buckets, counts)
         else:
             jain_keys = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
         out["jain_keys"] = _rows(jain_keys, ("window", "queue"))
@@ -219,7 +232,7 @@ def compute(
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         if many:
-            totals = usage.transform(T.window_totals).cache()
+            totals = usage.transform(T.window_totals, counts).cache()
             out["noisy_windows"] = _noisy_in_buckets(spark, usage, bucketed, totals, window, rules)
             totals.unpersist()
         else:
@@ -244,6 +257,8 @@ def compute(
 
     for df in (usage, shares, keys, top, by_queue, histograms, latency):
         df.unpersist()
+    if many:
+        counts.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)

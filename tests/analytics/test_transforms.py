@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -146,6 +147,28 @@ def test_jain_over_keys_is_per_keyed_queue(spark: SparkSession) -> None:
         "window double, queue string, n long, jain double",
     )
     assertDataFrameEqual(got, expected)
+
+
+def test_keys_by_window_counts_each_key_once_per_window(spark: SparkSession) -> None:
+    # Windows of 10 s from 0: key a in windows 0 and 2 (twice in 2), b in 2,
+    # a key of the same name in another queue, and a task without a key.
+    raw = frame(
+        spark,
+        [rec("jobs", finished=t, fair_key="a") for t in (5.0, 25.0, 26.0)]
+        + [rec("jobs", finished=21.0, fair_key="b"), rec("mail", finished=12.0, fair_key="a")]
+        + [rec("mail", finished=3.0)],
+    )
+    windows = T.Windows.spanning(3.0, 26.0, 10.0)
+    assert windows == T.Windows(10.0, 0, 3)
+    per_key = raw.transform(T.normalize, 10.0).transform(T.key_totals, windows)
+    got = per_key.transform(T.keys_by_window, windows)
+    expected = spark.createDataFrame(
+        [(0.0, "jobs", 1), (20.0, "jobs", 2), (10.0, "mail", 1)],
+        "window double, queue string, n long",
+    )
+    assertDataFrameEqual(got, expected)
+    with pytest.raises(ValueError, match="65 windows"):
+        raw.transform(T.normalize, 10.0).transform(T.key_totals, T.Windows(10.0, 0, 65))
 
 
 def test_served_by_window_and_throughput(spark: SparkSession) -> None:
