@@ -134,13 +134,12 @@ def compute(
 
     Past ``exact_keys`` distinct keys (estimated in the first pass), a row
     per window and key would be about a row per record. Then the per-key
-    totals take a pass of their own (which also counts the keys of each
-    window, while there are at most ``exact_windows``, up to 64; past them
-    a pass estimates them), the usage table
-    holds ``key_buckets`` buckets of keys per window and queue (every
-    per-queue figure stays exact), Jain's index over keys is estimated from
-    the buckets, and the noisy-window rules look inside the buckets they
-    flag: see
+    totals take a pass of their own, which also counts the keys of each
+    window while there are at most ``exact_windows`` (up to 64; past them a
+    pass estimates them). The usage table holds ``key_buckets`` buckets of
+    keys per window and queue (every per-queue figure stays exact), Jain's
+    index over keys is estimated from the buckets, and the noisy-window
+    rules look inside the buckets they flag: see
     :func:`~celery_fair.analytics.transforms.bucket_keys`.
     """
     timings: dict[str, float] = {}
