@@ -24,11 +24,16 @@ WEIGHT_ARG = ",".join(f"{q}={w}" for q, w in WEIGHTS.items())
     ],
 )
 def test_shares_follow_weights_on_rabbitmq(rabbitmq_server: object, pool: str) -> None:
+    # 1,000 tasks are 100 DWRR rounds of 1+2+3+4: a share is off by at most a
+    # round's part at each end of the interval (0.8% for weight 4), within the
+    # tolerance. More would only cost time where acks are slow: -P threads on
+    # Celery 5.3 runs about 8 tasks/s on RabbitMQ, plain Celery too
+    # (celery/celery#6941).
     result = run_backlogged(
         rabbitmq_server.url,  # type: ignore[attr-defined]
-        dict.fromkeys(WEIGHTS, 1600),
-        target=2500,
-        warmup=200,  # past the start, when every window fills at once
+        dict.fromkeys(WEIGHTS, 1200),
+        target=1000,
+        warmup=100,  # past the start, when every window fills at once
         pool=pool,
         args=(100,),
         extra_args=["--fair-weights", WEIGHT_ARG],
