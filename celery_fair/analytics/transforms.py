@@ -17,8 +17,7 @@ others read those two small tables, so adding a figure costs no pass over
 the data. With very many keys, where a row per window and key is about a
 row per record, ``key_totals`` reads the task rows too (and says in which
 windows each key was seen), and ``usage_by_window`` reads them through
-``bucket_keys`` (see
-``pipeline.compute``).
+``bucket_keys`` (see ``pipeline.compute``).
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 
 __all__ = (
     "RAN",
+    "Windows",
     "bucket_keys",
     "codel_rates",
     "held_keys",
@@ -40,7 +40,6 @@ __all__ = (
     "jain_by_window",
     "jain_over_buckets",
     "keys_by_window",
-    "Windows",
     "key_counts",
     "key_shares",
     "key_totals",
