@@ -603,8 +603,8 @@ def routing_skew(keys: DataFrame, shares: DataFrame) -> DataFrame:
     Reads ``key_shares`` rows (one per queue and key) and ``queue_shares``.
     Arrivals are records other than CoDel requeues (a requeued task comes
     back and is counted at its final outcome); ``keys`` counts the keys with
-    an arrival (tasks without a key are one). ``skew`` is arrival share / target share - 1: 0 for a
-    router that spreads work by weight.
+    an arrival (tasks without a key are one). ``skew`` is arrival share /
+    target share - 1: 0 for a router that spreads work by weight.
     """
     everything = Window.partitionBy()
     arrived = keys.select(
