@@ -150,7 +150,12 @@ def _conclusions(summary: dict[str, Any]) -> None:
             f"(the flood's shard neighbours {keyed['neighbours.p99']['median'] * 1000:.0f} ms); "
             f"{keyed['within_2x']['median']:.0f}/{keyed['quiet']} quiet "
             f"tenants within 2x of unloaded; flood {keyed['flood.throughput']['median']:.0f}/s "
-            f"against {fifo['flood.throughput']['median']:.0f}/s."
+            f"against {fifo['flood.throughput']['median']:.0f}/s FIFO"
+            + (
+                f", {k['plain-sharded']['flood.throughput']['median']:.0f}/s sharded."
+                if "plain-sharded" in k
+                else "."
+            )
         )
     if "D" in summary:
         d = summary["D"]["modes"]

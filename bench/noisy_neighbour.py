@@ -136,8 +136,11 @@ def _setup(config: dict[str, Any]) -> str:
         )
     if "K" in ran:
         parts.append(
-            "K: as A, but every tenant publishes to one queue: plain Celery's FIFO against "
-            "a queue keyed by `tenant_id` (`fair_keys`)."
+            f"K: one worker `-P prefork -c {f['concurrency']}`, {f['baseline']:g} s unloaded "
+            f"(about {f['baseline'] * f['rate']:.0f} tasks per quiet tenant), then a burst of "
+            f"{f['flood']:,} tasks; every tenant publishes to one queue keyed by `tenant_id` "
+            "(`fair_keys`), against plain Celery with the same one queue (a FIFO) and with "
+            "A's shard queues."
         )
     if "I" in ran:
         parts.append(

@@ -57,7 +57,10 @@ class FloodParams:
     flood: int = 20_000
     rate: float = 5.0  # tasks per second per quiet tenant
     task_ms: float = 3.0  # every task sleeps this long (a pool slot, not a core)
-    baseline: float = 5.0  # counted seconds of the unloaded phase
+    # Counted seconds of the unloaded phase: 100 tasks per quiet tenant at the
+    # default rate, the fewest from which a p99 is more than the sample's
+    # largest value (each tenant's 2x threshold is twice its unloaded p99).
+    baseline: float = 20.0
     settle: float = 1.0  # uncounted seconds after the workers are ready
     workers: int = 1
     concurrency: int = 2
