@@ -6,7 +6,9 @@ written to a temporary directory (not timed), then the whole pipeline runs
 on it ``--reps`` times in one ``local[2]`` session. The anchor measured in
 the same run is a bare scan of the same files (``count()`` of every
 column), so the ratio pipeline / scan says what the analysis adds to
-reading the data. "Past start-up" is the marginal rate between the smallest
+reading the data; beside it, a bare count per queue and key, the least
+that any table with a row per key costs (with a million keys, most of what
+the report pays over a few keys). "Past start-up" is the marginal rate between the smallest
 and the largest size, (n_max - n_min) / (t_max - t_min): what each further
 record costs once Spark's fixed costs are paid. Also measured: the cost of
 ``TelemetryWriter.record`` (what the worker pays per task) with its
@@ -48,6 +50,20 @@ def _scan(spark: Any, path: str) -> float:
     return time.perf_counter() - t0
 
 
+def _per_key(spark: Any, path: str) -> float:
+    """Seconds for a bare count per queue and key: the least any per-key table costs.
+
+    Written to Spark's ``noop`` sink, which runs the whole aggregation (a
+    ``count()`` of the result would let Spark skip it).
+    """
+    from celery_fair.analytics.pipeline import read_telemetry
+
+    t0 = time.perf_counter()
+    keys = read_telemetry(spark, path).groupBy("queue", "fair_key").count()
+    keys.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
 def bench_size(
     spark: Any, n: int, reps: int, tmp: Path, keys: int = 50, skew: float = 1.2
 ) -> dict[str, Any]:
@@ -60,9 +76,10 @@ def bench_size(
     write_synthetic(spec, path)
     generated = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in path.iterdir())
-    totals, scans, stages = [], [], {s: [] for s in STAGES}
+    totals, scans, per_key, stages = [], [], [], {s: [] for s in STAGES}
     for rep in range(reps):
         scans.append(_scan(spark, str(path)))
+        per_key.append(_per_key(spark, str(path)))
         t0 = time.perf_counter()
         data = compute(spark, str(path))
         totals.append(time.perf_counter() - t0)
@@ -76,6 +93,7 @@ def bench_size(
         "generate_seconds": generated,
         "total_seconds": summary(totals),
         "scan_seconds": summary(scans),
+        "per_key_count_seconds": summary(per_key),
         "events_per_second": n / summary(totals)["median"],
         "pipeline_over_scan": summary(totals)["median"] / summary(scans)["median"],
         "stages": {s: summary(v) for s, v in stages.items()},
@@ -142,6 +160,12 @@ def _baseline(data: dict[str, Any], before: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _median_of(row: dict[str, Any], name: str) -> str:
+    """A figure's median to one decimal, or "-" in results from before it was measured."""
+    figure = row.get(name)
+    return "-" if figure is None else f"{figure['median']:.1f}"
+
+
 def _markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Analytics: Spark report throughput",
@@ -153,10 +177,9 @@ def _markdown(data: dict[str, Any]) -> str:
         f"{data.get('key_skew', 1.2):g}); medians over repetitions, "
         "spread = (max-min)/median.",
         "",
-        "| records | reps | pipeline s (spread) | events/s | bare scan s | pipeline/scan | "
-        + " | ".join(STAGES)
-        + " |",
-        "|" + "---|" * (6 + len(STAGES)),
+        "| records | reps | pipeline s (spread) | events/s | bare scan s | count per key s | "
+        "pipeline/scan | " + " | ".join(STAGES) + " |",
+        "|" + "---|" * (7 + len(STAGES)),
     ]
     for r in data["sizes"]:
         t = r["total_seconds"]
@@ -164,6 +187,7 @@ def _markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {r['records']:,} | {t['n']} | {t['median']:.1f} ({t['spread']:.0%}) | "
             f"{r['events_per_second']:,.0f} | {r['scan_seconds']['median']:.1f} | "
+            f"{_median_of(r, 'per_key_count_seconds')} | "
             f"{r['pipeline_over_scan']:.1f} | {stage_cells} |"
         )
     lines += ["", "Scaling (time ~ size^k between consecutive sizes):", ""]
