@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from celery_fair.analytics.pipeline import compute
+from celery_fair.analytics.pipeline import BYPASS_PARTIAL, compute
 from celery_fair.analytics.report import build_report
 from celery_fair.telemetry.synthetic import write_synthetic
 
@@ -126,3 +126,16 @@ def test_past_the_exact_windows_the_keys_are_estimated(
     a = _by(exact["noisy_windows"], "window", "queue", "fair_key")
     b = _by(estimated["noisy_windows"], "window", "queue", "fair_key")
     assert a and a.keys() == b.keys()
+
+
+def test_the_per_key_pass_leaves_the_session_settings_as_it_found_them(
+    spark: SparkSession, data: str
+) -> None:
+    # The per-key pass plans its aggregation without the partial step; the
+    # caller's own value of that setting must come back afterwards.
+    spark.conf.set(BYPASS_PARTIAL, "false")
+    try:
+        compute(spark, data, window_seconds=WINDOW, exact_keys=100, key_buckets=BUCKETS)
+        assert spark.conf.get(BYPASS_PARTIAL) == "false"
+    finally:
+        spark.conf.unset(BYPASS_PARTIAL)
