@@ -8,9 +8,10 @@ the same run is a bare scan of the same files (``count()`` of every
 column), so the ratio pipeline / scan says what the analysis adds to
 reading the data; beside it, a bare count per queue and key, the least
 that any table with a row per key costs (with a million keys, most of what
-the report pays over a few keys). "Past start-up" is the marginal rate between the smallest
-and the largest size, (n_max - n_min) / (t_max - t_min): what each further
-record costs once Spark's fixed costs are paid. Also measured: the cost of
+the report pays over a few keys). "Past start-up" is the marginal rate
+between the smallest and the largest size, (n_max - n_min) / (t_max -
+t_min): what each further record costs once Spark's fixed costs are paid.
+Also measured: the cost of
 ``TelemetryWriter.record`` (what the worker pays per task) with its
 background thread writing.
 
@@ -160,12 +161,6 @@ def _baseline(data: dict[str, Any], before: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _median_of(row: dict[str, Any], name: str) -> str:
-    """A figure's median to one decimal, or "-" in results from before it was measured."""
-    figure = row.get(name)
-    return "-" if figure is None else f"{figure['median']:.1f}"
-
-
 def _markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Analytics: Spark report throughput",
@@ -187,7 +182,7 @@ def _markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {r['records']:,} | {t['n']} | {t['median']:.1f} ({t['spread']:.0%}) | "
             f"{r['events_per_second']:,.0f} | {r['scan_seconds']['median']:.1f} | "
-            f"{_median_of(r, 'per_key_count_seconds')} | "
+            f"{r['per_key_count_seconds']['median']:.1f} | "
             f"{r['pipeline_over_scan']:.1f} | {stage_cells} |"
         )
     lines += ["", "Scaling (time ~ size^k between consecutive sizes):", ""]
