@@ -33,6 +33,19 @@ EXACT_KEYS = 20_000
 KEY_BUCKETS = 1024
 #: Spark's setting that plans an aggregation without its partial step.
 BYPASS_PARTIAL = "spark.sql.execution.bypassPartialAggregation"
+#: Shuffle partitions of the many-keys pass per core: each task's map then
+#: holds a sixteenth of a core's share of the keys (10M records, 1M keys on
+#: 2 cores: 16 or 32 parts ran faster than 8).
+KEY_PARTS_PER_CORE = 16
+#: Settings of the many-keys pass, made while it is planned and cached.
+#: With a key per ten records or so, a partial aggregation before the
+#: shuffle finds almost no key twice in a partition: it builds a map of every
+#: key and emits about a row per record anyway. Without it (Spark >= 4.3;
+#: earlier versions ignore the setting) the per-key figures took 8 s instead
+#: of 11 (10M records, 1M keys). Adaptive execution is off so that the plan
+#: made is the plan run: one shuffle, read by both of its aggregations
+#: (``transforms.keys_and_buckets``).
+KEY_PASS_CONF = {BYPASS_PARTIAL: "true", "spark.sql.adaptive.enabled": "false"}
 
 #: The columns naming one usage row, and one bucketed usage row.
 _CELL = ("window", "queue", "fair_key")
@@ -42,7 +55,8 @@ _BUCKET_CELL = ("window", "queue", "key_bucket")
 def _noisy_in_buckets(
     spark: SparkSession,
     usage: DataFrame,
-    bucketed: DataFrame,
+    tasks: DataFrame,
+    buckets: int,
     totals: DataFrame,
     window: float,
     rules: NoisyRules,
@@ -57,10 +71,9 @@ def _noisy_in_buckets(
     # The tasks of the flagged buckets only, grouped by their own keys.
     chosen = spark.createDataFrame(cells, usage.select(*_BUCKET_CELL).schema)
     inside = (
-        bucketed.join(F.broadcast(chosen), list(_BUCKET_CELL))
-        .drop("fair_key", "key_bucket")
-        .drop(*(c for c in bucketed.columns if c.startswith("key_x")))
-        .withColumnRenamed("key_name", "fair_key")
+        tasks.select("*", T.key_bucket(buckets).alias("key_bucket"))
+        .join(F.broadcast(chosen), list(_BUCKET_CELL))
+        .drop("key_bucket")
         .transform(T.usage_by_window)
     )
     return _rows(inside.transform(T.noisy_windows, window, rules, totals), _CELL)
@@ -136,14 +149,15 @@ def compute(
     the ``max_keys`` most served keys of each queue are collected.
 
     Past ``exact_keys`` distinct keys (estimated in the first pass), a row
-    per window and key would be about a row per record. Then the per-key
-    totals take a pass of their own, which also counts the keys of each
-    window while there are at most ``exact_windows`` (up to 64; past them a
-    pass estimates them). The usage table holds ``key_buckets`` buckets of
-    keys per window and queue (every per-queue figure stays exact), Jain's
+    per window and key would be about a row per record. Then one shuffle of
+    the tasks gives both a row per key over the report and the usage table
+    with ``key_buckets`` buckets of keys per window and queue (every
+    per-queue figure stays exact): see
+    :func:`~celery_fair.analytics.transforms.keys_and_buckets`. The key rows
+    also count the keys of each window while there are at most
+    ``exact_windows`` (up to 64; past them a pass estimates them), Jain's
     index over keys is estimated from the buckets, and the noisy-window
-    rules look inside the buckets they flag: see
-    :func:`~celery_fair.analytics.transforms.bucket_keys`.
+    rules look inside the buckets they flag.
     """
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
@@ -181,19 +195,15 @@ def compute(
         if many:
             spread = T.Windows.spanning(first, last, window)
             masked = spread.count <= min(exact_windows, T.MASK_BITS)
-            # Cached: shares_by_key reads it twice (per-queue totals joined
-            # back), and uncached the pass over the tasks would run twice.
-            # With a key per ten records or so, the partial aggregation before
-            # the shuffle finds almost no key twice in a partition: it builds
-            # a map of every key and emits about a row per record anyway.
-            # Without it (Spark >= 4.3; earlier versions ignore the setting)
-            # the pass took 8 s instead of 11 (10M records, 1M keys). Set
-            # while the cached plan is made and filled: the later passes,
-            # over few groups, keep their partial aggregation.
-            with _session_conf(spark, {BYPASS_PARTIAL: "true"}):
-                per_key = tasks.transform(T.key_totals, spread if masked else None)
-                per_key = per_key.coalesce(parallelism).cache()
-                per_key.count()
+            # One shuffle of the tasks for both grains, cached: the key rows
+            # are read twice (per-queue totals joined back, and the keys of
+            # each window), the bucket rows by every table below.
+            with _session_conf(spark, KEY_PASS_CONF):
+                parts = KEY_PARTS_PER_CORE * parallelism
+                grains = tasks.transform(T.keys_and_buckets, key_buckets, spread, parts, masked)
+                grains = grains.coalesce(parallelism).cache()
+                grains.count()
+            per_key = grains.transform(T.key_rows)
             keys = per_key.transform(T.shares_by_key).cache()
             keys.count()
             if masked:
@@ -202,12 +212,12 @@ def compute(
                 counts = tasks.transform(T.key_counts)
             counts = counts.cache()
             counts.count()
-            per_key.unpersist()
-            bucketed = tasks.transform(T.bucket_keys, key_buckets)
+            usage = grains.transform(T.bucket_rows).cache()
+            usage.count()
+            grains.unpersist()
         else:
-            bucketed = tasks
-        usage = bucketed.transform(T.usage_by_window).coalesce(parallelism).cache()
-        usage.count()
+            usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
+            usage.count()
 
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans
@@ -244,7 +254,9 @@ def compute(
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         if many:
             totals = usage.transform(T.window_totals, counts).cache()
-            out["noisy_windows"] = _noisy_in_buckets(spark, usage, bucketed, totals, window, rules)
+            out["noisy_windows"] = _noisy_in_buckets(
+                spark, usage, tasks, key_buckets, totals, window, rules
+            )
             totals.unpersist()
         else:
             noisy = usage.transform(T.noisy_windows, window, rules)

@@ -15,9 +15,9 @@ read its task rows, and they are the only ones that touch every record:
 needs: window x queue x key) and ``quantiles.latency_histograms``. The
 others read those two small tables, so adding a figure costs no pass over
 the data. With very many keys, where a row per window and key is about a
-row per record, ``key_totals`` reads the task rows too (and says in which
-windows each key was seen), and ``usage_by_window`` reads them through
-``bucket_keys`` (see ``pipeline.compute``).
+row per record, :func:`keys_and_buckets` takes its place: one shuffle of
+the task rows, then a row per key over the report and a row per window,
+queue and bucket of keys (see ``pipeline.compute``).
 """
 
 from __future__ import annotations
@@ -33,41 +33,47 @@ from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 __all__ = (
     "RAN",
     "Windows",
-    "bucket_keys",
+    "bucket_rows",
     "codel_rates",
     "held_keys",
     "hot_keys",
     "jain_by_window",
     "jain_over_buckets",
-    "keys_by_window",
+    "key_bucket",
     "key_counts",
+    "key_rows",
     "key_shares",
-    "key_totals",
+    "keys_and_buckets",
+    "keys_by_window",
     "noisy_keys",
     "noisy_windows",
     "normalize",
     "queue_shares",
-    "recommendations",
     "ratio",
+    "recommendations",
     "routing_skew",
     "served_by_window",
     "shares_by_key",
     "throughput",
     "top_keys",
     "usage_by_window",
+    "window_start",
     "window_totals",
 )
 
 #: Outcomes of tasks that ran on the pool (and were charged).
 RAN: tuple[str, ...] = ("success", "failure", "retry")
 NO_KEY = "(none)"
-#: Prefix of the bucket labels :func:`bucket_keys` puts in place of keys.
+#: Prefix of the bucket labels :func:`keys_and_buckets` puts in place of keys.
 BUCKET = "(bucket) "
-#: Independent signs per key in :func:`bucket_keys` (sketches of the sum of squares).
+#: Independent signs per key in :func:`keys_and_buckets` (sketches of the sum of squares).
 SIGNS = 4
-#: Windows one ``present`` mask of :func:`key_totals` holds (the automatic
-#: window size gives at most about 60).
+#: Windows one ``present`` mask of :func:`keys_and_buckets` holds (the
+#: automatic window size gives at most about 60).
 MASK_BITS = 64
+#: The ``grain`` of :func:`keys_and_buckets` rows: one per key over the
+#: report, or one per window, queue and bucket of keys.
+GRAIN_KEY, GRAIN_BUCKET = "key", "bucket"
 
 
 def ratio(numerator: Column, denominator: Column) -> Column:
@@ -143,12 +149,45 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         F.greatest(held, F.lit(0.0)).alias("in_flight"),
         F.when(ran, F.greatest(run, F.lit(0.0))).otherwise(0.0).alias("busy"),
         left_at.alias("left_at"),
-        (F.floor(left_at / window_seconds) * window_seconds).alias("window"),
+        window_start(left_at, window_seconds).alias("window"),
     )
+
+
+def window_start(left_at: Column, window_seconds: float) -> Column:
+    """The start of the window of ``window_seconds`` holding ``left_at`` (``normalize``)."""
+    return F.floor(left_at / window_seconds) * window_seconds
 
 
 def _count_of(outcome: str) -> Column:
     return F.sum((F.col("outcome") == outcome).cast("long"))
+
+
+#: The additive figures of a usage row, after the columns naming it.
+USAGE_FIGURES = (
+    "records", "served_tasks", "served_cost", "in_flight", "busy", "codel_requeues",
+    "codel_rejects", "failures", "retries", "revoked", "last_at", "weight", "key_held",
+    "key_weight",
+)  # fmt: skip
+
+
+def _usage_sums() -> list[Column]:
+    """The aggregations behind :data:`USAGE_FIGURES`, over task rows."""
+    return [
+        F.count(F.lit(1)).alias("records"),
+        F.sum(F.col("ran").cast("long")).alias("served_tasks"),
+        F.sum("cost").alias("served_cost"),
+        F.sum("in_flight").alias("in_flight"),
+        F.sum("busy").alias("busy"),
+        _count_of("codel-requeue").alias("codel_requeues"),
+        _count_of("codel-reject").alias("codel_rejects"),
+        _count_of("failure").alias("failures"),
+        _count_of("retry").alias("retries"),
+        _count_of("revoked").alias("revoked"),
+        F.max("left_at").alias("last_at"),
+        F.max_by("weight", "left_at").alias("weight"),
+        F.sum("key_held").alias("key_held"),
+        F.max_by("key_weight", "left_at").alias("key_weight"),
+    ]
 
 
 def usage_by_window(tasks: DataFrame) -> DataFrame:
@@ -161,106 +200,131 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     latest target weight, with ``last_at`` the time it was seen, and
     ``key_weight`` the key's; ``key_held`` the seconds the key spent set
     aside by its per-key limits.
-
-    On tasks from :func:`bucket_keys`, ``fair_key`` is a bucket of keys, and
-    the rows also carry its number, ``key_bucket``, and the bucket's sums of
-    its ``key_x*`` columns.
     """
-    sketch = [c for c in tasks.columns if c.startswith("key_x")]
-    bucket = ["key_bucket"] if "key_bucket" in tasks.columns else []
-    key = F.col("fair_key")
-    if bucket:
-        key = F.when(
-            F.col("key_bucket").isNotNull(), F.concat(key, F.col("key_bucket").cast("string"))
-        ).otherwise(key)
     return (
-        tasks.groupBy("window", "queue", "fair_key", *bucket)
-        .agg(
-            F.count(F.lit(1)).alias("records"),
-            F.sum(F.col("ran").cast("long")).alias("served_tasks"),
-            F.sum("cost").alias("served_cost"),
-            F.sum("in_flight").alias("in_flight"),
-            F.sum("busy").alias("busy"),
-            _count_of("codel-requeue").alias("codel_requeues"),
-            _count_of("codel-reject").alias("codel_rejects"),
-            _count_of("failure").alias("failures"),
-            _count_of("retry").alias("retries"),
-            _count_of("revoked").alias("revoked"),
-            F.max("left_at").alias("last_at"),
-            F.max_by("weight", "left_at").alias("weight"),
-            F.sum("key_held").alias("key_held"),
-            F.max_by("key_weight", "left_at").alias("key_weight"),
-            *(F.sum(c).alias(c) for c in sketch),
-        )
-        .select(
-            "window",
-            "queue",
-            key.alias("fair_key"),
-            *bucket,
-            "records",
-            "served_tasks",
-            "served_cost",
-            "in_flight",
-            "busy",
-            "codel_requeues",
-            "codel_rejects",
-            "failures",
-            "retries",
-            "revoked",
-            "last_at",
-            "weight",
-            "key_held",
-            "key_weight",
-            *sketch,
-        )
+        tasks.groupBy("window", "queue", "fair_key")
+        .agg(*_usage_sums())
+        .select("window", "queue", "fair_key", *USAGE_FIGURES)
     )
 
 
-def bucket_keys(tasks: DataFrame, buckets: int) -> DataFrame:
-    """Task rows with each fairness key replaced by one of ``buckets`` buckets.
+def key_bucket(buckets: int) -> Column:
+    """A task row's bucket of keys: a 64-bit hash of (queue, key) mod ``buckets``.
 
-    For queues with very many keys, where a row per window and key would be
-    about a row per record: ``usage_by_window`` over these rows has at most
-    ``buckets`` rows per window and queue, and every figure that sums over
-    keys stays exact. ``key_bucket`` is the bucket's number (null without a
-    key), ``fair_key`` :data:`BUCKET` until ``usage_by_window`` appends the
-    number. ``key_name`` keeps the key (``noisy_windows`` looks
-    inside the few buckets that can hold a noisy key). Tasks without a key
-    keep :data:`NO_KEY`. The ``key_x*`` columns feed Jain's index over keys:
-    ``key_x`` is the task's cost over its key's weight, and each of the
+    Null for tasks without a key. The hash's low bits choose the bucket,
+    bits 32 and up the signs of :func:`keys_and_buckets`.
+    """
+    pair = F.xxhash64("queue", "fair_key")
+    return F.when(F.col("fair_key") != NO_KEY, F.pmod(pair, F.lit(buckets)))
+
+
+#: The task columns :func:`keys_and_buckets` shuffles: the ones both of its
+#: aggregations read (``window`` is derived from ``left_at`` after the shuffle).
+_SHUFFLED = (
+    "queue", "fair_key", "key_bucket", "ran", "cost", "in_flight", "busy", "outcome",
+    "left_at", "weight", "key_held", "key_weight",
+)  # fmt: skip
+
+
+def keys_and_buckets(
+    tasks: DataFrame, buckets: int, windows: Windows, partitions: int, masked: bool = True
+) -> DataFrame:
+    """Task rows -> a row per key over the report, and per window, queue and bucket of keys.
+
+    For very many keys, where a row per window and key would be about a
+    row per record. The task rows are shuffled once, by queue and bucket
+    (``partitions`` parts), and two aggregations read that one shuffle:
+
+    - ``grain`` :data:`GRAIN_KEY`: per queue and key over the report, the
+      per-key figures (``fair_key`` is the key; ``window`` null). With
+      ``masked`` (at most :data:`MASK_BITS` windows), bit i of ``present``
+      says the key had a task in window i, which :func:`keys_by_window`
+      counts: an OR per task into a 64-bit word instead of a distinct
+      count per window.
+    - ``grain`` :data:`GRAIN_BUCKET`: per window, queue and bucket of keys
+      (``key_bucket``, from :func:`key_bucket`; ``fair_key`` is
+      :data:`BUCKET` and its number), the rows of :func:`usage_by_window`
+      with at most ``buckets`` rows per window and queue. Every figure that
+      sums over keys stays exact. Tasks without a key keep :data:`NO_KEY`.
+
+    Both aggregations read every shuffled column, so Spark plans one
+    exchange and reuses it for the second (``ReusedExchange``): a column read
+    by one of them only would give each its own shuffle of every task row.
+    Both rows carry every column of :data:`USAGE_FIGURES`.
+
+    The ``key_x*`` columns of bucket rows feed Jain's index over keys:
+    ``key_x`` sums the tasks' cost over their key's weight, and each of the
     :data:`SIGNS` columns ``key_x<j>`` the same with a sign drawn from the
     key's hash: a bucket's signed sum, squared, estimates the sum of its
     keys' squared totals (the CountSketch estimate of the second moment:
     Charikar, Chen & Farach-Colton, 2002), and the mean over independent
     signs divides the estimate's variance by their number.
     """
-    pair = F.xxhash64("queue", "fair_key")
+    if masked and windows.count > MASK_BITS:
+        raise ValueError(f"{windows.count} windows: at most {MASK_BITS} fit one mask")
+    # Plain column references beside the one new column: an alias of a column
+    # as itself would stay in one side's plan only, and the two exchanges
+    # would no longer be the same one.
+    # Plain column references beside the one new column: an alias of a column
+    # as itself would stay in one side's plan only, and the two exchanges
+    # would no longer be the same one.
+    columns = [c for c in _SHUFFLED if c != "key_bucket"]
+    shuffled = tasks.select(*columns, key_bucket(buckets).alias("key_bucket"))
+    shuffled = shuffled.repartition(partitions, "queue", "key_bucket")
     keyed = F.col("fair_key") != NO_KEY
+    window = window_start(F.col("left_at"), windows.seconds)
+
+    # shiftleft() takes a literal shift in the Python API, the SQL function a column.
+    bit = F.call_function("shiftleft", F.lit(1).cast("long"), windows.index().cast("int"))
+    present = F.bit_or(bit) if masked else F.lit(None).cast("long")
+    per_key = shuffled.groupBy("queue", "key_bucket", "fair_key").agg(
+        *_usage_sums(), present.alias("present")
+    )
+
     x = F.col("cost") / F.coalesce("key_weight", F.lit(1.0))
+    pair = F.xxhash64("queue", "fair_key")
 
     def signed(j: int) -> Column:
-        # The bucket from the hash's low bits, the signs from bits 32 and up.
-        bit = F.shiftright(pair, 32 + j).bitwiseAND(1)
-        return F.when(keyed, F.when(bit == 0, x).otherwise(-x)).otherwise(0.0)
+        sign = F.shiftright(pair, 32 + j).bitwiseAND(1)
+        return F.when(keyed, F.when(sign == 0, x).otherwise(-x)).otherwise(0.0)
 
-    others = [c for c in tasks.columns if c != "fair_key"]
-    return tasks.select(
-        *others,
-        # The bucket as a number: usage_by_window names it after grouping, on a
-        # row per bucket, not per task (a string per task tripled the pass).
-        F.when(keyed, F.lit(BUCKET)).otherwise(F.col("fair_key")).alias("fair_key"),
-        F.when(keyed, F.pmod(pair, F.lit(buckets))).alias("key_bucket"),
-        F.col("fair_key").alias("key_name"),
-        F.when(keyed, x).otherwise(0.0).alias("key_x"),
-        *(signed(j).alias(f"key_x{j}") for j in range(SIGNS)),
+    per_bucket = shuffled.groupBy(window.alias("window"), "queue", "key_bucket").agg(
+        *_usage_sums(),
+        F.sum(F.when(keyed, x).otherwise(0.0)).alias("key_x"),
+        *(F.sum(signed(j)).alias(f"key_x{j}") for j in range(SIGNS)),
     )
+    sketch = ["key_x", *(f"key_x{j}" for j in range(SIGNS))]
+    label = F.when(
+        F.col("key_bucket").isNotNull(), F.concat(F.lit(BUCKET), F.col("key_bucket").cast("string"))
+    ).otherwise(F.lit(NO_KEY))
+    none = F.lit(None).cast("double")
+    return per_key.select(
+        F.lit(GRAIN_KEY).alias("grain"), none.alias("window"), "queue", "fair_key", "key_bucket",
+        *USAGE_FIGURES, *(none.alias(c) for c in sketch), "present",
+    ).unionByName(per_bucket.select(
+        F.lit(GRAIN_BUCKET).alias("grain"), "window", "queue", label.alias("fair_key"),
+        "key_bucket", *USAGE_FIGURES, *sketch, F.lit(None).cast("long").alias("present"),
+    ))  # fmt: skip
+
+
+def key_rows(both: DataFrame) -> DataFrame:
+    """The per-key rows of :func:`keys_and_buckets`, as :func:`shares_by_key` reads them."""
+    return both.where(F.col("grain") == GRAIN_KEY).select(
+        "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues",
+        F.col("key_held").alias("held"), F.col("key_weight").alias("weight"), "present",
+    )  # fmt: skip
+
+
+def bucket_rows(both: DataFrame) -> DataFrame:
+    """The bucket rows of :func:`keys_and_buckets`: ``usage_by_window`` rows and their sketch."""
+    return both.where(F.col("grain") == GRAIN_BUCKET).drop("grain", "present")
 
 
 def key_counts(tasks: DataFrame) -> DataFrame:
     """Per window and queue: the number of distinct fairness keys, estimated.
 
     HyperLogLog++ (``approx_count_distinct``, relative error about 1%), in a
-    pass of its own over the tasks: with bucketed keys (:func:`bucket_keys`)
+    pass of its own over the tasks: with bucketed keys (:func:`keys_and_buckets`)
     and more windows than :func:`keys_by_window` counts from the keys' rows.
     The exact count would regroup every record by key, the pass the buckets
     avoid.
@@ -339,42 +403,11 @@ def queue_shares(usage: DataFrame) -> DataFrame:
     )
 
 
-def key_totals(tasks: DataFrame, windows: Windows | None = None) -> DataFrame:
-    """Task rows -> per queue and fairness key, over the whole report.
-
-    The columns :func:`shares_by_key` reads, in one pass over the tasks: with
-    very many keys, where the usage table holds buckets of keys
-    (:func:`bucket_keys`). ``weight`` is the key's latest.
-
-    With ``windows`` (at most :data:`MASK_BITS`), the rows also say in which
-    windows the key had tasks: bit i of ``present`` is window i's, which
-    :func:`keys_by_window` counts. An OR per task into a 64-bit word (10M
-    records, 1M keys: +0.2 s) instead of a distinct count per window in the
-    bucketed pass (+3 s, and an estimate).
-    """
-    present = []
-    if windows is not None:
-        if windows.count > MASK_BITS:
-            raise ValueError(f"{windows.count} windows: at most {MASK_BITS} fit one mask")
-        # shiftleft() takes a literal shift in the Python API, the SQL function a column.
-        bit = F.call_function("shiftleft", F.lit(1).cast("long"), windows.index().cast("int"))
-        present.append(F.bit_or(bit).alias("present"))
-    return tasks.groupBy("queue", "fair_key").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.sum(F.col("ran").cast("long")).alias("served_tasks"),
-        F.sum("cost").alias("served_cost"),
-        _count_of("codel-requeue").alias("codel_requeues"),
-        F.sum("key_held").alias("held"),
-        F.max_by("key_weight", "left_at").alias("weight"),
-        *present,
-    )
-
-
 def keys_by_window(per_key: DataFrame, windows: Windows) -> DataFrame:
     """Per window and queue: the number of distinct fairness keys, exactly.
 
-    Reads :func:`key_totals` rows with ``windows``: one aggregation over one
-    row per key, summing each window's bit. The rows of :func:`key_counts`,
+    Reads :func:`key_rows` with ``windows``: one aggregation over one row
+    per key, summing each window's bit. The rows of :func:`key_counts`,
     for windows where the queue had a key. (With hundreds of windows, as
     many sums per row cost more than the estimate's pass: hence one word.)
     """
@@ -414,7 +447,7 @@ def key_shares(usage: DataFrame) -> DataFrame:
 
 
 def shares_by_key(per_key: DataFrame) -> DataFrame:
-    """The ``key_shares`` table from one row per queue and key (``key_totals``).
+    """The ``key_shares`` table from one row per queue and key (:func:`key_rows`).
 
     ``keys_in_queue`` counts the fairness keys of the queue (tasks without a
     key are not a key), ``keys_overall`` those of every queue. ``weight`` is
@@ -733,7 +766,7 @@ def noisy_windows(
     when ``usage`` holds only some of their rows.
 
     Every rule compares sums with thresholds that do not depend on the row:
-    on bucketed rows (:func:`bucket_keys`) it flags every bucket that holds
+    on bucketed rows (:func:`keys_and_buckets`) it flags every bucket that holds
     a noisy key, and the keys inside those buckets are checked next.
     """
     # A window's totals from one small aggregation, joined to the rows that can be

@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from celery_fair.analytics import transforms as T
-from celery_fair.analytics.pipeline import spark_ddl
+from celery_fair.analytics.pipeline import KEY_PASS_CONF, _session_conf, spark_ddl
 from celery_fair.telemetry.schema import TaskRecord
 
 
@@ -160,7 +161,8 @@ def test_keys_by_window_counts_each_key_once_per_window(spark: SparkSession) -> 
     )
     windows = T.Windows.spanning(3.0, 26.0, 10.0)
     assert windows == T.Windows(10.0, 0, 3)
-    per_key = raw.transform(T.normalize, 10.0).transform(T.key_totals, windows)
+    tasks = raw.transform(T.normalize, 10.0)
+    per_key = tasks.transform(T.keys_and_buckets, 16, windows, 2).transform(T.key_rows)
     got = per_key.transform(T.keys_by_window, windows)
     expected = spark.createDataFrame(
         [(0.0, "jobs", 1), (20.0, "jobs", 2), (10.0, "mail", 1)],
@@ -168,7 +170,41 @@ def test_keys_by_window_counts_each_key_once_per_window(spark: SparkSession) -> 
     )
     assertDataFrameEqual(got, expected)
     with pytest.raises(ValueError, match="65 windows"):
-        raw.transform(T.normalize, 10.0).transform(T.key_totals, T.Windows(10.0, 0, 65))
+        tasks.transform(T.keys_and_buckets, 16, T.Windows(10.0, 0, 65), 2)
+
+
+def test_keys_and_buckets_sum_to_the_usage_rows_from_one_shuffle(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two keys of one queue, one of them in two windows, and a task without a key.
+    raw = frame(
+        spark,
+        [rec("jobs", finished=t, fair_key="a", cost=2.0) for t in (5.0, 15.0, 16.0)]
+        + [rec("jobs", finished=6.0, fair_key="b", outcome="codel-requeue")]
+        + [rec("jobs", finished=7.0, cost=3.0)],
+    )
+    tasks = raw.transform(T.normalize, 10.0)
+    windows = T.Windows.spanning(5.0, 16.0, 10.0)
+    with _session_conf(spark, KEY_PASS_CONF):
+        grains = tasks.transform(T.keys_and_buckets, 4, windows, 3)
+        grains.explain()
+    plan = capsys.readouterr().out
+    # Both aggregations read one shuffle of the tasks: the second reuses it.
+    assert plan.count("- Exchange hashpartitioning(queue") == 1, plan
+    assert "ReusedExchange" in plan, plan
+
+    # Bucket rows summed over buckets are usage_by_window's rows summed over keys.
+    figures = ["records", "served_tasks", "served_cost", "codel_requeues", "in_flight", "busy"]
+    sums = [F.sum(c).alias(c) for c in figures]
+    by_window = tasks.transform(T.usage_by_window).groupBy("window", "queue").agg(*sums)
+    bucketed = grains.transform(T.bucket_rows).groupBy("window", "queue").agg(*sums)
+    assertDataFrameEqual(bucketed, by_window)
+    keys = grains.transform(T.key_rows).select("fair_key", "records", "served_cost", "present")
+    expected = spark.createDataFrame(
+        [("a", 3, 6.0, 0b11), ("b", 1, 0.0, 0b01), (T.NO_KEY, 1, 3.0, 0b01)],
+        "fair_key string, records long, served_cost double, present long",
+    )
+    assertDataFrameEqual(keys, expected)
 
 
 def test_served_by_window_and_throughput(spark: SparkSession) -> None:
