@@ -29,6 +29,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
+from celery_fair.telemetry.schema import OUTCOMES
 
 __all__ = (
     "RAN",
@@ -219,11 +220,25 @@ def key_bucket(buckets: int) -> Column:
 
 
 #: The task columns :func:`keys_and_buckets` shuffles: the ones both of its
-#: aggregations read (``window`` is derived from ``left_at`` after the shuffle).
+#: aggregations read. ``window`` is derived from ``left_at`` after the
+#: shuffle, and ``outcome`` and ``ran`` from ``outcome_code``.
 _SHUFFLED = (
-    "queue", "fair_key", "key_bucket", "ran", "cost", "in_flight", "busy", "outcome",
+    "queue", "fair_key", "key_bucket", "outcome_code", "cost", "in_flight", "busy",
     "left_at", "weight", "key_held", "key_weight",
 )  # fmt: skip
+
+
+def _outcome_code() -> Column:
+    """A task row's outcome as a byte: its place in ``OUTCOMES`` from 1, 0 for any other."""
+    known = F.array(*(F.lit(o) for o in OUTCOMES))
+    return F.coalesce(F.array_position(known, F.col("outcome")), F.lit(0)).cast("byte")
+
+
+def _outcome_of_code() -> Column:
+    """``outcome`` back from :func:`_outcome_code` (any other outcome is counted by no figure)."""
+    known = F.array(*(F.lit(o) for o in OUTCOMES))
+    code = F.col("outcome_code").cast("int")
+    return F.when(code > 0, F.element_at(known, code)).otherwise(F.lit("(other)"))
 
 
 def keys_and_buckets(
@@ -262,15 +277,18 @@ def keys_and_buckets(
     """
     if masked and windows.count > MASK_BITS:
         raise ValueError(f"{windows.count} windows: at most {MASK_BITS} fit one mask")
-    # Plain column references beside the one new column: an alias of a column
-    # as itself would stay in one side's plan only, and the two exchanges
-    # would no longer be the same one.
-    # Plain column references beside the one new column: an alias of a column
-    # as itself would stay in one side's plan only, and the two exchanges
-    # would no longer be the same one.
-    columns = [c for c in _SHUFFLED if c != "key_bucket"]
-    shuffled = tasks.select(*columns, key_bucket(buckets).alias("key_bucket"))
+    # A string per task is about a sixth of a shuffled row: the outcome goes as
+    # a byte. The other columns are plain references: an alias of a column as
+    # itself would stay in one side's plan only, and the two exchanges would
+    # no longer be the same one.
+    new = {"key_bucket": key_bucket(buckets), "outcome_code": _outcome_code()}
+    columns = [c for c in _SHUFFLED if c not in new]
+    shuffled = tasks.select(*columns, *(col.alias(name) for name, col in new.items()))
     shuffled = shuffled.repartition(partitions, "queue", "key_bucket")
+    outcome = _outcome_of_code()
+    shuffled = shuffled.select(
+        *columns, "key_bucket", outcome.alias("outcome"), outcome.isin(*RAN).alias("ran")
+    )
     keyed = F.col("fair_key") != NO_KEY
     window = window_start(F.col("left_at"), windows.seconds)
 
