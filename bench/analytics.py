@@ -11,9 +11,8 @@ that any table with a row per key costs (with a million keys, most of what
 the report pays over a few keys). "Past start-up" is the marginal rate
 between the smallest and the largest size, (n_max - n_min) / (t_max -
 t_min): what each further record costs once Spark's fixed costs are paid.
-Also measured: the cost of
-``TelemetryWriter.record`` (what the worker pays per task) with its
-background thread writing.
+Also measured: the cost of ``TelemetryWriter.record`` (what the worker pays
+per task) with its background thread writing.
 
 ``--baseline FILE`` puts an earlier run's JSON (for example the code before
 a change, run just before in the same conditions) beside this one.

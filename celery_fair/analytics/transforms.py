@@ -209,14 +209,18 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     )
 
 
+def _key_hash() -> Column:
+    """A task row's 64-bit hash of (queue, key): its bucket and its signs."""
+    return F.xxhash64("queue", "fair_key")
+
+
 def key_bucket(buckets: int) -> Column:
     """A task row's bucket of keys: a 64-bit hash of (queue, key) mod ``buckets``.
 
     Null for tasks without a key. The hash's low bits choose the bucket,
     bits 32 and up the signs of :func:`keys_and_buckets`.
     """
-    pair = F.xxhash64("queue", "fair_key")
-    return F.when(F.col("fair_key") != NO_KEY, F.pmod(pair, F.lit(buckets)))
+    return F.when(F.col("fair_key") != NO_KEY, F.pmod(_key_hash(), F.lit(buckets)))
 
 
 #: The task columns :func:`keys_and_buckets` shuffles: the ones both of its
@@ -228,17 +232,21 @@ _SHUFFLED = (
 )  # fmt: skip
 
 
+def _known_outcomes() -> Column:
+    """``OUTCOMES`` as an array literal, the table of :func:`_outcome_code`."""
+    return F.array(*(F.lit(o) for o in OUTCOMES))
+
+
 def _outcome_code() -> Column:
     """A task row's outcome as a byte: its place in ``OUTCOMES`` from 1, 0 for any other."""
-    known = F.array(*(F.lit(o) for o in OUTCOMES))
-    return F.coalesce(F.array_position(known, F.col("outcome")), F.lit(0)).cast("byte")
+    position = F.array_position(_known_outcomes(), F.col("outcome"))
+    return F.coalesce(position, F.lit(0)).cast("byte")
 
 
 def _outcome_of_code() -> Column:
     """``outcome`` back from :func:`_outcome_code` (any other outcome is counted by no figure)."""
-    known = F.array(*(F.lit(o) for o in OUTCOMES))
     code = F.col("outcome_code").cast("int")
-    return F.when(code > 0, F.element_at(known, code)).otherwise(F.lit("(other)"))
+    return F.when(code > 0, F.element_at(_known_outcomes(), code)).otherwise(F.lit("(other)"))
 
 
 def keys_and_buckets(
@@ -299,8 +307,9 @@ def keys_and_buckets(
         *_usage_sums(), present.alias("present")
     )
 
+    # The hash again after the shuffle, rather than one more shuffled column.
     x = F.col("cost") / F.coalesce("key_weight", F.lit(1.0))
-    pair = F.xxhash64("queue", "fair_key")
+    pair = _key_hash()
 
     def signed(j: int) -> Column:
         sign = F.shiftright(pair, 32 + j).bitwiseAND(1)
