@@ -195,26 +195,28 @@ def compute(
         if many:
             spread = T.Windows.spanning(first, last, window)
             masked = spread.count <= min(exact_windows, T.MASK_BITS)
-            # One shuffle of the tasks for both grains, cached: the key rows
-            # are read twice (per-queue totals joined back, and the keys of
-            # each window), the bucket rows by every table below.
+            # One shuffle of the tasks for both grains, cached: every table
+            # below reads its key rows or its bucket rows.
             with _session_conf(spark, KEY_PASS_CONF):
                 parts = KEY_PARTS_PER_CORE * parallelism
                 grains = tasks.transform(T.keys_and_buckets, key_buckets, spread, parts, masked)
                 grains = grains.coalesce(parallelism).cache()
                 grains.count()
             per_key = grains.transform(T.key_rows)
-            keys = per_key.transform(T.shares_by_key).cache()
-            keys.count()
+            # The per-queue totals and the keys of each window in one pass over
+            # the keys, cached (a few rows). The key table is not cached apart:
+            # its rows are the cached key rows joined with these totals, and a
+            # copy of a million rows cost more (about 2 s) than the joins.
+            totals = per_key.transform(T.key_totals, spread if masked else None).cache()
+            totals.count()
+            keys = per_key.transform(T.shares_by_key, totals)
             if masked:
-                counts = per_key.transform(T.keys_by_window, spread)
+                counts = totals.transform(T.keys_by_window, spread)
             else:
                 counts = tasks.transform(T.key_counts)
             counts = counts.cache()
             counts.count()
-            usage = grains.transform(T.bucket_rows).cache()
-            usage.count()
-            grains.unpersist()
+            usage = grains.transform(T.bucket_rows)
         else:
             usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
             usage.count()
@@ -281,7 +283,8 @@ def compute(
     for df in (usage, shares, keys, top, by_queue, histograms, latency):
         df.unpersist()
     if many:
-        counts.unpersist()
+        for df in (counts, totals, grains):
+            df.unpersist()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)

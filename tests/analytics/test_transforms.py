@@ -163,7 +163,7 @@ def test_keys_by_window_counts_each_key_once_per_window(spark: SparkSession) -> 
     assert windows == T.Windows(10.0, 0, 3)
     tasks = raw.transform(T.normalize, 10.0)
     per_key = tasks.transform(T.keys_and_buckets, 16, windows, 2).transform(T.key_rows)
-    got = per_key.transform(T.keys_by_window, windows)
+    got = per_key.transform(T.key_totals, windows).transform(T.keys_by_window, windows)
     expected = spark.createDataFrame(
         [(0.0, "jobs", 1), (20.0, "jobs", 2), (10.0, "mail", 1)],
         "window double, queue string, n long",
