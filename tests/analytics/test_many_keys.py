@@ -62,6 +62,8 @@ def test_only_the_many_keys_path_buckets(both: tuple[dict[str, Any], dict[str, A
         ("queue_shares", ("queue",)),
         ("skew", ("queue",)),
         ("key_shares", ("queue", "fair_key")),
+        ("hot_keys", ("queue", "fair_key")),
+        ("noisy_keys", ("queue", "fair_key")),
         ("jain_queues", ("window",)),
         ("throughput", ("window", "entity")),
         ("key_latency", ("queue", "fair_key")),
