@@ -516,13 +516,9 @@ def key_totals(per_key: DataFrame, windows: Windows | None = None) -> DataFrame:
     )
     everything = Window.partitionBy()
     return per_queue.select(
-        "queue",
-        "queue_cost",
-        "keys_in_queue",
-        "queue_weight",
+        "*",
         F.sum("queue_cost").over(everything).alias("all_cost"),
         F.sum("keys_in_queue").over(everything).alias("keys_overall"),
-        *(f"n{i}" for i in range(0 if windows is None else windows.count)),
     )
 
 
