@@ -67,7 +67,8 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "kombu.redis.fetch_hooks",
             "the atomic fetch (Channel._brpop_start/_brpop_read, handlers, _in_poll, "
-            "_q_for_pri, priority_steps, unacked keys, Transport._deliver)",
+            "_q_for_pri, priority_steps, unacked keys, Transport._deliver, "
+            "Connection.can_read)",
             "Kombu's own BRPOP fetch, still in DWRR order; the unacked record is "
             "written after the pop, as plain Celery does (a broker crash between the "
             "two can lose that message)",
@@ -241,6 +242,7 @@ def _names_parameter(cls: type, name: str) -> bool:
 # -- Kombu's Redis channel ------------------------------------------------------
 
 _FETCH_HOOKS = (
+    "_in_poll",
     "_brpop_start",
     "_brpop_read",
     "handlers",
@@ -277,6 +279,10 @@ def probe_redis_channel(channel: Any, probe: Probe) -> None:
         lacking.append("Channel.handlers (not a dict)")
     if not lacking and not _callable_with(channel._q_for_pri, "queue", "pri"):
         lacking.append("Channel._q_for_pri(queue, pri)")
+    if not lacking and not _callable_with(
+        getattr(channel.client.connection_pool.connection_class, "can_read", None), "timeout"
+    ):
+        lacking.append("Connection.can_read(timeout)")
     if lacking:
         probe.missing_capability("kombu.redis.fetch_hooks", ", ".join(lacking))
     if not isinstance(getattr(channel, "brpop_timeout", None), (int, float)):
@@ -483,6 +489,16 @@ def key_separator(channel: Any) -> str:
 def unacked_keys(channel: Any) -> tuple[str, str]:
     """The unacked hash and index keys, without the global key prefix."""
     return channel.unacked_key, channel.unacked_index_key
+
+
+def poll_in_flight(channel: Any) -> bool:
+    """Whether Kombu's fetch (a ``BRPOP``) waits for its reply on the channel's connection."""
+    return bool(channel._in_poll)
+
+
+def reply_waiting(connection: Any) -> bool:
+    """Whether a reply can be read from a redis-py connection without waiting."""
+    return bool(connection.can_read(timeout=0))
 
 
 def begin_poll(channel: Any, connection: Any, sent_at: float) -> None:

@@ -25,6 +25,15 @@ wait has no window to lose a message.  Without a listener (a server older
 than Redis 6, or one that refuses tracking) the wait is a short ``BLPOP``
 timeout: polling.
 
+The fetch connection is Kombu's, and Celery used it before the fetch took
+it over: mingle's ``hello`` polls its reply queue on the task consumer's
+channel, and the last of those ``BRPOP`` commands is still waiting for its
+reply when the worker's own consumers start.  Every reply on the connection
+is read in the order its command was sent, so the fetch keeps track of what
+is in flight (:attr:`AtomicFetch.pending`), starting with what Kombu left
+there, and reads a reply of Kombu's as Kombu would: a message it popped is
+delivered (or requeued by Kombu when its consumer is gone), never dropped.
+
 Every private part of Kombu and redis-py it uses goes through
 :mod:`celery_fair.compat`, which probes them when the worker starts.
 """
@@ -47,7 +56,7 @@ from ..keys import lua as keys_lua
 from ..keys.layout import SERVED_HEADER, KeyedNames
 from ..keys.serving import KeyedServing
 from ..keys.store import text
-from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX
+from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX, encode_record
 from .wakeup import InvalidationListener
 
 __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -164,7 +173,9 @@ class AtomicFetchStatistics:
     listener_reconnects: int
 
 
-_FETCH, _WAIT = "fetch", "wait"
+#: What is in flight on the fetch connection: the script, the idle wait, or
+#: a ``BRPOP`` of Kombu's own (sent before the fetch took the channel over).
+_FETCH, _WAIT, _BRPOP = "fetch", "wait", "brpop"
 
 
 class AtomicFetch:
@@ -181,7 +192,10 @@ class AtomicFetch:
         self.cycle = cycle
         self.keyed = keyed
         self.mode = _FETCH
-        self.pending: str | None = None
+        #: The command whose reply is due next on the fetch connection, if any.
+        #: Kombu may have left a BRPOP in flight (mingle's last poll of its reply
+        #: queue): its reply comes first, and is read as Kombu would read it.
+        self.pending: str | None = _BRPOP if compat.poll_in_flight(channel) else None
         self.recorded: Any = None  # delivery tag recorded by the script
         self.on_fetch: Callable[[float], None] | None = None
         self.fetches = self.waits = self.wakeups = self.malformed = 0
@@ -281,15 +295,23 @@ class AtomicFetch:
         try:
             pending, self.pending = self.pending, None
             if pending is None:
-                raise Empty()  # nothing was sent (no queue to fetch from)
+                if not compat.reply_waiting(conn):
+                    raise Empty()  # nothing was sent (no queue to fetch from)
+                # Nothing of ours is in flight, yet a reply is there: only
+                # Kombu's own fetch sends on this connection.
+                pending = _BRPOP
             try:
                 reply = conn.read_response()
             except ResponseError as error:
+                if pending == _BRPOP:
+                    raise
                 return self._script_error(error)
             except channel.connection_errors:
                 conn.disconnect()
                 self.mode, self._armed_sock = _FETCH, None
                 raise
+            if pending == _BRPOP:
+                return self._deliver_popped(reply)
             if pending == _WAIT:
                 # Woken by the listener, or the wait timed out: look again.
                 self.mode = _FETCH
@@ -303,6 +325,28 @@ class AtomicFetch:
             return self._deliver(reply)
         finally:
             compat.end_poll(channel)
+
+    def _deliver_popped(self, reply: Any) -> bool:
+        """A reply to Kombu's BRPOP: deliver what it popped, as Kombu's ``_brpop_read``.
+
+        The pop wrote no unacknowledged record (it was not the script), so the
+        QoS writes it when the message is delivered, as in plain Kombu.  A
+        message of a queue nobody consumes any more (mingle's reply queue) is
+        requeued by Kombu's delivery; one that does not decode is parked.
+        """
+        self.mode = _FETCH
+        if not reply:
+            raise Empty()
+        key, item = text(reply[0]), reply[1]
+        queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+        try:
+            payload = loads(text(item))
+        except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+            park_undecodable(self.channel, self.cycle, queue, item)
+            raise Empty() from None
+        compat.queue_cycle(self.channel).rotate(queue)
+        compat.deliver(self.channel, payload, queue)
+        return True
 
     def _entries(self, queues: list[str]) -> tuple[list[str], list[str], list[str]]:
         """The lists to fetch from in order, each one's word for the script, and watched keys.
@@ -384,7 +428,11 @@ class AtomicFetch:
     # -- internals -----------------------------------------------------------
 
     def _arm(self, conn: Any) -> None:
-        """A new connection (or a new listener): load the script, redirect tracking."""
+        """A new connection (or a new listener): load the script, redirect tracking.
+
+        Reads its replies at once, so nothing else may be in flight.
+        """
+        assert self.pending is None, f"fetch connection busy ({self.pending})"
         listener = self.listener
         client_id = listener.client_id if listener is not None else None
         self.tracking = False
@@ -466,6 +514,18 @@ def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
         "celery-fair: undecodable message on queue %r moved to %r: %r",
         queue, queue + PARKING_SUFFIX, item[:200],
     )  # fmt: skip
+
+
+def park_undecodable(channel: Any, cycle: Any, queue: str, item: Any) -> None:
+    """Park a payload a plain ``BRPOP`` popped that does not decode (never drop it)."""
+    prefix = compat.key_prefix(channel)
+    if prefix and queue.startswith(prefix):
+        queue = queue[len(prefix) :]  # as Kombu's own client may leave it
+    raw = item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else item
+    record = encode_record(None, reason=NOT_A_MESSAGE, parked_at=time(), queue=queue, raw=raw)
+    with compat.redis_client(channel) as conn:
+        conn.lpush(prefix + queue + PARKING_SUFFIX, record)
+    malformed_moved(cycle, queue, item)
 
 
 def install_atomic_fetch(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from queue import Empty
@@ -23,11 +22,10 @@ from kombu.transport.virtual import QoS as VirtualQoS
 
 from .. import compat
 from ..keys.serving import KeyedServing
-from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX, encode_record
 from ..scheduling.scheduler import FairScheduler
-from .atomic import AtomicFetch, install_atomic_fetch, malformed_moved
+from .atomic import AtomicFetch, install_atomic_fetch, park_undecodable
 
-__all__ = ("DWRRCycle", "install_on_channel")
+__all__ = ("DWRRCycle", "connection_errors", "install_on_channel")
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +180,7 @@ def install_on_channel(
             return recorded_append(message, delivery_tag)
         return append(message, delivery_tag)
 
-    errors = _restore_errors(channel)
+    errors = connection_errors(channel)
     limited = keyed if keyed is not None and keyed.limited else None
 
     def settle(delivery_tag: Any) -> None:
@@ -226,7 +224,7 @@ def install_on_channel(
             ledger.release_all()
             try:
                 return restore_unacked(*args, **kwargs)
-            except _restore_errors(channel) as exc:
+            except connection_errors(channel) as exc:
                 # Closing a channel whose connection is already gone (a broker
                 # restart): Kombu cannot reach Redis to restore now, and would
                 # take the worker down.  The messages stay in Redis's unacked
@@ -269,17 +267,7 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
                 raise
             dest, item = response
             key = dest.decode() if isinstance(dest, bytes) else str(dest)
-            queue = key.rsplit(compat.key_separator(channel), 1)[0]
-            prefix = compat.key_prefix(channel)
-            if prefix and queue.startswith(prefix):
-                queue = queue[len(prefix) :]  # as Kombu's own client may leave it
-            raw = item.decode("utf-8", "surrogateescape") if isinstance(item, bytes) else item
-            record = encode_record(
-                None, reason=NOT_A_MESSAGE, parked_at=time.time(), queue=queue, raw=raw
-            )
-            with compat.redis_client(channel) as conn:
-                conn.lpush(prefix + queue + PARKING_SUFFIX, record)
-            malformed_moved(cycle, queue, item)
+            park_undecodable(channel, cycle, key.rsplit(compat.key_separator(channel), 1)[0], item)
             raise Empty() from None
 
     if compat.wrap_parse_response(channel.client, remember):
@@ -305,7 +293,7 @@ def _ack_elsewhere(
                 delivery_tag, exc,
             )  # fmt: skip
             return
-        except _restore_errors(live) as again:
+        except connection_errors(live) as again:
             exc = again
     logger.warning(
         "celery-fair: could not acknowledge %s (%r); the visibility timeout will "
@@ -314,8 +302,8 @@ def _ack_elsewhere(
     )  # fmt: skip
 
 
-def _restore_errors(channel: Any) -> tuple[type[Exception], ...]:
-    """Errors of restoring over a connection that is gone."""
+def connection_errors(channel: Any) -> tuple[type[Exception], ...]:
+    """Errors of talking to the broker over a connection that is gone."""
     errors = getattr(getattr(channel, "connection", None), "connection_errors", ())
     found = tuple(e for e in errors if isinstance(e, type) and issubclass(e, Exception))
     return (AttributeError, OSError, *found)
