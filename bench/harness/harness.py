@@ -71,7 +71,6 @@ class WorkerProcess:
             sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", self.pool, "-c", str(self.concurrency),
             "-Q", ",".join(self.queues),
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-l", "INFO", "-n", f"{self.name}@%h",
             *self.extra_args,
         ]  # fmt: skip

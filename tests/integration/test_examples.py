@@ -24,8 +24,7 @@ def test_multitenant_project_runs_as_its_readme_says(redis_url: str, tmp_path: P
     log = (tmp_path / "worker.log").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "proj", "worker", "-P", "prefork", "-c", "2",
-         "-Q", ",".join(QUEUES), "-l", "INFO", "--without-gossip", "--without-mingle",
-         "-n", f"example-{os.getpid()}@%h"],
+         "-Q", ",".join(QUEUES), "-l", "INFO", "-n", f"example-{os.getpid()}@%h"],
         cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:

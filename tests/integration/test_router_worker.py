@@ -53,7 +53,6 @@ class Worker:
         args = [
             sys.executable, "-m", "celery", "-A", APP, "worker",
             "-P", "solo", "-c", "1", "-Q", ",".join(queues),
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-l", "INFO", "-n", f"router-{os.getpid()}@%h",
         ]  # fmt: skip
         with os.fdopen(fd, "wb") as log:
