@@ -22,6 +22,7 @@ and without ``fair_keys``, publish each as configured.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,14 +30,18 @@ from typing import Any
 from kombu.utils.json import dumps as _dumps
 
 from .. import compat
-from ..routing.keys import KeySource, parse_key_spec
+from ..routing.keys import KeySource, key_of, parse_key_spec
 from . import store
 from .layout import KEY_HEADER, KEYED_HEADER, KeyedNames
 
 __all__ = ("KeyedQueues", "parse_fair_keys", "register_app", "wrap_kombu")
 
+logger = logging.getLogger(__name__)
+
 _lock = threading.Lock()
 _patched = False
+#: (task name, queue) pairs already warned about a missing key.
+_warned: set[tuple[str, str]] = set()
 
 
 class KeyedQueues(dict[str, KeySource]):
@@ -103,10 +108,18 @@ def _stamping_sender(app: Any, keyed: Mapping[str, KeySource]) -> Callable[..., 
         queue = _queue_name(app, options)
         source = keyed.get(queue) if queue is not None else None
         if queue is not None and source is not None:
-            stamp_key(source, name, queue, message, options.get("headers"))
+            stamp_key(source, name, queue, message, options.get("headers"), _task(app, name))
         return original(producer, name, message, *args, **options)
 
     return send
+
+
+def _task(app: Any, name: str) -> Any:
+    """The registered task ``name`` of ``app`` (its signature places positional keys)."""
+    try:
+        return app.tasks.get(name)
+    except RuntimeError:  # an app that may not finalize itself yet
+        return None
 
 
 def _queue_name(app: Any, options: Mapping[str, Any]) -> str | None:
@@ -126,13 +139,18 @@ def stamp_key(
     queue: str,
     message: Any,
     extra_headers: Mapping[str, Any] | None = None,
+    task: Any = None,
 ) -> None:
     """Put a task's key in its :data:`KEY_HEADER` and its keyed queue in :data:`KEYED_HEADER`.
 
     ``message`` is Celery's task message (headers, properties, body, ...);
     ``extra_headers`` the caller's ``apply_async(headers=...)`` (and the
     router's), which Celery merges into the message after this: a
-    ``fair_key`` header given there wins, as it is explicit.
+    ``fair_key`` header given there wins, as it is explicit.  ``task``, the
+    registered task, places a keyword key passed by position
+    (:func:`~celery_fair.routing.keys.key_of`).  A task whose key cannot be
+    found is published under the unkeyed key, with a warning once per task
+    name and queue.
     """
     headers, properties, body = message[0], message[1], message[2]
     if not isinstance(headers, dict):
@@ -140,10 +158,32 @@ def stamp_key(
     args, kw = _arguments(body)
     options = dict(properties or {})
     options["headers"] = {**headers, **(extra_headers or {})}
-    key = source.extract(name, args, kw, options)
+    key = key_of(source, name, args, kw, options, task)
     if key is not None:
         headers[KEY_HEADER] = key.decode() if isinstance(key, bytes) else str(key)
+    elif KEY_HEADER not in options["headers"]:
+        _warn_missing(source, name, queue, task)
     headers[KEYED_HEADER] = queue
+
+
+def _warn_missing(source: KeySource, name: str, queue: str, task: Any) -> None:
+    if (name, queue) in _warned:
+        return
+    _warned.add((name, queue))
+    why = (
+        ""
+        if task is not None
+        else (
+            " (the task is not registered in this app: an argument passed by position "
+            "cannot be placed)"
+        )
+    )
+    logger.warning(
+        "celery-fair: task %r sent to keyed queue %r without a key: %s is missing%s; "
+        "it is served as the unkeyed key, with no fairness between its senders "
+        "(this warning is given once per task and queue)",
+        name, queue, source.describe(), why,
+    )  # fmt: skip
 
 
 def _arguments(body: Any) -> tuple[Sequence[Any], Mapping[str, Any]]:

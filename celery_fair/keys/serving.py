@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..scheduling.estimate import Ewma
-from .layout import SERVED_HEADER
+from .layout import SERVED_HEADER, UNKEYED
 from .limits import KeyLimits
 
 __all__ = ("KeyStatistics", "KeyedServing", "served_header", "served_weight_held")
@@ -52,6 +52,9 @@ class KeyStatistics:
     cost: str
     #: Messages served per keyed queue.
     served: dict[str, int]
+    #: Of those, messages without a key (a plain producer's, or one whose key
+    #: was missing at publish), per keyed queue.
+    unkeyed: dict[str, int]
     #: The most served keys, ``(queue, key, count)``, most first.
     top: tuple[tuple[str, str, int], ...]
     pending_charges: int
@@ -105,6 +108,7 @@ class KeyedServing:
         self._lock = threading.Lock()
         self._charges: list[tuple[str, str, float]] = []
         self._served: dict[str, int] = {}
+        self._unkeyed: dict[str, int] = {}
         self._counts: dict[tuple[str, str], int] = {}
 
     def charge_at_fetch(self, queue: str) -> float:
@@ -227,6 +231,8 @@ class KeyedServing:
             if self.limited:
                 self._in_flight[queue] = self._in_flight.get(queue, 0) + 1
             self._served[queue] = self._served.get(queue, 0) + 1
+            if key == UNKEYED:
+                self._unkeyed[queue] = self._unkeyed.get(queue, 0) + 1
             counts = self._counts
             pair = (queue, key)
             counts[pair] = counts.get(pair, 0) + 1
@@ -260,6 +266,7 @@ class KeyedServing:
                 default_weight=self.default_weight,
                 cost="runtime" if self.runtime else "count",
                 served=dict(self._served),
+                unkeyed=dict(self._unkeyed),
                 top=tuple((q, k, n) for (q, k), n in ranked),
                 pending_charges=len(self._charges),
                 concurrency=dict(self.limits.concurrency),

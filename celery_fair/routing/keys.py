@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 __all__ = (
@@ -14,6 +16,7 @@ __all__ = (
     "KeySpec",
     "KwargKey",
     "PropertyKey",
+    "key_of",
     "parse_key_spec",
 )
 
@@ -48,6 +51,62 @@ class KwargKey:
 
     def describe(self) -> str:
         return f"keyword argument {self.name!r}"
+
+
+def key_of(
+    source: KeySource,
+    name: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    task: Any = None,
+) -> Any:
+    """The key of one task call, as its task will see it.
+
+    ``source``'s value; for a keyword argument the caller passed by position
+    (``job.delay("acme")`` with ``def job(tenant_id)``), or left to its
+    default, the value is found through the signature of ``task`` (the
+    registered task object, which the producer's app knows).  ``None`` when
+    the key is missing.
+    """
+    value = source.extract(name, args, kwargs, options)
+    if value is not None or task is None or not isinstance(source, KwargKey):
+        return value
+    if kwargs and source.name in kwargs:
+        return None  # passed, as None
+    run = getattr(task, "run", None)
+    found = _parameter(getattr(run, "__func__", run), source.name, hasattr(run, "__self__"))
+    if found is None:
+        return None
+    index, default = found
+    if index is not None and args and len(args) > index:
+        return args[index]
+    return default
+
+
+_EMPTY = inspect.Parameter.empty
+
+
+@lru_cache(maxsize=4096)
+def _parameter(function: Any, name: str, bound: bool) -> tuple[int | None, Any] | None:
+    """Parameter ``name`` of a task's ``run``: its position (None if keyword-only) and default.
+
+    ``bound``: ``run`` is a method (a class-based or ``bind=True`` task), so
+    its first parameter is not passed by the caller.
+    """
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if bound:
+        parameters = parameters[1:]
+    for index, parameter in enumerate(parameters):
+        if parameter.name != name:
+            continue
+        default = None if parameter.default is _EMPTY else parameter.default
+        positional = parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        return (index if positional else None), default
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_fair.routing.isolation import IsolationPolicy, IsolationStatistics, NoisyKeyDetector
-from celery_fair.routing.keys import KeySource, KeySpec, parse_key_spec
+from celery_fair.routing.keys import KeySource, KeySpec, key_of, parse_key_spec
 from celery_fair.routing.ring import HashRing, RingKey, canonical_key
 
 from ..keys.layout import KEY_HEADER
@@ -200,7 +200,7 @@ class ConsistentHashRouter:
         """Celery's router protocol: return the route for one task, or ``None``."""
         if not self.applies_to(name):
             return None
-        raw = self.key_source.extract(name, args or (), kwargs or {}, options)
+        raw = key_of(self.key_source, name, args or (), kwargs or {}, options, task)
         if raw is None or raw == "" or raw == b"":
             return self._route_missing(name)
         try:

@@ -248,6 +248,15 @@ class FairCollector:
         for queue, count in sorted(keys.served.items()):
             served.add_metric([self.worker, queue], float(count))
         yield served
+        unkeyed = CounterMetricFamily(
+            f"{PREFIX}_keyed_unkeyed_tasks",
+            "Tasks fetched from a keyed queue without a key (sent by a producer without "
+            "celery-fair, or with the key argument missing), per queue.",
+            labels=["worker", "queue"],
+        )
+        for queue in sorted(keys.served):
+            unkeyed.add_metric([self.worker, queue], float(keys.unkeyed.get(queue, 0)))
+        yield unkeyed
         top = GaugeMetricFamily(
             f"{PREFIX}_top_key_served_tasks",
             f"Tasks fetched for the {TOP_KEYS} keys this worker served most, per queue and "

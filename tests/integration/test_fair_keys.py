@@ -99,6 +99,40 @@ def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> Non
 
 
 @pytest.mark.compat
+def test_keys_passed_by_position_share_by_weight(
+    redis_url: str, producer: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # def ledger(self, ms=0.0, tenant_id=None), called as users often call it:
+    # ledger.delay(2, "acme"). The producer's app knows the task's signature.
+    @producer.task(name="ledger", bind=True, shared=False)
+    def ledger(self: object, ms: float = 0.0, tenant_id: str | None = None) -> None: ...
+
+    weights = {"a": 1, "b": 2, "c": 4}
+    left = {k: 150 * w for k, w in weights.items()}
+    with producer.producer_or_acquire() as conn:
+        while any(left.values()):
+            for key in weights:
+                if left[key]:
+                    left[key] -= 1
+                    ledger.apply_async((2, key), queue=QUEUE, producer=conn)
+        # A task this app does not know, by position: its key cannot be found.
+        with caplog.at_level("WARNING", logger="celery_fair.keys.publish"):
+            for _ in range(3):
+                producer.send_task("elsewhere", (1, "a"), queue=QUEUE, producer=conn)
+    warnings = [r.getMessage() for r in caplog.records if "without a key" in r.getMessage()]
+    assert len(warnings) == 1 and "'elsewhere'" in warnings[0] and "'tenant_id'" in warnings[0]
+    client = redis_lib.Redis.from_url(redis_url)
+    assert client.llen(KeyedNames(QUEUE).key_list("c")) == 600
+    assert client.llen(QUEUE) == 3  # the unkeyed key: served too, never stranded
+    ledger_log = Ledger(redis_url)
+    with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
+        entries = _entries(ledger_log, 800, worker)
+    counts = Counter(e.tenant for e in entries[50:750])  # every key backlogged throughout
+    for key, weight in weights.items():
+        assert counts[key] / 700 == pytest.approx(weight / 7, abs=0.02), counts
+
+
+@pytest.mark.compat
 def test_a_global_key_prefix_is_honoured(redis_url: str) -> None:
     # Kombu's client prefixes some commands only (EVALSHA: its first key): every
     # name celery-fair writes must carry the prefix once, on producer and worker.

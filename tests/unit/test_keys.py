@@ -9,7 +9,7 @@ import pytest
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.publish import _arguments, parse_fair_keys
 from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
-from celery_fair.routing.keys import HeaderKey, KwargKey
+from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
 from celery_fair.worker.settings import FairConfigError, FairSettings
 
@@ -58,6 +58,37 @@ def test_task_arguments_of_both_protocols() -> None:
     assert _arguments(((1, 2), {"tenant_id": "a"}, {})) == ((1, 2), {"tenant_id": "a"})
     assert _arguments({"args": [1], "kwargs": {"t": 2}}) == ([1], {"t": 2})
     assert _arguments(None) == ((), {})
+
+
+def test_a_keyword_key_passed_by_position_is_found_through_the_signature() -> None:
+    from celery import Celery, Task
+
+    app = Celery("keys_unit", set_as_current=False)
+
+    @app.task(name="plain", shared=False)
+    def plain(tenant_id: str, n: int = 0, *, region: str = "eu") -> None: ...
+
+    @app.task(name="bound", bind=True, shared=False)
+    def bound(self: Task, n: int, tenant_id: str = "free") -> None: ...
+
+    class Job(Task):  # type: ignore[misc]
+        name = "job"
+
+        def run(self, n: int, tenant_id: str | None = None) -> None: ...
+
+    job = app.register_task(Job())
+    key = KwargKey("tenant_id")
+    assert key_of(key, "plain", ("acme", 1), {}, {}, plain) == "acme"
+    assert key_of(key, "plain", (), {"tenant_id": "kw"}, {}, plain) == "kw"
+    assert key_of(key, "bound", (1, "acme"), {}, {}, bound) == "acme"  # self is not passed
+    assert key_of(key, "bound", (1,), {}, {}, bound) == "free"  # the default the task sees
+    assert key_of(key, "job", (1, "acme"), {}, {}, job) == "acme"
+    assert key_of(key, "job", (1,), {}, {}, job) is None
+    assert key_of(KwargKey("region"), "plain", ("a",), {}, {}, plain) == "eu"  # keyword-only
+    assert key_of(KwargKey("nope"), "plain", ("a",), {}, {}, plain) is None
+    assert key_of(key, "plain", ("acme",), {"tenant_id": None}, {}, plain) is None  # passed None
+    assert key_of(key, "plain", ("acme",), {}, {}, None) is None  # no task: no signature
+    assert key_of(ArgKey(1), "plain", ("a", "b"), {}, {}, plain) == "b"
 
 
 def test_names_never_collide_with_kombus_priority_lists() -> None:

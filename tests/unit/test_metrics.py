@@ -140,6 +140,8 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
     for i in range(50):
         for _ in range(i + 1):
             service.keyed.served("jobs", f"tenant-{i}")
+    for _ in range(3):
+        service.keyed.served("jobs", "")  # sent without a key
     samples = _samples(FairCollector(service, DispatchMeter(), worker="w@h"))
     top = {
         dict(labels)["key"]: value
@@ -151,7 +153,11 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
     served = samples[
         ("celery_fair_keyed_served_tasks_total", (("queue", "jobs"), ("worker", "w@h")))
     ]
-    assert served == sum(range(1, 51))
+    assert served == sum(range(1, 51)) + 3
+    unkeyed = samples[
+        ("celery_fair_keyed_unkeyed_tasks_total", (("queue", "jobs"), ("worker", "w@h")))
+    ]
+    assert unkeyed == 3
 
 
 class _LimitedService(FairService):

@@ -246,6 +246,18 @@ def test_celery_apply_async_raises_on_missing_key(published: list[dict[str, Any]
     assert published == []
 
 
+def test_celery_routes_a_key_passed_by_position(published: list[dict[str, Any]]) -> None:
+    # def work(payload, tenant_id=None): the key is the second positional argument.
+    router = ConsistentHashRouter(QUEUES, key="tenant_id")
+    app = make_app(router)
+    for tenant in ("acme", "globex", "initech"):
+        app.tasks["proj.tasks.work"].delay("p", tenant)
+    assert [m["routing_key"] for m in published] == [
+        router.queue_for(t) for t in ("acme", "globex", "initech")
+    ]
+    assert [m["headers"]["fair_key"] for m in published] == ["acme", "globex", "initech"]
+
+
 # -- validation and statistics ------------------------------------------------------------------
 
 
