@@ -10,6 +10,7 @@ with Celery's defaults, and drive the channel into the same state directly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -63,10 +64,8 @@ def _drain(conn: Connection, until: Any, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while not until():
         assert time.monotonic() < deadline
-        try:
+        with contextlib.suppress(TimeoutError, OSError, Empty):
             conn.drain_events(timeout=0.5)
-        except (TimeoutError, OSError, Empty):
-            pass
 
 
 def test_a_message_kombus_brpop_popped_before_the_takeover_is_delivered(

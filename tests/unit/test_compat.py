@@ -35,8 +35,16 @@ class FakeQoS:
     def _remove_from_indices(self, tag: Any) -> Any: ...
 
 
+class FakeConnection:
+    _sock = None
+
+    def can_read(self, timeout: float = 0) -> bool:
+        return False
+
+
 class FakeClient:
-    connection = type("Conn", (), {"_sock": None})()
+    connection = FakeConnection()
+    connection_pool = type("Pool", (), {"connection_class": FakeConnection})()
 
     def parse_response(self, connection: Any, command_name: Any, **options: Any) -> Any:
         return ("q", b"item")
@@ -47,6 +55,7 @@ class FakeChannel:
 
     def __init__(self) -> None:
         self._queue_cycle: Any = None
+        self._in_poll: Any = False
         self.handlers: dict[str, Any] = {"BRPOP": None}
         self.client = FakeClient()
         self.priority_steps = [0]
@@ -101,6 +110,15 @@ def test_missing_fetch_hooks_fall_back_to_kombus_brpop(missing: str) -> None:
     found, logged = probe(channel)
     assert not found.has("kombu.redis.fetch_hooks")
     assert "Kombu's own BRPOP fetch" in logged[0] and missing in logged[0]
+
+
+def test_a_connection_that_cannot_tell_a_waiting_reply_falls_back_to_kombus_brpop() -> None:
+    channel = FakeChannel()
+    channel.client = FakeClient()
+    channel.client.connection_pool = type("Pool", (), {"connection_class": object})()
+    found, logged = probe(channel)
+    assert not found.has("kombu.redis.fetch_hooks")
+    assert "Connection.can_read(timeout)" in logged[0]
 
 
 def _no_such(self: Any) -> Any:
