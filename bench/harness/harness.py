@@ -89,17 +89,26 @@ class WorkerProcess:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """Warm shutdown, as ``celery multi stopwait`` or systemd's ``KillMode=mixed`` does it.
+
+        SIGTERM goes to the main process only: it stops consuming, puts its
+        prefetched messages back and waits for the running tasks.  A TERM to
+        the whole process group would kill the pool's children mid-task (a
+        task acknowledged early is then lost, with plain Celery as well).
+        Past ``timeout`` the group is killed.  Returns the exit status.
+        """
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
-            return
+            return None if proc is None else proc.returncode
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+            return None
 
     def __enter__(self) -> WorkerProcess:
         return self.start()
