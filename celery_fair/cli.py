@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "celery_fair.telemetry.capture",
     "celery_fair.analytics.report",
     "celery_fair.parking.cli",
+    "celery_fair.keys.cli",
 )
 
 

@@ -12,8 +12,10 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
 * ``jobs\\x06\\x16fair.last``: finish tags of keys that emptied recently (a
   key that comes back at once resumes at its finish tag, not at the queue's
   virtual time); entries behind the virtual time are dropped at each fetch.
-* ``jobs\\x06\\x16fair.state``: a hash: ``vt`` (virtual time) and
-  ``backlog`` (messages in the per-key lists).
+* ``jobs\\x06\\x16fair.state``: a hash: ``vt`` (virtual time),
+  ``backlog`` (messages in the per-key lists) and, after ``celery-fair keys
+  unkey`` until a worker with ``fair_keys`` for the queue starts,
+  ``unkeyed``: keyed publishes and restores then go to Kombu's own list.
 * ``jobs\\x06\\x16fair.wconf`` / ``fair.wlive``: key weights, configured
   (rewritten when a worker starts) and set live (``control fair_key_weights``).
 * With per-key limits (:mod:`celery_fair.keys.limits`): ``fair.lconf`` /
@@ -66,6 +68,9 @@ LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
     "fair.sleep", "fair.b.",
 )  # fmt: skip
 HELD_SINCE, HELD, HELD_OWED = "fair.hsince", "fair.held", "fair.howed"
+#: Fields of ``fair.state``: messages in the per-key lists, and the mark of a
+#: queue moved back to plain lists (``celery-fair keys unkey``).
+BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
 #: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
 HELD_TOP = 1000
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from . import layout
 
-__all__ = ("CHARGE", "ENQUEUE", "KEYED_POP", "PRELUDE", "PURGE", "RELEASE")
+__all__ = ("CHARGE", "ENQUEUE", "KEYED_POP", "PRELUDE", "PURGE", "RELEASE", "UNKEY")
 
 #: Helpers shared by the scripts.  The script defines ``SEP`` (Kombu's
 #: separator) and ``DFLT`` (the default key weight) before this text.
@@ -134,17 +134,24 @@ end
 
 #: Publish one message to its key.  ARGV: base, sep, default weight, key,
 #: payload, "1" to put it first in line (a restore) else "0".  Returns the
-#: key's list length.
+#: key's list length, or 0 when the queue was moved back to plain lists
+#: (``unkey``): then the message goes to the queue's own list.
 ENQUEUE = (
     "local SEP, DFLT = ARGV[2], tonumber(ARGV[3])\n"
     + PRELUDE
     + f"""
 local base, key, item = ARGV[1], ARGV[4], ARGV[5]
+local push = 'LPUSH'
+if ARGV[6] == '1' then push = 'RPUSH' end
+local state = kname(base, '{layout.STATE}')
+if redis.call('HEXISTS', state, '{layout.UNKEYED_MARK}') == 1 then
+  -- Moved back to plain lists: no message may wait where only a keyed fetch reads.
+  redis.call(push, base, item)
+  return 0
+end
 local list = kname(base, '{layout.KEY_LIST}') .. key
-local n
-if ARGV[6] == '1' then n = redis.call('RPUSH', list, item)
-else n = redis.call('LPUSH', list, item) end
-redis.call('HINCRBY', kname(base, '{layout.STATE}'), 'backlog', 1)
+local n = redis.call(push, list, item)
+redis.call('HINCRBY', state, '{layout.BACKLOG}', 1)
 if n == 1 then
   redis.call('ZADD', kname(base, '{layout.ACTIVE}'), start_tag(base, key), key)
 end
@@ -213,6 +220,87 @@ if visited < limit then
 end
 if n > 0 then redis.call('HINCRBY', name('{layout.STATE}'), 'backlog', -n) end
 return {{n, visited}}
+"""
+
+#: Move up to ARGV[3] waiting messages of a keyed queue back to Kombu's own
+#: lists (a return to plain Celery).  ARGV: base, sep, limit, the list
+#: suffix of a message without a priority, then the suffixes of priorities 0
+#: to 9 (Kombu's ``_q_for_pri``: a plain consumer finds each message where
+#: Kombu would have put it).  Takes one message of each key in turn, in the
+#: keys' fair order (the keys set aside by their limits too, after those in
+#: line), so that plain workers serve the keys interleaved; each
+#: goes to the back of its list (LPUSH, as Kombu publishes).  Marks the
+#: queue ``unkeyed`` (:mod:`celery_fair.keys.layout`): a keyed publish or
+#: restore after this goes to the queue's own list as well.  Returns
+#: {messages moved, messages left in the per-key lists}: call until nothing
+#: is left.  Each call is one atomic step: a kill between two calls loses
+#: and duplicates nothing.
+UNKEY = f"""
+local base, SEP, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function name(suffix) return base .. SEP .. suffix end
+local unprioritized, by_priority = ARGV[4], {{}}
+for p = 0, 9 do by_priority[p] = ARGV[5 + p] end
+local function target(item)
+  local ok, msg = pcall(cjson.decode, item)
+  if ok and type(msg) == 'table' and type(msg['properties']) == 'table' then
+    local p = tonumber(msg['properties']['priority'])
+    if p then return base .. by_priority[math.max(0, math.min(9, math.floor(p)))] end
+  end
+  return base .. unprioritized
+end
+local keys, seen = {{}}, {{}}
+local function add(list, where)
+  for _, key in ipairs(list) do
+    if key ~= '{layout.UNKEYED}' and not seen[key] and #keys < limit then
+      seen[key] = where
+      keys[#keys + 1] = key
+    end
+  end
+end
+add(redis.call('ZRANGE', name('{layout.ACTIVE}'), 0, limit - 1), 'line')
+add(redis.call('SRANDMEMBER', name('{layout.PARKED}'), limit), 'aside')
+add(redis.call('ZRANGE', name('{layout.SLEEP}'), 0, limit - 1), 'aside')
+redis.call('HSET', name('{layout.STATE}'), '{layout.UNKEYED_MARK}', 1)
+local moved, live = 0, #keys
+while moved < limit and live > 0 do
+  live = 0
+  for i, key in ipairs(keys) do
+    if key and moved < limit then
+      local item = redis.call('RPOP', name('{layout.KEY_LIST}') .. key)
+      if item then
+        redis.call('LPUSH', target(item), item)
+        if seen[key] == 'line' then
+          -- Further back in line: the next batch starts with another key.
+          redis.call('ZINCRBY', name('{layout.ACTIVE}'), 1, key)
+        end
+        moved = moved + 1
+        live = live + 1
+      else
+        keys[i] = false
+      end
+    end
+  end
+end
+-- Keys with nothing left leave every place a key waits in.
+for key in pairs(seen) do
+  if redis.call('EXISTS', name('{layout.KEY_LIST}') .. key) == 0 then
+    redis.call('ZREM', name('{layout.ACTIVE}'), key)
+    redis.call('SREM', name('{layout.PARKED}'), key)
+    redis.call('ZREM', name('{layout.SLEEP}'), key)
+    redis.call('HDEL', name('{layout.HELD_SINCE}'), key)
+    redis.call('HDEL', name('{layout.HELD_OWED}'), key)
+  end
+end
+local left = tonumber(redis.call('HGET', name('{layout.STATE}'), '{layout.BACKLOG}')) or 0
+if moved > 0 then
+  -- (A Lua 0 negated is sent as "-0", which HINCRBY refuses.)
+  left = redis.call('HINCRBY', name('{layout.STATE}'), '{layout.BACKLOG}', -moved)
+end
+if left < 0 then
+  redis.call('HSET', name('{layout.STATE}'), '{layout.BACKLOG}', 0)
+  left = 0
+end
+return {{moved, left}}
 """
 
 #: The keyed branch of the fetch script (``celery_fair.kombu.atomic``),

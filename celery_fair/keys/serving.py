@@ -202,6 +202,10 @@ class KeyedServing:
         with self._lock:
             self.released += 1
 
+    def adopt(self, queues: Iterable[str]) -> None:
+        """Serve these queues as keyed too (a keyed backlog ``fair_keys`` does not name)."""
+        self.queues = self.queues | frozenset(queues)
+
     def has_room(self, queue: str) -> bool:
         """Whether this worker may fetch from keyed ``queue`` now.
 

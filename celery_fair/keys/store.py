@@ -7,7 +7,7 @@ pipeline) and a :class:`~celery_fair.keys.layout.KeyedNames`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from . import lua
-from .layout import UNKEYED, KeyedNames
+from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames
 
 __all__ = (
     "KeyedBacklog",
@@ -30,6 +30,9 @@ __all__ = (
     "purge",
     "set_live_weights",
     "text",
+    "keyed_again",
+    "unkey",
+    "waiting_keyed",
     "write_configured_weights",
 )
 
@@ -58,6 +61,10 @@ ENQUEUE = Script(lua.ENQUEUE)
 CHARGE = Script(lua.CHARGE)
 PURGE = Script(lua.PURGE)
 RELEASE = Script(lua.RELEASE)
+UNKEY = Script(lua.UNKEY)
+
+#: Messages ``unkey`` moves per script call (each call blocks Redis briefly).
+UNKEY_BATCH = 1000
 
 
 def enqueue(client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False) -> Any:
@@ -192,6 +199,41 @@ def purge(client: Any, names: KeyedNames) -> int:
             return total
 
 
+def waiting_keyed(client: Any, names: list[KeyedNames]) -> list[int]:
+    """Messages waiting in the per-key lists of each of these queues (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    for each in names:
+        pipe.hget(each.state, BACKLOG)
+    return [int(n or 0) for n in pipe.execute()]
+
+
+def keyed_again(client: Any, names: KeyedNames) -> None:
+    """Keyed publishing resumes on the queue (a worker with ``fair_keys`` for it started)."""
+    client.hdel(names.state, UNKEYED_MARK)
+
+
+def unkey(
+    client: Any,
+    names: KeyedNames,
+    suffixes: tuple[str, Sequence[str]],
+    batch: int = UNKEY_BATCH,
+) -> Iterator[tuple[int, int]]:
+    """Move a keyed queue's waiting messages back to Kombu's own lists, batch by batch.
+
+    ``suffixes``: the list suffix of a message without a priority, and of
+    priorities 0 to 9 (where Kombu puts each).  Yields ``(moved, left)`` after
+    each batch, an atomic step; stops when a batch moves nothing.
+    """
+    unprioritized, by_priority = suffixes
+    if len(by_priority) != 10:
+        raise ValueError(f"unkey: ten priority suffixes expected, got {len(by_priority)}")
+    while True:
+        moved, left = UNKEY(client, names.base, names.sep, batch, unprioritized, *by_priority)
+        if not int(moved):
+            return
+        yield int(moved), int(left)
+
+
 @dataclass(frozen=True)
 class KeyedBacklog:
     """What waits in a keyed queue's per-key lists."""
@@ -207,7 +249,7 @@ class KeyedBacklog:
 def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
     """The per-key backlog of a keyed queue, and its ``top`` next keys."""
     pipe = client.pipeline(transaction=False)
-    pipe.hget(names.state, "backlog").zcard(names.active)
+    pipe.hget(names.state, BACKLOG).zcard(names.active)
     if top:
         pipe.zrange(names.active, 0, top - 1)
     replies = pipe.execute()

@@ -217,10 +217,16 @@ class AtomicFetch:
             for s in (compat.queue_key(channel, "", p) for p in compat.priority_steps(channel))
             if s
         ]
-        self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+        self._default_key_weight = "1.0"
+        self.serve_keyed(keyed)
         self._due: float | None = None  # seconds until a limited key may go on
         self._names: dict[str, KeyedNames] = {}  # keyed queue -> its Redis names
         self._charged: dict[str, float] = {}  # keyed queue -> its charge in the pending fetch
+
+    def serve_keyed(self, keyed: KeyedServing | None) -> None:
+        """Serve ``keyed``'s queues in fair key order from the next fetch on."""
+        self.keyed = keyed
+        self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
 
     def listen(self) -> bool:
         """Start the invalidation listener; False if it could not subscribe."""

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from ..cli_broker import add_broker_options, broker_connection
 from .records import ParkedMessage, parking_queue
 
 __all__ = ("format_age", "register", "run")
@@ -26,9 +27,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("queue", metavar="QUEUE", help="the queue the messages came from")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--app", "-A", help="the Celery app (module or module:attr): its broker")
-    where.add_argument("--broker", "-b", help="a broker URL (without the app's transport options)")
+    add_broker_options(parser)
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--replay", action="store_true", help="put them back on QUEUE")
     action.add_argument("--purge", action="store_true", help="drop them (they are gone)")
@@ -59,21 +58,11 @@ def format_age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def _connection(args: argparse.Namespace) -> Any:
-    if args.app:
-        from celery.app.utils import find_app
-
-        return find_app(args.app).connection_for_write()
-    from kombu.connection import Connection
-
-    return Connection(args.broker)  # type: ignore[no-untyped-call]
-
-
 def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair parked``."""
     from .store import parking_for
 
-    with _connection(args) as connection:
+    with broker_connection(args) as connection:
         parking = parking_for(connection.default_channel)
         name = parking_queue(args.queue)
         if args.replay:

@@ -21,7 +21,7 @@ from ..keys.layout import KeyedNames
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing, KeyStatistics, served_header
 from ..kombu.atomic import AtomicFetchStatistics
-from ..kombu.cycle import DWRRCycle, install_on_channel
+from ..kombu.cycle import DWRRCycle, connection_errors, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from .push_prefetch import PushWindows, PushWindowsStatistics
@@ -117,12 +117,15 @@ class FairService:
         Called at every (re)connection: held counts start from zero because
         the previous channel's unacknowledged messages went back to the broker.
         """
+        queues = list(queues)
         self._map_queues(queues)
         with self.lock:
             self.scheduler.reset_held()
         self._channel = channel
         if self.keyed is not None:
             self.keyed.reset()
+        if self.settings.atomic_fetch and compat.is_redis_channel(channel):
+            self._adopt_keyed_backlogs(channel, [q.name for q in queues])
         self.cycle = install_on_channel(
             channel,
             self.scheduler,
@@ -132,13 +135,69 @@ class FairService:
             probe=self.probe,
             keyed=self.keyed,
         )
-        if self.keyed is not None:
+        if self.settings.keys:
             self._publish_key_weights(channel)
+        elif self.keyed is not None and (self.cycle is None or self.cycle.atomic is None):
+            logger.error(
+                "celery-fair: keyed messages wait on %s but this worker cannot serve them "
+                "without the atomic fetch (%s); `celery-fair keys unkey QUEUE` moves them to "
+                "the queue's own list",
+                ", ".join(sorted(self.keyed.queues)),
+                ", ".join(self.probe.missing) or "fair_atomic_fetch is off",
+            )
         if self.cycle is not None and compat.is_redis_channel(channel):
             self._adopt_live_weights(channel)
         if self.cycle is not None and self.shedder is not None:
             self._hold_fetch_while_dropping(channel.qos)
         return self.cycle is not None
+
+    def _adopt_keyed_backlogs(self, channel: Any, queues: Iterable[str]) -> None:
+        """Serve a keyed backlog on a consumed queue that ``fair_keys`` does not name.
+
+        Messages published with a key wait in per-key lists, which only a
+        keyed fetch reads.  After ``fair_keys`` is removed from a worker (a
+        roll-back, docs/migrating.md) they would wait for ever; served here
+        in fair key order with the default key weight, until they are gone.
+        """
+        keyed = self.keyed
+        known = keyed.queues if keyed is not None else frozenset()
+        candidates = [q for q in queues if q not in known]
+        if not candidates:
+            return
+        with compat.redis_client(channel) as client:
+            waiting = store.waiting_keyed(client, [names_for(channel, q) for q in candidates])
+        found = {q: n for q, n in zip(candidates, waiting, strict=True) if n > 0}
+        if not found:
+            return
+        if keyed is None:
+            keyed = self.keyed = KeyedServing(
+                (),
+                default_weight=self.settings.default_key_weight,
+                runtime=self.settings.cost == "runtime",
+                estimate=self.scheduler.fetch_cost,
+                slots=self.concurrency,
+            )
+        keyed.adopt(found)
+        fetch = self.cycle.atomic if self.cycle is not None else None
+        if fetch is not None and fetch.channel is channel:
+            fetch.serve_keyed(keyed)
+        for queue, count in sorted(found.items()):
+            logger.warning(
+                "celery-fair: queue %r holds %d message(s) published with a key, but fair_keys "
+                "does not name it: they are served in fair key order until none is left "
+                "(`celery-fair keys unkey %s` moves them back to the queue's own list)",
+                queue, count, queue,
+            )  # fmt: skip
+
+    def recheck_keyed_backlogs(self) -> None:
+        """Look again for keyed backlogs on the consumed queues (a timer calls this)."""
+        channel, cycle = self._channel, self.cycle
+        if channel is None or cycle is None or cycle.atomic is None:
+            return
+        try:
+            self._adopt_keyed_backlogs(channel, cycle.items)
+        except connection_errors(channel) as exc:
+            logger.debug("celery-fair: keyed backlog check skipped (%r)", exc)
 
     def _publish_key_weights(self, channel: Any) -> None:
         """Write the configured key weights where the fetch script reads them."""
@@ -153,6 +212,7 @@ class FairService:
                 names = names_for(channel, queue)
                 store.write_configured_weights(client, names, self.settings.key_weights)
                 store.write_configured_limits(client, names, limits)
+                store.keyed_again(client, names)
         if self.keyed is not None and self.keyed.limited:
             self.keyed.send_releases = self._send_releases
 
@@ -236,6 +296,11 @@ class FairService:
         """
         task_consumer = consumer.task_consumer
         channel = task_consumer.channel
+        if compat.drain_events_without_wait(consumer, self.probe):
+            # Green pools on Celery 5.7: otherwise every turn of the loop waits
+            # 100 ms on the event connection and about ten tasks a second
+            # arrive, too few for the dispatch order to matter.
+            logger.info("celery-fair: the event connection is read without waiting (green pool)")
         self._map_queues(task_consumer.queues)
         with self.lock:
             self.scheduler.reset_held()

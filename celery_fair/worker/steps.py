@@ -195,6 +195,10 @@ class _MainWriter:
         return writer.statistics()
 
 
+#: Seconds between two looks for keyed backlogs on queues fair_keys does not name.
+KEYED_RECHECK = 30.0
+
+
 class FairConsumerStep(bootsteps.StartStopStep):
     """Installs the DWRR fetch order on the task consumer's channel."""
 
@@ -217,6 +221,11 @@ class FairConsumerStep(bootsteps.StartStopStep):
         if service.attach(channel, c.task_consumer.queues):
             if service.settings.prefetch == "auto":
                 service.adapt_prefetch(c, channel)
+            if service.cycle is not None and service.cycle.atomic is not None:
+                # Keyed messages sent by producers that still have fair_keys.
+                self._recheck = c.timer.call_repeatedly(
+                    KEYED_RECHECK, service.recheck_keyed_backlogs
+                )
             logger.info(
                 "celery-fair: DWRR fetch order on %s, weights %s, cost %s",
                 ", ".join(service.scheduler.queues) or "(no queues yet)",
@@ -238,6 +247,9 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 _hold_during_drain(c.connection, gate)
 
     def stop(self, c: Any) -> None:
+        recheck, self._recheck = getattr(self, "_recheck", None), None
+        if recheck is not None:
+            recheck.cancel()
         service: FairService | None = getattr(c.controller, "fair", None)
         if service is not None:
             logger.info("celery-fair: statistics at stop %s", service.statistics())

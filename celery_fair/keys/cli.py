@@ -1,0 +1,113 @@
+"""``celery-fair keys``: look at a keyed queue's backlog, or move it back to plain Kombu lists.
+
+``celery-fair keys backlog QUEUE`` shows what waits in the per-key lists.
+``celery-fair keys unkey QUEUE`` moves every waiting message back into the
+queue's own Kombu lists, where a worker without celery-fair finds it: the
+last step of a return to plain Celery (docs/migrating.md gives the order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from ..cli_broker import add_broker_options, broker_connection
+
+__all__ = ("register", "run")
+
+#: Seconds between two progress lines of a long move.
+PROGRESS_EVERY = 1.0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``keys`` subcommand to the ``celery-fair`` parser."""
+    parser = subparsers.add_parser(
+        "keys",
+        help="a keyed queue's backlog, or move it back to plain Kombu lists (Redis)",
+        description=(
+            "backlog: what waits in a keyed queue's per-key lists. unkey: move it all back "
+            "to the queue's own lists, where any Celery worker consumes it (each batch is "
+            "one atomic step: stopping it half way loses and duplicates nothing)."
+        ),
+    )
+    parser.add_argument("action", choices=("backlog", "unkey"))
+    parser.add_argument("queue", metavar="QUEUE", help="the keyed queue")
+    add_broker_options(parser)
+    parser.add_argument(
+        "--batch", type=_positive_int, default=None, help="messages moved per step (unkey)"
+    )
+    parser.add_argument("--top", type=_positive_int, default=10, help="next keys shown (backlog)")
+    parser.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``celery-fair keys``."""
+    from .. import compat
+    from . import store
+    from .publish import names_for
+
+    with broker_connection(args) as connection:
+        channel = connection.default_channel
+        if not compat.is_redis_channel(channel):
+            print(
+                f"celery-fair keys: keyed queues live on Redis; {connection.as_uri()} is "
+                f"{connection.transport.driver_type}",
+                file=sys.stderr,
+            )
+            return 2
+        names = names_for(channel, args.queue)
+        with compat.redis_client(channel) as client:
+            if args.action == "backlog":
+                found = store.backlog(client, names, top=args.top)
+                print(f"{args.queue}: {found.messages} message(s) in {found.keys} key(s)")
+                for key, waiting in found.next_keys:
+                    print(f"  {key or '(unkeyed)'}: {waiting}")
+                return 0
+            return _unkey(client, names, _suffixes(channel, args.queue), args)
+
+
+def _suffixes(channel: Any, queue: str) -> tuple[str, list[str]]:
+    """Where Kombu puts a message of ``queue`` without a priority and with 0..9."""
+    from .. import compat
+
+    def suffix(payload: Any) -> str:
+        return compat.queue_key(channel, "", compat.message_priority(channel, payload))
+
+    return suffix({}), [suffix({"properties": {"priority": p}}) for p in range(10)]
+
+
+def _unkey(
+    client: Any, names: Any, suffixes: tuple[str, list[str]], args: argparse.Namespace
+) -> int:
+    from . import store
+
+    total, left, shown = 0, None, time.monotonic()
+    batch = args.batch or store.UNKEY_BATCH
+    for moved, left in store.unkey(client, names, suffixes, batch):
+        total += moved
+        if time.monotonic() - shown >= PROGRESS_EVERY:
+            shown = time.monotonic()
+            print(f"moved {total} message(s), {left} left", flush=True)
+    print(f"{args.queue}: {total} message(s) moved back to its own lists")
+    remaining = store.backlog(client, names).messages
+    if remaining:
+        # Published with a key while the move ran: a producer still has fair_keys.
+        print(
+            f"{args.queue}: {remaining} message(s) arrived in the per-key lists meanwhile; "
+            "stop keyed publishing (fair_keys in the producers) and run this again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
