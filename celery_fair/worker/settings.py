@@ -21,7 +21,14 @@ from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode
 from ..scheduling.shedding import CoDelOptions, check_codel
 
-__all__ = ("DEFAULTS", "FairConfigError", "FairSettings", "parse_pairs", "parse_weights")
+__all__ = (
+    "DEFAULTS",
+    "FairConfigError",
+    "FairSettings",
+    "parse_pairs",
+    "parse_weights",
+    "unknown_settings",
+)
 
 #: Every setting celery-fair reads, with its default.
 DEFAULTS: dict[str, Any] = {
@@ -49,6 +56,36 @@ DEFAULTS: dict[str, Any] = {
     "fair_unknown_task_delay": 10.0,
     "fair_unknown_task_max_returns": 30,
 }
+
+
+def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
+    """One message per ``fair_*`` setting celery-fair does not know, with the closest name.
+
+    A misspelt setting (``fair_costs``, ``CELERY_FAIR_WIEGHTS``) would be
+    ignored without a word.  Django-style names (``CELERY_`` namespace,
+    upper case) are checked too, and the suggestion keeps their style.
+    """
+    import difflib
+
+    messages = []
+    for name in list(conf.keys()):
+        if not isinstance(name, str):
+            continue
+        lowered = name.lower()
+        namespace = ""
+        if lowered.startswith("celery_fair_"):
+            namespace, lowered = name[: len("celery_")], lowered[len("celery_") :]
+        if not lowered.startswith("fair_") or lowered in DEFAULTS:
+            continue
+        close = difflib.get_close_matches(lowered, DEFAULTS, n=1, cutoff=0.6)
+        hint = ""
+        if close:
+            suggestion = close[0]
+            if name.isupper():
+                suggestion = suggestion.upper()
+            hint = f"; did you mean {namespace}{suggestion}?"
+        messages.append(f"celery-fair: unknown setting {name} (it is ignored){hint}")
+    return messages
 
 
 class FairConfigError(ImproperlyConfigured, click.ClickException):

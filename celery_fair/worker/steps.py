@@ -15,7 +15,7 @@ from .build import build
 from .dispatch import FairGate, install_on_semaphore
 from .recorder import PoolRecorder
 from .service import FairService
-from .settings import FairSettings
+from .settings import FairSettings, unknown_settings
 from .tracking import TaskTracker
 
 __all__ = ("FairConsumerStep", "FairWorkerStep")
@@ -36,6 +36,8 @@ class FairWorkerStep(bootsteps.StartStopStep):
     def __init__(self, w: Any, fair_weights: str | None = None, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
         settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
+        for message in unknown_settings(w.app.conf):
+            logger.warning(message)
         concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
         w.fair, self.metrics = build(
             w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)

@@ -144,3 +144,39 @@ def test_metrics_are_off_by_default_and_listen_on_loopback() -> None:
     assert on.metrics_port == 9100 and on.metrics_addr == "127.0.0.1"
     everywhere = FairSettings.from_conf({"fair_metrics_port": 0, "fair_metrics_addr": "::"})
     assert everywhere.metrics_port == 0 and everywhere.metrics_addr == "::"
+
+
+def test_a_misspelt_setting_is_named_with_the_closest_known_one() -> None:
+    from celery import Celery
+
+    from celery_fair.worker.settings import unknown_settings
+
+    class DjangoSettings:
+        CELERY_FAIR_WIEGHTS = {"a": 1}
+        CELERY_FAIR_COST = "count"
+
+    app = Celery("settings_unit", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    app.conf.fair_costs = "runtime"
+    app.conf.fair_weights = {"a": 2}  # known: not named
+    assert sorted(unknown_settings(app.conf)) == [
+        "celery-fair: unknown setting CELERY_FAIR_WIEGHTS (it is ignored); "
+        "did you mean CELERY_FAIR_WEIGHTS?",
+        "celery-fair: unknown setting fair_costs (it is ignored); did you mean fair_cost?",
+    ]
+    app.conf.fair_zzz = 1
+    assert "celery-fair: unknown setting fair_zzz (it is ignored)" in unknown_settings(app.conf)
+
+
+def test_django_style_settings_reach_the_worker() -> None:
+    # app.config_from_object("django.conf:settings", namespace="CELERY")
+    from celery import Celery
+
+    class DjangoSettings:
+        CELERY_FAIR_WEIGHTS = {"critical": 8, "bulk": 1}
+        CELERY_FAIR_COST = "runtime"
+
+    app = Celery("django_unit", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    settings = FairSettings.from_conf(app.conf)
+    assert settings.weights == {"critical": 8.0, "bulk": 1.0} and settings.cost == "runtime"
