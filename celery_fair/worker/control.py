@@ -11,6 +11,7 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
+from ..keys.limits import CONCURRENCY, RATE, KeyLimits, limit_field, parse_concurrency, parse_rates
 from .settings import FairConfigError, parse_pairs, parse_weights
 
 __all__ = ("fair_key_limits", "fair_key_weights", "fair_stats", "fair_weights")
@@ -51,11 +52,16 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
     """Change queue weights at run time; invalid input changes nothing.
 
     On Redis they are also stored on the broker, so a worker that starts later
-    uses them; ``QUEUE=default`` goes back to the configured weight.
+    uses them (over its settings); ``QUEUE=default`` goes back to the
+    configured weight, and ``default`` alone clears every live weight.
     """
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
+    words = list(weights) if isinstance(weights, (list, tuple)) else str(weights or "").split()
+    if words == ["default"]:
+        service.clear_live_weights()
+        return {"ok": f"live weights cleared; weights now {service.scheduler.weights}"}
     try:
         reset, rest = _split_defaults(weights, "fair_weights", "QUEUE=WEIGHT")
         parsed = parse_weights(rest, setting="fair_weights")
@@ -64,7 +70,15 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
     except FairConfigError as exc:
         return {"error": str(exc)}
     service.set_weights(parsed, reset=reset)
-    return {"ok": f"weights now {service.scheduler.weights}"}
+    reply = {"ok": f"weights now {service.scheduler.weights}"}
+    elsewhere = sorted(q for q in parsed if q not in service.scheduler.queues)
+    if elsewhere:
+        reply["warning"] = (
+            f"this worker does not consume {', '.join(elsewhere)}: stored on the broker "
+            "(Redis) for workers that do, and for those that start later; "
+            "'fair_weights QUEUE=default' removes it"
+        )
+    return reply
 
 
 def _split_defaults(value: Any, setting: str, what: str) -> tuple[list[str], dict[str, Any]]:
@@ -100,7 +114,7 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
     return {"ok": f"key weights set {parsed}"}
 
 
-_LIMIT_KINDS = {"concurrency": "c", "rate": "r"}
+_LIMIT_KINDS = {"concurrency": CONCURRENCY, "rate": RATE}
 
 
 @control_command(
@@ -113,8 +127,6 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
     a live limit (the configured one applies again).  Invalid input changes
     nothing.
     """
-    from ..keys.limits import parse_concurrency, parse_rates
-
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
@@ -125,16 +137,20 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
     setting = f"fair_key_limits {words[0]}"
     try:
         reset, rest = _split_defaults(words[1:], setting, "KEY=LIMIT")
-        fields: dict[str, str | None] = {f"{kind}:{name}": None for name in reset}
-        if kind == "c":
-            parsed_c = parse_concurrency(rest, setting=setting)
-            fields.update({f"c:{k}": str(v) for k, v in parsed_c.items()})
+        if kind == CONCURRENCY:
+            parsed = KeyLimits(concurrency=parse_concurrency(rest, setting=setting))
+            shown = {k: str(v) for k, v in parsed.concurrency.items()}
         else:
-            parsed_r = parse_rates(rest, setting=setting)
-            fields.update({f"r:{k}": repr(v) for k, v in parsed_r.items()})
+            parsed = KeyLimits(rates=parse_rates(rest, setting=setting))
+            shown = {k: f"{v:g}/s" for k, v in parsed.rates.items()}
+        fields: dict[str, str | None] = {limit_field(kind, k): None for k in reset}
+        fields.update(parsed.as_fields())
         if not fields:
             raise FairConfigError(f"fair_key_limits: no KEY=LIMIT given, got {limits!r}")
         service.set_key_limits(fields)
     except FairConfigError as exc:
         return {"error": str(exc)}
-    return {"ok": f"key limits set {fields}"}
+    said = [f"{words[0]} limits set: " + ", ".join(f"{k}={v}" for k, v in shown.items())]
+    if reset:
+        said.append("back to the configured limit: " + ", ".join(reset))
+    return {"ok": "; ".join(said if shown else said[1:])}

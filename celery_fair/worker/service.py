@@ -485,6 +485,19 @@ class FairService:
                     pipe.hdel(key, *back)
                 pipe.execute()
 
+    def clear_live_weights(self) -> None:
+        """Every queue back to its configured weight; on Redis, the stored live weights go."""
+        settings = self.settings
+        with self.lock:
+            live = set(self.scheduler.queues) | set(settings.weights)
+            self.scheduler.set_weights(
+                {q: settings.weights.get(q, settings.default_weight) for q in live}
+            )
+        channel = self._channel
+        if channel is not None and compat.is_redis_channel(channel):
+            with compat.redis_client(channel) as client:
+                client.delete(compat.key_prefix(channel) + LIVE_WEIGHTS)
+
     def _adopt_live_weights(self, channel: Any) -> None:
         """Redis: weights set by ``control fair_weights`` earlier, kept on the broker."""
         key = compat.key_prefix(channel) + LIVE_WEIGHTS

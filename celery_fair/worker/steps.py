@@ -228,10 +228,11 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 self._recheck = c.timer.call_repeatedly(
                     KEYED_RECHECK, service.recheck_keyed_backlogs
                 )
+            queues = [q.name for q in c.task_consumer.queues]
             logger.info(
                 "celery-fair: DWRR fetch order on %s, weights %s, cost %s",
-                ", ".join(service.scheduler.queues) or "(no queues yet)",
-                service.scheduler.weights,
+                ", ".join(queues) or "(no queues)",
+                {q: service.scheduler.weight(q) for q in queues},
                 service.settings.cost,
             )
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis as redis_lib
 
 from bench.harness.control import wait_fair_stats
 from bench.harness.harness import WorkerProcess, fill_queues, run_backlogged
@@ -86,6 +87,11 @@ def _wait_consumed(url: str, initial: dict[str, int], n: int, worker: WorkerProc
         (["--fair-weights", "w1"], {}, "--fair-weights: expected QUEUE=WEIGHT"),
         ([], {"CELERY_FAIR_WEIGHTS": "w1=-3"}, "fair_weights['w1'] must be a positive number"),
         ([], {"CELERY_FAIR_COST": "wallclock"}, "fair_cost must be one of count, runtime"),
+        (
+            [],
+            {"CELERY_FAIR_KEYS": "w1=args:0"},
+            "Error: fair_keys['w1']='args:0': key='args:0': unknown key source 'args'",
+        ),
     ],
 )
 def test_bad_settings_stop_the_worker_at_start(
@@ -96,7 +102,10 @@ def test_bad_settings_stop_the_worker_at_start(
         assert worker.wait(timeout=60) != 0
     finally:
         worker.stop()
-    assert message in worker.log()
+    log = worker.log()
+    assert message in log
+    # One line at start, not a traceback while the app module is imported.
+    assert "Unable to load celery application" not in log and "Traceback" not in log
 
 
 def test_weights_change_at_run_time(redis_url: str) -> None:
@@ -134,3 +143,29 @@ def test_weights_change_at_run_time(redis_url: str) -> None:
         after = {q: client.llen(q) for q in "ab"}
     consumed = {q: before[q] - after[q] for q in "ab"}
     assert consumed["a"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.05)
+
+
+def test_a_live_weight_for_a_queue_not_consumed_is_named_and_all_can_be_cleared(
+    redis_url: str,
+) -> None:
+    from bench.harness.control import control_app, wait_fair_stats
+
+    with WorkerProcess(redis_url, ["a", "b"]) as worker:
+        wait_fair_stats(redis_url)
+        app = control_app(redis_url)
+
+        def send(*words: str) -> dict[str, str]:
+            replies = app.control.broadcast(
+                "fair_weights", arguments={"weights": list(words)}, reply=True, timeout=5, limit=1
+            )
+            return dict(next(iter(replies[0].values())))
+
+        reply = send("a=3", "nosuchqueue=3")
+        assert "ok" in reply and "does not consume nosuchqueue" in reply["warning"], reply
+        client = redis_lib.Redis.from_url(redis_url)
+        assert client.hgetall("_fair.queue_weights") == {b"a": b"3.0", b"nosuchqueue": b"3.0"}
+        reply = send("default")
+        assert "live weights cleared" in reply["ok"], reply
+        assert client.exists("_fair.queue_weights") == 0
+        assert wait_fair_stats(redis_url)["weights"] == {"a": 1.0, "b": 1.0}
+        assert worker.proc is not None and worker.proc.poll() is None
