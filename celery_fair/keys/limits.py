@@ -19,10 +19,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ("DEFAULT_KEY", "KeyLimits", "parse_concurrency", "parse_rates")
+__all__ = (
+    "CONCURRENCY",
+    "DEFAULT_KEY",
+    "RATE",
+    "KeyLimits",
+    "limit_field",
+    "parse_concurrency",
+    "parse_rates",
+)
 
 #: The entry that applies to every key without one of its own.
 DEFAULT_KEY = "*"
+
+#: The kinds of limit, as the broker's hash names them (``c:<key>``, ``r:<key>``).
+CONCURRENCY, RATE = "c", "r"
+
+
+def limit_field(kind: str, key: str) -> str:
+    """The field of ``key``'s limit of ``kind`` in the broker's limits hash."""
+    return f"{kind}:{key}"
 
 
 @dataclass(frozen=True)
@@ -41,8 +57,8 @@ class KeyLimits:
 
     def as_fields(self) -> dict[str, str]:
         """The limits as the fields of the broker's hash (``c:<key>``, ``r:<key>``)."""
-        out = {f"c:{k}": str(v) for k, v in self.concurrency.items()}
-        out.update({f"r:{k}": repr(v) for k, v in self.rates.items()})
+        out = {limit_field(CONCURRENCY, k): str(v) for k, v in self.concurrency.items()}
+        out.update({limit_field(RATE, k): repr(v) for k, v in self.rates.items()})
         return out
 
 

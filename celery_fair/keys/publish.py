@@ -76,13 +76,32 @@ def register_app(app: Any) -> None:
     """Publish ``app``'s tasks for keyed queues to their keys.
 
     ``fair_keys`` is read when ``install`` runs: set it before.  An app
-    without it leaves Kombu and its sender untouched.
+    without it leaves Kombu and its sender untouched; an invalid one makes
+    every send raise the :class:`~celery_fair.worker.settings.FairConfigError`.
     """
-    keyed = parse_fair_keys(app.conf.get("fair_keys"))
+    from ..worker.settings import FairConfigError
+
+    try:
+        keyed = parse_fair_keys(app.conf.get("fair_keys"))
+    except FairConfigError as exc:
+        # Not here, while the app module is imported (Celery would print a long
+        # "Unable to load celery application" traceback): a worker stops at start
+        # with one "Error:" line, and the producer's first send raises this.
+        compat.wrap_task_sender(app, _refusing_sender(exc))
+        return
     if not keyed:
         return
     wrap_kombu()
     compat.wrap_task_sender(app, _stamping_sender(app, keyed))
+
+
+def _refusing_sender(error: Exception) -> Callable[..., Any]:
+    """A hook around ``app.amqp.send_task_message`` that raises ``error`` (a bad setting)."""
+
+    def send(original: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        raise error
+
+    return send
 
 
 def wrap_kombu() -> None:

@@ -346,9 +346,13 @@ def test_control_fair_key_limits_parses_kinds_and_defaults() -> None:
 
     service = _FakeService()
     reply = fair_key_limits(_state(service), limits=["concurrency", "gold=8", "*=2", "x=default"])
-    assert "ok" in reply, reply
+    # The reply in the user's words, not the broker's field names.
+    assert reply == {
+        "ok": "concurrency limits set: gold=8, *=2; back to the configured limit: x"
+    }, reply
     assert service.limits == [{"c:gold": "8", "c:*": "2", "c:x": None}]
-    assert "ok" in fair_key_limits(_state(service), limits=["rate", "free=5/s"])
+    reply = fair_key_limits(_state(service), limits=["rate", "free=5/s"])
+    assert reply == {"ok": "rate limits set: free=5/s"}, reply
     assert service.limits[-1] == {"r:free": "5.0"}
     for bad, fragment in (
         (["speed", "a=1"], "start with 'concurrency' or 'rate'"),
@@ -370,3 +374,19 @@ def test_control_fair_key_weights_sets_and_resets() -> None:
     assert service.key_weights == [{"gold": 4.0, "silver": None}]
     reply = fair_key_weights(_state(service), weights=["gold=-1"])
     assert "fair_key_weights['gold'] must be a positive number" in reply["error"]
+
+
+def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
+    from celery import Celery
+
+    import celery_fair
+
+    app = Celery("bad_keys_unit", broker="memory://", set_as_current=False)
+    app.conf.fair_keys = {"jobs": "args:0"}
+    celery_fair.install(app)  # the app module still imports
+
+    @app.task(name="job", shared=False)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(FairConfigError, match=r"fair_keys\['jobs'\]='args:0'"):
+        job.apply_async((1,), queue="jobs")
