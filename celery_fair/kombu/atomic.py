@@ -56,7 +56,7 @@ from ..keys import lua as keys_lua
 from ..keys.layout import SERVED_HEADER, KeyedNames
 from ..keys.serving import KeyedServing
 from ..keys.store import text
-from ..parking.records import NOT_A_MESSAGE, PARKING_SUFFIX, encode_record
+from ..parking.records import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from .wakeup import InvalidationListener
 
 __all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -516,10 +516,7 @@ def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
     with cycle.lock:
         cycle.scheduler.released(queue)
     cycle.last_fetched = None
-    logger.error(
-        "celery-fair: undecodable message on queue %r moved to %r: %r",
-        queue, queue + PARKING_SUFFIX, item[:200],
-    )  # fmt: skip
+    logger.error(PARKED_LOG, queue, queue + PARKING_SUFFIX, f"{NOT_A_MESSAGE}: {item[:200]!r}")
 
 
 def park_undecodable(channel: Any, cycle: Any, queue: str, item: Any) -> None:

@@ -26,6 +26,7 @@ __all__ = (
     "FROM_HEADER",
     "NOT_A_MESSAGE",
     "PARKED_HEADERS",
+    "PARKED_LOG",
     "PARKING_SUFFIX",
     "REASON_HEADER",
     "RETURNS_HEADER",
@@ -53,6 +54,9 @@ PARKED_HEADERS = (REASON_HEADER, AT_HEADER, FROM_HEADER, RETURNS_HEADER)
 
 #: The reason given to a payload that is not a Kombu message at all.
 NOT_A_MESSAGE = "not a Kombu message (no delivery tag)"
+
+#: The one log line of a parked message (queue, where it is kept, why).
+PARKED_LOG = "celery-fair: message of queue %r parked in %s: %s"
 
 #: Redis: the field that marks a JSON record as a parked-message record.
 _MARK = "fair_parked"

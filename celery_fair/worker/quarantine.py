@@ -35,7 +35,7 @@ from typing import Any
 from .. import compat
 from ..kombu.cycle import channel_closed
 from ..kombu.requeue import return_copy
-from ..parking.records import RETURNS_HEADER
+from ..parking.records import PARKED_LOG, RETURNS_HEADER
 from ..parking.store import Parking, parking_for
 
 __all__ = ("Quarantine", "QuarantineStatistics", "returns_of")
@@ -163,7 +163,7 @@ class Quarantine:
             )  # fmt: skip
             return
         self._parked[cause] = self._parked.get(cause, 0) + 1
-        logger.error("celery-fair: message of queue %r parked in %s: %s", queue, where, reason)
+        logger.error(PARKED_LOG, queue, where, reason)
 
     def _send_back(self, message: Any, name: str, count: int, raised_window: bool) -> None:
         self._held -= 1

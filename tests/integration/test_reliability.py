@@ -228,6 +228,8 @@ def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
             time.sleep(0.1)
     log = worker.log()
     assert "unknown task 'no.such.task'" in log  # parked with its reason, logged
+    # Both kinds in the one format of a parked message.
+    assert "message of queue 'm' parked in m.fair-malformed: not a Kombu message" in log
     assert stats["held"]["m"] == 0 and sum(stats["waiting"].values()) == 0
     # The undecodable payload is kept aside (plain Celery 5.7 loses it and stops),
     # and so are the unknown tasks (plain Celery rejects them: lost on Redis).
