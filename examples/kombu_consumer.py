@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
+import subprocess
+import tempfile
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -43,14 +47,36 @@ class Worker(FairConsumerMixin):
 
 @contextlib.contextmanager
 def broker(url: str | None) -> Iterator[str]:
+    """``url``, or a private ``redis-server`` on a free loopback port for the example's run."""
     if url is not None:
         yield url
         return
-    from bench.harness.redis import RedisServer
-
-    with RedisServer() as server:
-        print(f"started redis-server on {server.url}")
-        yield server.url
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as directory:
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", directory],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit(
+                            "could not start redis-server (is it installed?)"
+                        ) from None
+                    time.sleep(0.05)
+            print(f"started redis-server on port {port}")
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         with Connection(url) as conn:
             channel = conn.channel()
             for name in weights:
-                Queue(name)(channel).delete()
+                queue = Queue(name)(channel)
+                queue.purge()  # Kombu's Redis queue_delete leaves the list itself behind
+                queue.delete()
 
 
 if __name__ == "__main__":

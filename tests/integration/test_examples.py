@@ -64,3 +64,22 @@ def test_kombu_consumer_example_prints_weighted_shares() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "share" in done.stdout.lower()
+
+
+@pytest.mark.parametrize("own_broker", [False, True])
+def test_the_kombu_example_runs_as_its_docstring_says(
+    redis_url: str, tmp_path: Path, own_broker: bool
+) -> None:
+    # From a directory of the user's, as a newcomer runs it: nothing of the
+    # project's test tree may be needed.
+    args = [sys.executable, str(EXAMPLES / "kombu_consumer.py"), "--backlog", "300"]
+    args += ["--consume", "600"] + ([] if own_broker else ["--broker", redis_url])
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("example-")]
+    assert len(rows) == 4
+    for _name, _weight, target, share, _handled in rows:
+        assert float(share.rstrip("%")) == pytest.approx(float(target.rstrip("%")), abs=2.0)
+    if not own_broker:  # "and deletes its queues": nothing of them is left
+        client = redis_lib.Redis.from_url(redis_url)
+        assert [k for k in client.scan_iter("example-*")] == []
