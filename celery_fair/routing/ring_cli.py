@@ -10,7 +10,7 @@ from typing import Any
 
 from celery_fair.routing.ring import ALGORITHMS, HashRing, ideal_moved_fraction
 
-__all__ = ("parse_queue_weights", "register", "ring_report", "run")
+__all__ = ("parse_queue_weights", "register", "ring_of_app", "ring_report", "run")
 
 
 def register(subparsers: Any) -> None:
@@ -25,11 +25,17 @@ def register(subparsers: Any) -> None:
             "against the least fraction any mapping must move. --key shows where given keys go."
         ),
     )
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
         "--queues",
-        required=True,
         type=parse_queue_weights,
         help="queue=weight pairs, comma separated (t0=10,t1=10,t2=20); a bare name weighs 1",
+    )
+    where.add_argument(
+        "--app",
+        "-A",
+        help="a Celery app (module or module:attr): the ring of its ConsistentHashRouter "
+        "in task_routes (queues, weights and algorithm)",
     )
     parser.add_argument("--keys", type=_positive_int, default=100_000, help="number of keys")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random keys")
@@ -270,10 +276,32 @@ def format_report(report: dict[str, Any], seed: int) -> str:
     return "\n".join(lines)
 
 
+def ring_of_app(name: str) -> HashRing:
+    """The ring of the first ``ConsistentHashRouter`` in app ``name``'s ``task_routes``."""
+    from celery.app.utils import find_app
+
+    from celery_fair.routing.router import ConsistentHashRouter
+
+    routes = find_app(name).conf.task_routes or ()
+    if isinstance(routes, (dict, str)) or not hasattr(routes, "__iter__"):
+        routes = (routes,)
+    for route in routes:
+        if isinstance(route, ConsistentHashRouter):
+            return route.ring
+    raise SystemExit(
+        f"celery-fair ring: app {name!r} has no ConsistentHashRouter in task_routes "
+        f"(got {routes!r}); give the queues with --queues"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair ring``."""
     try:
-        ring = HashRing(args.queues, algorithm=args.algorithm, table_weight=args.table_weight)
+        if args.app:
+            ring = ring_of_app(args.app)
+            args.algorithm = ring.algorithm
+        else:
+            ring = HashRing(args.queues, algorithm=args.algorithm, table_weight=args.table_weight)
         changed, change = _changed_ring(ring, args)
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if exc.args else str(exc)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -312,6 +313,31 @@ def test_ring_command_reports_moves_against_the_ideal(capsys: pytest.CaptureFixt
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "ideal 20.00%" in text and "only the changed queue gained or lost keys: yes" in text
+
+
+def test_ring_command_reads_the_ring_of_an_apps_router(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from celery_fair.cli import main
+
+    module = f"ringapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "import celery, celery_fair\n"
+        "app = celery.Celery('ringapp', broker='memory://', set_as_current=False)\n"
+        "app.conf.task_routes = (celery_fair.ConsistentHashRouter(\n"
+        "    {'t0': 10, 't1': 10, 't2': 20}, key='tenant_id', algorithm='table'),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["ring", "-A", module, "--keys", "20000", "--add", "t3=10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["algorithm"] == "table"
+    assert [row["weight"] for row in report["before"]] == [10, 10, 20]
+    assert report["ideal_fraction"] == pytest.approx(0.2)
+    (tmp_path / "norouter.py").write_text(
+        "import celery\napp = celery.Celery('x', broker='memory://', set_as_current=False)\n"
+    )
+    with pytest.raises(SystemExit, match="has no ConsistentHashRouter"):
+        main(["ring", "-A", "norouter"])
 
 
 @pytest.mark.parametrize(
