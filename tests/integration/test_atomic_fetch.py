@@ -72,7 +72,10 @@ def test_an_idle_worker_is_woken_by_the_broker_not_by_a_timeout(redis_url: str) 
     # idle worker runs long before that only if the invalidation woke it.
     env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_POLL": "60"}
     client = redis_lib.Redis.from_url(redis_url)
-    with WorkerProcess(redis_url, ["idle"], env=env) as worker:
+    # Without mingle: its last poll of its reply queue (a BRPOP with the same
+    # 60 s timeout, sent before the fetch takes the channel over) would hold
+    # the first fetch back for a minute, as in plain Celery.
+    with WorkerProcess(redis_url, ["idle"], env=env, extra_args=["--without-mingle"]) as worker:
         from bench.harness.control import control_app
 
         app = control_app(redis_url)

@@ -64,8 +64,10 @@ def test_the_atomic_fetch_works_through_sentinel(
         log = worker.log()
     served = {q: after[q] - before[q] for q in WEIGHTS}
     assert served["cb"] / sum(served.values()) == pytest.approx(0.75, abs=0.03), served
-    # The fetches were the script's, on the master the sentinel named.
-    assert calls(client, "evalsha") >= 1200 and calls(client, "brpop") == 0
+    # The fetches were the script's, on the master the sentinel named.  The
+    # BRPOPs are mingle's polls of its reply queue, sent before the fetch took
+    # the channel over (a task fetched by BRPOP would make hundreds).
+    assert calls(client, "evalsha") >= 1200 and calls(client, "brpop") <= 3
     # (Kombu < 5.6 logs its one fallback, the fixed BRPOP timeout; the fetch stays atomic.)
     assert "instead: Kombu's own BRPOP fetch" not in log
     # The wake-up listener reached the master the sentinel named (redis-py 6
