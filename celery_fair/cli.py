@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "celery_fair.analytics.report",
     "celery_fair.parking.cli",
     "celery_fair.keys.cli",
+    "celery_fair.monitoring.exporter",
 )
 
 

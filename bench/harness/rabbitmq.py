@@ -67,6 +67,7 @@ class RabbitMQServer:
         port: int | None = None,
         plugins: Sequence[str] = DEFAULT_PLUGINS,
         bin_dir: str | os.PathLike[str] | None = None,
+        management: bool = False,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir is not None else DEBIAN_BIN_DIR
         self.server_script = self.bin_dir / "rabbitmq-server"
@@ -82,7 +83,9 @@ class RabbitMQServer:
         self.port = port or free_port()
         self.dist_port = free_port()
         self.epmd_port = free_port()
-        self.plugins = tuple(plugins)
+        #: The management plugin's HTTP API on loopback (``management_url``), when asked for.
+        self.management_port = free_port() if management else None
+        self.plugins = tuple(plugins) + (("rabbitmq_management",) if management else ())
         self.nodename = f"rabbit-{self.port}@localhost"
         self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-rabbitmq-"))
         self.log_dir = self.dir / "log"
@@ -91,6 +94,13 @@ class RabbitMQServer:
         self.epmd_proc: subprocess.Popen[bytes] | None = None
         self._user = self._run_as()
         self._prepare_dir()
+
+    @property
+    def management_url(self) -> str:
+        """The management plugin's HTTP API (only with ``management=True``)."""
+        if self.management_port is None:
+            raise RuntimeError("this node was started without management=True")
+        return f"http://127.0.0.1:{self.management_port}"
 
     @property
     def url(self) -> str:
@@ -113,9 +123,10 @@ class RabbitMQServer:
         etc, home = self.dir / "etc", self.dir / "home"
         for sub in (etc, etc / "conf.d", home, self.dir / "mnesia", self.log_dir):
             sub.mkdir(parents=True, exist_ok=True)
-        (etc / "rabbitmq.conf").write_text(
-            "loopback_users.guest = true\nlog.console = false\nlog.file.level = info\n"
-        )
+        conf = "loopback_users.guest = true\nlog.console = false\nlog.file.level = info\n"
+        if self.management_port is not None:
+            conf += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+        (etc / "rabbitmq.conf").write_text(conf)
         (etc / "rabbitmq-env.conf").write_text("")
         (etc / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         cookie = home / ".erlang.cookie"

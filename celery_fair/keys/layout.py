@@ -9,6 +9,9 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   LPUSH to publish, RPOP to fetch (publish order within a key, as Kombu).
 * ``jobs\\x06\\x16fair.keys``: a sorted set of the keys with messages
   waiting, scored by their virtual start tag; the fetch serves the lowest.
+* ``jobs\\x06\\x16fair.sizes``: a sorted set of the keys with messages
+  waiting, scored by how many: the largest backlogs in O(log keys), for the
+  exporter (:mod:`celery_fair.monitoring`).
 * ``jobs\\x06\\x16fair.last``: finish tags of keys that emptied recently (a
   key that comes back at once resumes at its finish tag, not at the queue's
   virtual time); entries behind the virtual time are dropped at each fetch.
@@ -68,6 +71,8 @@ LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
     "fair.sleep", "fair.b.",
 )  # fmt: skip
 HELD_SINCE, HELD, HELD_OWED = "fair.hsince", "fair.held", "fair.howed"
+#: Sorted set: key -> messages waiting in its list (the exporter's top keys).
+SIZES = "fair.sizes"
 #: Fields of ``fair.state``: messages in the per-key lists, and the mark of a
 #: queue moved back to plain lists (``celery-fair keys unkey``).
 BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
@@ -148,6 +153,11 @@ class KeyedNames:
     def held_owed(self) -> str:
         """Hash: key -> seconds set aside that its next served task reports."""
         return self._name(HELD_OWED)
+
+    @property
+    def sizes(self) -> str:
+        """Sorted set: key -> messages in its list (keys with none are not in it)."""
+        return self._name(SIZES)
 
     def key_list(self, key: str) -> str:
         """The list of ``key``'s waiting messages."""

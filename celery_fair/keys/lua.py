@@ -152,6 +152,7 @@ end
 local list = kname(base, '{layout.KEY_LIST}') .. key
 local n = redis.call(push, list, item)
 redis.call('HINCRBY', state, '{layout.BACKLOG}', 1)
+redis.call('ZADD', kname(base, '{layout.SIZES}'), n, key)
 if n == 1 then
   redis.call('ZADD', kname(base, '{layout.ACTIVE}'), start_tag(base, key), key)
 end
@@ -197,6 +198,7 @@ local function drop(key)
     local list = name('{layout.KEY_LIST}') .. key
     n = n + redis.call('LLEN', list)
     redis.call('DEL', list)
+    redis.call('ZREM', name('{layout.SIZES}'), key)
   end
   redis.call('HDEL', name('{layout.HELD_SINCE}'), key)
   redis.call('HDEL', name('{layout.HELD_OWED}'), key)
@@ -218,7 +220,7 @@ if visited < limit then
     redis.call('ZREM', sleep, key)
   end
 end
-if n > 0 then redis.call('HINCRBY', name('{layout.STATE}'), 'backlog', -n) end
+if n > 0 then redis.call('HINCRBY', name('{layout.STATE}'), '{layout.BACKLOG}', -n) end
 return {{n, visited}}
 """
 
@@ -269,6 +271,7 @@ while moved < limit and live > 0 do
       local item = redis.call('RPOP', name('{layout.KEY_LIST}') .. key)
       if item then
         redis.call('LPUSH', target(item), item)
+        redis.call('ZINCRBY', name('{layout.SIZES}'), -1, key)
         if seen[key] == 'line' then
           -- Further back in line: the next batch starts with another key.
           redis.call('ZINCRBY', name('{layout.ACTIVE}'), 1, key)
@@ -285,6 +288,7 @@ end
 for key in pairs(seen) do
   if redis.call('EXISTS', name('{layout.KEY_LIST}') .. key) == 0 then
     redis.call('ZREM', name('{layout.ACTIVE}'), key)
+    redis.call('ZREM', name('{layout.SIZES}'), key)
     redis.call('SREM', name('{layout.PARKED}'), key)
     redis.call('ZREM', name('{layout.SLEEP}'), key)
     redis.call('HDEL', name('{layout.HELD_SINCE}'), key)
@@ -405,8 +409,10 @@ local function keyed_pop(base, suffixes, est, limited, now)
         local list = kname(base, '{layout.KEY_LIST}') .. key
         item = redis.call('RPOP', list)
         if item then
-          redis.call('HINCRBY', state, 'backlog', -1)
+          redis.call('HINCRBY', state, '{layout.BACKLOG}', -1)
           left = redis.call('LLEN', list)
+          if left > 0 then redis.call('ZADD', kname(base, '{layout.SIZES}'), left, key)
+          else redis.call('ZREM', kname(base, '{layout.SIZES}'), key) end
         end
       end
       if item then

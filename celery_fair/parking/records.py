@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = (
     "AT_HEADER",
+    "CAUSES",
     "FROM_HEADER",
     "NOT_A_MESSAGE",
     "PARKED_HEADERS",
@@ -31,6 +32,7 @@ __all__ = (
     "REASON_HEADER",
     "RETURNS_HEADER",
     "ParkedMessage",
+    "cause_of",
     "decode_record",
     "encode_record",
     "parking_queue",
@@ -54,6 +56,26 @@ PARKED_HEADERS = (REASON_HEADER, AT_HEADER, FROM_HEADER, RETURNS_HEADER)
 
 #: The reason given to a payload that is not a Kombu message at all.
 NOT_A_MESSAGE = "not a Kombu message (no delivery tag)"
+
+#: Why a message was parked, in one word (a metric label), by how its reason
+#: text begins: the texts of :mod:`celery_fair.worker.quarantine`, and
+#: :data:`NOT_A_MESSAGE` (the fetch script's).
+CAUSES: tuple[tuple[str, str], ...] = (
+    ("body does not decode", "undecodable"),
+    ("invalid or not accepted", "not-accepted"),
+    ("not a task message", "not-a-task"),
+    ("unknown task", "unknown-task"),
+    ("not a Kombu message", "not-a-message"),
+)
+
+
+def cause_of(reason: str) -> str:
+    """The one-word cause of a parked message's reason text (``other`` if none fits)."""
+    for start, cause in CAUSES:
+        if reason.startswith(start):
+            return cause
+    return "other"
+
 
 #: The one log line of a parked message (queue, where it is kept, why).
 PARKED_LOG = "celery-fair: message of queue %r parked in %s: %s"

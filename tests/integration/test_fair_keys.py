@@ -57,11 +57,14 @@ def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Cel
     assert client.llen(names.key_list("a")) == 3 and client.llen(names.key_list("b")) == 2
     assert sorted(client.zrange(names.active, 0, -1)) == [b"a", b"b"]
     assert int(client.hget(names.state, "backlog") or 0) == 5
+    # Each key's backlog, for the exporter's largest keys.
+    assert client.zrange(names.sizes, 0, -1, withscores=True) == [(b"b", 2.0), (b"a", 3.0)]
     # Kombu's own size (queue_declare passive, celery purge) counts the keyed messages.
     with producer.connection_for_write() as conn:
         assert conn.default_channel.queue_declare(QUEUE, passive=True).message_count == 5
         assert conn.default_channel.queue_purge(QUEUE) == 5
     assert client.zcard(names.active) == 0 and client.llen(names.key_list("a")) == 0
+    assert client.zcard(names.sizes) == 0
 
 
 def test_purge_deletes_the_messages_of_keys_held_back_by_their_limits(

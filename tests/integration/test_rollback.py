@@ -180,6 +180,7 @@ def test_the_move_killed_half_way_loses_and_duplicates_nothing(
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert client.llen(QUEUE) == 5000 and set(everywhere()) == published
     assert client.zcard(names.active) == 0 and int(client.hget(names.state, "backlog")) == 0
+    assert client.zcard(names.sizes) == 0
     # One key at a time in turn, across batches: the first 50 moved are one of each key.
     first = [json.loads(r)["headers"]["fair_key"] for r in client.lrange(QUEUE, -50, -1)]
     assert len(set(first)) == 50

@@ -1,0 +1,1 @@
+"""Monitoring from the broker: the figures a worker cannot give when none runs."""

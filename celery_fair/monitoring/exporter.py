@@ -1,0 +1,270 @@
+"""``celery-fair exporter``: the broker's truth for Prometheus, with or without workers.
+
+Workers export what they did (``fair_metrics_port``); when they scale to
+zero, nothing is left to say how much work waits.  Plain exporters and
+KEDA's Redis scaler read ``LLEN queue``, which misses a keyed queue's
+per-key lists and its priority lists.  This exporter reads the broker at each
+scrape (:mod:`celery_fair.monitoring.readings`) and needs no worker:
+
+    celery-fair exporter -A proj                 # the app's queues, on 127.0.0.1:9808
+    celery-fair exporter -b redis://... --queues jobs,mail --port 9808 --addr 0.0.0.0
+    celery-fair exporter -A proj --once          # print one scrape and exit
+
+Metric names follow Prometheus' conventions, as the worker's metrics do
+(:mod:`celery_fair.worker.metrics`); every figure has a ``queue`` label.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..cli_broker import add_broker_options, broker_connection
+from .readings import QueueReading, read_rabbitmq, read_redis
+
+__all__ = ("BrokerCollector", "app_queues", "register", "run")
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "celery_fair"
+#: The exporter's port unless ``--port`` says otherwise.
+DEFAULT_PORT = 9808
+
+
+class BrokerCollector:
+    """A Prometheus collector that reads the broker at each scrape.
+
+    ``read()`` returns the queue readings; a failed read is reported as
+    ``celery_fair_exporter_up 0`` (and logged), never as an error page, so
+    that an alert can fire on it.
+    """
+
+    def __init__(self, read: Callable[[], list[QueueReading]], *, broker: str) -> None:
+        self.read = read
+        self.broker = broker
+        self.errors = 0
+        self._lock = threading.Lock()  # one read at a time: scrapes may overlap
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        started = time.perf_counter()
+        with self._lock:
+            try:
+                readings: list[QueueReading] | None = self.read()
+            except Exception:  # noqa: BLE001 - a broker away is a figure, not a crash
+                logger.exception("celery-fair exporter: reading %s failed", self.broker)
+                self.errors += 1
+                readings = None
+        took = time.perf_counter() - started
+        up = GaugeMetricFamily(
+            f"{PREFIX}_exporter_up", "1 if the last read of the broker succeeded, else 0."
+        )
+        up.add_metric([], 0.0 if readings is None else 1.0)
+        yield up
+        errors = CounterMetricFamily(
+            f"{PREFIX}_exporter_errors", "Reads of the broker that failed."
+        )
+        errors.add_metric([], float(self.errors))
+        yield errors
+        duration = GaugeMetricFamily(
+            f"{PREFIX}_exporter_scrape_duration_seconds", "Seconds the last read of the broker took."
+        )
+        duration.add_metric([], took)
+        yield duration
+        if readings is not None:
+            yield from families(readings)
+
+
+def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
+    """The metric families of one read."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    def gauge(name: str, doc: str, labels: Sequence[str] = ("queue",)) -> Any:
+        return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+    backlog = gauge("queue_backlog", "Messages waiting on the broker (priority lists and keys).")
+    oldest = gauge(
+        "queue_oldest_age_seconds",
+        "Seconds the oldest waiting message has waited (messages stamped by celery_fair."
+        "install; on a keyed queue, among its largest keys and those next in line).",
+    )
+    unacked = gauge("queue_unacked", "Messages delivered to workers and not acknowledged.")
+    consumers = gauge("queue_consumers", "Consumers of the queue (RabbitMQ).")
+    parked = gauge(
+        "queue_parked", "Messages parked next to the queue, by cause.", ("queue", "reason")
+    )
+    active = gauge("keyed_active_keys", "Keys of a keyed queue with messages waiting in line.")
+    held = gauge(
+        "keyed_held_keys",
+        "Keys of a keyed queue set aside by their limits, by limit.",
+        ("queue", "limit"),
+    )
+    key_backlog = gauge(
+        "key_backlog",
+        "Messages waiting, for the keys with the largest backlogs of each keyed queue.",
+        ("queue", "key"),
+    )
+    key_oldest = gauge(
+        "key_oldest_age_seconds",
+        "Seconds the oldest waiting message of a key has waited, for the largest keys.",
+        ("queue", "key"),
+    )
+    for r in readings:
+        backlog.add_metric([r.queue], float(r.backlog))
+        if r.oldest_age is not None:
+            oldest.add_metric([r.queue], r.oldest_age)
+        if r.unacked is not None:
+            unacked.add_metric([r.queue], float(r.unacked))
+        if r.consumers is not None:
+            consumers.add_metric([r.queue], float(r.consumers))
+        for cause, count in sorted(r.parked.items()):
+            parked.add_metric([r.queue, cause], float(count))
+        keyed = r.keyed
+        if keyed is None:
+            continue
+        active.add_metric([r.queue], float(keyed.active_keys))
+        held.add_metric([r.queue, "concurrency"], float(keyed.held_concurrency))
+        held.add_metric([r.queue, "rate"], float(keyed.held_rate))
+        for key in keyed.top:
+            key_backlog.add_metric([r.queue, key.key], float(key.backlog))
+            if key.oldest_age is not None:
+                key_oldest.add_metric([r.queue, key.key], key.oldest_age)
+    yield from (backlog, oldest, unacked, consumers, parked, active, held)
+    yield from (key_backlog, key_oldest)
+
+
+def app_queues(app: Any) -> list[str]:
+    """The queues an app knows of: its default queue, ``task_queues``, the fair settings, routers."""
+    conf = app.conf
+    found: list[str] = [conf.task_default_queue or "celery"]
+    found += [q.name for q in conf.task_queues or ()]
+    for setting in ("fair_weights", "fair_keys"):
+        value = conf.get(setting)
+        if isinstance(value, dict):
+            found += [str(q) for q in value]
+        elif isinstance(value, str):
+            found += [part.split("=", 1)[0].strip() for part in value.split(",") if "=" in part]
+    routes = conf.task_routes or ()
+    for route in routes if isinstance(routes, (list, tuple)) else (routes,):
+        worker_queues = getattr(route, "worker_queues", None)
+        if callable(worker_queues):
+            found += worker_queues()
+    return list(dict.fromkeys(q for q in found if q))
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``exporter`` subcommand to the ``celery-fair`` parser."""
+    parser = subparsers.add_parser(
+        "exporter",
+        help="serve the broker's queue figures to Prometheus (backlog, age, unacked, keys)",
+        description=(
+            "Read the broker at each scrape and serve /metrics: per queue the backlog "
+            "(keyed and priority lists included), the oldest message's age, the messages in "
+            "flight and parked; per keyed queue the active keys, the largest backlogs and "
+            "the keys held at their limits. Needs no worker."
+        ),
+    )
+    add_broker_options(parser)
+    parser.add_argument(
+        "--queues", default="", help="queues to read, comma separated (with -A: added to its own)"
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0: any free one)")
+    parser.add_argument("--addr", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--top-keys", type=int, default=10, help="largest keys per keyed queue")
+    parser.add_argument(
+        "--unacked-limit",
+        type=int,
+        default=10_000,
+        help="count messages in flight per queue while at most this many are (Redis)",
+    )
+    parser.add_argument(
+        "--rabbitmq-api",
+        default=None,
+        help="RabbitMQ management API (http://host:15672): adds the unacknowledged counts",
+    )
+    parser.add_argument("--once", action="store_true", help="print one scrape and exit")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``celery-fair exporter``."""
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+    from .. import compat
+
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    if args.app:
+        from celery.app.utils import find_app
+
+        queues = list(dict.fromkeys(app_queues(find_app(args.app)) + queues))
+    if not queues:
+        print("celery-fair exporter: no queues: give --queues or -A", file=sys.stderr)
+        return 2
+    connection = broker_connection(args)
+    broker = connection.as_uri()
+    if compat.is_redis_channel(connection.default_channel):
+        channel = connection.default_channel
+
+        def read() -> list[QueueReading]:
+            return read_redis(
+                channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit
+            )
+
+    else:
+        management = _management(args.rabbitmq_api, connection) if args.rabbitmq_api else None
+
+        def read() -> list[QueueReading]:
+            connection.ensure_connection(max_retries=1)
+            return read_rabbitmq(connection, queues, management=management)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(read, broker=broker))
+    if args.once:
+        sys.stdout.write(generate_latest(registry).decode())
+        return 0
+    server, _thread = start_http_server(args.port, addr=args.addr, registry=registry)
+    print(
+        f"celery-fair exporter: {len(queues)} queue(s) of {broker} on "
+        f"http://{args.addr}:{server.server_port}/metrics",
+        flush=True,
+    )
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+def _management(url: str, connection: Any) -> Callable[[str], dict[str, Any] | None]:
+    """``queue -> its details`` from the RabbitMQ management API (None when unreachable)."""
+    import base64
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
+    token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()
+
+    def details(queue: str) -> dict[str, Any] | None:
+        import json
+
+        request = urllib.request.Request(
+            f"{url.rstrip('/')}/api/queues/{vhost}/{urllib.parse.quote(queue, safe='')}",
+            headers={"Authorization": f"Basic {token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                found = json.loads(response.read())
+        except (urllib.error.URLError, ValueError, OSError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    return details

@@ -1,0 +1,272 @@
+"""What the broker holds for each queue, read without any worker: the exporter's figures.
+
+Redis, per queue: the backlog in every Kombu priority list and, for a keyed
+queue, in the per-key lists (``LLEN`` of the queue's own list misses those);
+the age of the oldest waiting message found; the messages delivered and not
+acknowledged (Kombu's ``unacked`` hash); the messages parked next to the
+queue, by cause.  For a keyed queue also the keys with messages waiting, the
+keys held back by their limits, and the largest backlogs (the ``fair.sizes``
+sorted set) with the age of each one's oldest message.
+
+Every figure costs a fixed number of broker commands per queue plus one per
+top key, sent in pipelines: never a scan of the keyspace.  The one figure
+that grows with the load is the unacknowledged count per queue, which reads
+Kombu's ``unacked`` hash (one entry per message in flight) in batches of
+:data:`UNACKED_BATCH`, and only while it holds at most ``unacked_limit``
+entries.
+
+Ages come from the ``fair_published`` header that ``celery_fair.install``
+stamps on every task a producer sends: a message of a producer without it
+counts in the backlog but has no age.  The age of a keyed queue's oldest
+message is the oldest among its unkeyed list, its largest keys and the keys
+next in line: a lower bound, exact when those include the oldest.
+
+RabbitMQ, per queue: the messages ready and the consumers (a passive
+declare), the parked messages (the ``<queue>.fair-malformed`` queue) and,
+given the management plugin's HTTP API, the messages unacknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import compat
+from ..keys.layout import BACKLOG, KeyedNames
+from ..keys.store import text
+from ..parking.records import PARKING_SUFFIX, cause_of, decode_record
+from ..worker.recorder import PUBLISHED_HEADER
+
+__all__ = (
+    "KeyReading",
+    "KeyedReading",
+    "QueueReading",
+    "read_rabbitmq",
+    "read_redis",
+)
+
+#: Entries of Kombu's ``unacked`` hash read per round trip.
+UNACKED_BATCH = 1000
+#: Parked messages read per queue to count their causes (the rest count as ``unread``).
+PARKED_SCAN = 1000
+
+
+@dataclass(frozen=True)
+class KeyReading:
+    """One key of a keyed queue: messages waiting, and the oldest one's age (s)."""
+
+    key: str
+    backlog: int
+    oldest_age: float | None
+
+
+@dataclass(frozen=True)
+class KeyedReading:
+    """The keyed part of a queue."""
+
+    #: Keys with messages waiting in line (the unkeyed key included).
+    active_keys: int
+    #: Keys set aside at their concurrency limit, and by their rate limit.
+    held_concurrency: int
+    held_rate: int
+    #: The keys with the largest backlogs, largest first.
+    top: tuple[KeyReading, ...]
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """One queue on the broker."""
+
+    queue: str
+    #: Messages waiting on the broker (every priority list and every key).
+    backlog: int
+    #: Seconds the oldest waiting message found has waited (None: none with a stamp).
+    oldest_age: float | None = None
+    #: Messages delivered to a worker and not acknowledged (None: not known).
+    unacked: int | None = None
+    #: Consumers (RabbitMQ; None on Redis, which has no such count).
+    consumers: int | None = None
+    #: Messages parked next to the queue, by cause (``unread`` beyond the scan).
+    parked: dict[str, int] = field(default_factory=dict)
+    keyed: KeyedReading | None = None
+
+
+def _published(item: Any) -> float | None:
+    """The ``fair_published`` stamp of a Kombu Redis payload, or None."""
+    if item is None:
+        return None
+    try:
+        payload = json.loads(text(item))
+        stamp = payload["headers"][PUBLISHED_HEADER]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(stamp) if isinstance(stamp, (int, float)) else None
+
+
+def _age(now: float, stamp: float | None) -> float | None:
+    return None if stamp is None else max(0.0, now - stamp)
+
+
+def _oldest(ages: Sequence[float | None]) -> float | None:
+    known = [a for a in ages if a is not None]
+    return max(known) if known else None
+
+
+def read_redis(
+    channel: Any,
+    queues: Sequence[str],
+    *,
+    top: int = 10,
+    unacked_limit: int = 10_000,
+    clock: Callable[[], float] = time.time,
+) -> list[QueueReading]:
+    """Read every queue of ``queues`` from the Redis of a Kombu channel."""
+    prefix, sep = compat.key_prefix(channel), compat.key_separator(channel)
+    steps = list(compat.priority_steps(channel))
+    with compat.redis_client(channel) as client:
+        pipe = client.pipeline(transaction=False)
+        for queue in queues:
+            for pri in steps:
+                plain = prefix + compat.queue_key(channel, queue, pri)
+                pipe.llen(plain).lindex(plain, -1)  # the oldest: LPUSH, then RPOP
+            names = KeyedNames(prefix + queue, sep)
+            pipe.hget(names.state, BACKLOG).zcard(names.active)
+            pipe.scard(names.parked).zcard(names.sleep)
+            pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
+            pipe.zrange(names.active, 0, top - 1)
+            parking = prefix + queue + PARKING_SUFFIX
+            pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
+        unacked_key = prefix + compat.unacked_keys(channel)[0]
+        pipe.hlen(unacked_key)
+        replies = iter(pipe.execute())
+        raw: dict[str, dict[str, Any]] = {}
+        for queue in queues:
+            lists = [(int(next(replies)), next(replies)) for _ in steps]
+            raw[queue] = {
+                "plain": sum(n for n, _ in lists),
+                "plain_oldest": [_published(item) for _, item in lists],
+                "keyed": int(next(replies) or 0),
+                "active": int(next(replies)),
+                "parked_keys": int(next(replies)),
+                "sleeping": int(next(replies)),
+                "sizes": [(text(k), int(n)) for k, n in next(replies)],
+                "next": [text(k) for k in next(replies)],
+                "parked": int(next(replies)),
+                "parked_items": next(replies),
+            }
+        in_flight = int(next(replies))
+        # The oldest message of each key looked at: its list's last item.
+        keys_of = {q: _keys_to_look_at(r) for q, r in raw.items()}
+        pipe = client.pipeline(transaction=False)
+        for queue, keys in keys_of.items():
+            names = KeyedNames(prefix + queue, sep)
+            for key in keys:
+                pipe.lindex(names.key_list(key), -1)
+        stamps = iter(pipe.execute())
+        oldest_of = {q: {k: _published(next(stamps)) for k in keys} for q, keys in keys_of.items()}
+        unacked = _unacked_by_queue(client, unacked_key, in_flight, unacked_limit)
+    now = clock()
+    return [
+        _redis_reading(queue, raw[queue], oldest_of[queue], unacked, now) for queue in queues
+    ]
+
+
+def _keys_to_look_at(raw: dict[str, Any]) -> list[str]:
+    """The largest keys and the keys next in line (the unkeyed key's list is read apart)."""
+    keys = [k for k, _ in raw["sizes"]] + [k for k in raw["next"] if k]
+    return list(dict.fromkeys(keys))
+
+
+def _unacked_by_queue(
+    client: Any, key: str, in_flight: int, limit: int
+) -> dict[str, int] | None:
+    """Messages in flight per routing key (Kombu's records), or None past ``limit``."""
+    if in_flight > limit:
+        return None
+    counts: dict[str, int] = {}
+    for _tag, record in client.hscan_iter(key, count=UNACKED_BATCH):
+        try:
+            routing_key = json.loads(text(record))[2]
+        except (ValueError, IndexError, TypeError):
+            continue
+        if isinstance(routing_key, str):
+            counts[routing_key] = counts.get(routing_key, 0) + 1
+    return counts
+
+
+def _redis_reading(
+    queue: str,
+    raw: dict[str, Any],
+    oldest: dict[str, float | None],
+    unacked: dict[str, int] | None,
+    now: float,
+) -> QueueReading:
+    parked: dict[str, int] = {}
+    for item in raw["parked_items"]:
+        cause = cause_of(decode_record(item, queue).reason)
+        parked[cause] = parked.get(cause, 0) + 1
+    unread = raw["parked"] - len(raw["parked_items"])
+    if unread > 0:
+        parked["unread"] = unread
+    keyed = None
+    if raw["keyed"] or raw["active"] or raw["parked_keys"] or raw["sleeping"] or raw["sizes"]:
+        keyed = KeyedReading(
+            active_keys=raw["active"],
+            held_concurrency=raw["parked_keys"],
+            held_rate=raw["sleeping"],
+            top=tuple(KeyReading(k, n, _age(now, oldest.get(k))) for k, n in raw["sizes"]),
+        )
+    ages = [_age(now, s) for s in raw["plain_oldest"]] + [_age(now, s) for s in oldest.values()]
+    return QueueReading(
+        queue=queue,
+        backlog=raw["plain"] + raw["keyed"],
+        oldest_age=_oldest(ages),
+        unacked=None if unacked is None else unacked.get(queue, 0),
+        parked=parked,
+        keyed=keyed,
+    )
+
+
+def read_rabbitmq(
+    connection: Any,
+    queues: Sequence[str],
+    *,
+    management: Callable[[str], dict[str, Any] | None] | None = None,
+) -> list[QueueReading]:
+    """Read ``queues`` over AMQP (passive declares); ``management(queue)`` adds unacked.
+
+    A queue that does not exist reads as empty (a passive declare of it
+    closes the channel, so a new one is opened for the next).
+    """
+    readings = []
+    channel = connection.channel()
+    try:
+        for queue in queues:
+            ready, consumers, channel = _declared(connection, channel, queue)
+            parked, _, channel = _declared(connection, channel, queue + PARKING_SUFFIX)
+            details = management(queue) if management is not None else None
+            unacked = details.get("messages_unacknowledged") if details else None
+            readings.append(
+                QueueReading(
+                    queue=queue,
+                    backlog=ready,
+                    unacked=int(unacked) if isinstance(unacked, int) else None,
+                    consumers=consumers,
+                    parked={"any": parked} if parked else {},
+                )
+            )
+    finally:
+        channel.close()
+    return readings
+
+
+def _declared(connection: Any, channel: Any, queue: str) -> tuple[int, int, Any]:
+    """(messages ready, consumers, the channel to go on with) of ``queue``."""
+    try:
+        ok = channel.queue_declare(queue=queue, passive=True)
+    except connection.channel_errors:
+        return 0, 0, connection.channel()  # not declared: nothing waits there
+    return int(ok.message_count), int(ok.consumer_count), channel
