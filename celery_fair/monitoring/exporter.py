@@ -73,7 +73,8 @@ class BrokerCollector:
         errors.add_metric([], float(self.errors))
         yield errors
         duration = GaugeMetricFamily(
-            f"{PREFIX}_exporter_scrape_duration_seconds", "Seconds the last read of the broker took."
+            f"{PREFIX}_exporter_scrape_duration_seconds",
+            "Seconds the last read of the broker took.",
         )
         duration.add_metric([], took)
         yield duration
@@ -140,7 +141,7 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
 
 
 def app_queues(app: Any) -> list[str]:
-    """The queues an app knows of: its default queue, ``task_queues``, the fair settings, routers."""
+    """An app's queues: its default queue, ``task_queues``, the fair settings, its routers'."""
     conf = app.conf
     found: list[str] = [conf.task_default_queue or "celery"]
     found += [q.name for q in conf.task_queues or ()]
@@ -212,9 +213,7 @@ def run(args: argparse.Namespace) -> int:
         channel = connection.default_channel
 
         def read() -> list[QueueReading]:
-            return read_redis(
-                channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit
-            )
+            return read_redis(channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit)
 
     else:
         management = _management(args.rabbitmq_api, connection) if args.rabbitmq_api else None

@@ -169,9 +169,7 @@ def read_redis(
         oldest_of = {q: {k: _published(next(stamps)) for k in keys} for q, keys in keys_of.items()}
         unacked = _unacked_by_queue(client, unacked_key, in_flight, unacked_limit)
     now = clock()
-    return [
-        _redis_reading(queue, raw[queue], oldest_of[queue], unacked, now) for queue in queues
-    ]
+    return [_redis_reading(queue, raw[queue], oldest_of[queue], unacked, now) for queue in queues]
 
 
 def _keys_to_look_at(raw: dict[str, Any]) -> list[str]:
@@ -180,9 +178,7 @@ def _keys_to_look_at(raw: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def _unacked_by_queue(
-    client: Any, key: str, in_flight: int, limit: int
-) -> dict[str, int] | None:
+def _unacked_by_queue(client: Any, key: str, in_flight: int, limit: int) -> dict[str, int] | None:
     """Messages in flight per routing key (Kombu's records), or None past ``limit``."""
     if in_flight > limit:
         return None
