@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 __all__ = ("ExporterProcess", "parse_samples")
@@ -31,18 +31,27 @@ def parse_samples(text: str) -> Samples:
 class ExporterProcess:
     """The exporter of ``broker_url`` for ``queues``, listening on 127.0.0.1 (any free port)."""
 
-    def __init__(self, broker_url: str, queues: Sequence[str], *args: str) -> None:
+    def __init__(
+        self,
+        broker_url: str,
+        queues: Sequence[str],
+        *args: str,
+        app: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        where = ["-A", app] if app is not None else ["-b", broker_url]
         self.args = [
-            sys.executable, "-m", "celery_fair.cli", "exporter", "-b", broker_url,
+            sys.executable, "-m", "celery_fair.cli", "exporter", *where,
             "--queues", ",".join(queues), "--port", "0", *args,
         ]  # fmt: skip
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
     def __enter__(self) -> ExporterProcess:
         self.proc = subprocess.Popen(
             self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            env=self.env, start_new_session=True,
         )  # fmt: skip
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # "celery-fair exporter: ... on http://.../metrics"
@@ -51,6 +60,11 @@ class ExporterProcess:
             raise RuntimeError(f"the exporter did not start: {line}")
         self.url = line.rsplit(" on ", 1)[1].strip()
         return self
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of its endpoint (a Prometheus target)."""
+        return self.url.split("//", 1)[1].split("/", 1)[0]
 
     def scrape(self, timeout: float = 10.0) -> Samples:
         with urllib.request.urlopen(self.url, timeout=timeout) as response:

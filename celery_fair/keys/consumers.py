@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-__all__ = ("plain_consumers", "warn_about_plain_consumers")
+__all__ = ("ask_plain_consumers", "plain_consumers", "warn_about_plain_consumers")
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,17 @@ def plain_consumers(
     return found
 
 
+def ask_plain_consumers(
+    app: Any, keyed: Collection[str], *, timeout: float = 2.0
+) -> dict[str, list[str]]:
+    """Ask the cluster by remote control: workers consuming a keyed queue without celery-fair."""
+    active = app.control.inspect(timeout=timeout).active_queues() or {}
+    stats: dict[str, Any] = {}
+    for reply in app.control.broadcast("fair_stats", reply=True, timeout=timeout) or ():
+        stats.update(reply)
+    return plain_consumers(active, stats, keyed)
+
+
 def warn_about_plain_consumers(
     app: Any,
     keyed: Collection[str],
@@ -55,14 +66,11 @@ def warn_about_plain_consumers(
 
     def run() -> None:
         try:
-            active = app.control.inspect(timeout=timeout).active_queues() or {}
-            stats: dict[str, Any] = {}
-            for reply in app.control.broadcast("fair_stats", reply=True, timeout=timeout) or ():
-                stats.update(reply)
+            found = ask_plain_consumers(app, keyed, timeout=timeout)
         except Exception as exc:  # the check must never take the worker down
             logger.debug("celery-fair: could not ask the workers for their queues: %r", exc)
             return
-        for worker, queues in sorted(plain_consumers(active, stats, keyed).items()):
+        for worker, queues in sorted(found.items()):
             log(
                 "celery-fair: worker %s consumes the keyed queue(s) %s without celery-fair: "
                 "it sees only messages published without a key, never the keyed ones. "

@@ -49,6 +49,30 @@ class BrokerCollector:
         self.broker = broker
         self.errors = 0
         self._lock = threading.Lock()  # one read at a time: scrapes may overlap
+        #: The last remote-control check: keyed queue -> workers consuming it without
+        #: celery-fair (None: not checked).
+        self.plain_consumers: dict[str, int] | None = None
+
+    def check_consumers(self, app: Any, keyed: Sequence[str], every: float) -> threading.Thread:
+        """Ask the workers every ``every`` s which consume a keyed queue without celery-fair."""
+        from ..keys.consumers import ask_plain_consumers
+
+        def run() -> None:
+            while True:
+                try:
+                    found = ask_plain_consumers(app, keyed)
+                    counts = dict.fromkeys(keyed, 0)
+                    for queues in found.values():
+                        for queue in queues:
+                            counts[queue] += 1
+                    self.plain_consumers = counts
+                except Exception:  # noqa: BLE001 - a broker away: try again next time
+                    logger.warning("celery-fair exporter: asking the workers failed", exc_info=True)
+                time.sleep(every)
+
+        thread = threading.Thread(target=run, name="celery-fair-consumers", daemon=True)
+        thread.start()
+        return thread
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -80,6 +104,17 @@ class BrokerCollector:
         yield duration
         if readings is not None:
             yield from families(readings)
+        counts = self.plain_consumers
+        if counts is not None:
+            plain = GaugeMetricFamily(
+                f"{PREFIX}_keyed_plain_consumers",
+                "Workers consuming a keyed queue without celery-fair (they never see its "
+                "keyed messages), at the exporter's last check.",
+                labels=["queue"],
+            )
+            for queue, count in sorted(counts.items()):
+                plain.add_metric([queue], float(count))
+            yield plain
 
 
 def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
@@ -105,6 +140,10 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         "keyed_held_keys",
         "Keys of a keyed queue set aside by their limits, by limit.",
         ("queue", "limit"),
+    )
+    longest = gauge(
+        "keyed_longest_held_seconds",
+        "Seconds the key held back longest by its limits has been held, now.",
     )
     key_backlog = gauge(
         "key_backlog",
@@ -132,11 +171,12 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         active.add_metric([r.queue], float(keyed.active_keys))
         held.add_metric([r.queue, "concurrency"], float(keyed.held_concurrency))
         held.add_metric([r.queue, "rate"], float(keyed.held_rate))
+        longest.add_metric([r.queue], keyed.longest_held or 0.0)
         for key in keyed.top:
             key_backlog.add_metric([r.queue, key.key], float(key.backlog))
             if key.oldest_age is not None:
                 key_oldest.add_metric([r.queue, key.key], key.oldest_age)
-    yield from (backlog, oldest, unacked, consumers, parked, active, held)
+    yield from (backlog, oldest, unacked, consumers, parked, active, held, longest)
     yield from (key_backlog, key_oldest)
 
 
@@ -189,6 +229,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="RabbitMQ management API (http://host:15672): adds the unacknowledged counts",
     )
+    parser.add_argument(
+        "--consumers-every",
+        type=float,
+        default=60.0,
+        help="with -A: ask the workers this often (s) which consume a keyed queue without "
+        "celery-fair (0: never)",
+    )
     parser.add_argument("--once", action="store_true", help="print one scrape and exit")
     parser.set_defaults(handler=run)
 
@@ -200,10 +247,12 @@ def run(args: argparse.Namespace) -> int:
     from .. import compat
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    app = None
     if args.app:
         from celery.app.utils import find_app
 
-        queues = list(dict.fromkeys(app_queues(find_app(args.app)) + queues))
+        app = find_app(args.app)
+        queues = list(dict.fromkeys(app_queues(app) + queues))
     if not queues:
         print("celery-fair exporter: no queues: give --queues or -A", file=sys.stderr)
         return 2
@@ -223,7 +272,12 @@ def run(args: argparse.Namespace) -> int:
             return read_rabbitmq(connection, queues, management=management)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(read, broker=broker))
+    collector = BrokerCollector(read, broker=broker)
+    registry.register(collector)
+    if app is not None and args.consumers_every > 0:
+        keyed = list(app.conf.get("fair_keys") or {})
+        if keyed:
+            collector.check_consumers(app, keyed, args.consumers_every)
     if args.once:
         sys.stdout.write(generate_latest(registry).decode())
         return 0

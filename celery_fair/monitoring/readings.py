@@ -52,6 +52,8 @@ __all__ = (
 UNACKED_BATCH = 1000
 #: Parked messages read per queue to count their causes (the rest count as ``unread``).
 PARKED_SCAN = 1000
+#: Keys held back by their limits looked at per queue for the longest hold.
+HELD_SCAN = 1000
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class KeyedReading:
     held_rate: int
     #: The keys with the largest backlogs, largest first.
     top: tuple[KeyReading, ...]
+    #: Seconds the key held back longest has been held, now (among :data:`HELD_SCAN`).
+    longest_held: float | None = None
 
 
 @dataclass(frozen=True)
@@ -137,10 +141,11 @@ def read_redis(
             pipe.scard(names.parked).zcard(names.sleep)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
+            pipe.hscan(names.held_since, 0, count=HELD_SCAN)
             parking = prefix + queue + PARKING_SUFFIX
             pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
         unacked_key = prefix + compat.unacked_keys(channel)[0]
-        pipe.hlen(unacked_key)
+        pipe.hlen(unacked_key).time()
         replies = iter(pipe.execute())
         raw: dict[str, dict[str, Any]] = {}
         for queue in queues:
@@ -154,10 +159,13 @@ def read_redis(
                 "sleeping": int(next(replies)),
                 "sizes": [(text(k), int(n)) for k, n in next(replies)],
                 "next": [text(k) for k in next(replies)],
+                "held_since": [float(v) for v in next(replies)[1].values()],
                 "parked": int(next(replies)),
                 "parked_items": next(replies),
             }
         in_flight = int(next(replies))
+        seconds, micros = next(replies)
+        broker_now = int(seconds) + int(micros) / 1e6  # the clock of the hold times
         # The oldest message of each key looked at: its list's last item.
         keys_of = {q: _keys_to_look_at(r) for q, r in raw.items()}
         pipe = client.pipeline(transaction=False)
@@ -169,6 +177,8 @@ def read_redis(
         oldest_of = {q: {k: _published(next(stamps)) for k in keys} for q, keys in keys_of.items()}
         unacked = _unacked_by_queue(client, unacked_key, in_flight, unacked_limit)
     now = clock()
+    for found in raw.values():
+        found["longest_held"] = _oldest([_age(broker_now, t) for t in found["held_since"]])
     return [_redis_reading(queue, raw[queue], oldest_of[queue], unacked, now) for queue in queues]
 
 
@@ -214,6 +224,7 @@ def _redis_reading(
             held_concurrency=raw["parked_keys"],
             held_rate=raw["sleeping"],
             top=tuple(KeyReading(k, n, _age(now, oldest.get(k))) for k, n in raw["sizes"]),
+            longest_held=raw["longest_held"],
         )
     ages = [_age(now, s) for s in raw["plain_oldest"]] + [_age(now, s) for s in oldest.values()]
     return QueueReading(
