@@ -40,7 +40,7 @@ from bench.harness.harness import WorkerProcess
 from bench.harness.redis import RedisServer
 from celery_fair.keys import store
 from celery_fair.keys.layout import KEY_HEADER, KEYED_HEADER, KeyedNames
-from celery_fair.kombu.atomic import FETCH_SCRIPT
+from celery_fair.keys.scripts import FETCH
 
 from .common import environment, summary, write
 
@@ -116,7 +116,7 @@ def fill(url: str, n: int, keys: int, task_ms: float = 0.0) -> dict[str, float]:
 def fetch_cost(url: str, keyed: bool, calls: int = 400, batches: int = 5) -> dict[str, float]:
     """Microseconds per fetch: the fetch script (keyed or plain), or Kombu's two round trips."""
     client = redis_lib.Redis.from_url(url)
-    sha = client.script_load(FETCH_SCRIPT)
+    sha = client.script_load(FETCH.text)
     malformed = QUEUE + ".fair-malformed"
     word = "1.0" if keyed else "-"
     args = [1, 0, "\x06\x16", 1.0, 0, 0, word]

@@ -7,7 +7,7 @@ fetched and not yet finished, across every worker.  ``fair_key_rate_limit =
 second), a token bucket on the broker's clock.  ``"*"`` is every key without
 a limit of its own; a key without either has no limit.
 
-The limits are enforced by the fetch script (:mod:`celery_fair.keys.lua`):
+The limits are enforced by the fetch script (``lua/keyed_pop.lua``):
 a key at its limit is set aside, its messages stay on the broker, and the
 next key is served.
 """

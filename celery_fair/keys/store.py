@@ -6,20 +6,15 @@ pipeline) and a :class:`~celery_fair.keys.layout.KeyedNames`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
-from . import lua
+from . import scripts
 from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames
 
 __all__ = (
     "KeyedBacklog",
-    "Script",
     "backlog",
     "enqueue",
     "enqueue_args",
@@ -40,28 +35,9 @@ __all__ = (
 PURGE_BATCH = 1000
 
 
-@dataclass(frozen=True)
-class Script:
-    """A Lua script run by its SHA1, loaded on the first ``NOSCRIPT``."""
-
-    text: str
-
-    @cached_property
-    def sha(self) -> str:
-        return hashlib.sha1(self.text.encode()).hexdigest()
-
-    def __call__(self, client: Any, *args: Any) -> Any:
-        try:
-            return client.evalsha(self.sha, 0, *args)
-        except NoScriptError:
-            return client.eval(self.text, 0, *args)
-
-
-ENQUEUE = Script(lua.ENQUEUE)
-CHARGE = Script(lua.CHARGE)
-PURGE = Script(lua.PURGE)
-RELEASE = Script(lua.RELEASE)
-UNKEY = Script(lua.UNKEY)
+ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY = (
+    scripts.ENQUEUE, scripts.CHARGE, scripts.PURGE, scripts.RELEASE, scripts.UNKEY,
+)  # fmt: skip
 
 #: Messages ``unkey`` moves per script call (each call blocks Redis briefly).
 UNKEY_BATCH = 1000
@@ -75,7 +51,7 @@ def enqueue(client: Any, names: KeyedNames, key: str, payload: str, *, front: bo
     """
     args = enqueue_args(names, key, payload, front=front)
     if _is_pipeline(client):
-        return client.eval(ENQUEUE.text, 0, *args)
+        return ENQUEUE.add_to(client, *args)
     return ENQUEUE(client, *args)
 
 
@@ -103,7 +79,7 @@ def release(client: Any, sep: str, releases: list[tuple[str, str]]) -> Any:
     """
     flat = release_args(sep, releases)
     if _is_pipeline(client):
-        return client.eval(RELEASE.text, 0, *flat)
+        return RELEASE.add_to(client, *flat)
     return RELEASE(client, *flat)
 
 

@@ -52,109 +52,16 @@ from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from .. import compat
-from ..keys import lua as keys_lua
 from ..keys.layout import SERVED_HEADER, KeyedNames
+from ..keys.scripts import FETCH
 from ..keys.serving import KeyedServing
 from ..keys.store import text
 from ..parking.records import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from .wakeup import InvalidationListener
 
-__all__ = ("FETCH_SCRIPT", "AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
+__all__ = ("AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
 
 logger = logging.getLogger(__name__)
-
-#: KEYS: n queue keys (in fetch order), n matching "malformed" list keys,
-#: the unacked hash, the unacked index, then the keys an idle fetch watches
-#: besides the queue keys (each keyed queue's active-key set and other
-#: priority lists: Redis 7.0 tracks the keys an EVAL declares, not the ones
-#: its script names at run time).  ARGV: n, now (epoch seconds),
-#: Kombu's separator, the default key weight, the count of a keyed queue's
-#: other priority-list suffixes and those suffixes, the count of run-time
-#: charges and (base, key, delta) triples (:mod:`celery_fair.keys`), then
-#: one word per queue key: ``-`` for a plain list, else the queue is keyed
-#: and the word is the charge at fetch.
-#: A keyed queue's word is its charge at fetch, or ``L<charge>:<lease s>``
-#: with per-key limits.  Returns {key, item} for a delivered message,
-#: {key, item, "key", fair key, key weight, seconds held} for one of a
-#: keyed queue (:data:`~celery_fair.keys.layout.SERVED_HEADER`), {key, item,
-#: "malformed"} for a payload moved aside, or, when every queue is empty
-#: (after reading the queue lengths, so that client-side tracking watches
-#: them), nil or the milliseconds until a key held back by its limits may go on.
-FETCH_SCRIPT = (
-    "local SEP, DFLT = ARGV[3], tonumber(ARGV[4])\n"
-    + keys_lua.PRELUDE
-    + keys_lua.KEYED_POP
-    + """
-local n = tonumber(ARGV[1])
-local ns = tonumber(ARGV[5])
-local suffixes = {}
-for j = 1, ns do suffixes[j] = ARGV[5 + j] end
-local a = 6 + ns
-local nc = tonumber(ARGV[a])
-for j = 0, nc - 1 do
-  charge(ARGV[a + 3 * j + 1], ARGV[a + 3 * j + 2], tonumber(ARGV[a + 3 * j + 3]))
-end
-local flags = a + 3 * nc
-local now = nil
-for i = 1, n do
-  local item, fkey, fweight, fheld, ttl = nil, nil, nil, nil, nil
-  local word = ARGV[flags + i]
-  if word == '-' then item = redis.call('RPOP', KEYS[i])
-  elseif string.sub(word, 1, 1) == 'L' then
-    -- A keyed queue with per-key limits: "L<charge>:<lease seconds>".
-    local sep = string.find(word, ':', 2, true)
-    ttl = tonumber(string.sub(word, sep + 1))
-    now = now or server_now()
-    item, fkey, fweight, fheld = keyed_pop(
-      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now)
-  else item, fkey, fweight, fheld = keyed_pop(KEYS[i], suffixes, tonumber(word), false, 0) end
-  if item then
-    local ok, msg = pcall(cjson.decode, item)
-    local tag, ex, rk = nil, '', ''
-    if ok and type(msg) == 'table' and type(msg['properties']) == 'table' then
-      local props = msg['properties']
-      tag = props['delivery_tag']
-      local info = props['delivery_info']
-      if type(info) == 'table' then
-        if type(info['exchange']) == 'string' then ex = info['exchange'] end
-        if type(info['routing_key']) == 'string' then rk = info['routing_key'] end
-      end
-    end
-    if type(tag) ~= 'string' then
-      -- Parked with its reason and time (celery_fair.parking.records).
-      redis.call('LPUSH', KEYS[n + i], cjson.encode({fair_parked = 1,
-        reason = '"""
-    + NOT_A_MESSAGE
-    + """', parked_at = tonumber(ARGV[2]),
-        raw = item}))
-      return {KEYS[i], item, 'malformed'}
-    end
-    local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
-    redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
-    redis.call('HSET', KEYS[2 * n + 1], tag, record)
-    if ttl then
-      -- The task holds a slot of its key until it finishes (or the lease expires).
-      lease(KEYS[i], fkey, tag, now, ttl)
-    end
-    if fkey then return {KEYS[i], item, 'key', fkey, fweight, fheld or '0'} end
-    return {KEYS[i], item}
-  end
-end
-for i = 1, n do redis.call('LLEN', KEYS[i]) end
-for j = 2 * n + 3, #KEYS do redis.call('EXISTS', KEYS[j]) end
--- Limited queues: when a key set aside may go on by itself (its rate, an
--- expiring lease), tell the caller how long to wait at most (milliseconds).
-local soonest = nil
-for i = 1, n do
-  if string.sub(ARGV[flags + i], 1, 1) == 'L' then
-    local due = next_event(KEYS[i], now or server_now())
-    if due and (not soonest or due < soonest) then soonest = due end
-  end
-end
-if soonest then return math.floor(soonest * 1000) + 1 end
-return nil
-"""
-)
 
 #: Without an invalidation listener, an idle fetch polls this often (seconds).
 POLL_WAIT = 0.05
@@ -453,7 +360,7 @@ class AtomicFetch:
                 logger.warning(
                     "celery-fair: Redis refused client tracking (%s); idle fetches poll", exc
                 )
-        conn.send_command("SCRIPT", "LOAD", FETCH_SCRIPT)
+        conn.send_command("SCRIPT", "LOAD", FETCH.text)  # lua/fetch.lua: KEYS, ARGV, reply
         self._sha = text(conn.read_response())
         self._armed_sock = compat.socket_of(conn)
         self._armed_generation = listener.generation if listener is not None else 0

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass
 from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import NoScriptError
-
 from .. import compat
 from ..keys import store
 from ..keys.layout import KeyedNames
@@ -228,17 +226,12 @@ class FairService:
         leases = [(names_for(channel, q).base, tag) for q, tag in releases]
         fetch = self.cycle.atomic if self.cycle is not None else None
         with compat.redis_client(channel) as client:
-            # By SHA, not by text: this runs once per finished task.
-            pipe = client.pipeline(transaction=False)
-            pipe.evalsha(store.RELEASE.sha, 0, *store.release_args(sep, leases))
-            if wake and fetch is not None:
-                fetch.wake(pipe)
-            try:
-                pipe.execute()
-            except NoScriptError:
-                # Not loaded yet (or flushed): the wake-up went through; release again,
-                # which loads the script.
-                store.release(client, sep, leases)
+            # One round trip per finished task, the wake-up (a repeat is harmless) on it.
+            store.RELEASE.pipelined(
+                client,
+                tuple(store.release_args(sep, leases)),
+                also=(lambda pipe: fetch.wake(pipe)) if wake and fetch is not None else None,
+            )
 
     def _on_keyed_queues(
         self, setting: str, action: Callable[[Any, KeyedNames], T]

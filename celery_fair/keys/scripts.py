@@ -1,0 +1,122 @@
+"""The Redis scripts of celery-fair, read from their ``.lua`` files, and their one loader.
+
+The scripts live in :mod:`celery_fair.lua` as Lua files, each with its KEYS,
+ARGV and reply documented at its top.  A script is sent as one text: a header
+this module writes (``N``, the Redis names and constants of
+:mod:`celery_fair.keys.layout`, and the locals ``SEP`` and ``DFLT``), the
+shared helpers it needs (``prelude.lua``, ``keyed_pop.lua``), then its own
+file.  Names come from one place, and the Lua stays Lua.
+
+:class:`Script` runs a script by its SHA1 and loads it on the first
+``NOSCRIPT`` (a new server, ``SCRIPT FLUSH``, a failover): the one way every
+caller runs a script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from ..parking.records import NOT_A_MESSAGE
+from . import layout
+
+__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PURGE", "RELEASE", "UNKEY", "Script")
+
+#: What the scripts call ``N.<name>``: every Redis name suffix and constant they use.
+NAMES: dict[str, str | int] = {
+    "ACTIVE": layout.ACTIVE,
+    "LAST": layout.LAST,
+    "STATE": layout.STATE,
+    "WEIGHTS_CONF": layout.WEIGHTS_CONF,
+    "WEIGHTS_LIVE": layout.WEIGHTS_LIVE,
+    "KEY_LIST": layout.KEY_LIST,
+    "LIMITS_CONF": layout.LIMITS_CONF,
+    "LIMITS_LIVE": layout.LIMITS_LIVE,
+    "RUNNING": layout.RUNNING,
+    "LEASES": layout.LEASES,
+    "LEASE_KEY": layout.LEASE_KEY,
+    "PARKED": layout.PARKED,
+    "SLEEP": layout.SLEEP,
+    "BUCKET": layout.BUCKET,
+    "HELD_SINCE": layout.HELD_SINCE,
+    "HELD": layout.HELD,
+    "HELD_OWED": layout.HELD_OWED,
+    "HELD_TOP": layout.HELD_TOP,
+    "SIZES": layout.SIZES,
+    "BACKLOG": layout.BACKLOG,
+    "UNKEYED": layout.UNKEYED,
+    "UNKEYED_MARK": layout.UNKEYED_MARK,
+    "NOT_A_MESSAGE": NOT_A_MESSAGE,
+}
+
+
+def _header() -> str:
+    # JSON's string and number literals are valid Lua literals (ASCII text).
+    fields = ", ".join(f"{name} = {json.dumps(value)}" for name, value in NAMES.items())
+    return f"local N = {{{fields}}}\nlocal SEP, DFLT\n"
+
+
+def source(*files: str) -> str:
+    """The text sent to Redis: the header, then ``files`` of :mod:`celery_fair.lua` in order."""
+    folder = resources.files("celery_fair.lua")
+    return _header() + "".join(folder.joinpath(f).read_text() for f in files)
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script run by its SHA1, loaded on the first ``NOSCRIPT``."""
+
+    name: str
+    text: str
+
+    @cached_property
+    def sha(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()
+
+    def __call__(self, client: Any, *args: Any) -> Any:
+        """Run on ``client`` (no KEYS: every script names its keys from its ARGV)."""
+        try:
+            return client.evalsha(self.sha, 0, *args)
+        except NoScriptError:
+            return client.eval(self.text, 0, *args)
+
+    def add_to(self, pipe: Any, *args: Any) -> Any:
+        """Queue a run on someone else's pipeline (Kombu's restore ``MULTI``): by its text,
+        as a missing script could not be loaded from there."""
+        return pipe.eval(self.text, 0, *args)
+
+    def pipelined(
+        self, client: Any, args: tuple[Any, ...], also: Callable[[Any], Any] | None = None
+    ) -> list[Any]:
+        """Run in one round trip with whatever ``also(pipe)`` adds; load it if it is missing.
+
+        Without the script the other commands have run once already; they are
+        sent again with it, so they must bear running twice.
+        """
+        for attempt in (1, 2):
+            pipe = client.pipeline(transaction=False)
+            pipe.evalsha(self.sha, 0, *args)
+            if also is not None:
+                also(pipe)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                client.script_load(self.text)
+        raise AssertionError("unreachable")
+
+
+ENQUEUE = Script("enqueue", source("prelude.lua", "enqueue.lua"))
+CHARGE = Script("charge", source("prelude.lua", "charge.lua"))
+RELEASE = Script("release", source("prelude.lua", "release.lua"))
+PURGE = Script("purge", source("purge.lua"))
+UNKEY = Script("unkey", source("unkey.lua"))
+FETCH = Script("fetch", source("prelude.lua", "keyed_pop.lua", "fetch.lua"))

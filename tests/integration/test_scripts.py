@@ -1,0 +1,217 @@
+"""Each Lua script run by itself on a real ``redis-server``: order, limits, leases, restores.
+
+The scripts (``celery_fair/lua``) are sent as :mod:`celery_fair.keys.scripts`
+composes them; these tests call them directly, without Kombu or a worker, and
+read the broker's state after each call.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from celery_fair.keys import scripts
+from celery_fair.keys.layout import KeyedNames
+from celery_fair.keys.store import enqueue_args, release_args
+from celery_fair.parking.records import NOT_A_MESSAGE, decode_record
+
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
+
+Q = "jobs"
+SEP = "\x06\x16"
+NAMES = KeyedNames(Q, SEP)
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis_lib.Redis]:
+    yield redis_lib.Redis.from_url(redis_url)
+
+
+def message(key: str = "", n: int = 0) -> str:
+    """A Kombu Redis payload with a delivery tag, as the fetch needs."""
+    return json.dumps(
+        {
+            "body": "",
+            "headers": {"fair_key": key, "n": n},
+            "properties": {
+                "delivery_tag": str(uuid.uuid4()),
+                "delivery_info": {"exchange": Q, "routing_key": Q},
+            },
+        }
+    )
+
+
+def enqueue(client: Any, key: str, payload: str, front: bool = False) -> Any:
+    return scripts.ENQUEUE(client, *enqueue_args(NAMES, key, payload, front=front))
+
+
+def fetch(client: Any, word: str = "1", *queues: str) -> Any:
+    """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``)."""
+    keys = list(queues) or [Q]
+    words = ["-"] * len(queues) if queues else [word]
+    return client.eval(
+        scripts.FETCH.text,
+        2 * len(keys) + 2,
+        *keys, *[k + ".fair-malformed" for k in keys], "unacked", "unacked_index",
+        len(keys), repr(time.time()), SEP, "1.0", 0, 0, *words,
+    )  # fmt: skip
+
+
+def served(client: Any, n: int, word: str = "1") -> list[str]:
+    out = []
+    for _ in range(n):
+        reply = fetch(client, word)
+        assert reply and reply[2] == b"key", reply
+        out.append(reply[3].decode())
+    return out
+
+
+def test_enqueue_keeps_keys_apart_and_counts_them(client: redis_lib.Redis) -> None:
+    for i in range(3):
+        assert enqueue(client, "a", message("a", i)) == i + 1
+    enqueue(client, "b", message("b"))
+    assert client.llen(NAMES.key_list("a")) == 3 and client.llen(NAMES.key_list("b")) == 1
+    assert int(client.hget(NAMES.state, "backlog")) == 4
+    assert client.zrange(NAMES.sizes, 0, -1, withscores=True) == [(b"b", 1.0), (b"a", 3.0)]
+    assert sorted(client.zrange(NAMES.active, 0, -1)) == [b"a", b"b"]
+
+
+def test_the_fetch_serves_keys_in_weighted_fair_order_and_records_unacked(
+    client: redis_lib.Redis,
+) -> None:
+    client.hset(NAMES.weights_conf, mapping={"b": "2"})
+    for i in range(6):
+        enqueue(client, "a", message("a", i))
+        enqueue(client, "b", message("b", i))
+    order = served(client, 9)
+    # b weighs 2: two of b for each of a, from the start.
+    assert order.count("b") == 6 and order.count("a") == 3
+    assert all(order[i : i + 3].count("b") == 2 for i in range(0, 9, 3)), order
+    # Each message is in the unacked hash and index, written with the pop.
+    assert client.hlen("unacked") == 9 and client.zcard("unacked_index") == 9
+    record = json.loads(next(iter(client.hvals("unacked"))))
+    assert record[1:] == [Q, Q] and record[0]["properties"]["delivery_tag"]
+    assert int(client.hget(NAMES.state, "backlog")) == 3
+    assert client.zscore(NAMES.sizes, "a") == 3.0 and client.zscore(NAMES.sizes, "b") is None
+
+
+def test_a_key_keeps_publish_order_and_a_restore_goes_first(client: redis_lib.Redis) -> None:
+    for i in range(3):
+        enqueue(client, "a", message("a", i))
+    first = fetch(client)
+    assert json.loads(first[1])["headers"]["n"] == 0
+    enqueue(client, "a", first[1].decode(), front=True)  # restored: first in line again
+    ns = [json.loads(fetch(client)[1])["headers"]["n"] for _ in range(3)]
+    assert ns == [0, 1, 2]
+    assert fetch(client) is None  # empty: nil, after reading the lengths
+
+
+def test_unkeyed_messages_are_served_as_one_more_key(client: redis_lib.Redis) -> None:
+    client.lpush(Q, message("", 0), message("", 1))  # a producer without celery-fair
+    for i in range(2):
+        enqueue(client, "a", message("a", i))
+    order = served(client, 4)
+    assert sorted(order) == ["", "", "a", "a"] and order[:2] in (["", "a"], ["a", ""])
+
+
+def test_a_concurrency_limit_sets_a_key_aside_until_its_lease_is_released(
+    client: redis_lib.Redis,
+) -> None:
+    client.hset(NAMES.limits_conf, "c:a", "1")
+    for i in range(3):
+        enqueue(client, "a", message("a", i))
+        enqueue(client, "b", message("b", i))
+    word = "L1:30"  # limited: a fetched task leases its key's slot for 30 s at most
+    order = served(client, 4, word)
+    assert order.count("a") == 1 and order.count("b") == 3  # a waits at its limit
+    assert client.smembers(NAMES.parked) == {b"a"}
+    assert client.hget(NAMES.running, "a") == b"1"
+    tag = next(t for t, k in client.hgetall(NAMES.lease_keys).items() if k == b"a")
+    # Nothing else to serve: the reply is when the lease would expire, in ms.
+    due = fetch(client, word)
+    assert isinstance(due, int) and 29_000 < due <= 30_001
+    # The task finished: its slot is free, the key is back in line.
+    assert scripts.RELEASE(client, *release_args(SEP, [(Q, tag.decode())])) == 1
+    assert client.scard(NAMES.parked) == 0 and client.hget(NAMES.running, "a") is None
+    assert served(client, 1, word) == ["a"]
+    assert scripts.RELEASE(client, *release_args(SEP, [(Q, "no-such-tag")])) == 0
+
+
+def test_an_expired_lease_frees_its_slot(client: redis_lib.Redis) -> None:
+    client.hset(NAMES.limits_conf, "c:*", "1")
+    for i in range(2):
+        enqueue(client, "a", message("a", i))
+    assert served(client, 1, "L1:0.2") == ["a"]
+    reply = fetch(client, "L1:0.2")
+    assert isinstance(reply, int) and 0 < reply <= 201  # ms until the lease expires
+    time.sleep(0.3)  # the broker's clock must pass the lease (its expiry is the event)
+    assert served(client, 1, "L1:0.2") == ["a"]
+
+
+def test_a_rate_limit_puts_a_key_to_sleep_and_says_when_it_may_go_on(
+    client: redis_lib.Redis,
+) -> None:
+    client.hset(NAMES.limits_conf, "r:a", "2")  # 2 per second, a burst of 2
+    for i in range(5):
+        enqueue(client, "a", message("a", i))
+    assert served(client, 2, "L1:30") == ["a", "a"]
+    due = fetch(client, "L1:30")
+    assert isinstance(due, int) and 0 < due <= 501  # the next token, in ms
+    assert client.zscore(NAMES.sleep, "a") is not None
+    assert client.hexists(NAMES.held_since, "a")
+
+
+def test_purge_deletes_every_keys_messages_the_keys_set_aside_included(
+    client: redis_lib.Redis,
+) -> None:
+    for key in ("a", "b", "c"):
+        for i in range(4):
+            enqueue(client, key, message(key, i))
+    client.zrem(NAMES.active, "b")
+    client.sadd(NAMES.parked, "b")  # as the fetch sets a key aside at its limit
+    deleted, visited = scripts.PURGE(client, Q, SEP, 1000)
+    assert (deleted, visited) == (12, 3)
+    assert int(client.hget(NAMES.state, "backlog")) == 0
+    assert (
+        client.zcard(NAMES.active) == client.scard(NAMES.parked) == client.zcard(NAMES.sizes) == 0
+    )
+
+
+def test_a_payload_that_is_not_a_message_is_parked_by_the_fetch(client: redis_lib.Redis) -> None:
+    client.lpush("plain", "this is not json")
+    reply = fetch(client, "-", "plain")
+    assert reply[0] == b"plain" and reply[1] == b"this is not json" and reply[2] == b"malformed"
+    parked = decode_record(client.lindex("plain.fair-malformed", 0), "plain")
+    assert parked.reason == NOT_A_MESSAGE and parked.raw == "this is not json"
+    assert client.hlen("unacked") == 0 and client.llen("plain") == 0
+
+
+def test_runtime_charges_move_a_keys_tag(client: redis_lib.Redis) -> None:
+    for i in range(2):
+        enqueue(client, "slow", message("slow", i))
+        enqueue(client, "fast", message("fast", i))
+    before = client.zscore(NAMES.active, "slow")
+    assert scripts.CHARGE(client, SEP, "1.0", Q, "slow", "5.0") == 1
+    assert client.zscore(NAMES.active, "slow") == before + 5.0
+    assert served(client, 2) == ["fast", "fast"]  # slow owes 5 units of cost
+
+
+def test_unkey_moves_messages_to_kombus_lists_by_priority(client: redis_lib.Redis) -> None:
+    plain = json.loads(message("a"))
+    urgent = {**plain, "properties": {**plain["properties"], "priority": 5}}
+    enqueue(client, "a", json.dumps(plain))
+    enqueue(client, "a", json.dumps(urgent))
+    enqueue(client, "b", message("b"))
+    suffixes = ["" if p < 3 else f"{SEP}{3 * (p // 3)}" for p in range(10)]
+    moved, left = scripts.UNKEY(client, Q, SEP, 1000, "", *suffixes)
+    assert (moved, left) == (3, 0)
+    assert client.llen(Q) == 2 and client.llen(f"{Q}{SEP}3") == 1
+    assert client.hget(NAMES.state, "unkeyed") == b"1"
+    # After the move, a keyed publish goes to the queue's own list.
+    assert enqueue(client, "c", message("c")) == 0 and client.llen(Q) == 3
