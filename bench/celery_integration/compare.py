@@ -1,4 +1,4 @@
-"""Compare the plain and the celery-fair run test by test; render the result file."""
+"""Compare each run with the plain one test by test; render the result file."""
 
 from __future__ import annotations
 
@@ -17,35 +17,40 @@ def compare(
     settings: dict[str, Any],
     command: str,
 ) -> dict[str, Any]:
-    """The result record: versions, counts per run, and every test whose outcome differs."""
+    """The result record: versions, counts per run, and every test whose outcome differs.
+
+    Every run other than ``plain`` is compared with ``plain``, test by test.
+    """
     dists = env_info["dists"]
     nodeids = sorted({n for run in runs.values() for n in run["tests"]})
     tests = {n: {mode: _entry(run["tests"].get(n)) for mode, run in runs.items()} for n in nodeids}
-    differences, reruns_only, both_bad = [], [], []
-    if {"plain", "fair"} <= runs.keys():
+    others = [mode for mode in runs if mode != "plain"]
+    differences, reruns_only, all_bad = [], [], []
+    if "plain" in runs and others:
         for nodeid, by_mode in tests.items():
-            plain, fair = by_mode["plain"], by_mode["fair"]
-            if plain["outcome"] != fair["outcome"]:
-                differences.append(_difference(nodeid, plain, fair))
-            elif plain["reruns"] != fair["reruns"]:
+            plain = by_mode["plain"]
+            kinds = {
+                mode: _kind(plain["outcome"], by_mode[mode]["outcome"])
+                for mode in others
+                if by_mode[mode]["outcome"] != plain["outcome"]
+            }
+            if kinds:
+                differences.append(_difference(nodeid, by_mode, kinds))
+            elif len({e["reruns"] for e in by_mode.values()}) > 1:
                 reruns_only.append(
                     {
                         "test": nodeid,
                         "outcome": plain["outcome"],
-                        "plain_reruns": plain["reruns"],
-                        "fair_reruns": fair["reruns"],
-                        "plain_rerun_why": plain["rerun_why"],
-                        "fair_rerun_why": fair["rerun_why"],
+                        "reruns": {mode: e["reruns"] for mode, e in by_mode.items()},
+                        "rerun_why": {mode: e["rerun_why"] for mode, e in by_mode.items()},
                     }
                 )
-            if plain["outcome"] in BAD and fair["outcome"] in BAD:
-                both_bad.append(
+            if all(e["outcome"] in BAD for e in by_mode.values()):
+                all_bad.append(
                     {
                         "test": nodeid,
-                        "plain": plain["outcome"],
-                        "fair": fair["outcome"],
-                        "plain_error": plain["error"],
-                        "fair_error": fair["error"],
+                        "outcomes": {mode: e["outcome"] for mode, e in by_mode.items()},
+                        "errors": {mode: e["error"] for mode, e in by_mode.items()},
                     }
                 )
     return {
@@ -69,9 +74,12 @@ def compare(
         "settings": settings,
         "runs": {mode: _run_summary(run) for mode, run in runs.items()},
         "differences": differences,
-        "regressions": [d["test"] for d in differences if d["kind"] == "regression"],
+        "regressions": {
+            mode: [d["test"] for d in differences if d["kinds"].get(mode) == "regression"]
+            for mode in others
+        },
         "same_outcome_different_reruns": reruns_only,
-        "failing_in_both": both_bad,
+        "failing_in_all": all_bad,
         "tests": tests,
     }
 
@@ -102,26 +110,26 @@ def error_line(text: str) -> str:
     return stripped[-1][:300] if stripped else ""
 
 
-def _difference(nodeid: str, plain: dict[str, Any], fair: dict[str, Any]) -> dict[str, Any]:
-    if plain["outcome"] == "passed" and fair["outcome"] in BAD:
-        kind = "regression"
-    elif plain["outcome"] in BAD and fair["outcome"] == "passed":
-        kind = "improvement"
-    elif NOT_RUN in (plain["outcome"], fair["outcome"]):
-        kind = "not run in one"
-    else:
-        kind = "other"
+def _kind(plain: str, other: str) -> str:
+    if plain == "passed" and other in BAD:
+        return "regression"
+    if plain in BAD and other == "passed":
+        return "improvement"
+    if NOT_RUN in (plain, other):
+        return "not run in one"
+    return "other"
+
+
+def _difference(
+    nodeid: str, by_mode: dict[str, dict[str, Any]], kinds: dict[str, str]
+) -> dict[str, Any]:
     return {
         "test": nodeid,
-        "plain": plain["outcome"],
-        "fair": fair["outcome"],
-        "kind": kind,
-        "plain_reruns": plain["reruns"],
-        "fair_reruns": fair["reruns"],
-        "plain_error": plain["error"],
-        "fair_error": fair["error"],
-        "plain_longrepr": plain["longrepr"],
-        "fair_longrepr": fair["longrepr"],
+        "outcomes": {mode: e["outcome"] for mode, e in by_mode.items()},
+        "kinds": kinds,
+        "reruns": {mode: e["reruns"] for mode, e in by_mode.items()},
+        "errors": {mode: e["error"] for mode, e in by_mode.items() if e["error"]},
+        "longreprs": {mode: e["longrepr"] for mode, e in by_mode.items() if e["longrepr"]},
     }
 
 
@@ -140,7 +148,10 @@ def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
         "pytest_exitstatus": meta.get("exitstatus"),
         "pytest_summary": run.get("summary_line"),
         "celery_fair_installed_apps": meta.get("installed_apps", 0),
+        "celery_fair_keys": meta.get("celery_fair_keys", False),
         "celery_fair_path": meta.get("celery_fair_path"),
+        "worker_mode": meta.get("worker_mode", "embedded"),
+        "session_worker_fixture_replaced": meta.get("session_worker_fixture_replaced", False),
         "workers": workers,
     }
 
@@ -156,11 +167,23 @@ def _short(nodeid: str) -> str:
     return nodeid.removeprefix("t/integration/")
 
 
+#: What each run is, for the Markdown.
+RUN_LABELS = {
+    "plain": "plain Celery",
+    "fair": "`celery_fair.install(app)` on every app",
+    "keyed": "the same, and `fair_keys` on the suite's queue: every task keyed by its name",
+}
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     v = result["versions"]
     s = result["settings"]
+    modes = list(result["runs"])
+    worker = s.get("worker", "embedded")
+    title = ", ".join("celery-fair with keys" if m == "keyed" else m for m in modes)
+    worker_title = "`celery worker` subprocess" if worker == "subprocess" else "embedded worker"
     out = [
-        f"# Celery {v['celery']} integration tests: plain vs celery-fair (Redis)",
+        f"# Celery {v['celery']} integration tests: {title} (Redis, {worker_title})",
         "",
         f"`{result['command']}` ({result['when']}, {result['machine']['cpus']} CPUs). "
         f"Modules: {', '.join(s['modules'])}"
@@ -170,7 +193,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             else ""
         )
         + f"; {s['timeout_per_test_s']:g} s per test, {s['run_timeout_s']:g} s per run; "
-        f"reruns: {s['reruns']}; sources: {s['sdist']}.",
+        f"reruns: {s['reruns']}; sources: {s['sdist']}; celery-fair: "
+        f"{v['celery-fair source'] or 'installed'}.",
         "",
         *_deselected(s["deselected"]),
         "| celery | kombu | redis-py | billiard | Python | pytest | redis-server |",
@@ -188,58 +212,47 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"| {mode} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} "
             f"| {c['xfailed']} | {c['xpassed']} | {run['reruns']} | {wall} |"
         )
-    fair = result["runs"].get("fair")
-    if fair is not None:
-        workers = fair["workers"]
-        applied = bool(workers) and all(w["fair_step"] for w in workers)
-        out += [
-            "",
-            f"celery-fair run: `celery_fair.install(app)` applied to "
-            f"{fair['celery_fair_installed_apps']} apps; the embedded test worker ran the "
-            f"celery-fair bootsteps: {'yes' if applied else 'NO'} ({fair['celery_fair_path']}, "
-            f"{v['celery-fair source'] or 'installed'}).",
-        ]
-    out += ["", "## Tests whose outcome differs", ""]
+    out += ["", *_runs_described(result["runs"], worker)]
+    out += ["", "## Tests whose outcome differs from plain", ""]
     diffs = result["differences"]
     if not diffs:
-        out.append("None: every test has the same outcome in both runs.")
+        out.append("None: every test has the same outcome in every run.")
     else:
         out += [
-            "| test | plain | celery-fair | kind | error (the failing run) |",
-            "|---|---|---|---|---|",
+            "| test | " + " | ".join(modes) + " | differs | error (first failing run) |",
+            "|---|" + "---|" * len(modes) + "---|---|",
         ]
         for d in diffs:
-            error = d["fair_error"] or d["plain_error"]
-            out.append(
-                f"| `{_cell(_short(d['test']))}` | {_rr(d['plain'], d['plain_reruns'])} "
-                f"| {_rr(d['fair'], d['fair_reruns'])} | {d['kind']} | {_cell(error)} |"
-            )
+            cells = " | ".join(_rr(d["outcomes"][m], d["reruns"][m]) for m in modes)
+            kinds = ", ".join(f"{m}: {k}" for m, k in d["kinds"].items())
+            error = next(iter(d["errors"].values()), "")
+            out.append(f"| `{_cell(_short(d['test']))}` | {cells} | {kinds} | {_cell(error)} |")
     rr = result["same_outcome_different_reruns"]
     if rr:
         out += [
             "",
             "## Same outcome, different number of reruns",
             "",
-            "| test | outcome | plain reruns | celery-fair reruns | why (first rerun) |",
-            "|---|---|---|---|---|",
+            "| test | outcome | " + " | ".join(f"{m} reruns" for m in modes) + " | why (first) |",
+            "|---|---|" + "---|" * len(modes) + "---|",
         ]
         for r in rr:
-            why = (r["fair_rerun_why"] or r["plain_rerun_why"] or [""])[0]
-            out.append(
-                f"| `{_cell(_short(r['test']))}` | {r['outcome']} | {r['plain_reruns']} "
-                f"| {r['fair_reruns']} | {_cell(why)} |"
-            )
-    both = result["failing_in_both"]
-    if both:
+            why = next((w[0] for w in r["rerun_why"].values() if w), "")
+            counts = " | ".join(str(r["reruns"][m]) for m in modes)
+            test = _cell(_short(r["test"]))
+            out.append(f"| `{test}` | {r['outcome']} | {counts} | {_cell(why)} |")
+    bad = result["failing_in_all"]
+    if bad:
         out += [
             "",
-            "## Failing in both runs (not celery-fair)",
+            "## Failing in every run (not celery-fair)",
             "",
             "| test | error (plain) |",
             "|---|---|",
         ]
-        for b in both:
-            out.append(f"| `{_cell(_short(b['test']))}` | {_cell(b['plain_error'])} |")
+        for b in bad:
+            error = b["errors"].get("plain") or next(iter(b["errors"].values()), "")
+            out.append(f"| `{_cell(_short(b['test']))}` | {_cell(error)} |")
     out += [
         "",
         "Per-test outcomes, durations and failure texts: the JSON file of the same name. "
@@ -249,10 +262,63 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _runs_described(runs: dict[str, Any], worker: str) -> list[str]:
+    """One line per run: what it installed, and the worker the suite's tests ran against."""
+    lines = []
+    for mode, run in runs.items():
+        text = f"* **{mode}**: {RUN_LABELS.get(mode, mode)}"
+        if mode != "plain":
+            text += f" ({run['celery_fair_installed_apps']} apps)"
+        session = [w for w in run["workers"] if w.get("kind") in ("subprocess", "embedded")]
+        if worker == "subprocess" and not run["session_worker_fixture_replaced"]:
+            text += "; the suite's worker fixture was NOT replaced: the run is void"
+        for w in session:
+            text += "; " + _worker_line(w, fair=mode != "plain")
+        if not session:
+            text += "; no session worker became ready"
+        lines.append(text + ".")
+    return lines
+
+
+def _worker_line(w: dict[str, Any], *, fair: bool) -> str:
+    if w["kind"] == "embedded":
+        text = "the embedded test worker (mingle, gossip, heartbeat off)"
+    else:
+        on = [name for name in ("mingle", "gossip", "heart") if w.get(name)]
+        off = [name for name in ("mingle", "gossip", "heart") if not w.get(name)]
+        pool = str(w.get("pool", "?")).rsplit(".", 1)[-1]
+        text = (
+            f"worker `{' '.join(w.get('argv', []))}` ({pool}, "
+            f"concurrency {w.get('concurrency', '?')}; on: {', '.join(on) or 'none'}"
+            + (f"; OFF: {', '.join(off)}" if off else "")
+            + f"), stopped by {w.get('stopped_by', '?')} with exit status "
+            f"{w.get('exit_status', '?')}"
+        )
+        if w.get("log_errors"):
+            text += f"; its log has {len(w['log_errors'])} CRITICAL line(s)"
+    applied = w.get("fair_step") and w.get("fair_service")
+    if fair or applied:
+        text += f"; celery-fair bootsteps in the worker: {'yes' if applied else 'NO (void)'}"
+    fallbacks = (w.get("fair_stats") or {}).get("compat_fallbacks")
+    if fallbacks:
+        text += f"; compatibility fallbacks taken: {', '.join(sorted(fallbacks))}"
+    keys = (w.get("fair_stats") or {}).get("keys")
+    if keys:
+        served = sum((keys.get("served") or {}).values())
+        unkeyed = sum((keys.get("unkeyed") or {}).values())
+        top = keys.get("top") or []
+        text += (
+            f"; keyed queues {', '.join(keys.get('queues') or [])}: {served} tasks served by key"
+            f" ({unkeyed} without a key), {len(top)} busiest keys e.g. "
+            + ", ".join(f"{k} {n}" for _q, k, n in top[:3])
+        )
+    return text
+
+
 def _deselected(deselected: dict[str, str]) -> list[str]:
     if not deselected:
         return []
-    lines = ["Deselected in both runs:", ""]
+    lines = ["Deselected in every run:", ""]
     lines += [f"* `{_short(nodeid)}`: {reason}" for nodeid, reason in deselected.items()]
     return [*lines, ""]
 

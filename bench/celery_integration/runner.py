@@ -1,4 +1,4 @@
-"""Run Celery's ``t/integration`` twice against a private Redis, plain and with celery-fair.
+"""Run Celery's ``t/integration`` against a private Redis: plain, with celery-fair, with keys.
 
 The tests come from the source distribution of the Celery version installed in
 the target interpreter (``--python``), downloaded with ``pip download`` and
@@ -35,6 +35,9 @@ PLUGIN_DIR = HERE / "pytest_plugin"
 PLUGIN = "celery_fair_it"
 
 MODULES = ("test_tasks.py", "test_canvas.py", "test_inspect.py", "test_worker.py")
+#: The runs, in order: plain Celery, celery_fair.install on every app, and the same
+#: with every task of the suite's queue keyed by its name (fair_keys).
+RUNS = ("plain", "fair", "keyed")
 
 #: Tests deselected by default, with the reason.  Node ids that a Celery version
 #: does not have are ignored by pytest.
@@ -56,6 +59,49 @@ DESELECT: dict[str, str] = {
         "every later result.get() raises 'Never call result.get() within a task!' "
         "(test_pidbox_reset_after_repeated_control_errors, Celery 5.7)"
     ),
+}
+
+#: Tests deselected with ``--worker subprocess`` only, with the reason: they read the
+#: state of, or listen to, a worker running in the pytest process (the embedded
+#: worker), which ``--worker embedded`` covers.
+_TASKS = "t/integration/test_tasks.py::"
+_STAMPING = "t/integration/test_canvas.py::test_stamping_mechanism::"
+_SIGNALS = _TASKS + "test_signal_bound_method_receivers::"
+_STATE = (
+    "reads celery.worker.state in the pytest process, the embedded worker's state; "
+    "a worker in another process leaves it empty"
+)
+_RECEIVED = (
+    "connects a task_received receiver in the pytest process: the signal is sent by the "
+    "worker, in the worker's process"
+)
+_CAPLOG = "reads the worker's log records through caplog: the worker logs in its own process"
+DESELECT_SUBPROCESS: dict[str, str] = {
+    _TASKS + "test_tasks::test_send_task_without_ignore_result_uses_task_ignore_result": _STATE,
+    _TASKS + "test_tasks::test_send_task_without_ignore_result_stores_result": _STATE,
+    _TASKS + "test_task_redis_result_backend::test_retry_preserves_ignore_result_false": _STATE,
+    _TASKS + "test_task_redis_result_backend::test_retry_preserves_ignore_result_true": _STATE,
+    _TASKS + "test_tasks::test_revoked_by_headers_simple_canvas": (
+        "clears the embedded worker's revoked stamps (celery.worker.state) between its "
+        "iterations; the worker in another process keeps them and revokes the next ones"
+    ),
+    "t/integration/test_inspect.py::test_Inspect::test_hello_stamps_received_revoked_ids_locally": (
+        _STATE
+    ),
+    "t/integration/test_inspect.py::test_Inspect::test_stats": (
+        "asserts that the worker's pid is the pytest process's, and concurrency 1"
+    ),
+    _TASKS + "test_task_replacement::test_replaced_task_nesting_level_0": _RECEIVED,
+    _TASKS + "test_task_replacement::test_replaced_task_nesting_level_1": _RECEIVED,
+    _TASKS + "test_task_replacement::test_replaced_task_nesting_chain": _RECEIVED,
+    _SIGNALS + "test_each_instance_receives": _RECEIVED,
+    _SIGNALS + "test_disconnect_leaves_other_instance_connected": _RECEIVED,
+    _SIGNALS + "test_other_instance_receives_after_garbage_collection": _RECEIVED,
+    _STAMPING + "test_task_received_has_access_to_stamps": _RECEIVED,
+    _STAMPING + "test_linking_stamped_sig": _RECEIVED,
+    _STAMPING + "test_err_linking_stamped_sig": _RECEIVED,
+    _TASKS + "test_trace_log_arguments::test_task_success": _CAPLOG,
+    _TASKS + "test_trace_log_arguments::test_task_failed": _CAPLOG,
 }
 
 _PROBE = r"""
@@ -88,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if not celery_version:
         print(f"{python}: celery is not installed", file=sys.stderr)
         return 2
-    if env_info["celery_fair_path"] is None and "fair" in args.runs:
+    if env_info["celery_fair_path"] is None and set(args.runs) - {"plain"}:
         print(f"{python}: celery_fair is not importable (pip install -e {REPO})", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix=f"celery-it-{celery_version}-"))
@@ -99,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         if tree is None:
             print(f"{sdist} has no t/integration: cannot run Celery's tests", file=sys.stderr)
             return 2
-        modules = [m for m in args.modules if (tree / "t" / "integration" / m).exists()]
+        # A module, or one test of it: test_tasks.py::test_tasks::test_revoked.
+        modules = [
+            m for m in args.modules if (tree / "t" / "integration" / m.split("::", 1)[0]).exists()
+        ]
         missing_modules = [m for m in args.modules if m not in modules]
         missing = missing_deps(env_info, tree, reruns=args.reruns)
         if missing:
@@ -115,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         env_info["redis_server"] = _redis_server_version()
         env_info["celery_fair_source"] = _source_state(env_info["celery_fair_path"])
         deselect = {} if args.all else dict(DESELECT)
+        if args.worker == "subprocess":
+            deselect.update(DESELECT_SUBPROCESS)
         deselect.update({nodeid: "--deselect" for nodeid in args.deselect})
         runs: dict[str, dict[str, Any]] = {}
         for mode in args.runs:
             runs[mode] = run_half(mode, python, env_info, tree, modules, deselect, args, work)
-        name = args.name or f"celery_integration_{celery_version}"
+        name = args.name or f"celery_integration_{celery_version}" + (
+            "_subprocess" if args.worker == "subprocess" else ""
+        )
         command = _command(args)
         settings = {
             "modules": modules,
@@ -129,12 +182,16 @@ def main(argv: list[str] | None = None) -> int:
             "reruns": "as marked by Celery (pytest-rerunfailures)" if args.reruns else "off",
             "deselected": deselect,
             "sdist": Path(sdist).name,
+            "worker": args.worker,
+            "worker_args": args.worker_args,
         }
         result = compare(runs, env_info, settings, command)
         _write(args.out_dir, name, result, render_markdown(result))
         for d in result["differences"]:
-            print(f"differs: {d['test']}: plain {d['plain']}, fair {d['fair']} ({d['kind']})")
-        return 1 if result["regressions"] else 0
+            outcomes = ", ".join(f"{mode} {outcome}" for mode, outcome in d["outcomes"].items())
+            kinds = ", ".join(f"{mode}: {kind}" for mode, kind in d["kinds"].items())
+            print(f"differs: {d['test']}: {outcomes} ({kinds})")
+        return 1 if any(result["regressions"].values()) else 0
     except BaseException:
         keep = True  # for a look at what went wrong
         raise
@@ -155,7 +212,13 @@ def _parser() -> argparse.ArgumentParser:
         default=str(default_python if default_python.exists() else sys.executable),
         help="interpreter whose Celery is tested (default: the project's .venv)",
     )
-    p.add_argument("--modules", nargs="+", default=list(MODULES), metavar="MODULE")
+    p.add_argument(
+        "--modules",
+        nargs="+",
+        default=list(MODULES),
+        metavar="MODULE",
+        help="modules of t/integration, or single tests (test_tasks.py::test_tasks::test_x)",
+    )
     p.add_argument("--timeout", type=float, default=60, help="seconds per test (default 60)")
     p.add_argument(
         "--run-timeout",
@@ -166,9 +229,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--runs",
         nargs="+",
-        choices=("plain", "fair"),
-        default=["plain", "fair"],
-        help="which halves, in order (default: plain fair)",
+        choices=RUNS,
+        default=list(RUNS),
+        help="which runs, in order (default: plain fair keyed); each is compared with plain",
+    )
+    p.add_argument(
+        "--worker",
+        choices=("subprocess", "embedded"),
+        default="subprocess",
+        help="the suite's shared worker: a `celery worker` subprocess with Celery's defaults "
+        "(default), or Celery's embedded test worker (mingle, gossip, heartbeat off)",
+    )
+    p.add_argument(
+        "--worker-args",
+        default="",
+        metavar="ARGS",
+        help="more `celery worker` arguments for the subprocess worker, e.g. '-c 1'",
     )
     p.add_argument(
         "--no-reruns",
@@ -331,7 +407,7 @@ def run_half(
     args: argparse.Namespace,
     work: Path,
 ) -> dict[str, Any]:
-    """Run pytest once (``mode`` is plain or fair) against a fresh private Redis."""
+    """Run pytest once (``mode``: plain, fair or keyed) against a fresh private Redis."""
     report = work / f"outcomes_{mode}.jsonl"
     log = work / f"pytest_{mode}.log"
     cmd = [
@@ -355,7 +431,13 @@ def run_half(
         "-q",
         "-rfE",
         "--color=no",
-        *(["--celery-fair-install"] if mode == "fair" else []),
+        *(["--celery-fair-install"] if mode in ("fair", "keyed") else []),
+        *(["--celery-fair-keys"] if mode == "keyed" else []),
+        "--celery-fair-worker",
+        args.worker,
+        "--celery-fair-worker-dir",
+        str(work / f"worker_{mode}"),
+        *(["--celery-fair-worker-args", args.worker_args] if args.worker_args else []),
         *[f"t/integration/{m}" for m in modules],
     ]
     for nodeid in deselect:

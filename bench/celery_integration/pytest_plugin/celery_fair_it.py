@@ -12,6 +12,20 @@ both runs record their outcomes the same way.
     its app before it builds its blueprint, so the worker runs the
     celery-fair bootsteps; a ``celery worker`` subprocess started by a test
     does not load this plugin and runs plain.
+``--celery-fair-keys``
+    With ``--celery-fair-install``: before ``install``, sets ``fair_keys`` to
+    key every task of the app's default queue by its name
+    (``celery_fair_it_keys``), on every app and on the subprocess worker.
+``--celery-fair-worker subprocess``
+    Replaces the suite's ``celery_session_worker`` (Celery's embedded test
+    worker: a thread in this process, mingle, gossip and heartbeat off) with
+    a ``celery -A celery_fair_it_worker worker`` subprocess with Celery's
+    defaults (``celery_fair_it_subprocess``).  ``embedded`` (the default)
+    leaves the suite's fixture alone.
+``--celery-fair-worker-dir DIR``
+    Where the subprocess worker's spec, status and log (``worker.log``) go.
+``--celery-fair-worker-args ARGS``
+    More arguments for ``celery worker`` (one shell-quoted string).
 ``--celery-fair-report PATH``
     Appends one JSON line per test (final outcome after reruns, the number
     of reruns, the failure text) and one ``{"meta": ...}`` line at the end.
@@ -47,6 +61,10 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--celery-fair-report", default=None)
     group.addoption("--celery-fair-timeout-cap", type=float, default=None)
     group.addoption("--celery-fair-deselect", action="append", default=[])
+    group.addoption("--celery-fair-keys", action="store_true", default=False)
+    group.addoption("--celery-fair-worker", choices=("embedded", "subprocess"), default="embedded")
+    group.addoption("--celery-fair-worker-dir", default=None)
+    group.addoption("--celery-fair-worker-args", default="")
 
 
 def pytest_configure(config: Any) -> None:
@@ -54,6 +72,7 @@ def pytest_configure(config: Any) -> None:
     from celery.contrib.testing.worker import test_worker_started
 
     _STATE["report"] = config.getoption("--celery-fair-report")
+    _STATE["keyed"] = config.getoption("--celery-fair-keys")
     signals.worker_ready.connect(_on_worker_ready, weak=False)
     test_worker_started.connect(_on_worker_ready, weak=False)
     if config.getoption("--celery-fair-install"):
@@ -68,6 +87,10 @@ def pytest_configure(config: Any) -> None:
 def _install(app: Any) -> None:
     import celery_fair
 
+    if _STATE["keyed"]:
+        from celery_fair_it_keys import fair_keys_for
+
+        app.conf.fair_keys = fair_keys_for(app)
     celery_fair.install(app)
     with _LOCK:
         _STATE["installed_apps"].append(str(app.main or app))
@@ -84,6 +107,7 @@ def _on_worker_ready(sender: Any = None, worker: Any = None, **kwargs: Any) -> N
     with _LOCK:
         _STATE["workers"].append(
             {
+                "kind": "embedded" if worker is not None else "in-process",
                 "hostname": getattr(controller, "hostname", None),
                 "fair_step": any("celery_fair" in str(name) for name in steps),
                 "fair_service": hasattr(controller, "fair"),
@@ -91,10 +115,35 @@ def _on_worker_ready(sender: Any = None, worker: Any = None, **kwargs: Any) -> N
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
+    """The worker mode, known before the suite's conftest is imported (before pytest_configure)."""
+    namespace = early_config.known_args_namespace
+    _STATE["worker_mode"] = getattr(namespace, "celery_fair_worker", "embedded")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-    """Celery 5.3: give ``get_redis_connection`` the port of our private Redis."""
+    """Patch ``t/integration/conftest.py`` as it is registered, before pytest reads its fixtures.
+
+    In subprocess mode its ``celery_session_worker`` (imported there from
+    ``celery.contrib.pytest``) becomes ours: a conftest's fixture wins over a
+    plugin's, so the replacement has to be the conftest's own.  ``tryfirst``:
+    older pytest reads a conftest's fixtures in its own ``pytest_plugin_registered``
+    (pytest 9 waits until the conftest's directory is collected).
+    """
     if getattr(plugin, "__name__", "") != "t.integration.conftest":
         return
+    if _STATE.get("worker_mode") == "subprocess":
+        from celery_fair_it_subprocess import subprocess_session_worker
+
+        plugin.celery_session_worker = subprocess_session_worker
+        _STATE["fixture_replaced"] = True
+    _redis_port_for_celery_5_3(plugin)
+
+
+def _redis_port_for_celery_5_3(plugin: Any) -> None:
+    """Celery 5.3: give ``get_redis_connection`` the port of our private Redis."""
     original = getattr(plugin, "get_redis_connection", None)
     port = os.environ.get("REDIS_PORT")
     if original is None or port is None:
@@ -224,13 +273,21 @@ def pytest_collectreport(report: Any) -> None:
 
 
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    workers = list(_STATE["workers"])
+    if _STATE.get("worker_mode") == "subprocess":
+        from celery_fair_it_subprocess import WORKERS
+
+        workers = [*WORKERS, *workers]
     with _LOCK:
         meta = {
             "exitstatus": int(exitstatus),
             "celery_fair_install": bool(session.config.getoption("--celery-fair-install")),
+            "celery_fair_keys": bool(_STATE.get("keyed")),
             "celery_fair_path": _STATE.get("celery_fair"),
             "installed_apps": len(_STATE["installed_apps"]),
-            "workers": list(_STATE["workers"]),
+            "worker_mode": _STATE.get("worker_mode", "embedded"),
+            "session_worker_fixture_replaced": bool(_STATE.get("fixture_replaced")),
+            "workers": workers,
         }
     _write({"meta": meta})
 
