@@ -988,3 +988,13 @@ def hold_fetch_while(qos: Any, hold: Callable[[], bool]) -> bool:
 
     qos.can_consume = fair_can_consume
     return True
+
+
+def wrap_drain_events(connection: Any, wrapper: Callable[..., Any]) -> None:
+    """Route a Kombu connection's ``drain_events`` through ``wrapper(drain, timeout, **kw)``."""
+    drain = connection.drain_events
+
+    def fair_drain_events(timeout: float | None = None, **kwargs: Any) -> Any:
+        return wrapper(drain, timeout, **kwargs)
+
+    connection.drain_events = fair_drain_events

@@ -55,6 +55,18 @@ def test_runtime_cost_splits_worker_time(redis_url: str, pool: str) -> None:
     assert 6 < counts["short"] / counts["long"] < 12
 
 
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_pool_keeps_fetching_while_its_tasks_yield(redis_url: str, pool: str) -> None:
+    # Tasks that sleep (I/O) yield to the event loop.  Once the prefetch window was
+    # full, the loop waited out Celery's 2 s drain before it saw the credit the
+    # finished tasks had returned: about 5 tasks a second, so these 400 took about
+    # 80 s.  The deadline is far above what a worker that keeps fetching needs
+    # (2 slots, 5 ms each: about a second of sleeping) and far below that.
+    fill_queues(redis_url, {"ga": 200, "gb": 200}, task="nap", args=(5,))
+    with WorkerProcess(redis_url, ["ga", "gb"], pool=pool) as worker:
+        _wait_consumed(redis_url, {"ga": 200, "gb": 200}, 400, worker, timeout=30)
+
+
 def test_count_cost_counts_are_one_to_one(redis_url: str) -> None:
     result = run_backlogged(
         redis_url,
@@ -67,11 +79,13 @@ def test_count_cost_counts_are_one_to_one(redis_url: str) -> None:
     assert result.consumed["long"] / result.total == pytest.approx(0.5, abs=0.04)
 
 
-def _wait_consumed(url: str, initial: dict[str, int], n: int, worker: WorkerProcess) -> None:
+def _wait_consumed(
+    url: str, initial: dict[str, int], n: int, worker: WorkerProcess, timeout: float = 120
+) -> None:
     import redis
 
     client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-2000:]
         if sum(initial[q] - client.llen(q) for q in initial) >= n:
