@@ -151,6 +151,15 @@ CAPABILITIES: dict[str, Capability] = {
             "as plain Celery (the shares then follow the windows alone)",
         ),
         Capability(
+            "celery.pool.eventlet_spawn",
+            "-P eventlet: the greenlet of each task, whose end frees its slot in "
+            "celery-fair's gate (TaskPool.on_apply spawns with self._quick_put and "
+            "returns None)",
+            "a slot counts as free as soon as eventlet's pool took the task: tasks wait "
+            "in eventlet's pool in arrival order, not in DWRR order (on RabbitMQ the "
+            "shares then follow the windows alone)",
+        ),
+        Capability(
             "celery.request.on_timeout",
             "telemetry of a task killed at its hard time limit on Celery < 5.7, which sends "
             "no task_failure then (Request.on_timeout, read by execute_using_pool)",
@@ -683,6 +692,61 @@ def on_pool_done(result: Any, callback: Callable[[], None]) -> None:
         result.link(lambda *_args: callback())
     else:
         callback()
+
+
+def green_spawns(pool: Any, probe: Probe) -> Callable[[], Any] | None:
+    """The greenlet of each task, for a green pool whose ``on_apply`` returns none.
+
+    Celery's eventlet pool (5.3 to 5.7) spawns each task with
+    ``self._quick_put`` (``GreenPool.spawn``, set by ``on_start``) and its
+    ``on_apply`` returns None, where the gevent pool's returns the greenlet.
+    Given None, :func:`on_pool_done` can only take the task as finished at
+    once: celery-fair's gate then passes every task on, eventlet's own pool
+    makes them wait in arrival order, and the DWRR dispatch never chooses.
+
+    ``_quick_put`` is followed on the pool instance, now if the pool has
+    started, else when it starts.  Returns ``taken()``, which gives the
+    greenlet spawned since its last call (None if none); returns None for
+    other pools, and when ``on_apply`` does not spawn through ``_quick_put``
+    (checked in its code: the fallback is logged once).
+    """
+    if type(pool).__module__ != "celery.concurrency.eventlet":
+        return None
+    code = getattr(getattr(type(pool), "on_apply", None), "__code__", None)
+    if code is None or "_quick_put" not in _names_used(code) or not hasattr(pool, "_quick_put"):
+        probe.missing_capability(
+            "celery.pool.eventlet_spawn", "TaskPool.on_apply (self._quick_put)"
+        )
+        return None
+    spawned: list[Any] = []
+
+    def follow() -> None:
+        put = pool._quick_put
+        if put is None or getattr(put, "fair_follows", False):
+            return
+
+        def fair_quick_put(*args: Any, **kwargs: Any) -> Any:
+            greenlet = put(*args, **kwargs)
+            spawned.append(greenlet)
+            return greenlet
+
+        fair_quick_put.fair_follows = True  # type: ignore[attr-defined]
+        pool._quick_put = fair_quick_put
+
+    follow()
+    on_start = pool.on_start
+
+    def fair_on_start(*args: Any, **kwargs: Any) -> Any:
+        result = on_start(*args, **kwargs)
+        follow()
+        return result
+
+    pool.on_start = fair_on_start
+
+    def taken() -> Any:
+        return spawned.pop() if spawned else None
+
+    return taken
 
 
 # -- Celery's consumer -------------------------------------------------------------------

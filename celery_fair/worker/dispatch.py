@@ -10,7 +10,10 @@
   :class:`FairGate` adds one: at most ``slots`` tasks are in the pool; the
   others wait in the scheduler's buffer.  A slot is freed when the pool
   reports the task done (the thread pool's future, the greenlet's ``link``,
-  or the return of the solo pool's inline call).
+  or the return of the solo pool's inline call).  eventlet's ``on_apply``
+  returns no greenlet; it is taken where the pool spawns it
+  (:func:`celery_fair.compat.green_spawns`): freed at once, every task
+  would go on to eventlet's pool and wait there in arrival order.
 """
 
 from __future__ import annotations
@@ -154,11 +157,14 @@ class FairGate:
         applied = threading.local()
         on_apply = pool.on_apply
         gate = self
+        # eventlet's on_apply returns no greenlet: found where it was spawned.
+        spawned = compat.green_spawns(pool, self.service.probe)
 
         def fair_on_apply(*args: Any, **kwargs: Any) -> Any:
             applied.flag = True
             result = on_apply(*args, **kwargs)
-            compat.on_pool_done(result, gate.release)
+            handle = spawned() if result is None and spawned is not None else result
+            compat.on_pool_done(handle, gate.release)
             return result
 
         pool.on_apply = fair_on_apply
