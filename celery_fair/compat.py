@@ -916,11 +916,14 @@ def drain_events_without_wait(consumer: Any, probe: Probe) -> bool:
     exists with gossip, heartbeat or ``-E``; ``broker_heartbeat`` is 120).
 
     The event connection's ``drain_events`` is replaced, on this instance, by
-    one that reads only when something is there: a heartbeat is read at the
-    first turn after it arrived, and no turn waits for nothing.  The kernel is
+    one that reads only when something is there, and then with timeout 0 (as
+    py-amqp's ``basic_publish`` drains before each publish): a heartbeat is
+    read at the first turn after it arrived, and no turn waits.  The kernel is
     asked how many bytes its socket holds (``FIONREAD``), not ``select``:
     eventlet's green ``select`` switches to its hub at every call, even with
-    timeout 0, and the loop would then yield after every single delivery.
+    timeout 0, so the loop would yield after every single delivery, the pool
+    would start each task as it arrives and the DWRR dispatch would have
+    nothing to choose from (measured with equal windows: p9/p0 1.0 for 10).
     Installed again at every start of the consumer (the dispatcher's
     connection is new each time).  Returns whether it was installed.
     """
@@ -953,10 +956,13 @@ def drain_events_without_wait(consumer: Any, probe: Probe) -> bool:
         return False
 
     def fair_drain_events(timeout: float | None = None, **kwargs: Any) -> Any:
-        if timeout is not None and not _frame_waiting(connection):
+        if timeout is None:
+            return drain(**kwargs)
+        if not _frame_waiting(connection):
             # What the drain would raise after waiting ``timeout`` for nothing.
             raise TimeoutError("nothing to read")
-        return drain(timeout=timeout, **kwargs)
+        # Reads what is there and no more, as py-amqp's basic_publish does.
+        return drain(timeout=0, **kwargs)
 
     fair_drain_events.fair_without_wait = True  # type: ignore[attr-defined]
     connection.drain_events = fair_drain_events
