@@ -89,14 +89,19 @@ class WorkerProcess:
         assert self.proc is not None
         return self.proc.wait(timeout=timeout)
 
-    def stop(self, timeout: float = 20.0) -> int | None:
+    def stop(self, timeout: float = 45.0) -> int | None:
         """Warm shutdown, as ``celery multi stopwait`` or systemd's ``KillMode=mixed`` does it.
 
         SIGTERM goes to the main process only: it stops consuming, puts its
         prefetched messages back and waits for the running tasks.  A TERM to
         the whole process group would kill the pool's children mid-task (a
         task acknowledged early is then lost, with plain Celery as well).
-        Past ``timeout`` the group is killed.  Returns the exit status.
+        Past ``timeout`` the group is killed (and what the worker had
+        prefetched waits in Redis's unacked index for the visibility
+        timeout).  The default outlasts billiard's own wait: a prefork child
+        that finished a task as the shutdown began waits up to 30 s for the
+        main process to read its result (``_ensure_messages_consumed``,
+        300 x 0.1 s), plain Celery as well.  Returns the exit status.
         """
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
