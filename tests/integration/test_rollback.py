@@ -62,6 +62,7 @@ def _wait(ledger: Ledger, n: int, *workers: WorkerProcess, timeout: float = 90) 
         return
     client = redis_lib.Redis.from_url(workers[0].broker_url)
     found = {k: client.type(k) for k in client.scan_iter(f"{QUEUE}*")}
+    found["unacked"] = client.hlen("unacked")
     logs = "\n".join(w.log()[-2000:] for w in workers)
     raise AssertionError(f"{ledger.count()} of {n} ran; broker: {found}\n{logs}")
 
