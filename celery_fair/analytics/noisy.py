@@ -126,11 +126,18 @@ def _periods(windows: Iterable[Mapping[str, Any]], window_seconds: float) -> lis
     return periods
 
 
-def advice(queue: str, key: str, rules: Iterable[str], keys_in_queue: int | None) -> list[str]:
-    """What to do about a noisy key, most useful first."""
+def advice(
+    queue: str, key: str, rules: Iterable[str], keys_in_queue: int | None, keyed: bool = False
+) -> list[str]:
+    """What to do about a noisy key, most useful first (``keyed``: its queue has fair_keys)."""
     found = set(rules)
     out: list[str] = []
-    if keys_in_queue == 1:
+    if keyed:
+        out.append(
+            f"{queue} is keyed already: its other keys are served in turn; lower {key}'s "
+            f"weight (fair_key_weights = {{{key!r}: 0.5}}) or cap it with per-key limits"
+        )
+    elif keys_in_queue == 1:
         out.append(
             f"{key} has queue {queue} to itself: its share of the workers is {queue}'s weight; "
             f"lower it in fair_weights to give the other queues more"
@@ -148,8 +155,8 @@ def advice(queue: str, key: str, rules: Iterable[str], keys_in_queue: int | None
         )
     if IN_FLIGHT in found:
         out.append(
-            f"cap the tasks of {key} held at once with fair_key_concurrency = {{{key!r}: N}} "
-            f"(on a keyed queue)"
+            f"cap the tasks of {key} held at once with fair_key_concurrency = {{{key!r}: N}}"
+            + ("" if keyed else " (on a keyed queue)")
         )
     return out
 
@@ -216,9 +223,12 @@ def findings(
             if any(r[flag] for r in kept) and name not in e["rules"]:
                 e["rules"].append(name)
 
+    keyed = {k["queue"] for k in known.values() if k.get("keyed")}
     out = []
     for e in found.values():
-        e["advice"] = advice(e["queue"], e["fair_key"], e["rules"], e["keys_in_queue"])
+        e["advice"] = advice(
+            e["queue"], e["fair_key"], e["rules"], e["keys_in_queue"], e["queue"] in keyed
+        )
         out.append(e)
     out.sort(key=lambda e: (-(e["share"] or 0.0), e["queue"], e["fair_key"]))
     return out

@@ -539,6 +539,8 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
     rows = per_key.select(
         "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues", "held",
         _key_weight().alias("weight"),
+        # Only a keyed queue's fetch stamps the key's weight (SERVED_HEADER).
+        F.col("weight").isNotNull().alias("keyed"),
     )  # fmt: skip
     if totals is None:
         totals = per_key.transform(key_totals)
@@ -556,6 +558,7 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
         ratio(F.col("weight"), F.col("queue_weight")).alias("target_in_queue"),
         "held",
         "codel_requeues",
+        "keyed",
     )
 
 
@@ -672,22 +675,33 @@ def codel_rates(usage: DataFrame) -> DataFrame:
     )
 
 
+#: Seconds: a publish-to-receive time above this is a wait in a backlog, not a fetch
+#: round trip (a fetch from Redis or RabbitMQ takes milliseconds, even across regions).
+MAX_ROUND_TRIP = 1.0
+
+
 def recommendations(latency: DataFrame, target_fraction: float = 0.1) -> DataFrame:
     """Per queue, from ``quantiles.quantiles``: prefetch and CoDel settings.
 
     Prefetch = ceil(round trip / service time), at least 1: enough messages
     in flight to cover one fetch round trip while the pool works ("Some
-    queuing theory: throughput, latency and bandwidth"). CoDel interval = the
-    worst normal task (p99 run time); target = ``target_fraction`` of it
-    (RFC 8289 section 4.4 puts target at 5-10% of interval).
+    queuing theory: throughput, latency and bandwidth"). The round trip is
+    the 5th percentile of publish -> receive; when even that is above
+    :data:`MAX_ROUND_TRIP` the queue was backlogged all along, the times
+    measure the backlog, and no prefetch is recommended (null: use
+    ``fair_prefetch="auto"``, which measures the fetch itself). CoDel
+    interval = the worst normal task (p99 run time); target =
+    ``target_fraction`` of it (RFC 8289 section 4.4 puts target at 5-10% of
+    interval).
     """
     service = F.greatest(F.col("runtime_p50"), F.lit(1e-6))
     rtt = F.greatest(F.coalesce(F.col("transfer_p05"), F.lit(0.0)), F.lit(0.0))
+    prefetch = F.greatest(F.ceil(rtt / service), F.lit(1)).cast("int")
     return latency.select(
         "queue",
         rtt.alias("round_trip"),
         F.col("runtime_p50").alias("service_time"),
-        F.greatest(F.ceil(rtt / service), F.lit(1)).cast("int").alias("recommended_prefetch"),
+        F.when(rtt <= MAX_ROUND_TRIP, prefetch).alias("recommended_prefetch"),
         (F.col("runtime_p99") * target_fraction).alias("codel_target"),
         F.col("runtime_p99").alias("codel_interval"),
     )

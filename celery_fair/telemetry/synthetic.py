@@ -30,8 +30,10 @@ as without them):
 - ``gaps``: (start, end) seconds after ``start`` in which no task starts; the
   other records fill the rest of ``duration``.
 
-Every record carries its key's weight (``key_weights``, else 1) and a
-``key_held`` of 0: synthetic keys are never held back by limits.
+Every record carries its key's weight (``key_weights``, else 1), as a keyed
+queue's fetch stamps it, unless ``keyed`` is false (queues routed by key
+without ``fair_keys``: no weight), and a ``key_held`` of 0: synthetic keys
+are never held back by limits.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class SyntheticSpec:
     flood_span: tuple[float, float] = (0.0, 1.0)
     gaps: tuple[tuple[float, float], ...] = ()
     key_weights: Mapping[str, float] = field(default_factory=dict)
+    keyed: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.flood_share < 1.0:
@@ -198,7 +201,10 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
     names = [f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)]
     names.append(spec.flood_key)
     key_names = pa.array(names)
-    key_weights = pa.array([float(spec.key_weights.get(k, 1.0)) for k in names])
+    key_weights = pa.array(
+        [float(spec.key_weights.get(k, 1.0)) if spec.keyed else None for k in names],
+        type=pa.float64(),
+    )
     host_names = pa.array([f"worker{h}@example" for h in range(spec.hostnames)])
     host = rng.integers(0, spec.hostnames, size=n)
     outcomes = pa.array(["success", "failure", "retry", "codel-requeue", "codel-reject"])

@@ -22,8 +22,10 @@ SAME_SOJOURN = dict.fromkeys(EVEN, 0.05)
 
 # The demo's situation: 20 quiet tenants on 4 queues, and one flood that takes
 # 60% of the records during the middle half of the run (150 s to 450 s), in
-# queue p1, which it shares with five quiet tenants.
+# queue p1, which it shares with five quiet tenants; tenants are routed to
+# queues, the queues are not keyed.
 FLOOD = SyntheticSpec(
+    keyed=False,
     records=60_000,
     weights=EVEN,
     mean_sojourn=SAME_SOJOURN,
@@ -196,6 +198,20 @@ def test_findings_merge_consecutive_windows_and_advise() -> None:
     [g] = findings([], [*windows, blip], 10.0, known_keys=known, min_windows=2)
     assert g["fair_key"] == "k" and g["noisy_windows"] == 2
     assert [(p["start"], p["end"]) for p in g["periods"]] == [(0.0, 20.0)]
+
+
+def test_a_keyed_queue_is_not_advised_to_use_fairness_keys() -> None:
+    rows = [
+        {"queue": q, "fair_key": "flood", "share": 0.6, "share_in_queue": 0.9,
+         "keys_in_queue": 20, "share_of_all": True, "share_of_queue": True,
+         "hot_in_queue": True}
+        for q in ("plain", "keyed")
+    ]  # fmt: skip
+    known = [{**r, "keyed": r["queue"] == "keyed"} for r in rows]
+    found = {f["queue"]: f["advice"] for f in findings(rows, [], 10.0, known_keys=known)}
+    assert "fair_keys = {'plain': ...}" in found["plain"][0]
+    assert "keyed already" in found["keyed"][0]
+    assert not any("fair_keys =" in a for a in found["keyed"])
 
 
 def test_rules_are_checked_and_errors_name_the_option() -> None:

@@ -238,13 +238,19 @@ def test_codel_rates(spark: SparkSession) -> None:
 
 def test_recommendations_follow_the_round_trip_rule(spark: SparkSession) -> None:
     # The DESIGN example: 104 ms round trip / 4 ms per task = 26 in flight.
+    # "c" waited in a backlog all along: 10.9 s from publish to receive is the
+    # backlog, not a round trip (it gave prefetch 10942): no recommendation.
     latency = spark.createDataFrame(
-        [("a", 0.004, 0.5, 0.104), ("b", 1.0, 2.0, 0.001)],
+        [("a", 0.004, 0.5, 0.104), ("b", 1.0, 2.0, 0.001), ("c", 0.001, 0.002, 10.942)],
         "queue string, runtime_p50 double, runtime_p99 double, transfer_p05 double",
     )
     got = latency.transform(T.recommendations)
     expected = spark.createDataFrame(
-        [("a", 0.104, 0.004, 26, 0.05, 0.5), ("b", 0.001, 1.0, 1, 0.2, 2.0)],
+        [
+            ("a", 0.104, 0.004, 26, 0.05, 0.5),
+            ("b", 0.001, 1.0, 1, 0.2, 2.0),
+            ("c", 10.942, 0.001, None, 0.0002, 0.002),
+        ],
         "queue string, round_trip double, service_time double, recommended_prefetch int, "
         "codel_target double, codel_interval double",
     )
