@@ -43,7 +43,9 @@ def test_multitenant_project_runs_as_its_readme_says(redis_url: str, tmp_path: P
             text = (tmp_path / "worker.log").read_text(errors="replace")
         assert sum(client.llen(q) for q in QUEUES) == 0
         # Premium tenants went to their own queue; the flood to one standard shard.
-        assert "celery-fair: DWRR fetch order on" in text
+        # The start line names the consumed queues and the weights in force.
+        assert "celery-fair: DWRR fetch order on premium, std.0, std.1, std.2, std.3" in text
+        assert "'premium': 4.0, 'std.0': 1.0" in text
         stats = subprocess.run(
             [sys.executable, "-m", "celery", "-A", "proj", "inspect", "fair_stats",
              "-d", f"example-{os.getpid()}@{os.uname().nodename}", "--timeout", "5"],
