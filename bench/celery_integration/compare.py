@@ -148,6 +148,7 @@ def _run_summary(run: dict[str, Any]) -> dict[str, Any]:
         "pytest_exitstatus": meta.get("exitstatus"),
         "pytest_summary": run.get("summary_line"),
         "celery_fair_installed_apps": meta.get("installed_apps", 0),
+        "celery_fair_keyed_apps": meta.get("keyed_apps", 0),
         "celery_fair_keys": meta.get("celery_fair_keys", False),
         "celery_fair_path": meta.get("celery_fair_path"),
         "worker_mode": meta.get("worker_mode", "embedded"),
@@ -267,7 +268,12 @@ def _runs_described(runs: dict[str, Any], worker: str) -> list[str]:
     lines = []
     for mode, run in runs.items():
         text = f"* **{mode}**: {RUN_LABELS.get(mode, mode)}"
-        if mode != "plain":
+        if run["celery_fair_keys"]:
+            text += (
+                f" ({run['celery_fair_installed_apps']} apps, {run['celery_fair_keyed_apps']} "
+                "of them keyed: those on the Redis broker)"
+            )
+        elif mode != "plain":
             text += f" ({run['celery_fair_installed_apps']} apps)"
         session = [w for w in run["workers"] if w.get("kind") in ("subprocess", "embedded")]
         if worker == "subprocess" and not run["session_worker_fixture_replaced"]:

@@ -53,12 +53,6 @@ DESELECT: dict[str, str] = {
     _CHORD + "test_error_propagates_from_chord": (
         "xfail on a Redis backend (Celery issue #6437): it hangs until the per-test timeout"
     ),
-    "t/integration/test_worker.py::test_django_fixup_direct_worker": (
-        "builds a prefork worker inside the pytest process, which sets Celery's process-wide "
-        "task_join_will_block; once the session worker has started nothing resets it, and "
-        "every later result.get() raises 'Never call result.get() within a task!' "
-        "(test_pidbox_reset_after_repeated_control_errors, Celery 5.7)"
-    ),
 }
 
 #: Tests deselected with ``--worker subprocess`` only, with the reason: they read the

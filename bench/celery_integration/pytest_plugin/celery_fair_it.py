@@ -3,7 +3,7 @@
 Loaded with ``-p celery_fair_it`` (its directory on ``PYTHONPATH``) by
 ``python -m bench.celery_integration``; it imports nothing from the project
 unless ``--celery-fair-install`` is given, so the plain run loads it too and
-both runs record their outcomes the same way.
+every run records its outcomes the same way.
 
 ``--celery-fair-install``
     Calls ``celery_fair.install(app)`` on every Celery app when it is
@@ -15,7 +15,8 @@ both runs record their outcomes the same way.
 ``--celery-fair-keys``
     With ``--celery-fair-install``: before ``install``, sets ``fair_keys`` to
     key every task of the app's default queue by its name
-    (``celery_fair_it_keys``), on every app and on the subprocess worker.
+    (``celery_fair_it_keys``), on every app whose broker is Redis and on the
+    subprocess worker.
 ``--celery-fair-worker subprocess``
     Replaces the suite's ``celery_session_worker`` (Celery's embedded test
     worker: a thread in this process, mingle, gossip and heartbeat off) with
@@ -38,7 +39,9 @@ both runs record their outcomes the same way.
 
 With ``REDIS_PORT`` set it also makes Celery 5.3's
 ``t.integration.conftest.get_redis_connection`` (which reads ``REDIS_HOST``
-only) use that port, as Celery 5.4+ does.
+only) use that port, as Celery 5.4+ does.  After each test it gives Celery's
+process-wide ``task_join_will_block`` back the value it had before the test
+(``_celery_fair_it_join_flag``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,12 @@ from typing import Any
 import pytest
 
 _LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"installed_apps": [], "workers": []}
+_STATE: dict[str, Any] = {
+    "installed_apps": [],
+    "keyed_apps": [],
+    "workers": [],
+    "join_flag_restored": [],
+}
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -87,13 +95,30 @@ def pytest_configure(config: Any) -> None:
 def _install(app: Any) -> None:
     import celery_fair
 
-    if _STATE["keyed"]:
+    keyed = _STATE["keyed"] and _on_redis(app)
+    if keyed:
         from celery_fair_it_keys import fair_keys_for
 
         app.conf.fair_keys = fair_keys_for(app)
     celery_fair.install(app)
     with _LOCK:
         _STATE["installed_apps"].append(str(app.main or app))
+        if keyed:
+            _STATE["keyed_apps"].append(str(app.main or app))
+
+
+def _on_redis(app: Any) -> bool:
+    """Whether ``app``'s broker is Redis: the only broker ``fair_keys`` is for.
+
+    A few tests build apps on the ``memory://`` transport (the Django fix-up tests
+    of ``test_worker.py``); nobody keys those, and celery-fair refuses to build a
+    worker for them with ``fair_keys`` (FairConfigError), as documented.
+    """
+    try:
+        with app.connection_for_write() as conn:  # builds the transport, no connection yet
+            return bool(conn.transport.driver_type == "redis")
+    except Exception:
+        return False
 
 
 def _on_worker_ready(sender: Any = None, worker: Any = None, **kwargs: Any) -> None:
@@ -161,6 +186,27 @@ def _redis_port_for_celery_5_3(plugin: Any) -> None:
         return StrictRedis(host=os.environ.get("REDIS_HOST", "localhost"), port=int(port))
 
     plugin.get_redis_connection = get_redis_connection
+
+
+@pytest.fixture(autouse=True)
+def _celery_fair_it_join_flag(request: Any) -> Any:
+    """Give Celery's process-wide ``task_join_will_block`` back after each test.
+
+    Building a worker sets it (``worker.components.Pool.create``), and the suite's
+    tests that build one in the pytest process (the Django fix-up tests of
+    ``test_worker.py``) leave it set: every later ``result.get()`` of the session
+    then raises "Never call result.get() within a task!"
+    (``test_pidbox_reset_after_repeated_control_errors``), in every run.  The tests
+    that left it set are named in the result.
+    """
+    from celery import _state
+
+    before = _state.task_join_will_block()
+    yield
+    if _state.task_join_will_block() != before:
+        _state._set_task_join_will_block(before)
+        with _LOCK:
+            _STATE["join_flag_restored"].append(request.node.nodeid)
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -285,9 +331,11 @@ def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
             "celery_fair_keys": bool(_STATE.get("keyed")),
             "celery_fair_path": _STATE.get("celery_fair"),
             "installed_apps": len(_STATE["installed_apps"]),
+            "keyed_apps": len(_STATE["keyed_apps"]),
             "worker_mode": _STATE.get("worker_mode", "embedded"),
             "session_worker_fixture_replaced": bool(_STATE.get("fixture_replaced")),
             "workers": workers,
+            "join_flag_restored_after": list(_STATE["join_flag_restored"]),
         }
     _write({"meta": meta})
 
