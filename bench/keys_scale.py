@@ -39,8 +39,9 @@ import redis as redis_lib
 from bench.harness.harness import WorkerProcess
 from bench.harness.redis import RedisServer
 from celery_fair.keys import store
-from celery_fair.keys.layout import KEY_HEADER, KEYED_HEADER, KeyedNames
+from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.scripts import FETCH
+from celery_fair.wire import KEY_HEADER, KEYED_HEADER
 
 from .common import environment, summary, write
 

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "ConsistentHashRouter": "celery_fair.routing.router",
     "DeficitRoundRobin": "celery_fair.scheduling.drr",
-    "FairConfigError": "celery_fair.worker.settings",
+    "FairConfigError": "celery_fair.errors",
     "FairScheduler": "celery_fair.scheduling.scheduler",
     "HashRing": "celery_fair.routing.ring",
     "MissingRouteKeyError": "celery_fair.routing.router",
@@ -39,13 +39,13 @@ __all__ = (
 )
 
 if TYPE_CHECKING:
+    from .errors import FairConfigError
     from .install import install
     from .routing.rabbitmq import declare_consistent_hash_exchange
     from .routing.ring import HashRing
     from .routing.router import ConsistentHashRouter, MissingRouteKeyError
     from .scheduling.drr import DeficitRoundRobin
     from .scheduling.scheduler import FairScheduler
-    from .worker.settings import FairConfigError
 
 
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from .worker.settings import FairConfigError
+from .errors import CompatibilityError
 
 __all__ = (
     "CAPABILITIES",
@@ -172,14 +172,6 @@ CAPABILITIES: dict[str, Capability] = {
         ),
     )
 }
-
-
-class CompatibilityError(FairConfigError):
-    """A capability celery-fair cannot do without is missing from these versions.
-
-    A :class:`~celery_fair.worker.settings.FairConfigError`: ``celery worker``
-    prints it on one line and exits with status 1.
-    """
 
 
 def versions() -> str:

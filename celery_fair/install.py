@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .worker.recorder import PUBLISHED_HEADER
+from .wire import PUBLISHED_HEADER
 
 __all__ = ("install",)
 

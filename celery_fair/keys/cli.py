@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from ..cli_broker import add_broker_options, broker_connection
+from ..cli_options import add_broker_options, broker_connection, positive_int
 
 __all__ = ("register", "run")
 
@@ -36,20 +36,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("queue", metavar="QUEUE", help="the keyed queue")
     add_broker_options(parser)
     parser.add_argument(
-        "--batch", type=_positive_int, default=None, help="messages moved per step (unkey)"
+        "--batch", type=positive_int, default=None, help="messages moved per step (unkey)"
     )
-    parser.add_argument("--top", type=_positive_int, default=10, help="next keys shown (backlog)")
+    parser.add_argument("--top", type=positive_int, default=10, help="next keys shown (backlog)")
     parser.set_defaults(handler=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,7 +32,8 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   set aside, the ``HELD_TOP`` longest kept), and in ``fair.state`` the
   fields ``held_n`` (times a key was set aside) and ``held_s`` (seconds);
   ``fair.howed`` (key -> seconds it was set aside, not yet reported): the
-  next task served of the key carries them in its :data:`SERVED_HEADER`.
+  next task served of the key carries them in its ``fair_served`` header
+  (:data:`celery_fair.wire.SERVED_HEADER`).
 
 Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
 with these names: Kombu's priority lists use it followed by a digit.
@@ -42,23 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ("KEYED_HEADER", "KEY_HEADER", "SERVED_HEADER", "UNKEYED", "KeyedNames")
+__all__ = ("UNKEYED", "KeyedNames")
 
-#: The message header that carries a task's key.  ``ConsistentHashRouter``
-#: stamps the same header, and telemetry records it.
-KEY_HEADER = "fair_key"
-
-#: The keyed queue a message was published for (by an app with ``fair_keys``):
-#: Kombu's Redis ``_put`` stores it in its key's list only for that queue.
-KEYED_HEADER = "fair_keyed"
-
-#: Stamped by the worker on a message it fetched from a keyed queue:
-#: ``[key, charge, weight, held]``: the key served, the cost charged to it at
-#: fetch time (run-time mode corrects it when the task finishes), the key's
-#: weight when it was served, and the seconds the key had spent set aside by
-#: its limits since its previous task was served (0 without limits).
-#: Telemetry records the last two as ``key_weight`` and ``key_held``.
-SERVED_HEADER = "fair_served"
 
 #: The key of messages published without one (plain Kombu lists).
 UNKEYED = ""

@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import FairConfigError
+from ..grammar import parse_pairs
+
 __all__ = (
     "CONCURRENCY",
     "DEFAULT_KEY",
@@ -63,8 +66,6 @@ class KeyLimits:
 
 
 def _error(message: str) -> Exception:
-    from ..worker.settings import FairConfigError
-
     return FairConfigError(message)
 
 
@@ -104,6 +105,4 @@ def parse_rates(value: Any, *, setting: str = "fair_key_rate_limit") -> dict[str
 
 
 def _pairs(value: Any, setting: str) -> dict[str, Any]:
-    from ..worker.settings import parse_pairs
-
     return parse_pairs(value, setting=setting, what="KEY=LIMIT")

@@ -30,9 +30,11 @@ from typing import Any
 from kombu.utils.json import dumps as _dumps
 
 from .. import compat
+from ..errors import FairConfigError
 from ..routing.keys import KeySource, key_of, parse_key_spec
+from ..wire import KEY_HEADER, KEYED_HEADER
 from . import store
-from .layout import KEY_HEADER, KEYED_HEADER, KeyedNames
+from .layout import KeyedNames
 
 __all__ = ("KeyedQueues", "parse_fair_keys", "register_app", "wrap_kombu")
 
@@ -50,7 +52,6 @@ class KeyedQueues(dict[str, KeySource]):
 
 def parse_fair_keys(value: Any) -> KeyedQueues:
     """Check ``fair_keys`` (queue -> key spec, as ``ConsistentHashRouter``'s ``key=``)."""
-    from ..worker.settings import FairConfigError
 
     if value is None:
         return KeyedQueues()
@@ -79,7 +80,6 @@ def register_app(app: Any) -> None:
     without it leaves Kombu and its sender untouched; an invalid one makes
     every send raise the :class:`~celery_fair.worker.settings.FairConfigError`.
     """
-    from ..worker.settings import FairConfigError
 
     try:
         keyed = parse_fair_keys(app.conf.get("fair_keys"))

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..scheduling.estimate import Ewma
-from .layout import SERVED_HEADER, UNKEYED
+from ..wire import SERVED_HEADER
+from .layout import UNKEYED
 from .limits import KeyLimits
 
 __all__ = ("KeyStatistics", "KeyedServing", "served_header", "served_weight_held")

@@ -52,11 +52,12 @@ from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from .. import compat
-from ..keys.layout import SERVED_HEADER, KeyedNames
+from ..keys.layout import KeyedNames
 from ..keys.scripts import FETCH
 from ..keys.serving import KeyedServing
 from ..keys.store import text
 from ..parking.records import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
+from ..wire import SERVED_HEADER
 from .wakeup import InvalidationListener
 
 __all__ = ("AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")

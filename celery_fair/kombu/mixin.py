@@ -43,7 +43,8 @@ from ..scheduling.cost import COST_MODES, CostMode, CostModel
 from ..scheduling.dispatch import DispatchRound
 from ..scheduling.drr import DRRStatistics, check_quantum
 from ..scheduling.shedding import SheddingPolicy, Verdict, check_codel, option_error
-from .requeue import REQUEUE_HEADER, requeue_count, return_copy
+from ..wire import REQUEUE_HEADER
+from .requeue import requeue_count, return_copy
 
 __all__ = (
     "CODEL_ACTIONS",

@@ -22,9 +22,9 @@ from typing import Any
 from .. import compat
 from ..keys.publish import message_key, names_for
 from ..keys.store import enqueue
+from ..wire import REQUEUE_HEADER
 
 __all__ = (
-    "REQUEUE_HEADER",
     "copy_properties",
     "producer_on",
     "push_front_redis",
@@ -34,8 +34,6 @@ __all__ = (
     "return_copy",
 )
 
-#: How many times CoDel sent this message back (a message header).
-REQUEUE_HEADER = "fair_codel_requeues"
 
 #: The AMQP basic properties a copy keeps (the transport's own are dropped).
 _PROPERTIES = (

@@ -16,7 +16,7 @@
 --                                hold their key's slot for at most <lease s>
 --       (the words are built by celery_fair.keys.serving.KeyedServing.fetch_word).
 -- Returns {key, item} for a message, {key, item, "key", fair key, key weight,
--- seconds held} for one of a keyed queue (celery_fair.keys.layout.SERVED_HEADER),
+-- seconds held} for one of a keyed queue (celery_fair.wire.SERVED_HEADER),
 -- {key, item, "malformed"} for a payload moved aside, or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
 -- nil or the milliseconds until a key held back by its limits may go on.

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..cli_broker import add_broker_options, broker_connection
+from ..cli_options import add_broker_options, broker_connection
 from .readings import QueueReading, read_rabbitmq, read_redis
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")

@@ -38,7 +38,7 @@ from .. import compat
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parking.records import PARKING_SUFFIX, cause_of, decode_record
-from ..worker.recorder import PUBLISHED_HEADER
+from ..wire import PUBLISHED_HEADER
 
 __all__ = (
     "KeyReading",

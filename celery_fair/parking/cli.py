@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from ..cli_broker import add_broker_options, broker_connection
+from ..cli_options import add_broker_options, broker_connection, positive_int
 from .records import ParkedMessage, parking_queue
 
 __all__ = ("format_age", "register", "run")
@@ -32,20 +32,10 @@ def register(subparsers: Any) -> None:
     action.add_argument("--replay", action="store_true", help="put them back on QUEUE")
     action.add_argument("--purge", action="store_true", help="drop them (they are gone)")
     parser.add_argument(
-        "--limit", type=_positive_int, default=None, help="at most this many (oldest first)"
+        "--limit", type=positive_int, default=None, help="at most this many (oldest first)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per message")
     parser.set_defaults(handler=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--limit must be a positive integer, got {text!r}")
-    return value
 
 
 def format_age(seconds: float | None) -> str:

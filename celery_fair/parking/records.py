@@ -21,16 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..wire import AT_HEADER, FROM_HEADER, REASON_HEADER, RETURNS_HEADER
+
 __all__ = (
-    "AT_HEADER",
     "CAUSES",
-    "FROM_HEADER",
     "NOT_A_MESSAGE",
     "PARKED_HEADERS",
     "PARKED_LOG",
     "PARKING_SUFFIX",
-    "REASON_HEADER",
-    "RETURNS_HEADER",
     "ParkedMessage",
     "cause_of",
     "decode_record",
@@ -42,14 +40,6 @@ __all__ = (
 #: or a RabbitMQ queue that celery-fair declares).
 PARKING_SUFFIX = ".fair-malformed"
 
-#: Why the message was parked (a header on RabbitMQ, a field on Redis).
-REASON_HEADER = "fair_parked_reason"
-#: When (epoch seconds).
-AT_HEADER = "fair_parked_at"
-#: The queue it was taken from (where ``--replay`` puts it back).
-FROM_HEADER = "fair_parked_from"
-#: How often workers that did not know its task sent it back.
-RETURNS_HEADER = "fair_unknown_returns"
 
 #: Headers celery-fair adds when parking; ``--replay`` removes them again.
 PARKED_HEADERS = (REASON_HEADER, AT_HEADER, FROM_HEADER, RETURNS_HEADER)

@@ -19,16 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from .. import compat
-from .records import (
-    AT_HEADER,
-    FROM_HEADER,
-    PARKED_HEADERS,
-    REASON_HEADER,
-    ParkedMessage,
-    decode_record,
-    encode_record,
-    parking_queue,
-)
+from ..wire import AT_HEADER, FROM_HEADER, REASON_HEADER
+from .records import PARKED_HEADERS, ParkedMessage, decode_record, encode_record, parking_queue
 
 __all__ = ("AmqpParking", "Parking", "RedisParking", "parking_for")
 

@@ -84,6 +84,8 @@ from hashlib import blake2b, shake_128
 from itertools import repeat
 from operator import lshift, or_, rshift
 
+from ..grammar import as_positive
+
 __all__ = (
     "ALGORITHMS",
     "AUTO_RENDEZVOUS_MAX_QUEUES",
@@ -188,8 +190,8 @@ def _check_weight(name: str, weight: object) -> float:
     # bool is an int subclass; True as a weight is almost certainly a mistake.
     if isinstance(weight, bool) or not isinstance(weight, (int, float)):
         raise TypeError(f"weight of queue {name!r} must be a number, not {weight!r}")
-    value = float(weight)
-    if not math.isfinite(value) or value <= 0:
+    value = as_positive(weight)
+    if value is None:
         raise ValueError(
             f"weight of queue {name!r} must be a positive finite number, not {weight!r}"
         )
@@ -230,8 +232,8 @@ def _check_table_weight(table_weight: object) -> float | None:
         return None
     if isinstance(table_weight, bool) or not isinstance(table_weight, (int, float)):
         raise TypeError(f"table_weight={table_weight!r}: must be a number or None")
-    value = float(table_weight)
-    if not math.isfinite(value) or value <= 0:
+    value = as_positive(table_weight)
+    if value is None:
         raise ValueError(f"table_weight={table_weight!r}: must be a positive finite number")
     return value
 

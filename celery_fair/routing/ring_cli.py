@@ -8,9 +8,10 @@ import random
 from collections import Counter
 from typing import Any
 
+from celery_fair.cli_options import positive_float, positive_int, queue_weights
 from celery_fair.routing.ring import ALGORITHMS, HashRing, ideal_moved_fraction
 
-__all__ = ("parse_queue_weights", "register", "ring_of_app", "ring_report", "run")
+__all__ = ("register", "ring_of_app", "ring_report", "run")
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +29,7 @@ def register(subparsers: Any) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--queues",
-        type=parse_queue_weights,
+        type=queue_weights,
         help="queue=weight pairs, comma separated (t0=10,t1=10,t2=20); a bare name weighs 1",
     )
     where.add_argument(
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
         help="a Celery app (module or module:attr): the ring of its ConsistentHashRouter "
         "in task_routes (queues, weights and algorithm)",
     )
-    parser.add_argument("--keys", type=_positive_int, default=100_000, help="number of keys")
+    parser.add_argument("--keys", type=positive_int, default=100_000, help="number of keys")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random keys")
     change = parser.add_mutually_exclusive_group()
     change.add_argument("--add", type=_one_pair, metavar="QUEUE=WEIGHT", help="add a queue")
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     change.add_argument("--set", type=_one_pair, metavar="QUEUE=WEIGHT", help="change a weight")
     change.add_argument(
         "--to",
-        type=parse_queue_weights,
+        type=queue_weights,
         metavar="QUEUES",
         help="compare with another queue set (same form as --queues)",
     )
@@ -70,7 +71,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--table-weight",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="W",
         help="lay the table out for total weight W (keeps the layout across the change)",
@@ -79,51 +80,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def parse_queue_weights(text: str) -> dict[str, float]:
-    """Parse ``t0=10,t1=10,t2`` into ``{"t0": 10.0, "t1": 10.0, "t2": 1.0}``."""
-    weights: dict[str, float] = {}
-    for item in text.split(","):
-        name, sep, value = item.strip().partition("=")
-        if not name:
-            raise argparse.ArgumentTypeError(f"empty queue name in {text!r}")
-        if name in weights:
-            raise argparse.ArgumentTypeError(f"queue {name!r} appears twice in {text!r}")
-        try:
-            weight = float(value) if sep else 1.0
-        except ValueError:
-            message = f"weight {value!r} of queue {name!r} is not a number"
-            raise argparse.ArgumentTypeError(message) from None
-        if not weight > 0:
-            raise argparse.ArgumentTypeError(f"weight of queue {name!r} must be positive: {value}")
-        weights[name] = weight
-    return weights
-
-
 def _one_pair(text: str) -> tuple[str, float]:
-    pairs = parse_queue_weights(text)
+    pairs = queue_weights(text)
     if len(pairs) != 1 or "=" not in text:
         raise argparse.ArgumentTypeError(f"expected one QUEUE=WEIGHT, not {text!r}")
     return next(iter(pairs.items()))
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def _changed_ring(ring: HashRing, args: argparse.Namespace) -> tuple[HashRing | None, str]:

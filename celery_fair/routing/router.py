@@ -15,7 +15,7 @@ from celery_fair.routing.isolation import IsolationPolicy, IsolationStatistics, 
 from celery_fair.routing.keys import KeySource, KeySpec, key_of, parse_key_spec
 from celery_fair.routing.ring import HashRing, RingKey, canonical_key
 
-from ..keys.layout import KEY_HEADER
+from ..wire import KEY_HEADER
 
 __all__ = ("ConsistentHashRouter", "MissingRouteKeyError", "RouterStatistics")
 

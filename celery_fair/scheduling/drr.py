@@ -39,6 +39,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from ..grammar import as_positive
+
 __all__ = ("DRRStatistics", "DeficitRoundRobin", "QueueStatistics")
 
 
@@ -98,10 +100,8 @@ class _Queue:
 
 def check_quantum(name: str, quantum: object) -> float:
     """Return ``quantum`` as a float, or raise ValueError naming the queue."""
-    if isinstance(quantum, bool) or not isinstance(quantum, (int, float)):
-        raise ValueError(f"quantum of queue {name!r} must be a positive number, got {quantum!r}")
-    value = float(quantum)
-    if not value > 0 or value == float("inf"):
+    value = as_positive(quantum)
+    if value is None:
         raise ValueError(f"quantum of queue {name!r} must be a positive number, got {quantum!r}")
     return value
 

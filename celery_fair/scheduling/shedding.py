@@ -19,11 +19,11 @@ report a failure to do so with :meth:`SheddingPolicy.failed`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from ..grammar import as_positive
 from .codel import CODEL_ACTIONS, CoDelAction, CoDelController, CoDelStatistics
 
 __all__ = (
@@ -50,11 +50,10 @@ def option_error(option: str, value: object, expected: str) -> ValueError:
 
 
 def _seconds(option: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    seconds = as_positive(value)
+    if seconds is None:
         raise option_error(option, value, "must be a positive number of seconds")
-    if not 0 < value < math.inf:
-        raise option_error(option, value, "must be a positive number of seconds")
-    return float(value)
+    return seconds
 
 
 @dataclass(frozen=True)

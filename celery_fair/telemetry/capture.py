@@ -187,7 +187,7 @@ def capture_events(
 
 def register(subparsers: Any) -> None:
     """Add the ``capture`` subcommand to the ``celery-fair`` parser."""
-    from celery_fair.routing.ring_cli import parse_queue_weights
+    from celery_fair.cli_options import queue_weights
 
     parser = subparsers.add_parser(
         "capture",
@@ -202,7 +202,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", required=True, help="directory of the Parquet files")
     parser.add_argument("--duration", type=float, default=None, help="seconds to capture")
     parser.add_argument(
-        "--weights", type=parse_queue_weights, default=None, help="q=weight pairs (targets)"
+        "--weights", type=queue_weights, default=None, help="q=weight pairs (targets)"
     )
     parser.add_argument(
         "--cost", choices=COST_MODES, default="runtime", help="cost charged per task"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from ..errors import FairConfigError
 from ..keys.publish import register_app
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .service import FairService
-from .settings import FairConfigError, FairSettings
+from .settings import FairSettings
 
 __all__ = ("build",)
 

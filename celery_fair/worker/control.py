@@ -11,8 +11,10 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
+from ..errors import FairConfigError
+from ..grammar import parse_pairs
 from ..keys.limits import CONCURRENCY, RATE, KeyLimits, limit_field, parse_concurrency, parse_rates
-from .settings import FairConfigError, parse_pairs, parse_weights
+from .settings import parse_weights
 
 __all__ = ("fair_key_limits", "fair_key_weights", "fair_stats", "fair_weights")
 

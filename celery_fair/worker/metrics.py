@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FairConfigError
+
 if TYPE_CHECKING:
     from ..keys.serving import KeyStatistics
 
@@ -112,8 +114,6 @@ def require_prometheus_client(setting: str = "fair_metrics_port") -> None:
     try:
         import prometheus_client  # noqa: F401
     except ImportError:
-        from .settings import FairConfigError
-
         raise FairConfigError(
             f"{setting} is set but the Python package prometheus_client is not "
             "installed: pip install 'celery-fair[prometheus]'"
@@ -361,7 +361,6 @@ class MetricsServer:
                 raise self._error(exc) from None
 
     def _error(self, exc: OSError) -> Exception:
-        from .settings import FairConfigError
 
         return FairConfigError(
             f"fair_metrics_port: cannot listen on {self.addr}:{self.port} "

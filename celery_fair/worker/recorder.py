@@ -30,29 +30,24 @@ from typing import Any
 
 from celery import signals, states
 
-from ..keys.layout import KEY_HEADER, SERVED_HEADER
 from ..keys.serving import served_weight_held
+from ..wire import (
+    DISPATCHED_STAMP,
+    KEY_HEADER,
+    PUBLISHED_HEADER,
+    QUEUE_STAMP,
+    RECEIVED_STAMP,
+    SERVED_HEADER,
+    WEIGHT_STAMP,
+)
 
 __all__ = (
-    "DISPATCHED_STAMP",
-    "KEY_HEADER",
-    "PUBLISHED_HEADER",
     "PoolRecorder",
-    "QUEUE_STAMP",
-    "RECEIVED_STAMP",
-    "WEIGHT_STAMP",
     "as_float",
     "as_text",
     "outcome_of",
 )
 
-#: Request headers the main process stamps (wall times, queue, target weight).
-RECEIVED_STAMP = "fair_received"
-DISPATCHED_STAMP = "fair_dispatched"
-QUEUE_STAMP = "fair_queue"
-WEIGHT_STAMP = "fair_weight"
-#: Header stamped by the producer (``before_task_publish``) with its wall time.
-PUBLISHED_HEADER = "fair_published"
 #: Header the router stamps with the task's fairness key.
 
 # Where the recorder keeps a running task's start on its ``task.request``.

@@ -14,6 +14,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import compat
+from ..errors import FairConfigError
 from ..keys import store
 from ..keys.layout import KeyedNames
 from ..keys.publish import names_for
@@ -24,7 +25,7 @@ from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from .push_prefetch import PushWindows, PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
-from .settings import FairConfigError, FairSettings, parse_weights
+from .settings import FairSettings, parse_weights
 from .shedding import Shedder, ShedderStatistics
 from .tracking import TaskTracker
 

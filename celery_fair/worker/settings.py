@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
-from celery.exceptions import ImproperlyConfigured
-
+from ..errors import FairConfigError
+from ..grammar import as_positive, parse_pairs
 from ..keys.limits import KeyLimits
 from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode
@@ -23,9 +21,7 @@ from ..scheduling.shedding import CoDelOptions, check_codel
 
 __all__ = (
     "DEFAULTS",
-    "FairConfigError",
     "FairSettings",
-    "parse_pairs",
     "parse_weights",
     "unknown_settings",
 )
@@ -88,21 +84,6 @@ def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
     return messages
 
 
-class FairConfigError(ImproperlyConfigured, click.ClickException):
-    """A ``fair_*`` setting or ``--fair-*`` option has an invalid value.
-
-    Also a ``click.ClickException``: ``celery worker`` then prints one
-    ``Error: ...`` line and exits with status 1 instead of a traceback.
-    """
-
-    def __init__(self, message: str) -> None:
-        ImproperlyConfigured.__init__(self, message)
-        click.ClickException.__init__(self, message)
-
-    def __str__(self) -> str:
-        return self.message
-
-
 def _keys(conf: Mapping[str, Any]) -> dict[str, Any]:
     """``fair_keys``, checked; and refused with queue priorities (order is the key order)."""
     from ..keys.publish import parse_fair_keys
@@ -142,50 +123,10 @@ def _key_limits(conf: Mapping[str, Any], get: Any) -> KeyLimits:
 
 def _positive(setting: str, key: str | None, value: Any) -> float:
     where = f"{setting}[{key!r}]" if key is not None else setting
-    if isinstance(value, bool):
-        raise FairConfigError(f"{where} must be a positive number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise FairConfigError(f"{where} must be a positive number, got {value!r}") from None
-    if not number > 0 or math.isinf(number) or math.isnan(number):
+    number = as_positive(value, text=True)
+    if number is None:
         raise FairConfigError(f"{where} must be a positive number, got {value!r}")
     return number
-
-
-def parse_pairs(value: Any, *, setting: str, what: str = "QUEUE=WEIGHT") -> dict[str, Any]:
-    """A mapping, or ``"a=1,b=2"``, as a dict of non-empty names to raw values.
-
-    The one parser of the ``NAME=VALUE`` settings and remote-control
-    arguments (weights, key weights, key limits); callers check the values.
-    """
-    if value is None:
-        return {}
-    name_of = what.split("=", 1)[0].lower()
-    if isinstance(value, str):
-        pairs: dict[str, Any] = {}
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            name, sep, item = part.partition("=")
-            if not sep or not name.strip() or not item.strip():
-                raise FairConfigError(
-                    f"{setting}: expected {what}[,{what}...], got {value!r} (bad item {part!r})"
-                )
-            pairs[name.strip()] = item.strip()
-        return pairs
-    if not isinstance(value, Mapping):
-        raise FairConfigError(
-            f"{setting} must be a mapping of {name_of} name to "
-            f"{what.split('=', 1)[1].lower()}, got {value!r}"
-        )
-    for name in value:
-        if not isinstance(name, str) or not name:
-            raise FairConfigError(
-                f"{setting}: {name_of} names must be non-empty strings, got {name!r}"
-            )
-    return dict(value)
 
 
 def parse_weights(

@@ -26,15 +26,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
-from ..kombu.requeue import REQUEUE_HEADER, requeue_count, return_copy
+from ..kombu.requeue import requeue_count, return_copy
 from ..scheduling.shedding import (
     UNKNOWN_QUEUE,
     CoDelOptions,
     SheddingPolicy,
     SheddingStatistics,
 )
+from ..wire import REQUEUE_HEADER
 
-__all__ = ("REQUEUE_HEADER", "RECEIVED_MONOTONIC", "Shedder", "ShedderStatistics")
+__all__ = ("RECEIVED_MONOTONIC", "Shedder", "ShedderStatistics")
 
 logger = logging.getLogger(__name__)
 

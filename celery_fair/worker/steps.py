@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import click
 from celery import bootsteps, signals
 from celery.utils.log import get_logger
 
 from .. import compat
+from ..errors import FairConfigError
 from ..keys.consumers import warn_about_plain_consumers
 from .build import build
 from .dispatch import FairGate, install_on_semaphore
@@ -18,9 +22,35 @@ from .service import FairService
 from .settings import FairSettings, unknown_settings
 from .tracking import TaskTracker
 
-__all__ = ("FairConsumerStep", "FairWorkerStep")
+__all__ = ("FairConsumerStep", "FairWorkerStep", "StartError")
 
 logger = get_logger(__name__)
+
+
+class StartError(FairConfigError, click.ClickException):
+    """A :class:`~celery_fair.errors.FairConfigError` as Celery's command line reports it.
+
+    ``celery worker`` prints a ``click.ClickException`` as one ``Error: ...``
+    line and exits with status 1, instead of a traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        FairConfigError.__init__(self, message)
+        click.ClickException.__init__(self, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """Report a bad setting or a missing capability found at worker start in one line."""
+    try:
+        yield
+    except StartError:
+        raise
+    except FairConfigError as exc:
+        raise StartError(str(exc)) from None
 
 
 class FairWorkerStep(bootsteps.StartStopStep):
@@ -35,16 +65,21 @@ class FairWorkerStep(bootsteps.StartStopStep):
 
     def __init__(self, w: Any, fair_weights: str | None = None, **kwargs: Any) -> None:
         super().__init__(w, **kwargs)
-        settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
-        for message in unknown_settings(w.app.conf):
-            logger.warning(message)
-        concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
-        w.fair, self.metrics = build(
-            w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)
-        )
+        with _one_line_errors():
+            settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
+            for message in unknown_settings(w.app.conf):
+                logger.warning(message)
+            concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
+            w.fair, self.metrics = build(
+                w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)
+            )
         self.recorder: PoolRecorder | None = None  # with telemetry, from create()
 
     def create(self, w: Any) -> None:
+        with _one_line_errors():
+            self._create(w)
+
+    def _create(self, w: Any) -> None:
         service: FairService = w.fair
         tracker: TaskTracker = service.tracker
         compat.probe_worker(w, service.probe)
@@ -72,6 +107,10 @@ class FairWorkerStep(bootsteps.StartStopStep):
             w.process_task = tracker.wrap_receive(w.process_task)
 
     def start(self, w: Any) -> None:
+        with _one_line_errors():
+            self._start(w)
+
+    def _start(self, w: Any) -> None:
         service: FairService = w.fair
         directory = service.settings.telemetry_dir
         if directory is not None:

@@ -20,18 +20,17 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
-from ..keys.layout import SERVED_HEADER
 from ..keys.serving import served_header, served_weight_held
-from .recorder import (
+from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
     PUBLISHED_HEADER,
     QUEUE_STAMP,
     RECEIVED_STAMP,
+    SERVED_HEADER,
     WEIGHT_STAMP,
-    as_float,
-    as_text,
 )
+from .recorder import as_float, as_text
 from .shedding import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")

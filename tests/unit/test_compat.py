@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from celery_fair import compat
-from celery_fair.compat import CAPABILITIES, CompatibilityError, Probe
-from celery_fair.worker.settings import FairConfigError
+from celery_fair.compat import CAPABILITIES, Probe
+from celery_fair.errors import CompatibilityError, FairConfigError
 
 
 class FakeTransport:

@@ -6,6 +6,7 @@ import urllib.request
 
 import pytest
 
+from celery_fair.errors import FairConfigError
 from celery_fair.keys.store import KeyedLimitsState
 from celery_fair.worker.metrics import (
     SOJOURN_BUCKETS,
@@ -15,7 +16,7 @@ from celery_fair.worker.metrics import (
     require_prometheus_client,
 )
 from celery_fair.worker.service import FairService
-from celery_fair.worker.settings import FairConfigError, FairSettings
+from celery_fair.worker.settings import FairSettings
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

@@ -10,6 +10,7 @@ from celery.worker.consumer.consumer import Consumer
 
 from celery_fair import compat
 from celery_fair.cli import build_parser
+from celery_fair.errors import FairConfigError
 from celery_fair.parking.cli import format_age
 from celery_fair.parking.records import (
     NOT_A_MESSAGE,
@@ -19,7 +20,7 @@ from celery_fair.parking.records import (
     parking_queue,
 )
 from celery_fair.worker.quarantine import returns_of
-from celery_fair.worker.settings import FairConfigError, FairSettings
+from celery_fair.worker.settings import FairSettings
 
 
 def test_a_record_keeps_the_message_reason_and_time() -> None:
@@ -90,7 +91,7 @@ def test_cli_refuses_a_bad_limit_and_two_actions(capsys: pytest.CaptureFixture[s
     parser = build_parser(("celery_fair.parking.cli",))
     with pytest.raises(SystemExit):
         parser.parse_args(["parked", "q", "-b", "redis://", "--limit", "0"])
-    assert "--limit must be a positive integer, got '0'" in capsys.readouterr().err
+    assert "argument --limit: must be at least 1, not 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["parked", "q", "-b", "redis://", "--replay", "--purge"])
 

@@ -8,14 +8,8 @@ from typing import Any
 import pytest
 
 from celery_fair.telemetry.schema import FIELDS, TaskRecord, as_row
-from celery_fair.worker.recorder import (
-    DISPATCHED_STAMP,
-    QUEUE_STAMP,
-    RECEIVED_STAMP,
-    WEIGHT_STAMP,
-    PoolRecorder,
-    outcome_of,
-)
+from celery_fair.wire import DISPATCHED_STAMP, QUEUE_STAMP, RECEIVED_STAMP, WEIGHT_STAMP
+from celery_fair.worker.recorder import PoolRecorder, outcome_of
 
 
 class FakeWriter:

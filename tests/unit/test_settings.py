@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 import celery_fair
-from celery_fair.worker.settings import FairConfigError, FairSettings, parse_weights
+from celery_fair.errors import FairConfigError
+from celery_fair.worker.settings import FairSettings, parse_weights
 
 
 def test_weights_from_mapping_and_string() -> None:
@@ -180,3 +183,14 @@ def test_django_style_settings_reach_the_worker() -> None:
     app.config_from_object(DjangoSettings, namespace="CELERY")
     settings = FairSettings.from_conf(app.conf)
     assert settings.weights == {"critical": 8.0, "bulk": 1.0} and settings.cost == "runtime"
+
+
+def test_a_name_given_twice_is_an_error_in_every_pairs_list() -> None:
+    # One grammar for settings, options, remote control and the command line.
+    from celery_fair.cli_options import queue_weights
+
+    with pytest.raises(FairConfigError, match=r"fair_weights: queue 'a' appears twice"):
+        parse_weights("a=1,b=2,a=3")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"queue 't0' appears twice"):
+        queue_weights("t0=1,t0")
+    assert queue_weights("t0=10,t1") == {"t0": 10.0, "t1": 1.0}

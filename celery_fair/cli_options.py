@@ -1,0 +1,68 @@
+"""What the ``celery-fair`` subcommands share: where the broker is, and their value types."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .errors import FairConfigError
+from .grammar import as_positive, parse_pairs
+
+__all__ = (
+    "add_broker_options",
+    "broker_connection",
+    "positive_float",
+    "positive_int",
+    "queue_weights",
+)
+
+
+def add_broker_options(parser: argparse.ArgumentParser) -> None:
+    """``-A/--app`` (the app's broker and transport options) or ``-b/--broker`` (a URL)."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--app", "-A", help="the Celery app (module or module:attr): its broker")
+    where.add_argument("--broker", "-b", help="a broker URL (without the app's transport options)")
+
+
+def broker_connection(args: argparse.Namespace) -> Any:
+    """A Kombu connection to the broker named by :func:`add_broker_options`' options."""
+    if args.app:
+        from celery.app.utils import find_app
+
+        return find_app(args.app).connection_for_write()
+    from kombu.connection import Connection
+
+    return Connection(args.broker)  # type: ignore[no-untyped-call]
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a positive, finite number."""
+    value = as_positive(text, text=True)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
+    return value
+
+
+def queue_weights(text: str) -> dict[str, float]:
+    """An argparse type: ``t0=10,t1=10,t2`` (a bare name weighs 1), as the settings read it."""
+    try:
+        pairs = parse_pairs(text, setting="queues", bare="1")
+        weights = {name: as_positive(weight, text=True) for name, weight in pairs.items()}
+    except FairConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    bad = {name: pairs[name] for name, weight in weights.items() if weight is None}
+    if bad:
+        name, value = next(iter(bad.items()))
+        raise argparse.ArgumentTypeError(f"weight of queue {name!r} must be positive: {value}")
+    return {name: float(weight) for name, weight in weights.items() if weight is not None}

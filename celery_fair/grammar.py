@@ -1,0 +1,84 @@
+"""The grammar of celery-fair's values: positive numbers and ``NAME=VALUE`` lists, in one place.
+
+Settings (``fair_weights = "p0=4,p1=8"``), worker options (``--fair-weights``),
+remote-control arguments (``control fair_weights p0=8``), command-line
+options (``celery-fair ring --queues t0=10,t1``) and the pure core's own
+checks all read values through these functions, so that each kind of value
+has one meaning everywhere.  Pure: no I/O, nothing above it imported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import FairConfigError
+
+__all__ = ("as_positive", "parse_pairs")
+
+
+def as_positive(value: object, *, text: bool = False) -> float | None:
+    """``value`` as a positive, finite float; None if it is not one.
+
+    ``True`` is not a number here (it is an ``int`` to Python, and a weight
+    of ``True`` is a mistake).  With ``text``, a string such as ``"4"`` (from
+    an environment variable or a command line) is read as a number too.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and text:
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if number > 0 and math.isfinite(number) else None
+
+
+def parse_pairs(
+    value: Any, *, setting: str, what: str = "QUEUE=WEIGHT", bare: str | None = None
+) -> dict[str, Any]:
+    """A mapping, or ``"a=1,b=2"``, as a dict of non-empty names to raw values.
+
+    The one parser of ``NAME=VALUE`` lists; callers check the values.  A
+    name given twice is an error (which one was meant?).  ``bare``: the
+    value of a name given alone (``"t0,t1=2"``); without it, a bare name is
+    an error.  Errors name ``setting`` and the value.
+    """
+    if value is None:
+        return {}
+    name_of = what.split("=", 1)[0].lower()
+    if isinstance(value, str):
+        pairs: dict[str, Any] = {}
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, item = part.partition("=")
+            name, item = name.strip(), item.strip()
+            if not sep and bare is not None:
+                item = bare
+            elif not sep or not name or not item:
+                raise FairConfigError(
+                    f"{setting}: expected {what}[,{what}...], got {value!r} (bad item {part!r})"
+                )
+            if not name:
+                raise FairConfigError(f"{setting}: empty {name_of} name in {value!r}")
+            if name in pairs:
+                raise FairConfigError(f"{setting}: {name_of} {name!r} appears twice in {value!r}")
+            pairs[name] = item
+        return pairs
+    if not isinstance(value, Mapping):
+        raise FairConfigError(
+            f"{setting} must be a mapping of {name_of} name to "
+            f"{what.split('=', 1)[1].lower()}, got {value!r}"
+        )
+    for name in value:
+        if not isinstance(name, str) or not name:
+            raise FairConfigError(
+                f"{setting}: {name_of} names must be non-empty strings, got {name!r}"
+            )
+    return dict(value)

@@ -1,0 +1,65 @@
+"""What celery-fair writes on messages: every header name, in one place.
+
+Producers, workers, the parking place and telemetry read and write these;
+they are part of the wire format between processes (and releases), so they
+never change their spelling.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "AT_HEADER",
+    "DISPATCHED_STAMP",
+    "FROM_HEADER",
+    "KEYED_HEADER",
+    "KEY_HEADER",
+    "PUBLISHED_HEADER",
+    "QUEUE_STAMP",
+    "REASON_HEADER",
+    "RECEIVED_STAMP",
+    "REQUEUE_HEADER",
+    "RETURNS_HEADER",
+    "SERVED_HEADER",
+    "WEIGHT_STAMP",
+)
+
+# -- the producer --------------------------------------------------------------
+
+#: Its wall time when a producer with ``celery_fair.install`` sent the task
+#: (``before_task_publish``): telemetry's publish -> start wait, the exporter's ages.
+PUBLISHED_HEADER = "fair_published"
+#: A task's fairness key: stamped by ``ConsistentHashRouter`` and by a producer
+#: with ``fair_keys``; telemetry records it.
+KEY_HEADER = "fair_key"
+#: The keyed queue a message was published for (by an app with ``fair_keys``):
+#: Kombu's Redis ``_put`` stores it in its key's list only for that queue.
+KEYED_HEADER = "fair_keyed"
+
+# -- the worker ----------------------------------------------------------------
+
+#: Stamped by the worker on a message it fetched from a keyed queue:
+#: ``[key, charge, weight, held]``: the key served, the cost charged to it at
+#: fetch time (run-time mode corrects it when the task finishes), the key's
+#: weight when it was served, and the seconds the key had spent set aside by
+#: its limits since its previous task was served (0 without limits).
+#: Telemetry records the last two as ``key_weight`` and ``key_held``.
+SERVED_HEADER = "fair_served"
+#: Request stamps of the main process, for telemetry: wall times of receipt and
+#: dispatch to the pool, the queue, the queue's weight in force.
+RECEIVED_STAMP = "fair_received"
+DISPATCHED_STAMP = "fair_dispatched"
+QUEUE_STAMP = "fair_queue"
+WEIGHT_STAMP = "fair_weight"
+#: How many times CoDel sent this message back.
+REQUEUE_HEADER = "fair_codel_requeues"
+
+# -- bad input (the parking place) ----------------------------------------------
+
+#: Why the message was parked (a header on RabbitMQ, a field on Redis).
+REASON_HEADER = "fair_parked_reason"
+#: When it was parked (epoch seconds).
+AT_HEADER = "fair_parked_at"
+#: The queue it was taken from (where ``--replay`` puts it back).
+FROM_HEADER = "fair_parked_from"
+#: How often workers that did not know its task sent it back.
+RETURNS_HEADER = "fair_unknown_returns"
