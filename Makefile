@@ -13,6 +13,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check celery_fair tests bench examples noxfile.py
 	$(VENV)/bin/ruff format --check celery_fair tests bench examples noxfile.py
+	$(VENV)/bin/lint-imports
 
 typecheck: setup
 	$(VENV)/bin/mypy celery_fair

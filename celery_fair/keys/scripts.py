@@ -24,7 +24,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..parking.records import NOT_A_MESSAGE
+from ..parked import NOT_A_MESSAGE
 from . import layout
 
 __all__ = ("CHARGE", "ENQUEUE", "FETCH", "PURGE", "RELEASE", "UNKEY", "Script")

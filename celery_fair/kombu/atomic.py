@@ -56,7 +56,7 @@ from ..keys.layout import KeyedNames
 from ..keys.scripts import FETCH
 from ..keys.serving import KeyedServing
 from ..keys.store import text
-from ..parking.records import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
+from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
 from .wakeup import InvalidationListener
 

@@ -57,7 +57,7 @@ for i = 1, n do
       end
     end
     if type(tag) ~= 'string' then
-      -- Parked with its reason and time (celery_fair.parking.records).
+      -- Parked with its reason and time (celery_fair.parked).
       redis.call('LPUSH', KEYS[n + i], cjson.encode({fair_parked = 1,
         reason = N.NOT_A_MESSAGE, parked_at = tonumber(ARGV[2]),
         raw = item}))

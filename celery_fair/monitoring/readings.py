@@ -37,7 +37,7 @@ from typing import Any
 from .. import compat
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
-from ..parking.records import PARKING_SUFFIX, cause_of, decode_record
+from ..parked import PARKING_SUFFIX, cause_of, decode_record
 from ..wire import PUBLISHED_HEADER
 
 __all__ = (

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..cli_options import add_broker_options, broker_connection, positive_int
-from .records import ParkedMessage, parking_queue
+from ..parked import ParkedMessage, parking_queue
 
 __all__ = ("format_age", "register", "run")
 

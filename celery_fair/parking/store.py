@@ -1,6 +1,6 @@
 """Where parked messages live on each broker: park, list, replay, purge.
 
-Redis keeps a JSON record per message (:mod:`.records`) in the list
+Redis keeps a JSON record per message (:mod:`celery_fair.parked`) in the list
 ``<queue>.fair-malformed``, the same list the atomic fetch script moves
 payloads with no delivery tag to.  RabbitMQ keeps the message itself on a
 durable queue of that name, declared by celery-fair, with the reason headers
@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from .. import compat
+from ..parked import PARKED_HEADERS, ParkedMessage, decode_record, encode_record, parking_queue
 from ..wire import AT_HEADER, FROM_HEADER, REASON_HEADER
-from .records import PARKED_HEADERS, ParkedMessage, decode_record, encode_record, parking_queue
 
 __all__ = ("AmqpParking", "Parking", "RedisParking", "parking_for")
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -138,7 +137,7 @@ class CoDelController:
         interval: float,
         *,
         min_backlog: int = 1,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self.target: Final = _check_seconds("target", target)
         self.interval: Final = _check_seconds("interval", interval)

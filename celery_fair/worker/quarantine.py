@@ -35,7 +35,7 @@ from typing import Any
 from .. import compat
 from ..kombu.cycle import channel_closed
 from ..kombu.requeue import return_copy
-from ..parking.records import PARKED_LOG
+from ..parked import PARKED_LOG
 from ..parking.store import Parking, parking_for
 from ..wire import RETURNS_HEADER
 

@@ -15,7 +15,7 @@ from bench.harness.exporter import ExporterProcess, Samples
 from bench.harness.harness import WorkerProcess
 from bench.harness.keys import keyed_app, publish_by_key
 from celery_fair.keys.layout import KeyedNames
-from celery_fair.parking.records import NOT_A_MESSAGE, encode_record
+from celery_fair.parked import NOT_A_MESSAGE, encode_record
 
 pytestmark = [pytest.mark.integration]
 

@@ -13,7 +13,7 @@ import redis as redis_lib
 
 from bench.harness.brokers import broker_for
 from bench.harness.harness import WorkerProcess, fill_queues
-from celery_fair.parking.records import decode_record
+from celery_fair.parked import decode_record
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import redis as redis_lib
 from celery_fair.keys import scripts
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.store import enqueue_args, release_args
-from celery_fair.parking.records import NOT_A_MESSAGE, decode_record
+from celery_fair.parked import NOT_A_MESSAGE, decode_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

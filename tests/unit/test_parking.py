@@ -11,14 +11,14 @@ from celery.worker.consumer.consumer import Consumer
 from celery_fair import compat
 from celery_fair.cli import build_parser
 from celery_fair.errors import FairConfigError
-from celery_fair.parking.cli import format_age
-from celery_fair.parking.records import (
+from celery_fair.parked import (
     NOT_A_MESSAGE,
     ParkedMessage,
     decode_record,
     encode_record,
     parking_queue,
 )
+from celery_fair.parking.cli import format_age
 from celery_fair.worker.quarantine import returns_of
 from celery_fair.worker.settings import FairSettings
 

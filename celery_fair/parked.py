@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..wire import AT_HEADER, FROM_HEADER, REASON_HEADER, RETURNS_HEADER
+from .wire import AT_HEADER, FROM_HEADER, REASON_HEADER, RETURNS_HEADER
 
 __all__ = (
     "CAUSES",
