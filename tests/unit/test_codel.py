@@ -549,13 +549,13 @@ def test_the_injected_clock_is_read_only_when_now_is_omitted() -> None:
 )
 def test_invalid_parameters_are_named(kwargs: dict[str, object], words: list[str]) -> None:
     with pytest.raises(ValueError) as info:
-        CoDelController(**kwargs)  # type: ignore[arg-type]
+        CoDelController(**kwargs, clock=no_clock)  # type: ignore[arg-type]
     for word in words:
         assert word in str(info.value)
 
 
 def test_statistics_is_a_frozen_record() -> None:
-    codel = CoDelController(0.1, 1.0, min_backlog=2)
+    codel = CoDelController(0.1, 1.0, min_backlog=2, clock=no_clock)
     s = codel.statistics()
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.count = 3  # type: ignore[misc]
