@@ -2,7 +2,11 @@
 
 docs/migrating.md gives the order.  Enabling: workers before producers.
 Disabling: producers, then ``celery-fair keys unkey``, then workers.  Every
-task reaches the ledger exactly once, whatever the step it was published in.
+task reaches the ledger, whatever the step it was published in.  A task may
+run twice when a prefork worker stops while it runs, with plain Celery as
+well: the pool child's "accepted" (the early ack) can be left unread by the
+stopping main process, which then puts the message back; so the tests bound
+the repeats by the stopped worker's prefetch window instead of requiring none.
 """
 
 from __future__ import annotations
@@ -57,14 +61,53 @@ def _plain_worker(redis_url: str) -> WorkerProcess:
     return WorkerProcess(redis_url, [QUEUE], fair=False, env={"CELERY_FAIR_LEDGER": redis_url})
 
 
-def _wait(ledger: Ledger, n: int, *workers: WorkerProcess, timeout: float = 90) -> None:
-    if ledger.wait_for(n, timeout=timeout, alive=list(workers)):
-        return
+def _wait(
+    ledger: Ledger,
+    n: int,
+    *workers: WorkerProcess,
+    timeout: float = 90,
+    ids: set[str] | None = None,
+) -> None:
+    """Wait for ``n`` runs (and, given ``ids``, for a run of each of them)."""
+    deadline = time.monotonic() + timeout
+    while ledger.wait_for(n, timeout=max(0.0, deadline - time.monotonic()), alive=list(workers)):
+        if ids is None or ids <= {e.id for e in ledger.entries()}:
+            return
+        if time.monotonic() > deadline:
+            break
+        n += 1  # a repeat stood in for a run still to come
     client = redis_lib.Redis.from_url(workers[0].broker_url)
     found = {k: client.type(k) for k in client.scan_iter(f"{QUEUE}*")}
     found["unacked"] = client.hlen("unacked")
     logs = "\n".join(w.log()[-2000:] for w in workers)
     raise AssertionError(f"{ledger.count()} of {n} ran; broker: {found}\n{logs}")
+
+
+@pytest.fixture
+def published() -> Iterator[set[str]]:
+    """The ids of every task this test's producers publish."""
+    from celery.signals import before_task_publish
+
+    ids: set[str] = set()
+
+    def record(headers: dict[str, object] | None = None, **_: object) -> None:
+        if headers is not None:
+            ids.add(str(headers["id"]))
+
+    before_task_publish.connect(record, weak=False)
+    yield ids
+    before_task_publish.disconnect(record)
+
+
+#: Tasks a prefork worker may have prefetched (Celery's default window, 4 x 2 slots).
+WINDOW = 8
+
+
+def _all_ran(ran: Counter[str], published: set[str], *, stops: int) -> None:
+    """Every published task ran: none lost, and repeats only from worker stops."""
+    assert set(ran) == published, (len(published - set(ran)), "lost")
+    repeats = sum(n - 1 for n in ran.values())
+    assert repeats <= WINDOW * stops, ran.most_common(3)
 
 
 def _ids(redis_url: str) -> Counter[str]:
@@ -103,7 +146,7 @@ def test_a_worker_without_fair_keys_serves_the_keyed_backlog_it_finds(
 
 
 def test_disabling_keys_producers_then_the_move_then_workers_loses_nothing(
-    redis_url: str, keyed: Celery, plain: Celery
+    redis_url: str, keyed: Celery, plain: Celery, published: set[str]
 ) -> None:
     publish_by_key(keyed, QUEUE, {"a": 200, "b": 200, "c": 200}, ms=2)
     ledger = Ledger(redis_url)
@@ -122,14 +165,14 @@ def test_disabling_keys_producers_then_the_move_then_workers_loses_nothing(
     client = redis_lib.Redis.from_url(redis_url)
     assert int(client.hget(KeyedNames(QUEUE).state, "backlog") or 0) == 0
     with _plain_worker(redis_url) as worker:
-        _wait(ledger, 705, worker)
+        _wait(ledger, 705, worker, ids=published)
         assert client.llen(QUEUE) == 0
     ran = _ids(redis_url)
-    assert sum(ran.values()) == 705 and max(ran.values()) == 1, ran.most_common(3)
+    _all_ran(ran, published, stops=1)
 
 
 def test_enabling_keys_workers_then_producers_loses_nothing(
-    redis_url: str, keyed: Celery, plain: Celery
+    redis_url: str, keyed: Celery, plain: Celery, published: set[str]
 ) -> None:
     _publish_plain(plain, 300)
     ledger = Ledger(redis_url)
@@ -140,9 +183,9 @@ def test_enabling_keys_workers_then_producers_loses_nothing(
         _wait(ledger, 60, fair)
         # 2. Producers with fair_keys.
         publish_by_key(keyed, QUEUE, {"a": 100, "b": 100}, ms=2)
-        _wait(ledger, 500, fair)
+        _wait(ledger, 500, fair, ids=published)
     ran = _ids(redis_url)
-    assert sum(ran.values()) == 500 and max(ran.values()) == 1, ran.most_common(3)
+    _all_ran(ran, published, stops=1)
 
 
 def test_the_move_killed_half_way_loses_and_duplicates_nothing(
