@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from queue import Empty
 from typing import Any
 
+import kombu
 import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -107,6 +108,14 @@ def ran_ids(ledger: redis_lib.Redis) -> set[str]:
     return {json.loads(e)["id"] for e in ledger.lrange("ledger", 0, -1)}
 
 
+#: Kombu before 5.4 can leave a worker that reconnected after a broker restart
+#: without polling Redis again (celery#9054, fixed by kombu#2007): its
+#: ``_on_disconnect`` takes the poll off the event loop.  Plain Celery 5.3 stalled
+#: there in 6 of 6 runs with mingle on.  The first worker is then killed without
+#: waiting for progress; the second must still run every task.
+KOMBU_REPOLLS_AFTER_RESTART = kombu.VERSION >= (5, 4)
+
+
 def test_broker_killed_mid_fetch_then_worker_killed_loses_nothing(redis_url: str) -> None:
     """The issue's scenario at small scale (the bench runs it 10 times, with plain Celery).
 
@@ -131,8 +140,10 @@ def test_broker_killed_mid_fetch_then_worker_killed_loses_nothing(redis_url: str
             broker.restart(kill=True)  # SIGKILL mid-run, same port and AOF
             done = len(ran_ids(ledger))
             deadline = time.monotonic() + 60
-            while len(ran_ids(ledger)) < done + 60:
-                assert time.monotonic() < deadline, "no progress after the broker restart"
+            while KOMBU_REPOLLS_AFTER_RESTART and len(ran_ids(ledger)) < done + 60:
+                assert time.monotonic() < deadline, (
+                    f"no progress after the broker restart: {first.log()[-4000:]}"
+                )
                 time.sleep(0.02)
         finally:
             if first.proc is not None and first.proc.poll() is None:
