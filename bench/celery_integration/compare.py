@@ -72,6 +72,7 @@ def compare(
             "interpreter": env_info["executable"],
         },
         "settings": settings,
+        "run_order": list(runs),  # the JSON file sorts its keys
         "runs": {mode: _run_summary(run) for mode, run in runs.items()},
         "differences": differences,
         "regressions": {
@@ -179,9 +180,10 @@ RUN_LABELS = {
 def render_markdown(result: dict[str, Any]) -> str:
     v = result["versions"]
     s = result["settings"]
-    modes = list(result["runs"])
+    modes = _run_order(result)
     worker = s.get("worker", "embedded")
-    title = ", ".join("celery-fair with keys" if m == "keyed" else m for m in modes)
+    names = {"fair": "celery-fair", "keyed": "celery-fair with keys"}
+    title = ", ".join(names.get(m, m) for m in modes)
     worker_title = "`celery worker` subprocess" if worker == "subprocess" else "embedded worker"
     out = [
         f"# Celery {v['celery']} integration tests: {title} (Redis, {worker_title})",
@@ -206,14 +208,15 @@ def render_markdown(result: dict[str, Any]) -> str:
         "| run | passed | failed | error | skipped | xfailed | xpassed | reruns | wall |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode, run in result["runs"].items():
+    for mode in modes:
+        run = result["runs"][mode]
         c = run["counts"]
         wall = f"{run['wall_s'] / 60:.1f} min" + ("" if run["complete"] else " (interrupted)")
         out.append(
             f"| {mode} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} "
             f"| {c['xfailed']} | {c['xpassed']} | {run['reruns']} | {wall} |"
         )
-    out += ["", *_runs_described(result["runs"], worker)]
+    out += ["", *_runs_described({m: result["runs"][m] for m in modes}, worker)]
     out += ["", "## Tests whose outcome differs from plain", ""]
     diffs = result["differences"]
     if not diffs:
@@ -226,7 +229,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         for d in diffs:
             cells = " | ".join(_rr(d["outcomes"][m], d["reruns"][m]) for m in modes)
             kinds = ", ".join(f"{m}: {k}" for m, k in d["kinds"].items())
-            error = next(iter(d["errors"].values()), "")
+            error = _first_failure(result, d["test"], modes)
             out.append(f"| `{_cell(_short(d['test']))}` | {cells} | {kinds} | {_cell(error)} |")
     rr = result["same_outcome_different_reruns"]
     if rr:
@@ -261,6 +264,30 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _run_order(result: dict[str, Any]) -> list[str]:
+    order = result.get("run_order")
+    if order:
+        return list(order)
+    known = ("plain", "fair", "keyed")
+    return sorted(result["runs"], key=lambda m: (known.index(m) if m in known else len(known), m))
+
+
+def _first_failure(result: dict[str, Any], nodeid: str, modes: list[str]) -> str:
+    """The last E line of the first failing run, and its first attempt's if it was rerun.
+
+    A flaky test's later attempts often fail only because of the earlier ones
+    (what they left on the worker); the first attempt says what went wrong.
+    """
+    for mode in modes:
+        entry = result["tests"][nodeid][mode]
+        if entry["outcome"] in BAD:
+            first = (entry.get("rerun_why") or [""])[0].removeprefix("E").strip()
+            if first and first != entry["error"]:
+                return f"first attempt: {first}; last: {entry['error']}"
+            return str(entry["error"])
+    return ""
 
 
 def _runs_described(runs: dict[str, Any], worker: str) -> list[str]:
