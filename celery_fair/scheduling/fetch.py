@@ -30,7 +30,19 @@ from collections.abc import Callable, Mapping, Sequence
 from .cost import CostModel, PendingCharges
 from .drr import DeficitRoundRobin, DRRStatistics
 
-__all__ = ("FetchRound",)
+__all__ = ("WINDOW_CAP_FLOOR", "FetchRound", "window_cap")
+
+#: The least a queue's push window may be capped at.  The cap (four times
+#: Celery's window) keeps one heavy queue from pulling a whole backlog into a
+#: worker's memory; with a small Celery window (one task: a prefetch multiplier
+#: of 1 and one process) it would cut the heavier queues' windows and flatten
+#: the weights, which with late acks are then the only thing making the shares.
+WINDOW_CAP_FLOOR = 64
+
+
+def window_cap(total: int) -> int:
+    """The largest push window of one queue for Celery's window of ``total`` tasks."""
+    return max(4 * total, WINDOW_CAP_FLOOR)
 
 
 class FetchRound:

@@ -21,6 +21,7 @@ from ..keys.publish import names_for
 from ..keys.serving import KeyedServing, KeyStatistics, served_header
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, connection_errors, install_on_channel
+from ..scheduling.fetch import window_cap
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from .push_prefetch import PushWindows, PushWindowsStatistics
@@ -343,7 +344,7 @@ class FairService:
                 minimum=self.concurrency,
                 maximum=self.settings.prefetch_max or total,
             )
-        cap = max(4 * total, 1)
+        cap = window_cap(total)
 
         def split(adaptive_total: int) -> dict[str, int]:
             return self.scheduler.push_windows(adaptive_total, cap=cap)
@@ -358,7 +359,7 @@ class FairService:
 
     def _windows(self, total: int) -> dict[str, int]:
         setting = self.settings.prefetch
-        auto = self.scheduler.push_windows(total, cap=max(4 * total, 1))
+        auto = self.scheduler.push_windows(total, cap=window_cap(total))
         if setting is None or setting == "auto":
             return auto
         if isinstance(setting, int):

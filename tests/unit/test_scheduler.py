@@ -7,6 +7,7 @@ import heapq
 import pytest
 
 from celery_fair.kombu.cycle import DWRRCycle
+from celery_fair.scheduling.fetch import WINDOW_CAP_FLOOR, window_cap
 from celery_fair.scheduling.scheduler import FairScheduler
 
 
@@ -246,3 +247,21 @@ def test_a_fetch_of_a_cancelled_queue_does_not_bring_it_back() -> None:
     assert set(scheduler.queues) == {"a", "b"}
     assert cycle.last_fetched is None  # not counted as held either
     assert "c" not in scheduler.statistics().weights
+
+
+@pytest.mark.parametrize("total", [1, 2, 8, 16, 40])
+def test_push_windows_keep_the_weights_under_the_cap_for_small_celery_windows(total: int) -> None:
+    # A window of one task (prefetch multiplier 1, one process) gave {2, 4}
+    # under a cap of 4 x total: 2/3 for weights 1:3.
+    s = FairScheduler({"la": 1, "lb": 3})
+    s.set_queues(["la", "lb"])
+    windows = s.push_windows(total, cap=window_cap(total))
+    assert windows["lb"] == 3 * windows["la"]
+
+
+def test_the_window_cap_is_four_celery_windows_and_never_below_the_floor() -> None:
+    assert window_cap(1) == WINDOW_CAP_FLOOR
+    assert window_cap(100) == 400
+    s = FairScheduler({"light": 1, "heavy": 1000})
+    s.set_queues(["light", "heavy"])
+    assert s.push_windows(100, cap=window_cap(100))["heavy"] == 400
