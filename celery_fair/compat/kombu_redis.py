@@ -1,0 +1,347 @@
+"""Kombu's Redis transport: the channel's fetch, queue cycle, keys and QoS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import CompatibilityError
+from .probes import KOMBU_BRPOP_TIMEOUT, Probe, _callable_with, _lacks, versions
+
+_FETCH_HOOKS = (
+    "_in_poll",
+    "_brpop_start",
+    "_brpop_read",
+    "handlers",
+    "client",
+    "_q_for_pri",
+    "priority_steps",
+    "unacked_key",
+    "unacked_index_key",
+    "active_queues",
+    "conn_or_acquire",
+)
+
+
+def is_polling_channel(channel: Any) -> bool:
+    """Whether ``channel`` fetches by polling through a queue cycle (Kombu's Redis)."""
+    return hasattr(channel, "_queue_cycle")
+
+
+def is_redis_channel(channel: Any) -> bool:
+    """Whether ``channel`` belongs to Kombu's Redis transport (Sentinel included)."""
+    transport = getattr(channel, "connection", None)
+    return getattr(transport, "driver_type", None) == "redis"
+
+
+def probe_redis_channel(channel: Any, probe: Probe) -> None:
+    """Check the parts of a Kombu Redis channel the fetch path uses."""
+    if not hasattr(channel, "_queue_cycle"):
+        probe.missing_capability("kombu.redis.queue_cycle", "Channel._queue_cycle")
+    lacking = _lacks(channel, _FETCH_HOOKS)
+    deliver = getattr(getattr(channel, "connection", None), "_deliver", None)
+    if deliver is None:
+        lacking.append("Transport._deliver")
+    if not lacking and not isinstance(channel.handlers, dict):
+        lacking.append("Channel.handlers (not a dict)")
+    if not lacking and not _callable_with(channel._q_for_pri, "queue", "pri"):
+        lacking.append("Channel._q_for_pri(queue, pri)")
+    if not lacking and not _callable_with(
+        getattr(channel.client.connection_pool.connection_class, "can_read", None), "timeout"
+    ):
+        lacking.append("Connection.can_read(timeout)")
+    if lacking:
+        probe.missing_capability("kombu.redis.fetch_hooks", ", ".join(lacking))
+    if not isinstance(getattr(channel, "brpop_timeout", None), (int, float)):
+        probe.missing_capability("kombu.redis.brpop_timeout", "Channel.brpop_timeout")
+    client = getattr(channel, "client", None)
+    if not callable(getattr(client, "parse_response", None)):
+        probe.missing_capability("kombu.redis.parse_response", "client.parse_response")
+    if _lacks(channel, ("_q_for_pri", "_get_message_priority")):
+        probe.missing_capability(
+            "kombu.redis.requeue_front", "Channel._q_for_pri/_get_message_priority"
+        )
+    qos = getattr(channel, "qos", None)
+    if not callable(getattr(qos, "_remove_from_indices", None)):
+        probe.missing_capability("kombu.redis.unacked_indices", "QoS._remove_from_indices")
+    probe_virtual_qos(qos, probe)
+    connection = getattr(client, "connection", None)
+    if connection is not None and not hasattr(connection, "_sock"):
+        probe.missing_capability("redis.connection.socket", "Connection._sock")
+
+
+#: Kombu Redis channel methods wrapped for keyed queues, with the
+#: parameters celery-fair passes them.
+_PUBLISH_HOOKS: dict[str, tuple[str, ...]] = {
+    "_put": ("queue", "message"),
+    "_do_restore_message": ("payload", "exchange", "routing_key", "pipe", "leftmost"),
+    "_size": ("queue",),
+    "_purge": ("queue",),
+    "_has_queue": ("queue",),
+    "_lookup": ("exchange", "routing_key"),
+}
+
+
+def redis_channel_class() -> Any:
+    """Kombu's Redis channel class (the Sentinel channel derives from it)."""
+    from kombu.transport import redis as kombu_redis
+
+    return kombu_redis.Channel
+
+
+def probe_redis_publishing(probe: Probe) -> None:
+    """Check the channel methods keyed queues wrap (at ``install`` and at worker start)."""
+    cls = redis_channel_class()
+    lacking = [
+        f"Channel.{name}({', '.join(params)})"
+        for name, params in _PUBLISH_HOOKS.items()
+        if not _callable_with(getattr(cls, name, None), "self", *params)
+    ]
+    if lacking:
+        probe.missing_capability("kombu.redis.publish_hooks", ", ".join(lacking))
+
+
+def wrap_redis_publishing(**hooks: Callable[..., Any]) -> None:
+    """Wrap Kombu's Redis channel methods: ``put``, ``restore``, ``size``, ``purge``, ``exists``.
+
+    Each hook is called as ``hook(original, channel, *args, **kwargs)``.  The
+    class is wrapped (not an instance): a producer's channels are created by
+    Kombu's pools, out of reach.  Raises :class:`CompatibilityError` when the
+    methods are not as probed.
+    """
+    probe_redis_publishing(Probe())
+    cls = redis_channel_class()
+    names = {
+        "put": "_put", "restore": "_do_restore_message", "size": "_size", "purge": "_purge",
+        "exists": "_has_queue",
+    }  # fmt: skip
+    for hook_name, hook in hooks.items():
+        name = names[hook_name]
+        setattr(cls, name, _wrapped_method(name, getattr(cls, name), hook))
+
+
+def _wrapped_method(name: str, original: Any, hook: Callable[..., Any]) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return hook(original, self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = f"fair{name}"
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    return method
+
+
+def wrap_task_sender(app: Any, hook: Callable[..., Any]) -> None:
+    """Wrap ``app.amqp.send_task_message`` (every task the app sends goes through it).
+
+    ``hook(original, producer, name, message, *args, **options)``.  Probed:
+    it must take ``(producer, name, message)`` as Celery 5.3-5.7's does.
+    """
+    amqp = app.amqp
+    original = amqp.send_task_message
+    if not _callable_with(original, "producer", "name", "message"):
+        raise CompatibilityError(
+            f"celery-fair cannot run with {versions()}: fair_keys needs the app's task "
+            "sender (app.amqp.send_task_message(producer, name, message, ...)), which is "
+            "not as expected"
+        )
+    if getattr(original, "__wrapped__", None) is not None:
+        return  # install() called twice
+
+    def send_task_message(*args: Any, **kwargs: Any) -> Any:
+        return hook(original, *args, **kwargs)
+
+    send_task_message.__wrapped__ = original  # type: ignore[attr-defined]
+    amqp.send_task_message = send_task_message
+
+
+def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:
+    """The queues ``exchange`` routes ``routing_key`` to (the channel's bindings)."""
+    return list(channel._lookup(exchange, routing_key))
+
+
+def probe_virtual_qos(qos: Any, probe: Probe) -> None:
+    """Check the virtual transport QoS methods replaced per instance."""
+    lacking = [
+        n for n in ("append", "ack", "reject", "can_consume") if not callable(getattr(qos, n, None))
+    ]
+    if lacking:
+        probe.missing_capability("kombu.qos.hooks", "QoS." + "/".join(lacking))
+
+
+def set_queue_cycle(channel: Any, cycle: Any) -> None:
+    """Make ``cycle`` the channel's queue cycle (Kombu's ``queue_order_strategy``)."""
+    channel._queue_cycle = cycle
+
+
+def queue_cycle(channel: Any) -> Any:
+    return channel._queue_cycle
+
+
+def replace_fetch(channel: Any, start: Callable[..., Any], read: Callable[..., Any]) -> None:
+    """Replace the channel's fetch pair; Kombu's poller keeps driving it."""
+    channel._brpop_start = start
+    channel._brpop_read = read
+    channel.handlers["BRPOP"] = read
+
+
+def fetch_read(channel: Any) -> Callable[..., Any]:
+    """The channel's current fetch-reply handler (``_brpop_read``)."""
+    read: Callable[..., Any] = channel._brpop_read
+    return read
+
+
+def replace_fetch_read(channel: Any, read: Callable[..., Any]) -> None:
+    """Replace only the reply handler of Kombu's own BRPOP fetch."""
+    channel._brpop_read = read
+    channel.handlers["BRPOP"] = read
+
+
+def wrap_fetch_start(channel: Any, before: Callable[[], None]) -> None:
+    """Call ``before()`` each time Kombu sends its BRPOP (times the fetch)."""
+    start = channel._brpop_start
+
+    def fair_brpop_start(*args: Any, **kwargs: Any) -> Any:
+        before()
+        return start(*args, **kwargs)
+
+    channel._brpop_start = fair_brpop_start
+
+
+def brpop_timeout(channel: Any) -> float:
+    """The idle wait's server-side timeout (Kombu < 5.6: its fixed 1 s)."""
+    value = getattr(channel, "brpop_timeout", None)
+    return float(value) if isinstance(value, (int, float)) else KOMBU_BRPOP_TIMEOUT
+
+
+def queue_key(channel: Any, queue: str, priority: int) -> str:
+    """The Redis list of ``queue`` at ``priority``, without the global key prefix."""
+    key: str = channel._q_for_pri(queue, priority)
+    return key
+
+
+def priority_steps(channel: Any) -> Sequence[int]:
+    steps: Sequence[int] = channel.priority_steps
+    return steps
+
+
+def active_queue_count(channel: Any) -> int:
+    return len(channel.active_queues)
+
+
+def key_prefix(channel: Any) -> str:
+    return getattr(channel, "global_keyprefix", "") or ""
+
+
+@contextmanager
+def redis_client(channel: Any) -> Iterator[Any]:
+    """A client of the channel's Redis that sends every key name as given.
+
+    With ``global_keyprefix`` Kombu's client adds the prefix to some commands
+    only (which ones differs between releases, and for ``EVALSHA`` only the
+    first key), so celery-fair names every key in full, prefix included
+    (:func:`key_prefix`), and talks to Redis through this client.
+    """
+    with channel.conn_or_acquire() as client:
+        if getattr(client, "global_keyprefix", None):
+            import redis
+
+            client = redis.Redis(connection_pool=client.connection_pool)
+        yield client
+
+
+def key_separator(channel: Any) -> str:
+    """The separator between a queue name and its priority in a Redis key."""
+    return getattr(channel, "sep", "\x06\x16")
+
+
+def unacked_keys(channel: Any) -> tuple[str, str]:
+    """The unacked hash and index keys, without the global key prefix."""
+    return channel.unacked_key, channel.unacked_index_key
+
+
+def poll_in_flight(channel: Any) -> bool:
+    """Whether Kombu's fetch (a ``BRPOP``) waits for its reply on the channel's connection."""
+    return bool(channel._in_poll)
+
+
+def reply_waiting(connection: Any) -> bool:
+    """Whether a reply can be read from a redis-py connection without waiting."""
+    return bool(connection.can_read(timeout=0))
+
+
+def begin_poll(channel: Any, connection: Any, sent_at: float) -> None:
+    """Tell Kombu a fetch is in flight on ``connection`` (its liveness check reads it)."""
+    channel._in_poll = connection
+    channel._brpop_sent_at = sent_at
+
+
+def end_poll(channel: Any) -> None:
+    """The fetch reply was read: the connection is idle again."""
+    channel._in_poll = None
+    flush = getattr(channel, "_flush_brpop_reauth", None)  # Kombu >= 5.7
+    if flush is not None:
+        flush()
+
+
+def deliver(channel: Any, payload: Any, queue: str) -> None:
+    """Hand a fetched payload to Kombu, as its own fetch does."""
+    channel.connection._deliver(payload, queue)
+
+
+def can_push_front(channel: Any) -> bool:
+    """Whether a copy can be put at the front of a Redis queue (``requeue_front``)."""
+    return is_redis_channel(channel) and not _lacks(
+        channel, ("_q_for_pri", "_get_message_priority")
+    )
+
+
+def message_priority(channel: Any, payload: Any) -> int:
+    priority: int = channel._get_message_priority(payload, reverse=False)
+    return priority
+
+
+def raw_payload(message: Any) -> Any:
+    """The payload a Kombu virtual-transport message was decoded from, or None."""
+    return getattr(message, "_raw", None)
+
+
+def remove_from_unacked(qos: Any) -> Callable[[Any], Any] | None:
+    """``QoS._remove_from_indices`` of a Redis QoS, or None."""
+    remove = getattr(qos, "_remove_from_indices", None)
+    return remove if callable(remove) else None
+
+
+def wrap_parse_response(client: Any, hook: Callable[[Any, Any], None]) -> bool:
+    """Call ``hook(command_name, response)`` after every reply the client parses."""
+    parse = getattr(client, "parse_response", None)
+    if not callable(parse):
+        return False
+
+    def fair_parse_response(connection: Any, command_name: Any, **options: Any) -> Any:
+        response = parse(connection, command_name, **options)
+        hook(command_name, response)
+        return response
+
+    client.parse_response = fair_parse_response
+    return True
+
+
+def hold_fetch_while(qos: Any, hold: Callable[[], bool]) -> bool:
+    """Make a Kombu virtual QoS refuse to fetch while ``hold()`` is true.
+
+    Kombu's virtual transports (Redis, memory) ask ``QoS.can_consume()``
+    before each fetch (Redis holds back a pending reply while it is false).
+    Used while CoDel finds a buffer stale: otherwise the slot freed by each
+    returned message is refilled at once, often with the message just
+    returned (on Redis it is first in line).  False, doing nothing, for a
+    QoS without ``can_consume`` (RabbitMQ pushes).
+    """
+    can_consume = getattr(qos, "can_consume", None)
+    if can_consume is None:
+        return False
+
+    def fair_can_consume() -> bool:
+        return not hold() and bool(can_consume())
+
+    qos.can_consume = fair_can_consume
+    return True

@@ -1,0 +1,40 @@
+"""redis-py's connections: the socket, and a plain connection outside a pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .probes import _names_parameter
+
+
+def socket_of(connection: Any) -> Any:
+    """The socket of a redis-py connection (None when disconnected)."""
+    return getattr(connection, "_sock", None)
+
+
+def plain_connection(pool: Any) -> Any:
+    """A new RESP2 connection to the server of a redis-py ``pool``, outside the pool.
+
+    Built from the pool's public ``connection_class`` and
+    ``connection_kwargs`` (Sentinel pools put themselves there, so it reaches
+    the current master).  RESP2 because a RESP3 connection receives
+    invalidations as push messages that redis-py's parsers route elsewhere.
+    """
+    # redis-py 8's maintenance notifications need RESP3: not for this connection.
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_")}
+    cls = pool.connection_class
+    master = getattr(pool, "get_master_address", None)
+    if callable(master):
+        # A Sentinel pool: how its own connections learn the master's address
+        # differs between redis-py releases (6.x sets it in the pool, not in
+        # the connection class), so ask the pool and connect there directly.
+        from redis.connection import Connection, SSLConnection
+        from redis.sentinel import SentinelManagedConnection
+
+        kwargs.pop("connection_pool", None)
+        kwargs["host"], kwargs["port"] = master()
+        if issubclass(cls, SentinelManagedConnection) or not issubclass(cls, Connection):
+            cls = SSLConnection if issubclass(cls, SSLConnection) else Connection
+    if "protocol" in kwargs or _names_parameter(cls, "protocol"):  # redis-py >= 5
+        kwargs["protocol"] = 2
+    return cls(**kwargs)

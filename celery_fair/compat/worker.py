@@ -1,0 +1,177 @@
+"""Celery's worker: its dispatch, the pool's semaphore and a request's parts and timeouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .probes import Probe, _lacks, _names_used
+
+
+def probe_worker(worker: Any, probe: Probe) -> None:
+    """Check the worker's dispatch hooks (after the Pool bootstep created them)."""
+    if not callable(getattr(worker, "_process_task", None)):
+        probe.missing_capability("celery.worker.process_task", "WorkController._process_task")
+    semaphore = getattr(worker, "semaphore", None)
+    if semaphore is not None:
+        lacking = _lacks(semaphore, ("_add_waiter", "_pop_waiter", "_waiting"))
+        if lacking:
+            probe.missing_capability(
+                "celery.worker.semaphore", "LaxBoundedSemaphore." + "/".join(lacking)
+            )
+    from celery.worker.request import Request
+
+    if "__slots__" in vars(Request) and "_request_dict" not in Request.__slots__:
+        probe.missing_capability("celery.request.headers", "Request._request_dict")
+
+
+def dispatch_of(worker: Any) -> Callable[[Any], Any]:
+    """The worker's pool dispatch (``_process_task``)."""
+    process: Callable[[Any], Any] = worker._process_task
+    return process
+
+
+def set_dispatch(worker: Any, process: Callable[[Any], Any]) -> None:
+    worker._process_task = process
+
+
+def dispatches_directly(worker: Any) -> bool:
+    """Whether received tasks go straight to the pool, with no semaphore wait.
+
+    True for threads, solo, gevent and eventlet; prefork's ``process_task`` is
+    ``_process_task_sem``, which waits in the semaphore.
+    """
+    return getattr(worker.process_task, "__func__", None) is type(worker)._process_task
+
+
+def install_waiters(
+    semaphore: Any, add: Callable[[Any], None], pop: Callable[[], Any], waiting: Any
+) -> None:
+    """Replace a ``LaxBoundedSemaphore``'s FIFO of waiters (its counting stays)."""
+    semaphore._add_waiter = add
+    semaphore._pop_waiter = pop
+    semaphore._waiting = waiting
+
+
+def request_headers(request: Any) -> dict[str, Any]:
+    """A worker request's header dict, which Celery hands to the pool as it is."""
+    headers = getattr(request, "_request_dict", None)
+    return headers if isinstance(headers, dict) else {}
+
+
+def delivery_tag(request: Any) -> Any:
+    """The delivery tag of a request's message (``Request.message``, public since 5.3)."""
+    message = getattr(request, "message", None)
+    return getattr(message, "delivery_tag", None)
+
+
+def runs_inline(pool: Any) -> bool:
+    """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
+    return type(pool).__module__ == "celery.concurrency.solo"
+
+
+def on_pool_done(result: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` when the pool has finished the task of ``result``.
+
+    ``result`` is what the pool's ``on_apply`` returned: a future (threads),
+    a greenlet (gevent, eventlet: both have ``link``), or anything else when
+    the task already ran inline (solo).
+    """
+    future = getattr(result, "f", None)
+    if future is not None and hasattr(future, "add_done_callback"):
+        future.add_done_callback(lambda _future: callback())
+    elif callable(getattr(result, "link", None)):
+        result.link(lambda *_args: callback())
+    else:
+        callback()
+
+
+def green_spawns(pool: Any, probe: Probe) -> Callable[[], Any] | None:
+    """The greenlet of each task, for a green pool whose ``on_apply`` returns none.
+
+    Celery's eventlet pool (5.3 to 5.7) spawns each task with
+    ``self._quick_put`` (``GreenPool.spawn``, set by ``on_start``) and its
+    ``on_apply`` returns None, where the gevent pool's returns the greenlet.
+    Given None, :func:`on_pool_done` can only take the task as finished at
+    once: celery-fair's gate then passes every task on, eventlet's own pool
+    makes them wait in arrival order, and the DWRR dispatch never chooses.
+
+    ``_quick_put`` is followed on the pool instance, now if the pool has
+    started, else when it starts.  Returns ``taken()``, which gives the
+    greenlet spawned since its last call (None if none); returns None for
+    other pools, and when ``on_apply`` does not spawn through ``_quick_put``
+    (checked in its code: the fallback is logged once).
+    """
+    if type(pool).__module__ != "celery.concurrency.eventlet":
+        return None
+    code = getattr(getattr(type(pool), "on_apply", None), "__code__", None)
+    if code is None or "_quick_put" not in _names_used(code) or not hasattr(pool, "_quick_put"):
+        probe.missing_capability(
+            "celery.pool.eventlet_spawn", "TaskPool.on_apply (self._quick_put)"
+        )
+        return None
+    spawned: list[Any] = []
+
+    def follow() -> None:
+        put = pool._quick_put
+        if put is None or getattr(put, "fair_follows", False):
+            return
+
+        def fair_quick_put(*args: Any, **kwargs: Any) -> Any:
+            greenlet = put(*args, **kwargs)
+            spawned.append(greenlet)
+            return greenlet
+
+        fair_quick_put.fair_follows = True  # type: ignore[attr-defined]
+        pool._quick_put = fair_quick_put
+
+    follow()
+    on_start = pool.on_start
+
+    def fair_on_start(*args: Any, **kwargs: Any) -> Any:
+        result = on_start(*args, **kwargs)
+        follow()
+        return result
+
+    pool.on_start = fair_on_start
+
+    def taken() -> Any:
+        return spawned.pop() if spawned else None
+
+    return taken
+
+
+def can_follow_hard_timeouts(probe: Probe) -> bool:
+    """Whether :func:`on_hard_timeout` is needed and works with this Celery.
+
+    Celery 5.7 sends ``task_failure`` for a task killed at its hard time
+    limit; earlier releases only mark it failed in the result backend, so
+    the telemetry follows each request's ``on_timeout`` (an instance
+    attribute: ``execute_using_pool`` reads ``self.on_timeout`` per call).
+    """
+    from celery.worker.request import Request
+
+    sends = getattr(Request.on_timeout, "__code__", None)
+    if sends is not None and "task_failure" in sends.co_names:
+        return False
+    execute = getattr(Request.execute_using_pool, "__code__", None)
+    if execute is None or "on_timeout" not in execute.co_names:
+        probe.missing_capability(
+            "celery.request.on_timeout", "Request.execute_using_pool (self.on_timeout)"
+        )
+        return False
+    return True
+
+
+def on_hard_timeout(request: Any, callback: Callable[[], None]) -> None:
+    """Call ``callback()`` after Celery handled ``request``'s hard time limit."""
+    original = request.on_timeout
+
+    def on_timeout(soft: bool, timeout: float) -> Any:
+        try:
+            return original(soft, timeout)
+        finally:
+            if not soft:
+                callback()
+
+    request.on_timeout = on_timeout
