@@ -53,7 +53,8 @@ from scipy import stats
 
 from bench.harness.redis import RedisServer
 from celery_fair.routing import ConsistentHashRouter, HashRing
-from celery_fair.routing.ring import _probe_table, ideal_moved_fraction, key_hash
+from celery_fair.routing.ring import ideal_moved_fraction, key_hash
+from celery_fair.routing.table import probe_table
 
 from .common import environment, summary, write
 
@@ -186,7 +187,7 @@ def table_costs(repeats: int) -> list[dict[str, Any]]:
         w = weights(n)
         builds, memo_hits = [], []
         for _ in range(repeats):
-            _probe_table.cache_clear()  # a fresh build, not the memo's copy
+            probe_table.cache_clear()  # a fresh build, not the memo's copy
             start = time.perf_counter()
             ring = HashRing(w, algorithm="table")
             builds.append(time.perf_counter() - start)

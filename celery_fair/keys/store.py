@@ -272,11 +272,6 @@ def update_hash(client: Any, name: str, fields: Mapping[str, str | None]) -> Non
     pipe.execute()
 
 
-def live_weights(client: Any, names: KeyedNames) -> dict[str, float]:
-    """The weights set live on the broker."""
-    return {text(k): float(v) for k, v in client.hgetall(names.weights_live).items()}
-
-
 def _is_pipeline(client: Any) -> bool:
     return hasattr(client, "execute") and hasattr(client, "command_stack")
 

@@ -20,7 +20,6 @@ from ..wire import KEY_HEADER
 __all__ = ("ConsistentHashRouter", "MissingRouteKeyError", "RouterStatistics")
 
 DEFAULT_HEADER = KEY_HEADER
-_MISSING_POLICIES = ("error", "spread")
 
 
 class MissingRouteKeyError(LookupError):
@@ -84,8 +83,8 @@ class ConsistentHashRouter:
     missing-key policy still applies on the producer side.
 
     ``algorithm`` picks the ring's mapping (``"auto"``, ``"rendezvous"`` or
-    ``"table"``, see ``HashRing``): the default is rendezvous hashing, the mapping
-    of earlier releases; ``"auto"`` or ``"table"`` opt in to the O(1) probe table
+    ``"table"``, see ``HashRing``): the default is rendezvous hashing;
+    ``"auto"`` or ``"table"`` opt in to the O(1) probe table
     (which moves keys once); ``table_weight`` pins a table's
     layout. Both apply when ``queues`` is a mapping or list; a ``HashRing``
     carries its own.

@@ -199,10 +199,6 @@ class FairScheduler:
             self._apply_quanta()
         self.dispatch.put(queue, item, key)
 
-    def next_waiting(self) -> tuple[str, object] | None:
-        """The next buffered task in DRR order, charged at dispatch."""
-        return self.dispatch.take()
-
     # -- introspection ------------------------------------------------------
 
     def statistics(self, window: int | None = None) -> SchedulerStatistics:

@@ -21,11 +21,9 @@ from celery_fair.routing.ring import (
     ALGORITHMS,
     AUTO_RENDEZVOUS_MAX_QUEUES,
     HashRing,
-    TableLayout,
-    _ProbeTable,
     ideal_moved_fraction,
-    table_layout,
 )
+from celery_fair.routing.table import ProbeTable, TableLayout, table_layout
 
 WEIGHTS = {"q1": 1, "q2": 1, "q3": 2, "q4": 2}
 
@@ -150,7 +148,7 @@ def test_mapped_shares_hold_at_every_pass_probability(pass_bits: int) -> None:
     # crowded end of a band, where competing slots matter most.
     layout = TableLayout(band=2, slots_per_weight=256.0, bucket_bits=12, pass_bits=pass_bits)
     ring = HashRing(mixed(16), algorithm="rendezvous")
-    ring._table = _ProbeTable(ring.queues, ring.weights, layout)
+    ring._table = ProbeTable(ring.queues, ring.weights, layout)
     mapped = ring.mapped_shares()
     hashes = random_hashes(100_000, seed=13)
     counts = Counter(ring.lookup_hash(h) for h in hashes)
@@ -339,7 +337,7 @@ small_layouts = st.sampled_from(
 def small_ring(weights: dict[str, float], layout: TableLayout = SMALL) -> HashRing:
     """A table ring on a small layout (the fallback to rendezvous included)."""
     ring = HashRing(weights, algorithm="rendezvous")
-    ring._table = _ProbeTable(ring.queues, ring.weights, layout)
+    ring._table = ProbeTable(ring.queues, ring.weights, layout)
     return ring
 
 
@@ -422,7 +420,7 @@ def test_keys_that_no_probe_settles_fall_back_to_rendezvous() -> None:
     # One slot in 2**20 buckets: 64 probes almost never find it.
     layout = TableLayout(band=0, slots_per_weight=1e-9, bucket_bits=20)
     names = ("a", "b", "c")
-    probe = _ProbeTable(names, {"a": 1.0, "b": 1.0, "c": 1.0}, layout)
+    probe = ProbeTable(names, {"a": 1.0, "b": 1.0, "c": 1.0}, layout)
     assert probe.slots == 3
     hashes = random_hashes(200, seed=29)
     assert sum(probe.find(h) < 0 for h in hashes) > 190

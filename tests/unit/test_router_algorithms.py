@@ -21,11 +21,8 @@ from scipy import stats
 
 from celery_fair.routing import ConsistentHashRouter, HashRing
 from celery_fair.routing.isolation import IsolationPolicy, NoisyKeyDetector
-from celery_fair.routing.ring import (
-    TABLE_MEMO_SIZE,
-    _probe_table,
-    ideal_moved_fraction,
-)
+from celery_fair.routing.ring import ideal_moved_fraction
+from celery_fair.routing.table import TABLE_MEMO_SIZE, probe_table
 
 ALGORITHMS = ("rendezvous", "table")
 #: 24 queues weighted 1..4, total 60: inside the table band [48, 192) after any one change.
@@ -83,9 +80,9 @@ def test_same_routes_in_another_interpreter_with_another_hash_seed(
 def test_a_fresh_table_build_does_not_depend_on_queue_order() -> None:
     # The memo would hand the second ring the first one's table: clear it in between.
     keys = tenants(3000, seed=8)
-    _probe_table.cache_clear()
+    probe_table.cache_clear()
     forward = ConsistentHashRouter(SHARDS, key="tenant_id", algorithm="table")
-    _probe_table.cache_clear()
+    probe_table.cache_clear()
     shuffled = list(SHARDS.items())
     random.Random(2).shuffle(shuffled)
     backward = ConsistentHashRouter(dict(shuffled), key="tenant_id", algorithm="table")
@@ -209,7 +206,7 @@ def test_a_ring_carries_its_own_algorithm() -> None:
 
 
 def test_routers_over_the_same_queues_share_one_table() -> None:
-    _probe_table.cache_clear()
+    probe_table.cache_clear()
     a = ConsistentHashRouter(SHARDS, key="tenant_id", algorithm="table", tasks="proj.a.*")
     b = ConsistentHashRouter(
         dict(reversed(list(SHARDS.items()))), key="tenant_id", algorithm="table"
@@ -217,15 +214,15 @@ def test_routers_over_the_same_queues_share_one_table() -> None:
     c = ConsistentHashRouter({**SHARDS, "shard-00": 2}, key="tenant_id", algorithm="table")
     assert a.ring._table is b.ring._table
     assert c.ring._table is not a.ring._table
-    assert _probe_table.cache_info().misses == 2
+    assert probe_table.cache_info().misses == 2
 
 
 def test_the_memo_is_bounded_and_a_rebuilt_table_maps_alike() -> None:
-    _probe_table.cache_clear()
+    probe_table.cache_clear()
     first = HashRing(SHARDS, algorithm="table")
     for extra in range(TABLE_MEMO_SIZE):  # as many other tables as the memo holds
         HashRing({**SHARDS, f"extra-{extra}": 1}, algorithm="table")
-    assert _probe_table.cache_info().currsize == TABLE_MEMO_SIZE
+    assert probe_table.cache_info().currsize == TABLE_MEMO_SIZE
     again = HashRing(SHARDS, algorithm="table")
     assert again._table is not first._table  # evicted, so built anew
     keys = tenants(2000, seed=4)
