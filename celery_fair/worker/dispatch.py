@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import compat
 from ..scheduling.shedding import UNKNOWN_QUEUE
-from .service import FairService
+from .roles import SchedulingService
 
 __all__ = ("FairGate", "install_on_semaphore")
 
@@ -32,7 +32,7 @@ __all__ = ("FairGate", "install_on_semaphore")
 class _WaitingView:
     """Stands in for the semaphore's deque: ``clear()`` and ``len()``."""
 
-    def __init__(self, service: FairService) -> None:
+    def __init__(self, service: SchedulingService) -> None:
         self.service = service
 
     def clear(self) -> None:
@@ -43,18 +43,18 @@ class _WaitingView:
         return len(self.service.scheduler.dispatch)
 
 
-def _queue_of(service: FairService, args: tuple[Any, ...]) -> str:
+def _queue_of(service: SchedulingService, args: tuple[Any, ...]) -> str:
     request = args[0] if args else None
     return service.queue_of(request) or UNKNOWN_QUEUE
 
 
-def _wait(service: FairService, args: tuple[Any, ...], entry: Any) -> None:
+def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None:
     """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key."""
     queue = _queue_of(service, args)
     service.scheduler.wait(queue, entry, service.key_of(args[0] if args else None, queue))
 
 
-def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> Any:
+def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any]) -> Any:
     """The next waiting entry in DWRR order that CoDel lets run, or None.
 
     Entries CoDel sends back to the broker are skipped; the next one is
@@ -77,7 +77,7 @@ def _next_admitted(service: FairService, request_of: Callable[[Any], Any]) -> An
             dispatch.refund(queue)  # sent back, not served: only what runs is charged
 
 
-def install_on_semaphore(semaphore: Any, service: FairService) -> None:
+def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
     """Make a ``LaxBoundedSemaphore`` release its waiters in DWRR order."""
     lock = service.lock
 
@@ -102,7 +102,7 @@ class FairGate:
     the solo pool runs a task inline, so without it there is never a choice.
     """
 
-    def __init__(self, service: FairService, slots: int) -> None:
+    def __init__(self, service: SchedulingService, slots: int) -> None:
         self.service = service
         self.slots = max(1, slots)
         self.free = self.slots

@@ -31,6 +31,7 @@ from ..wire import (
     WEIGHT_STAMP,
 )
 from .recorder import as_float, as_text
+from .roles import SchedulingService
 from .shedding import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
@@ -59,7 +60,9 @@ class TaskTracker:
     tasks that never ran or whose pool process died.
     """
 
-    def __init__(self, service: Any, writer: Any = None, *, hostname: str | None = None) -> None:
+    def __init__(
+        self, service: SchedulingService, writer: Any = None, *, hostname: str | None = None
+    ) -> None:
         self.service = service
         self.writer = writer
         self.hostname = hostname

@@ -1,0 +1,187 @@
+"""The worker's keyed queues on the broker: settings written, backlogs adopted, slots freed.
+
+Everything a worker does to the per-key structures of :mod:`celery_fair.keys`
+besides fetching from them (which the fetch script does): it writes the
+configured key weights and limits at each connection, serves a keyed backlog
+found on a queue ``fair_keys`` does not name (a roll-back), frees the slots of
+finished tasks under per-key limits, and answers the live controls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from .. import compat
+from ..errors import FairConfigError
+from ..keys import store
+from ..keys.layout import KeyedNames
+from ..keys.publish import names_for
+from ..keys.serving import KeyedServing
+from ..kombu.cycle import connection_errors
+from ..scheduling.scheduler import FairScheduler
+from .attachment import Attachment
+from .settings import FairSettings
+
+__all__ = ("KeyedAdmin",)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class KeyedAdmin:
+    """Keyed-queue administration for one worker, through its live channel."""
+
+    def __init__(
+        self,
+        settings: FairSettings,
+        scheduler: FairScheduler,
+        attachment: Attachment,
+        *,
+        probe: compat.Probe,
+        slots: int,
+    ) -> None:
+        self.settings = settings
+        self.scheduler = scheduler
+        self.attachment = attachment
+        self.probe = probe
+        self.slots = slots
+
+    def serving(self) -> KeyedServing | None:
+        """The keyed queues of ``fair_keys``, served in fair key order (None without)."""
+        settings = self.settings
+        if not settings.keys:
+            return None
+        return KeyedServing(
+            settings.keys,
+            default_weight=settings.default_key_weight,
+            runtime=settings.cost == "runtime",
+            estimate=self.scheduler.fetch_cost,
+            limits=settings.key_limits,
+            slots=self.slots,
+        )
+
+    def adopt_backlogs(self, channel: Any, queues: Iterable[str]) -> None:
+        """Serve a keyed backlog on a consumed queue that ``fair_keys`` does not name.
+
+        Messages published with a key wait in per-key lists, which only a
+        keyed fetch reads.  After ``fair_keys`` is removed from a worker (a
+        roll-back, docs/migrating.md) they would wait for ever; served here
+        in fair key order with the default key weight, until they are gone.
+        """
+        keyed = self.attachment.keyed
+        known = keyed.queues if keyed is not None else frozenset()
+        candidates = [q for q in queues if q not in known]
+        if not candidates:
+            return
+        with compat.redis_client(channel) as client:
+            waiting = store.waiting_keyed(client, [names_for(channel, q) for q in candidates])
+        found = {q: n for q, n in zip(candidates, waiting, strict=True) if n > 0}
+        if not found:
+            return
+        if keyed is None:
+            keyed = self.attachment.keyed = KeyedServing(
+                (),
+                default_weight=self.settings.default_key_weight,
+                runtime=self.settings.cost == "runtime",
+                estimate=self.scheduler.fetch_cost,
+                slots=self.slots,
+            )
+        keyed.adopt(found)
+        fetch = self.attachment.fetch
+        if fetch is not None and fetch.channel is channel:
+            fetch.serve_keyed(keyed)
+        for queue, count in sorted(found.items()):
+            logger.warning(
+                "celery-fair: queue %r holds %d message(s) published with a key, but fair_keys "
+                "does not name it: they are served in fair key order until none is left "
+                "(`celery-fair keys unkey %s` moves them back to the queue's own list)",
+                queue, count, queue,
+            )  # fmt: skip
+
+    def recheck_backlogs(self) -> None:
+        """Look again for keyed backlogs on the consumed queues (a timer calls this)."""
+        channel, cycle = self.attachment.channel, self.attachment.cycle
+        if channel is None or cycle is None or cycle.atomic is None:
+            return
+        try:
+            self.adopt_backlogs(channel, cycle.items)
+        except connection_errors(channel) as exc:
+            logger.debug("celery-fair: keyed backlog check skipped (%r)", exc)
+
+    def publish_settings(self, channel: Any) -> None:
+        """Write the configured key weights and limits where the fetch script reads them."""
+        if self.attachment.fetch is None:
+            raise FairConfigError(
+                f"fair_keys={sorted(self.settings.keys)!r} needs the atomic fetch, which is "
+                f"not available here ({', '.join(self.probe.missing) or 'not a Redis channel'})"
+            )
+        limits = self.settings.key_limits.as_fields()
+        with compat.redis_client(channel) as client:
+            for queue in self.settings.keys:
+                names = names_for(channel, queue)
+                store.write_configured_weights(client, names, self.settings.key_weights)
+                store.write_configured_limits(client, names, limits)
+                store.keyed_again(client, names)
+        keyed = self.attachment.keyed
+        if keyed is not None and keyed.limited:
+            keyed.send_releases = self.send_releases
+
+    def send_releases(self, releases: list[tuple[str, str]], wake: bool = False) -> None:
+        """Free key slots: ``(queue, delivery tag)`` of tasks done with (per-key limits).
+
+        ``wake`` also ends the atomic fetch's idle wait, in the same pipeline.
+        """
+        channel = self.attachment.channel
+        if channel is None:
+            raise RuntimeError("no channel")
+        sep = compat.key_separator(channel)
+        leases = [(names_for(channel, q).base, tag) for q, tag in releases]
+        fetch = self.attachment.fetch
+        with compat.redis_client(channel) as client:
+            # One round trip per finished task, the wake-up (a repeat is harmless) on it.
+            store.RELEASE.pipelined(
+                client,
+                tuple(store.release_args(sep, leases)),
+                also=(lambda pipe: fetch.wake(pipe)) if wake and fetch is not None else None,
+            )
+
+    def _on_keyed_queues(
+        self, setting: str, action: Callable[[Any, KeyedNames], T]
+    ) -> dict[str, T]:
+        """``action(client, names)`` on each keyed queue, through the consumer's channel."""
+        channel = self.attachment.channel
+        if self.attachment.keyed is None or channel is None:
+            raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
+        with compat.redis_client(channel) as client:
+            return {q: action(client, names_for(channel, q)) for q in self.settings.keys}
+
+    def set_limits(self, fields: dict[str, str | None]) -> None:
+        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
+        self._on_keyed_queues(
+            "fair_key_limits", lambda client, names: store.set_live_limits(client, names, fields)
+        )
+
+    def set_weights(self, weights: dict[str, float | None]) -> None:
+        """Set key weights live, on the broker (every worker and restart sees them)."""
+        self._on_keyed_queues(
+            "fair_key_weights",
+            lambda client, names: store.set_live_weights(client, names, weights),
+        )
+
+    def limits_state(self) -> dict[str, store.KeyedLimitsState]:
+        """Each keyed queue's limits in force, running counts and keys held back."""
+        keyed = self.attachment.keyed
+        if keyed is None or not keyed.limited or self.attachment.channel is None:
+            return {}
+        return self._on_keyed_queues("fair_stats", store.limits_state)
+
+    def backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
+        """Each keyed queue's waiting messages and next keys, read from the broker."""
+        if self.attachment.keyed is None or self.attachment.channel is None:
+            return {}
+        return self._on_keyed_queues(
+            "fair_stats", lambda client, names: store.backlog(client, names, top)
+        )

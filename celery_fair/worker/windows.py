@@ -1,0 +1,205 @@
+"""Prefetch windows: per-queue windows on AMQP, and the adaptive window on both brokers.
+
+On a push transport (RabbitMQ) each consumed queue gets its own window, in
+the ratio of the weights (:meth:`FairScheduler.push_windows`); with
+``fair_prefetch="auto"`` the windows follow the measured round trip and task
+time (:mod:`celery_fair.worker.push_prefetch`).  On Redis the adaptive window
+is applied in place through Celery's QoS object.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .. import compat
+from ..scheduling.fetch import window_cap
+from ..scheduling.prefetch import AdaptivePrefetch
+from ..scheduling.scheduler import FairScheduler
+from .attachment import Attachment
+from .push_prefetch import PushWindows
+from .settings import FairSettings
+
+__all__ = ("PrefetchWindows",)
+
+
+class PrefetchWindows:
+    """One worker's prefetch windows, fixed or adaptive."""
+
+    def __init__(
+        self,
+        settings: FairSettings,
+        scheduler: FairScheduler,
+        lock: threading.RLock,
+        attachment: Attachment,
+        *,
+        probe: compat.Probe,
+        concurrency: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.scheduler = scheduler
+        self.lock = lock
+        self.attachment = attachment
+        self.probe = probe
+        self.concurrency = concurrency
+        self.clock = clock
+        #: The window of each consumed queue (AMQP), or ``{"*": n}`` (adaptive, Redis).
+        self.windows: dict[str, int] = {}
+        self.adaptive: AdaptivePrefetch | None = None
+        self.push: PushWindows | None = None  # adaptive windows on AMQP
+        self._qos: Any = None
+        self._base_window = 0
+
+    def attach_push(self, consumer: Any) -> dict[str, int]:
+        """Per-queue prefetch windows on a push transport (AMQP).
+
+        RabbitMQ applies a ``basic.qos(prefetch, global=False)`` to every
+        consumer created after it on the channel, so a qos issued just before
+        each queue's ``basic.consume`` gives that queue its own window.
+        Celery's channel-wide window (``global=True``) is lifted: it would let
+        the broker's round-robin push decide what fills the buffer, and the
+        shares would flatten.  Returns the windows.
+        """
+        task_consumer = consumer.task_consumer
+        channel = task_consumer.channel
+        with self.lock:
+            self.scheduler.reset_held()
+            self.scheduler.set_queues(q.name for q in task_consumer.queues)
+        # Celery's full window, not the count it lowers for a while after a
+        # reconnection: these windows are fixed until the next one.
+        total = int(
+            getattr(consumer, "max_prefetch_count", 0)
+            or getattr(consumer, "initial_prefetch_count", 0)
+            or 4 * self.concurrency
+        )
+        self.windows = self._split(total)
+        push = self._adapt_push(channel, task_consumer, total)
+        basic_consume, clock = channel.basic_consume, self.clock
+
+        def fair_basic_consume(queue: str, *args: Any, **kwargs: Any) -> Any:
+            window = self.window_for(queue)
+            sent = clock()
+            channel.basic_qos(0, window, False)
+            if push is not None:
+                push.consuming(queue, kwargs, window, clock() - sent)
+            return basic_consume(queue, *args, **kwargs)
+
+        channel.basic_consume = fair_basic_consume
+        if compat.consumer_qos_global(consumer):
+            channel.basic_qos(0, 0, True)  # 0: no channel-wide limit
+        qos = getattr(consumer, "qos", None)
+        if qos is not None:
+            # Celery grows the channel-wide window for ETA tasks; with
+            # per-queue windows that would bring the global limit back.
+            qos.callback = lambda prefetch_count: None
+        return self.windows
+
+    def _adapt_push(self, channel: Any, task_consumer: Any, total: int) -> PushWindows | None:
+        """``fair_prefetch="auto"`` on AMQP: windows re-consumed as estimates move.
+
+        The estimates survive a reconnection; the per-channel accounting
+        starts afresh.
+        """
+        if self.settings.prefetch != "auto":
+            self.push = None
+            return None
+        if self.adaptive is None:
+            self.adaptive = AdaptivePrefetch(
+                slots=self.concurrency,
+                minimum=self.concurrency,
+                maximum=self.settings.prefetch_max or total,
+            )
+        cap = window_cap(total)
+
+        def split(adaptive_total: int) -> dict[str, int]:
+            return self.scheduler.push_windows(adaptive_total, cap=cap)
+
+        estimates = self.adaptive.statistics()
+        if estimates.round_trip is not None and estimates.service is not None:
+            # After a reconnection, consume with the window the estimates call for.
+            self.windows.update(split(self.adaptive.window()))
+        self.push = PushWindows(self.adaptive, self.windows, split, clock=self.clock)
+        self.push.attach(channel, task_consumer)
+        return self.push
+
+    def _split(self, total: int) -> dict[str, int]:
+        """Celery's window of ``total`` tasks as per-queue windows (``fair_prefetch``)."""
+        setting = self.settings.prefetch
+        auto = self.scheduler.push_windows(total, cap=window_cap(total))
+        if setting is None or setting == "auto":
+            return auto
+        if isinstance(setting, int):
+            return dict.fromkeys(auto, setting)
+        assert not isinstance(setting, str)
+        return {q: setting.get(q, w) for q, w in auto.items()}
+
+    def window_for(self, queue: str) -> int:
+        """The prefetch window of ``queue`` (a queue added later gets one too)."""
+        window = self.windows.get(queue)
+        if window is None:
+            with self.lock:
+                self.scheduler.set_queues([*self.scheduler.queues, queue])
+            window = self.windows[queue] = self._split(sum(self.windows.values()) or 4).get(
+                queue, 1
+            )
+        return window
+
+    def adapt_prefetch(self, consumer: Any, channel: Any) -> None:
+        """``fair_prefetch="auto"`` on a polling transport (Redis).
+
+        The fetch round trip is measured from the send of Kombu's BRPOP to
+        its reply; task run times come from the tracker.  The window is
+        applied through Celery's QoS object, which changes the channel's
+        prefetch count in place: no reconnection.
+        """
+        qos = getattr(consumer, "qos", None)
+        if not compat.is_redis_channel(channel):
+            return
+        compat.probe_consumer_qos(qos, self.probe)
+        if not self.probe.has("celery.consumer.qos"):
+            return
+        base = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
+        self.adaptive = AdaptivePrefetch(
+            slots=self.concurrency,
+            minimum=self.concurrency,
+            maximum=self.settings.prefetch_max or base,
+        )
+        self._qos, self._base_window = qos, base
+        fetch = self.attachment.fetch
+        if fetch is not None:
+            # The atomic fetch times only fetches that returned a message.
+            fetch.on_fetch = self.adaptive.observe_fetch
+            return
+        read, clock = compat.fetch_read(channel), self.clock
+        sent: list[float | None] = [None]
+
+        def fetch_sent() -> None:
+            sent[0] = clock()
+
+        def fair_brpop_read(**options: Any) -> Any:
+            started, sent[0] = sent[0], None
+            result = read(**options)
+            if started is not None and self.adaptive is not None:
+                self.adaptive.observe_fetch(clock() - started)
+            return result
+
+        compat.wrap_fetch_start(channel, fetch_sent)
+        compat.replace_fetch_read(channel, fair_brpop_read)
+
+    def observe_service(self, runtime: float) -> None:
+        """A task ran for ``runtime`` s: resize the adaptive window if needed."""
+        adaptive = self.adaptive
+        if adaptive is None:
+            return
+        adaptive.observe_service(runtime)
+        wanted = adaptive.window()
+        if self.push is not None:
+            self.push.resize(wanted)
+            return
+        qos = self._qos
+        if wanted != self._base_window and qos is not None:
+            compat.move_qos_window(qos, self._base_window, wanted)
+            self._base_window = wanted
+            self.windows = {"*": wanted}
