@@ -24,8 +24,10 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
 * With per-key limits (:mod:`celery_fair.keys.limits`): ``fair.lconf`` /
   ``fair.llive`` (limits, fields ``c:<key>`` and ``r:<key>``), ``fair.run``
   (tasks fetched and not finished, per key), ``fair.leases`` (task id ->
-  expiry) and ``fair.lease`` (task id -> key), ``fair.parked`` (keys set
-  aside at their concurrency limit), ``fair.sleep`` (keys set aside by their
+  expiry) and ``fair.lease`` (task id -> key), ``fair.parked`` (keys at
+  their concurrency limit, set aside: ``AT_LIMIT`` in the code; "parked" is
+  bad input everywhere else, but the Redis name stays so that keys set aside
+  by a running worker are still found), ``fair.sleep`` (keys set aside by their
   rate, scored by when they may go on) and ``fair.b.<key>`` (a key's token
   bucket, expiring once full again). Throttling: ``fair.hsince`` (key ->
   when it was set aside, while it is), ``fair.held`` (key -> seconds spent
@@ -52,7 +54,7 @@ UNKEYED = ""
 ACTIVE, LAST, STATE, WEIGHTS_CONF, WEIGHTS_LIVE, KEY_LIST = (
     "fair.keys", "fair.last", "fair.state", "fair.wconf", "fair.wlive", "fair.k.",
 )  # fmt: skip
-LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, PARKED, SLEEP, BUCKET = (
+LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, AT_LIMIT, SLEEP, BUCKET = (
     "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.parked",
     "fair.sleep", "fair.b.",
 )  # fmt: skip
@@ -118,8 +120,8 @@ class KeyedNames:
         return self._name(LEASE_KEY)
 
     @property
-    def parked(self) -> str:
-        return self._name(PARKED)
+    def at_limit(self) -> str:
+        return self._name(AT_LIMIT)
 
     @property
     def sleep(self) -> str:

@@ -42,7 +42,7 @@ NAMES: dict[str, str | int] = {
     "RUNNING": layout.RUNNING,
     "LEASES": layout.LEASES,
     "LEASE_KEY": layout.LEASE_KEY,
-    "PARKED": layout.PARKED,
+    "AT_LIMIT": layout.AT_LIMIT,
     "SLEEP": layout.SLEEP,
     "BUCKET": layout.BUCKET,
     "HELD_SINCE": layout.HELD_SINCE,

@@ -110,7 +110,7 @@ class KeyedLimitsState:
     #: Tasks holding a slot, per key (the keys with any).
     running: dict[str, int]
     #: Keys set aside at their concurrency limit, and by their rate.
-    parked: int
+    at_limit: int
     sleeping: int
     #: Times a key was set aside by its limits, since the queue's state began.
     held_back: int = 0
@@ -130,10 +130,10 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
     """The limits in force, running counts and keys held back, from the broker."""
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(names.limits_conf).hgetall(names.limits_live).hgetall(names.running)
-    pipe.scard(names.parked).zcard(names.sleep)
+    pipe.scard(names.at_limit).zcard(names.sleep)
     pipe.hmget(names.state, "held_n", "held_s").hscan(names.held_since, 0, count=HELD_SCAN)
     pipe.zrevrange(names.held, 0, top - 1, withscores=True).time()
-    conf, live, running, parked, sleeping, totals, since, longest, clock = pipe.execute()
+    conf, live, running, at_limit, sleeping, totals, since, longest, clock = pipe.execute()
     limits = {text(k): text(v) for k, v in conf.items()}
     limits.update({text(k): text(v) for k, v in live.items()})
     now = clock[0] + clock[1] / 1e6
@@ -152,7 +152,7 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
     return KeyedLimitsState(
         limits=limits,
         running={text(k): int(v) for k, v in running.items()},
-        parked=int(parked),
+        at_limit=int(at_limit),
         sleeping=int(sleeping),
         held_back=int(totals[0] or 0),
         held_seconds=float(totals[1] or 0.0) + sum(held_now.values()),

@@ -54,7 +54,7 @@ local function keyed_pop(base, suffixes, est, limited, now)
   -- Messages of producers without celery-fair: one more key, the empty one.
   local plain = plain_len(base, suffixes)
   if plain > 0 and not redis.call('ZSCORE', active, N.UNKEYED)
-     and not (limited and (redis.call('SISMEMBER', kname(base, N.PARKED),
+     and not (limited and (redis.call('SISMEMBER', kname(base, N.AT_LIMIT),
                                       N.UNKEYED) == 1
                            or redis.call('ZSCORE', kname(base, N.SLEEP),
                                          N.UNKEYED))) then
@@ -71,7 +71,7 @@ local function keyed_pop(base, suffixes, est, limited, now)
       if c and (tonumber(redis.call('HGET', kname(base, N.RUNNING), key)) or 0) >= c then
         redis.call('ZREM', active, key)
         keep_tag(last, key, tag)
-        redis.call('SADD', kname(base, N.PARKED), key)
+        redis.call('SADD', kname(base, N.AT_LIMIT), key)
         hold(base, key, now)
         held = true
       else
@@ -144,7 +144,7 @@ local function next_event(base, now)
   local soonest = nil
   local names = {N.SLEEP}
   -- An expiring lease matters only to a key set aside at its concurrency limit.
-  if redis.call('SCARD', kname(base, N.PARKED)) > 0 then
+  if redis.call('SCARD', kname(base, N.AT_LIMIT)) > 0 then
     names[2] = N.LEASES
   end
   for _, name in ipairs(names) do

@@ -76,7 +76,7 @@ end
 
 -- A key set aside at its concurrency limit goes back in line.
 local function unpark(base, key, now)
-  if redis.call('SREM', kname(base, N.PARKED), key) == 1 then
+  if redis.call('SREM', kname(base, N.AT_LIMIT), key) == 1 then
     redis.call('ZADD', kname(base, N.ACTIVE), start_tag(base, key), key)
     resume(base, key, now)
   end

@@ -24,7 +24,7 @@ for _, key in ipairs(redis.call('ZRANGE', name(N.ACTIVE), 0, limit - 1)) do
   redis.call('ZREM', name(N.ACTIVE), key)
 end
 if visited < limit then
-  for _, key in ipairs(redis.call('SPOP', name(N.PARKED), limit - visited)) do
+  for _, key in ipairs(redis.call('SPOP', name(N.AT_LIMIT), limit - visited)) do
     drop(key)
   end
 end

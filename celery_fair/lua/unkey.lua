@@ -34,7 +34,7 @@ local function add(list, where)
   end
 end
 add(redis.call('ZRANGE', name(N.ACTIVE), 0, limit - 1), 'line')
-add(redis.call('SRANDMEMBER', name(N.PARKED), limit), 'aside')
+add(redis.call('SRANDMEMBER', name(N.AT_LIMIT), limit), 'aside')
 add(redis.call('ZRANGE', name(N.SLEEP), 0, limit - 1), 'aside')
 redis.call('HSET', name(N.STATE), N.UNKEYED_MARK, 1)
 local moved, live = 0, #keys
@@ -63,7 +63,7 @@ for key in pairs(seen) do
   if redis.call('EXISTS', name(N.KEY_LIST) .. key) == 0 then
     redis.call('ZREM', name(N.ACTIVE), key)
     redis.call('ZREM', name(N.SIZES), key)
-    redis.call('SREM', name(N.PARKED), key)
+    redis.call('SREM', name(N.AT_LIMIT), key)
     redis.call('ZREM', name(N.SLEEP), key)
     redis.call('HDEL', name(N.HELD_SINCE), key)
     redis.call('HDEL', name(N.HELD_OWED), key)

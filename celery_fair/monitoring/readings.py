@@ -138,7 +138,7 @@ def read_redis(
                 pipe.llen(plain).lindex(plain, -1)  # the oldest: LPUSH, then RPOP
             names = KeyedNames(prefix + queue, sep)
             pipe.hget(names.state, BACKLOG).zcard(names.active)
-            pipe.scard(names.parked).zcard(names.sleep)
+            pipe.scard(names.at_limit).zcard(names.sleep)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
             pipe.hscan(names.held_since, 0, count=HELD_SCAN)
@@ -155,7 +155,7 @@ def read_redis(
                 "plain_oldest": [_published(item) for _, item in lists],
                 "keyed": int(next(replies) or 0),
                 "active": int(next(replies)),
-                "parked_keys": int(next(replies)),
+                "at_limit_keys": int(next(replies)),
                 "sleeping": int(next(replies)),
                 "sizes": [(text(k), int(n)) for k, n in next(replies)],
                 "next": [text(k) for k in next(replies)],
@@ -218,10 +218,10 @@ def _redis_reading(
     if unread > 0:
         parked["unread"] = unread
     keyed = None
-    if raw["keyed"] or raw["active"] or raw["parked_keys"] or raw["sleeping"] or raw["sizes"]:
+    if raw["keyed"] or raw["active"] or raw["at_limit_keys"] or raw["sleeping"] or raw["sizes"]:
         keyed = KeyedReading(
             active_keys=raw["active"],
-            held_concurrency=raw["parked_keys"],
+            held_concurrency=raw["at_limit_keys"],
             held_rate=raw["sleeping"],
             top=tuple(KeyReading(k, n, _age(now, oldest.get(k))) for k, n in raw["sizes"]),
             longest_held=raw["longest_held"],

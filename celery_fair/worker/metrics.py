@@ -317,7 +317,7 @@ class FairCollector:
             labels=["worker", "queue", "key"],
         )
         for queue, state in sorted(states.items()):
-            keys_held.add_metric([w, queue, "concurrency"], float(state.parked))
+            keys_held.add_metric([w, queue, "concurrency"], float(state.at_limit))
             keys_held.add_metric([w, queue, "rate"], float(state.sleeping))
             for key, held in state.top_held[:TOP_KEYS]:
                 top.add_metric([w, queue, key], held)

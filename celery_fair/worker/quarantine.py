@@ -12,15 +12,15 @@ Here:
 - a body that does not decode, a content type the worker does not accept, a
   message that is not a task at all: *parked* with the reason and the time
   (:mod:`celery_fair.parking`), one log line naming the queue and the reason;
-- an unknown task name: held for ``fair_unknown_task_delay`` seconds, then
+- an unknown task name: kept for ``fair_unknown_task_delay`` seconds, then
   sent back to its queue (to the back of the line) with the header
   ``fair_unknown_returns`` counting its returns, where a worker that knows the
   task takes it.  After ``fair_unknown_task_max_returns`` returns it is parked.
 
-A held message stays unacknowledged, like an ETA task: if the worker stops
+A message waiting to be sent back stays unacknowledged, like an ETA task: if the worker stops
 or dies, the broker gives it to another (Redis: the visibility timeout).  As
 Celery does for ETA tasks, holding raises the prefetch window by one (up to
-the worker's initial window in all), so that held messages do not starve the
+the worker's initial window in all), so that messages waiting to be sent back do not starve the
 tasks the worker can run.
 """
 
@@ -64,8 +64,8 @@ class QuarantineStatistics:
     parked: dict[str, int] = field(default_factory=dict)
     #: Unknown tasks sent back for a worker that knows them.
     returned: int = 0
-    #: Unknown tasks held now, waiting to be sent back.
-    held: int = 0
+    #: Unknown tasks waiting now to be sent back.
+    returning: int = 0
     #: Messages that could be neither parked nor returned (left to the broker).
     errors: int = 0
 
@@ -88,7 +88,7 @@ class Quarantine:
         self.parking: Parking | None = None
         self._consumer: Any = None
         self._parked: dict[str, int] = {}
-        self._returned = self._held = self._raised = self._errors = 0
+        self._returned = self._returning = self._raised = self._errors = 0
         self._logged: dict[str, float] = {}
 
     def install(self, consumer: Any) -> bool:
@@ -141,7 +141,7 @@ class Quarantine:
         if raise_window:
             consumer.qos.increment_eventually()
             self._raised += 1
-        self._held += 1
+        self._returning += 1
         consumer.timer.call_after(self.delay, self._send_back, (message, name, count, raise_window))
 
     # -- actions --------------------------------------------------------------
@@ -167,7 +167,7 @@ class Quarantine:
         logger.error(PARKED_LOG, queue, where, reason)
 
     def _send_back(self, message: Any, name: str, count: int, raised_window: bool) -> None:
-        self._held -= 1
+        self._returning -= 1
         if raised_window:
             self._raised -= 1
             self._consumer.qos.decrement_eventually()
@@ -199,7 +199,7 @@ class Quarantine:
         return QuarantineStatistics(
             parked=dict(self._parked),
             returned=self._returned,
-            held=self._held,
+            returning=self._returning,
             errors=self._errors,
         )
 

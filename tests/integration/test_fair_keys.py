@@ -77,14 +77,14 @@ def test_purge_deletes_the_messages_of_keys_held_back_by_their_limits(
     names = KeyedNames(QUEUE)
     # What the fetch script does to keys at their limits: out of line, set aside.
     client.zrem(names.active, "b", "c")
-    client.sadd(names.parked, "b")
+    client.sadd(names.at_limit, "b")
     client.zadd(names.sleep, {"c": 1e12})
     client.hset(names.held_since, mapping={"b": 1.0, "c": 1.0})
     client.hset(names.held_owed, mapping={"a": 2.0})  # a hold its next task would report
     assert store.purge(client, names) == 9
     assert all(client.llen(names.key_list(k)) == 0 for k in "abc")
     assert int(client.hget(names.state, "backlog") or 0) == 0
-    assert client.scard(names.parked) == client.zcard(names.sleep) == 0
+    assert client.scard(names.at_limit) == client.zcard(names.sleep) == 0
     assert client.hlen(names.held_since) == client.hlen(names.held_owed) == 0
 
 

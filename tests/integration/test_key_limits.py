@@ -60,7 +60,7 @@ def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Ce
     assert limits["running"] == {}  # every slot came back
     # Throttling, as the broker timed it: keys were held back, and none is now.
     assert limits["held_back"] > 0 and limits["held_seconds"] > 0, limits
-    assert limits["tasks_held"] == 0 and limits["parked"] == 0, limits
+    assert limits["tasks_held"] == 0 and limits["at_limit"] == 0, limits
     held_keys = {key for key, _ in limits["top_held"]}
     assert held_keys and held_keys <= {*singles, "wide"}, limits["top_held"]
 

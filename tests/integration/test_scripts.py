@@ -130,7 +130,7 @@ def test_a_concurrency_limit_sets_a_key_aside_until_its_lease_is_released(
     word = "L1:30"  # limited: a fetched task leases its key's slot for 30 s at most
     order = served(client, 4, word)
     assert order.count("a") == 1 and order.count("b") == 3  # a waits at its limit
-    assert client.smembers(NAMES.parked) == {b"a"}
+    assert client.smembers(NAMES.at_limit) == {b"a"}
     assert client.hget(NAMES.running, "a") == b"1"
     tag = next(t for t, k in client.hgetall(NAMES.lease_keys).items() if k == b"a")
     # Nothing else to serve: the reply is when the lease would expire, in ms.
@@ -138,7 +138,7 @@ def test_a_concurrency_limit_sets_a_key_aside_until_its_lease_is_released(
     assert isinstance(due, int) and 29_000 < due <= 30_001
     # The task finished: its slot is free, the key is back in line.
     assert scripts.RELEASE(client, *release_args(SEP, [(Q, tag.decode())])) == 1
-    assert client.scard(NAMES.parked) == 0 and client.hget(NAMES.running, "a") is None
+    assert client.scard(NAMES.at_limit) == 0 and client.hget(NAMES.running, "a") is None
     assert served(client, 1, word) == ["a"]
     assert scripts.RELEASE(client, *release_args(SEP, [(Q, "no-such-tag")])) == 0
 
@@ -174,12 +174,12 @@ def test_purge_deletes_every_keys_messages_the_keys_set_aside_included(
         for i in range(4):
             enqueue(client, key, message(key, i))
     client.zrem(NAMES.active, "b")
-    client.sadd(NAMES.parked, "b")  # as the fetch sets a key aside at its limit
+    client.sadd(NAMES.at_limit, "b")  # as the fetch sets a key aside at its limit
     deleted, visited = scripts.PURGE(client, Q, SEP, 1000)
     assert (deleted, visited) == (12, 3)
     assert int(client.hget(NAMES.state, "backlog")) == 0
     assert (
-        client.zcard(NAMES.active) == client.scard(NAMES.parked) == client.zcard(NAMES.sizes) == 0
+        client.zcard(NAMES.active) == client.scard(NAMES.at_limit) == client.zcard(NAMES.sizes) == 0
     )
 
 

@@ -176,7 +176,7 @@ class _LimitedService(FairService):
 
 def test_throttling_is_exported_from_the_brokers_limits_state() -> None:
     state = KeyedLimitsState(
-        limits={"c:*": "1"}, running={"a": 1}, parked=2, sleeping=1, held_back=7,
+        limits={"c:*": "1"}, running={"a": 1}, at_limit=2, sleeping=1, held_back=7,
         held_seconds=3.5, tasks_held=12, top_held=[("a", 2.5), ("b", 1.0)],
     )  # fmt: skip
     samples = _samples(FairCollector(_LimitedService({"jobs": state}), DispatchMeter(), worker="w"))
@@ -229,4 +229,4 @@ def test_fair_stats_keeps_its_fields() -> None:
         "bad_input",
     }  # fmt: skip
     assert set(stats["drr"]["queues"]["b"]) >= {"quantum", "deficit"}  # type: ignore[index]
-    assert stats["bad_input"] == {"parked": {}, "returned": 0, "held": 0, "errors": 0}
+    assert stats["bad_input"] == {"parked": {}, "returned": 0, "returning": 0, "errors": 0}
