@@ -1,7 +1,7 @@
 """Events per second of the Spark report, per stage, at growing sizes; writer cost per record.
 
 Run: ``.venv/bin/python -m bench.analytics [--sizes 100000,1000000,10000000]``.
-Synthetic telemetry (``celery_fair.telemetry.synthetic``) of each size is
+Synthetic telemetry (``bench.harness.synthetic``) of each size is
 written to a temporary directory (not timed), then the whole pipeline runs
 on it ``--reps`` times in one ``local[2]`` session. The anchor measured in
 the same run is a bare scan of the same files (``count()`` of every
@@ -19,7 +19,7 @@ a change, run just before in the same conditions) beside this one.
 ``--keys N`` sets the fairness keys per queue (4 queues; default 50) and
 ``--key-skew`` the Zipf exponent of their use (default 1.2; 0 is uniform).
 ``--cluster`` runs the pipeline on a standalone Spark cluster started for
-the run (one worker, 1 core, 1 GiB; ``celery_fair.analytics.standalone``)
+the run (one worker, 1 core, 1 GiB; ``bench.harness.spark_cluster``)
 instead of ``--master``.
 """
 
@@ -67,8 +67,8 @@ def _per_key(spark: Any, path: str) -> float:
 def bench_size(
     spark: Any, n: int, reps: int, tmp: Path, keys: int = 50, skew: float = 1.2
 ) -> dict[str, Any]:
+    from bench.harness.synthetic import SyntheticSpec, write_synthetic
     from celery_fair.analytics.pipeline import compute
-    from celery_fair.telemetry.synthetic import SyntheticSpec, write_synthetic
 
     path = tmp / f"n{n}"
     t0 = time.perf_counter()
@@ -227,8 +227,8 @@ def main() -> None:
 
     from contextlib import ExitStack
 
+    from bench.harness.spark_cluster import StandaloneCluster
     from celery_fair.analytics.report import session
-    from celery_fair.analytics.standalone import StandaloneCluster
 
     writer = bench_writer()
     print(f"writer: {writer['ns_per_record_call']['median']:.0f} ns per record()")

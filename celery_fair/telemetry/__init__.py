@@ -1,4 +1,4 @@
-"""Per-task scheduling records: the schema, the worker's writer, capture, synthetic data.
+"""Per-task scheduling records: the schema, the worker's writer, capture.
 
 Needs the ``telemetry`` extra (pyarrow); its names are imported on first use
 so that ``celery-fair ring`` and the other commands work on a base install.
