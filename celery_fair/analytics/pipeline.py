@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from celery_fair.analytics import quantiles as Q
 from celery_fair.analytics import transforms as T
+from celery_fair.analytics.grains import BucketedKeys, ExactKeys, KeyGrain
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 from celery_fair.telemetry.schema import SCHEMA
 
@@ -46,37 +47,6 @@ KEY_PARTS_PER_CORE = 16
 #: made is the plan run: one shuffle, read by both of its aggregations
 #: (``transforms.keys_and_buckets``).
 KEY_PASS_CONF = {BYPASS_PARTIAL: "true", "spark.sql.adaptive.enabled": "false"}
-
-#: The columns naming one usage row, and one bucketed usage row.
-_CELL = ("window", "queue", "fair_key")
-_BUCKET_CELL = ("window", "queue", "key_bucket")
-
-
-def _noisy_in_buckets(
-    spark: SparkSession,
-    usage: DataFrame,
-    tasks: DataFrame,
-    buckets: int,
-    totals: DataFrame,
-    window: float,
-    rules: NoisyRules,
-) -> list[dict[str, Any]]:
-    """``noisy_windows`` rows from bucketed usage: the rules, then inside the flagged buckets."""
-    flagged = usage.transform(T.noisy_windows, window, rules, totals).join(
-        usage.select(*_CELL, "key_bucket"), list(_CELL)
-    )
-    cells = _rows(flagged.select(*_BUCKET_CELL))
-    if not cells:
-        return []  # no pass over the tasks
-    # The tasks of the flagged buckets only, grouped by their own keys.
-    chosen = spark.createDataFrame(cells, usage.select(*_BUCKET_CELL).schema)
-    inside = (
-        tasks.select("*", T.key_bucket(buckets).alias("key_bucket"))
-        .join(F.broadcast(chosen), list(_BUCKET_CELL))
-        .drop("key_bucket")
-        .transform(T.usage_by_window)
-    )
-    return _rows(inside.transform(T.noisy_windows, window, rules, totals), _CELL)
 
 
 def spark_ddl() -> str:
@@ -169,7 +139,7 @@ def compute(
             F.min(F.coalesce("finished", "started", "received")).alias("first"),
             F.max(F.coalesce("finished", "started", "received")).alias("last"),
             # Key names, not (queue, key) pairs: enough to choose the grain, and
-            # hashing one column costs less (10M records: +1.0 s against +1.8 s).
+            # hashing one column costs less than two.
             F.approx_count_distinct("fair_key", 0.05).alias("keys"),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
@@ -187,39 +157,27 @@ def compute(
         )
 
     tasks = raw.transform(T.normalize, window)
+    parallelism = spark.sparkContext.defaultParallelism
+    grain: KeyGrain
+    if many:
+        grain = BucketedKeys(
+            spark,
+            window=window,
+            rules=rules,
+            parallelism=parallelism,
+            buckets=key_buckets,
+            spread=T.Windows.spanning(first, last, window),
+            exact_windows=exact_windows,
+            parts=KEY_PARTS_PER_CORE * parallelism,
+            conf=lambda: _session_conf(spark, KEY_PASS_CONF),
+        )
+    else:
+        grain = ExactKeys(window, rules, parallelism)
     with _stage(timings, "usage"):
-        # The usage table is windows x keys rows, read by a dozen small jobs:
-        # kept in the shuffle's partitions (200 by default on a cluster) each
-        # of them would run 200 tiny tasks. One partition per core suffices.
-        parallelism = spark.sparkContext.defaultParallelism
-        if many:
-            spread = T.Windows.spanning(first, last, window)
-            masked = spread.count <= min(exact_windows, T.MASK_BITS)
-            # One shuffle of the tasks for both grains, cached: every table
-            # below reads its key rows or its bucket rows.
-            with _session_conf(spark, KEY_PASS_CONF):
-                parts = KEY_PARTS_PER_CORE * parallelism
-                grains = tasks.transform(T.keys_and_buckets, key_buckets, spread, parts, masked)
-                grains = grains.coalesce(parallelism).cache()
-                grains.count()
-            per_key = grains.transform(T.key_rows)
-            # The per-queue totals and the keys of each window in one pass over
-            # the keys, cached (a few rows). The key table is not cached apart:
-            # its rows are the cached key rows joined with these totals, and a
-            # copy of a million rows cost more (about 2 s) than the joins.
-            totals = per_key.transform(T.key_totals, spread if masked else None).cache()
-            totals.count()
-            keys = per_key.transform(T.shares_by_key, totals)
-            if masked:
-                counts = totals.transform(T.keys_by_window, spread)
-            else:
-                counts = tasks.transform(T.key_counts)
-            counts = counts.cache()
-            counts.count()
-            usage = grains.transform(T.bucket_rows)
-        else:
-            usage = tasks.transform(T.usage_by_window).coalesce(parallelism).cache()
-            usage.count()
+        # The usage table is windows x keys (or buckets) rows, read by a dozen
+        # small jobs: kept in the shuffle's partitions (200 by default on a
+        # cluster) each of them would run 200 tiny tasks; one per core suffices.
+        usage = grain.usage(tasks)
 
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans
@@ -236,8 +194,7 @@ def compute(
         # One job for the three per-queue tables (each would be a job of its
         # own, and at these sizes a job's cost is its overhead).
         codel = usage.transform(T.codel_rates).drop("records")
-        if not many:
-            keys = usage.transform(T.key_shares).cache()
+        keys = grain.keys(usage)
         skew = keys.transform(T.routing_skew, shares).drop("target_share")
         per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
         out["queue_shares"] = out["codel"] = out["skew"] = per_queue
@@ -245,24 +202,12 @@ def compute(
         out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
         out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
-        if many:
-            jain_keys = usage.transform(T.jain_over_buckets, counts)
-        else:
-            jain_keys = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
-        out["jain_keys"] = _rows(jain_keys, ("window", "queue"))
+        out["jain_keys"] = _rows(grain.jain_keys(usage), ("window", "queue"))
         out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
-        if many:
-            totals = usage.transform(T.window_totals, counts).cache()
-            out["noisy_windows"] = _noisy_in_buckets(
-                spark, usage, tasks, key_buckets, totals, window, rules
-            )
-            totals.unpersist()
-        else:
-            noisy = usage.transform(T.noisy_windows, window, rules)
-            out["noisy_windows"] = _rows(noisy, _CELL)
+        out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
 
     with _stage(timings, "latency"):
         # Keys beyond the shown ones share one histogram row per bucket; when
@@ -280,11 +225,9 @@ def compute(
             out["queue_latency"] = out["recommendations"] = both
             out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
 
-    for df in (usage, shares, keys, top, by_queue, histograms, latency):
+    for df in (usage, shares, top, by_queue, histograms, latency):
         df.unpersist()
-    if many:
-        for df in (counts, totals, grains):
-            df.unpersist()
+    grain.release()
     if on_stage is not None:
         for name, seconds in timings.items():
             on_stage(name, seconds)
