@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from celery_fair.routing.isolation import NOISY_MESSAGES, NOISY_SHARE
+
 __all__ = ("DEFAULT_RULES", "NoisyRules", "advice", "findings")
 
 #: Names of the rules, as they appear in a finding's ``rules``.
@@ -70,9 +72,9 @@ class NoisyRules:
     share_of_all: float = 0.25
     share_of_queue: float = 0.5
     hot_factor: float = 5.0
-    in_flight_share: float = 0.10
-    processing_share: float = 0.10
-    min_tasks: int = 30
+    in_flight_share: float = NOISY_SHARE
+    processing_share: float = NOISY_SHARE
+    min_tasks: int = NOISY_MESSAGES
     min_in_flight: float = 1.0
     min_windows: int = 2
     excess: float = 1.5

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 __all__ = (
     "DEFAULT_ISOLATION_QUEUE",
+    "NOISY_MESSAGES",
+    "NOISY_SHARE",
     "IsolationPolicy",
     "IsolationStatistics",
     "NoisyKeyDetector",
@@ -48,6 +50,15 @@ logger = logging.getLogger(__name__)
 
 #: The queue name used in examples and by ``IsolationPolicy()`` without arguments.
 DEFAULT_ISOLATION_QUEUE = "fair.isolated"
+
+#: A noisy key, as SQS fair queues define a noisy tenant: more than this share
+#: of the recent work ...
+NOISY_SHARE = 0.10
+#: ... with at least this many messages of its own (SQS: 30 in flight), so a
+#: quiet system never has one.  The router's isolation and the report's
+#: in-flight and processing-time rules (:mod:`celery_fair.analytics.noisy`)
+#: share these defaults.
+NOISY_MESSAGES = 30
 
 # Rescale the forward-decay weights once the landmark is this many half-lives
 # old: 2 ** 64 keeps every float far from overflow and loses no precision that
@@ -75,9 +86,9 @@ class IsolationPolicy:
     """
 
     queue: str = DEFAULT_ISOLATION_QUEUE
-    enter_share: float = 0.10
-    exit_share: float = 0.05
-    min_messages: float = 30
+    enter_share: float = NOISY_SHARE
+    exit_share: float = NOISY_SHARE / 2
+    min_messages: float = NOISY_MESSAGES
     half_life: float = 10.0
     hold: float = 10.0
     capacity: int = 256
