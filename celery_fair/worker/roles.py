@@ -16,7 +16,7 @@ from .. import compat
 from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
 from .settings import FairSettings
-from .shedding import Shedder
+from .shedder import Shedder
 
 __all__ = ("SchedulingService",)
 

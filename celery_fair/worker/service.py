@@ -27,7 +27,7 @@ from .live_weights import LIVE_WEIGHTS, LiveWeights
 from .push_prefetch import PushWindows, PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
 from .settings import FairSettings
-from .shedding import Shedder, ShedderStatistics
+from .shedder import Shedder, ShedderStatistics
 from .tracking import TaskTracker
 from .windows import PrefetchWindows
 

@@ -32,7 +32,7 @@ from ..wire import (
 )
 from .recorder import as_float, as_text
 from .roles import SchedulingService
-from .shedding import RECEIVED_MONOTONIC
+from .shedder import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
 

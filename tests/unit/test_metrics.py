@@ -202,7 +202,7 @@ def test_a_broker_away_leaves_only_the_throttling_metrics_out() -> None:
 
 def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
     from celery_fair.scheduling.shedding import CoDelOptions
-    from celery_fair.worker.shedding import Shedder
+    from celery_fair.worker.shedder import Shedder
 
     service, meter = _service()
     clock = iter(range(1000)).__next__
