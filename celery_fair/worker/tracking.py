@@ -1,26 +1,25 @@
 """Follows each task from receipt to completion, in the worker's main process.
 
-Feeds the scheduler the measured run time (``fair_cost="runtime"``) and, when
-``fair_telemetry_dir`` is set, stamps what the main process knows of a task
-into its request headers for the pool process that records it
-(:mod:`celery_fair.worker.recorder`).  It only wraps a request's
-``on_success``/``on_failure`` (a ``Request`` has a ``__dict__``, so an
-instance attribute overrides the method) when the run time is needed; nothing
-is wrapped when no feature is on, so the plain path costs nothing.
+Stamps the receipt time (telemetry and CoDel's sojourn), runs the per-task
+observers of :mod:`celery_fair.worker.observers` around each hand-over to the
+pool, and writes the main process's telemetry records (tasks that never ran
+here, or whose pool process died).  A request's ``on_success``/``on_failure``
+are wrapped only when an observer needs the task's finish; with no feature on
+nothing is wrapped, so the plain path costs nothing.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
-from ..keys.serving import served_header, served_weight_held
+from ..keys.serving import served_weight_held
 from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -28,13 +27,65 @@ from ..wire import (
     QUEUE_STAMP,
     RECEIVED_STAMP,
     SERVED_HEADER,
-    WEIGHT_STAMP,
 )
+from .observers import DispatchedTask, TaskObserver, observers_for
 from .recorder import as_float, as_text
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
 
 __all__ = ("PUBLISHED_HEADER", "TaskTracker")
+
+
+def _follow(
+    request: Any,
+    task: DispatchedTask,
+    afters: tuple[Callable[[DispatchedTask, float], None], ...],
+    clock: Callable[[], float],
+) -> None:
+    """Call ``afters`` once ``request`` finishes, with its run time.
+
+    A ``Request`` has a ``__dict__``, so instance attributes override its
+    ``on_success``/``on_failure`` methods; the pool calls them in the main
+    process when the task is done.
+    """
+    done = False
+
+    def finish(runtime: float | None) -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        # The wrappers below refer to the request and the request to them:
+        # drop them now so reference counting frees the request (left to the
+        # cyclic GC, every request and its message would pile up between
+        # collections: 6-8% of throughput, measured).
+        attrs = getattr(request, "__dict__", None)
+        if attrs is not None:
+            attrs.pop("on_success", None)
+            attrs.pop("on_failure", None)
+        if runtime is None:
+            runtime = clock() - task.started
+        for after in afters:
+            after(task, runtime)
+
+    on_success, on_failure = request.on_success, request.on_failure
+
+    def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        # The pool reports the task's own run time (without the IPC to the
+        # pool); charge that, as a user means by "run time".
+        try:
+            _, _, runtime = failed__retval__runtime
+            runtime = float(runtime)
+        except (TypeError, ValueError):
+            runtime = None
+        finish(runtime)
+        return on_success(failed__retval__runtime, **kwargs)
+
+    def fair_on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        finish(None)
+        return on_failure(exc_info, *args, **kwargs)
+
+    request.on_success, request.on_failure = fair_on_success, fair_on_failure
 
 
 _RECORD_TYPE: Any = None
@@ -71,17 +122,23 @@ class TaskTracker:
         #: A :class:`~celery_fair.worker.metrics.DispatchMeter` when metrics are on.
         self.meter: Any = None
 
-    @property
-    def active(self) -> bool:
-        """Whether dispatch is wrapped at all (``wrap_dispatch``)."""
-        return self.follows_completion or self.meter is not None or self.writer is not None
-
-    @property
-    def follows_completion(self) -> bool:
-        """Whether each task must be followed until it finishes (its run time)."""
-        settings = self.service.settings
-        return (
-            settings.cost == "runtime" or settings.prefetch == "auto" or bool(settings.key_limits)
+    def observers(self) -> Sequence[TaskObserver]:
+        """The per-task observers of this worker's features (see :mod:`.observers`)."""
+        telemetry = self.writer is not None
+        # Celery < 5.7 sends no task_failure when it kills a task at its hard
+        # time limit: follow those requests' timeouts instead (on_task_failure).
+        watch_timeouts = telemetry and compat.can_follow_hard_timeouts(self.service.probe)
+        write = self._write
+        return observers_for(
+            self.service,
+            meter=self.meter,
+            wall=self.wall,
+            telemetry=telemetry,
+            on_timeout=(
+                (lambda request, queue: write(request, queue, "failure"))
+                if watch_timeouts
+                else None
+            ),
         )
 
     def wrap_receive(self, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -143,115 +200,31 @@ class TaskTracker:
         self._write_context(sender, request, "failure")
 
     def wrap_dispatch(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """Stamp each task handed to the pool, and follow it if run times are needed."""
-        if not self.active:
+        """Run the observers' hooks around each task handed to the pool.
+
+        ``process`` is the worker's hand-over to the pool.  With no observer
+        it is returned as is; with none that follows completion, only the
+        ``before`` hooks run and nothing is wrapped per request.
+        """
+        chain = self.observers()
+        if not chain:
             return process
-        service, clock, wall = self.service, self.service.clock, self.wall
-        scheduler, lock = service.scheduler, service.lock
-        runtime_cost = service.settings.cost == "runtime"
-        meter = self.meter
-        telemetry = self.writer is not None
+        service, clock = self.service, self.service.clock
+        befores = tuple(observer.before for observer in chain)
+        afters = tuple(observer.after for observer in chain if observer.follows_completion)
 
-        # Celery < 5.7 sends no task_failure when it kills a task at its hard
-        # time limit: follow those requests' timeouts instead (on_task_failure).
-        watch_timeouts = telemetry and compat.can_follow_hard_timeouts(service.probe)
-        write = self._write
-
-        def stamp(request: Any, queue: str) -> None:
-            # Read back by the pool process that runs the task (recorder.py).
-            headers = compat.request_headers(request)
-            headers[QUEUE_STAMP] = queue
-            headers[WEIGHT_STAMP] = scheduler.weight(queue)
-            headers[DISPATCHED_STAMP] = wall()
-            if watch_timeouts:
-                compat.on_hard_timeout(request, lambda: write(request, queue, "failure"))
-
-        if not self.follows_completion:
-            # Metrics and/or telemetry: stamp and count at dispatch, nothing
-            # wrapped per request.
-            def fair_stamp_dispatch(request: Any) -> Any:
-                queue = service.queue_of(request)
-                if queue is not None:
-                    if telemetry:
-                        stamp(request, queue)
-                    if meter is not None:
-                        received = getattr(request, RECEIVED_MONOTONIC, None)
-                        meter.dispatched(queue, None if received is None else clock() - received)
-                return process(request)
-
-            return fair_stamp_dispatch
-
-        keyed = service.keyed if runtime_cost else None
-        # Per-key limits: a task holds its key's slot until it finishes.
-        limited = service.keyed if service.keyed is not None and service.keyed.limited else None
-
-        def fair_process_task(request: Any) -> Any:
+        def fair_dispatch(request: Any) -> Any:
             queue = service.queue_of(request)
             if queue is None:
                 return process(request)
-            served = (
-                served_header(compat.request_headers(request))
-                if keyed is not None and queue in keyed.queues
-                else None
-            )
-            if telemetry:
-                stamp(request, queue)
-            tag = compat.delivery_tag(request) if limited is not None else None
-            if limited is not None:
-                limited.lease_dispatched(tag)
-            started = clock()
-            if meter is not None:
-                received = getattr(request, RECEIVED_MONOTONIC, None)
-                meter.dispatched(queue, None if received is None else started - received)
-            done = False
-
-            def finish(runtime: float | None) -> None:
-                nonlocal done
-                if done:
-                    return
-                done = True
-                # The wrappers below refer to the request and the request to
-                # them: drop them now so reference counting frees the request
-                # (left to the cyclic GC, every request and its message would
-                # pile up between collections: 6-8% of throughput, measured).
-                attrs = getattr(request, "__dict__", None)
-                if attrs is not None:
-                    attrs.pop("on_success", None)
-                    attrs.pop("on_failure", None)
-                if runtime is None:
-                    runtime = clock() - started
-                if limited is not None:
-                    limited.lease_finished(queue, tag, runtime)
-                if runtime_cost:
-                    with lock:
-                        scheduler.finished(queue, runtime)
-                    if served is not None and keyed is not None:
-                        keyed.finished(queue, served, runtime)
-                    if meter is not None:
-                        meter.charge(queue, runtime)
-                service.observe_service(runtime)
-
-            on_success, on_failure = request.on_success, request.on_failure
-
-            def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
-                # The pool reports the task's own run time (without the IPC to
-                # the pool); charge that, as a user means by "run time".
-                try:
-                    _, _, runtime = failed__retval__runtime
-                    runtime = float(runtime)
-                except (TypeError, ValueError):
-                    runtime = None
-                finish(runtime)
-                return on_success(failed__retval__runtime, **kwargs)
-
-            def fair_on_failure(exc_info: Any, *args: Any, **kwargs: Any) -> Any:
-                finish(None)
-                return on_failure(exc_info, *args, **kwargs)
-
-            request.on_success, request.on_failure = fair_on_success, fair_on_failure
+            task = DispatchedTask(request, queue, clock())
+            for before in befores:
+                before(task)
+            if afters:
+                _follow(request, task, afters, clock)
             return process(request)
 
-        return fair_process_task
+        return fair_dispatch
 
     def _write_context(self, task: Any, request: Any, outcome: str, **times: Any) -> None:
         """A main-process record from a task's context (a signal's ``request``)."""

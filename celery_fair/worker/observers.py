@@ -1,0 +1,202 @@
+"""Per-task work as a chain of small observers, each with a before and an after hook.
+
+The worker hands each task to the pool through one function
+(:meth:`celery_fair.worker.tracking.TaskTracker.wrap_dispatch`).  Every
+feature that must see a task there is one :class:`TaskObserver`: ``before``
+runs as the task goes to the pool, ``after`` once it has finished, with its
+run time.  The chain is built once, at worker start, from the features that
+are on (:func:`observers_for`), in the style of dramatiq's middleware
+(``before_process_message``/``after_process_message``).  Only observers that
+need the finish make the tracker follow a task to its end, so a worker that
+needs no run times wraps nothing per request.
+
+Order matters and is fixed here: the key's lease is returned before the
+scheduler is charged (the next task of that key may then be fetched), and
+the service time reaches adaptive prefetch last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import compat
+from ..keys.serving import served_header
+from ..wire import DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
+from .roles import SchedulingService
+from .shedder import RECEIVED_MONOTONIC
+
+__all__ = (
+    "DispatchedTask",
+    "KeyLeases",
+    "MeterObserver",
+    "RuntimeCharge",
+    "ServiceTime",
+    "TaskObserver",
+    "TelemetryStamps",
+    "observers_for",
+)
+
+
+class DispatchedTask:
+    """One task between its hand-over to the pool and its finish.
+
+    ``started`` is the service clock at hand-over; ``tag`` and ``served`` are
+    filled by the observers that need them (the delivery tag for a key's
+    lease, the served-key header for the key's run-time charge).
+    """
+
+    __slots__ = ("queue", "request", "served", "started", "tag")
+
+    def __init__(self, request: Any, queue: str, started: float) -> None:
+        self.request = request
+        self.queue = queue
+        self.started = started
+        self.tag: Any = None
+        self.served: str | None = None
+
+
+class TaskObserver:
+    """One feature's view of the tasks a worker runs.  Both hooks do nothing here.
+
+    ``follows_completion`` says whether :meth:`after` must be called; only
+    then does the tracker wrap the request's completion callbacks.
+    """
+
+    follows_completion = False
+
+    def before(self, task: DispatchedTask) -> None:
+        """The task is handed to the pool now."""
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        """The task finished after ``runtime`` seconds (its own run time when known)."""
+
+
+class TelemetryStamps(TaskObserver):
+    """Stamps queue, weight and hand-over time into the request's headers.
+
+    The pool process that runs the task reads them back
+    (:mod:`celery_fair.worker.recorder`).  ``on_timeout(request, queue)``
+    records a task killed at its hard time limit where Celery sends no
+    ``task_failure`` for it (``watch_timeouts``).
+    """
+
+    def __init__(
+        self,
+        service: SchedulingService,
+        wall: Callable[[], float],
+        on_timeout: Callable[[Any, str], None] | None,
+    ) -> None:
+        self.scheduler = service.scheduler
+        self.wall = wall
+        self.on_timeout = on_timeout
+
+    def before(self, task: DispatchedTask) -> None:
+        request, queue = task.request, task.queue
+        headers = compat.request_headers(request)
+        headers[QUEUE_STAMP] = queue
+        headers[WEIGHT_STAMP] = self.scheduler.weight(queue)
+        headers[DISPATCHED_STAMP] = self.wall()
+        on_timeout = self.on_timeout
+        if on_timeout is not None:
+            compat.on_hard_timeout(request, lambda: on_timeout(request, queue))
+
+
+class KeyLeases(TaskObserver):
+    """Per-key limits: a task holds its key's slot until it finishes."""
+
+    follows_completion = True
+
+    def __init__(self, service: SchedulingService) -> None:
+        keyed = service.keyed
+        assert keyed is not None and keyed.limited
+        self.keyed = keyed
+
+    def before(self, task: DispatchedTask) -> None:
+        task.tag = compat.delivery_tag(task.request)
+        self.keyed.lease_dispatched(task.tag)
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        self.keyed.lease_finished(task.queue, task.tag, runtime)
+
+
+class MeterObserver(TaskObserver):
+    """Prometheus metrics: the sojourn at hand-over and, with run-time cost, the charge.
+
+    ``meter`` is a :class:`~celery_fair.worker.metrics.DispatchMeter`.
+    """
+
+    def __init__(self, meter: Any, *, charge: bool) -> None:
+        self.meter = meter
+        self.follows_completion = charge
+
+    def before(self, task: DispatchedTask) -> None:
+        received = getattr(task.request, RECEIVED_MONOTONIC, None)
+        self.meter.dispatched(task.queue, None if received is None else task.started - received)
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        self.meter.charge(task.queue, runtime)
+
+
+class RuntimeCharge(TaskObserver):
+    """``fair_cost="runtime"``: the queue, and a keyed queue's key, pay what the task ran."""
+
+    follows_completion = True
+
+    def __init__(self, service: SchedulingService) -> None:
+        self.scheduler = service.scheduler
+        self.lock = service.lock
+        self.keyed = service.keyed
+
+    def before(self, task: DispatchedTask) -> None:
+        keyed = self.keyed
+        if keyed is not None and task.queue in keyed.queues:
+            task.served = served_header(compat.request_headers(task.request))
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        with self.lock:
+            self.scheduler.finished(task.queue, runtime)
+        if task.served is not None and self.keyed is not None:
+            self.keyed.finished(task.queue, task.served, runtime)
+
+
+class ServiceTime(TaskObserver):
+    """``fair_prefetch="auto"``: the window learns the service time from every finished task."""
+
+    follows_completion = True
+
+    def __init__(self, service: SchedulingService) -> None:
+        self.service = service
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        self.service.observe_service(runtime)
+
+
+def observers_for(
+    service: SchedulingService,
+    *,
+    meter: Any,
+    wall: Callable[[], float],
+    telemetry: bool,
+    on_timeout: Callable[[Any, str], None] | None,
+) -> Sequence[TaskObserver]:
+    """The chain for this worker's features, in the order the hooks run.
+
+    ``meter`` is the metrics' dispatch meter or None; ``telemetry`` whether
+    a telemetry writer is open.  An empty chain means dispatch is not wrapped.
+    """
+    settings = service.settings
+    runtime_cost = settings.cost == "runtime"
+    chain: list[TaskObserver] = []
+    if telemetry:
+        chain.append(TelemetryStamps(service, wall, on_timeout))
+    keyed = service.keyed
+    if keyed is not None and keyed.limited:
+        chain.append(KeyLeases(service))
+    if meter is not None:
+        chain.append(MeterObserver(meter, charge=runtime_cost))
+    if runtime_cost:
+        chain.append(RuntimeCharge(service))
+    if settings.prefetch == "auto":
+        chain.append(ServiceTime(service))
+    return chain

@@ -1,0 +1,157 @@
+"""The per-task observer chain: which observers a worker's features build, in what
+order their hooks run, and that a task's finish reaches them once.
+
+The worker end to end (run-time cost, key limits, metrics, telemetry under a
+real ``celery worker``) is covered by the integration suite; this checks the
+chain's composition and the completion wrapping without a broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_fair.wire import DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
+from celery_fair.worker.observers import (
+    DispatchedTask,
+    MeterObserver,
+    RuntimeCharge,
+    ServiceTime,
+    TaskObserver,
+    TelemetryStamps,
+)
+from celery_fair.worker.service import FairService
+from celery_fair.worker.settings import FairSettings
+
+
+class FakeQueue:
+    def __init__(self, name: str) -> None:
+        self.name = self.routing_key = name
+
+
+class FakeRequest:
+    """What the hand-over reads of a Celery request: queue, headers, callbacks."""
+
+    def __init__(self, queue: str) -> None:
+        self.delivery_info = {"routing_key": queue}
+        self._request_dict: dict[str, Any] = {}
+        self.completed: list[str] = []
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
+        self.completed.append("success")
+
+    def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
+        self.completed.append("failure")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder(TaskObserver):
+    """Records its hooks in a shared log."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, Any]], follows: bool) -> None:
+        self.name, self.log, self.follows_completion = name, log, follows
+
+    def before(self, task: DispatchedTask) -> None:
+        self.log.append((self.name, "before", task.queue))
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        self.log.append((self.name, "after", runtime))
+
+
+def make_service(clock: Clock | None = None, **settings: Any) -> FairService:
+    svc = FairService(
+        FairSettings(weights={"a": 1, "b": 2}, **settings), concurrency=1, clock=clock or Clock()
+    )
+    svc._map_queues([FakeQueue("a"), FakeQueue("b")])
+    return svc
+
+
+def test_no_feature_builds_no_observer_and_leaves_dispatch_unwrapped() -> None:
+    svc = make_service()
+
+    def process(request: Any) -> Any:
+        return request
+
+    assert list(svc.tracker.observers()) == []
+    assert svc.tracker.wrap_dispatch(process) is process
+
+
+def test_features_build_their_observers_in_hook_order() -> None:
+    svc = make_service(cost="runtime", prefetch="auto")
+    svc.tracker.writer = object()  # a telemetry writer is open
+    svc.tracker.meter = object()
+    kinds = [type(o) for o in svc.tracker.observers()]
+    assert kinds == [TelemetryStamps, MeterObserver, RuntimeCharge, ServiceTime]
+    # Without run-time cost the meter counts hand-overs only: no finish needed.
+    svc = make_service()
+    svc.tracker.meter = object()
+    (meter,) = svc.tracker.observers()
+    assert isinstance(meter, MeterObserver) and not meter.follows_completion
+
+
+def test_hooks_run_in_chain_order_and_the_finish_reaches_them_once(monkeypatch: Any) -> None:
+    clock = Clock()
+    svc = make_service(clock)
+    log: list[tuple[str, str, Any]] = []
+    chain = [
+        Recorder("first", log, True),
+        Recorder("second", log, False),
+        Recorder("third", log, True),
+    ]
+    monkeypatch.setattr(svc.tracker, "observers", lambda: chain)
+    handed: list[Any] = []
+    dispatch = svc.tracker.wrap_dispatch(handed.append)
+
+    request = FakeRequest("b")
+    dispatch(request)
+    assert handed == [request]
+    assert log == [("first", "before", "b"), ("second", "before", "b"), ("third", "before", "b")]
+    # The pool reports the task's own run time on success: that is charged.
+    request.on_success((False, None, "0.25"))
+    request.on_failure(None)  # a late second report does not charge again
+    assert log[3:] == [("first", "after", 0.25), ("third", "after", 0.25)]
+    assert request.completed == ["success", "failure"]
+    # The wrappers are dropped at the finish (so reference counting frees the request).
+    assert "on_success" not in vars(request) and "on_failure" not in vars(request)
+
+    # A failure carries no run time: the service clock measures it.
+    log.clear()
+    failed = FakeRequest("a")
+    dispatch(failed)
+    clock.now += 1.5
+    failed.on_failure(("exc",))
+    assert log[3:] == [("first", "after", 1.5), ("third", "after", 1.5)]
+
+
+def test_a_request_of_no_consumed_queue_goes_to_the_pool_unobserved(monkeypatch: Any) -> None:
+    svc = make_service()
+    log: list[tuple[str, str, Any]] = []
+    monkeypatch.setattr(svc.tracker, "observers", lambda: [Recorder("only", log, True)])
+    handed: list[Any] = []
+    stranger = FakeRequest("elsewhere")
+    svc.tracker.wrap_dispatch(handed.append)(stranger)
+    assert handed == [stranger] and log == [] and "on_success" not in vars(stranger)
+
+
+def test_runtime_cost_charges_the_queue_and_telemetry_stamps_the_headers() -> None:
+    clock = Clock()
+    svc = make_service(clock, cost="runtime")
+    svc.tracker.writer = object()
+    svc.tracker.wall = lambda: 1234.5
+    dispatch = svc.tracker.wrap_dispatch(lambda request: None)
+    request = FakeRequest("b")
+    svc.scheduler.fetched("b")  # as the fetch does before the task reaches the worker
+    estimate = svc.scheduler.fetch_cost("b")
+    dispatch(request)
+    assert request._request_dict[QUEUE_STAMP] == "b"
+    assert request._request_dict[WEIGHT_STAMP] == 2
+    assert request._request_dict[DISPATCHED_STAMP] == 1234.5
+    request.on_success((False, None, 0.5))
+    # The queue's cost estimate learned the measured run time.
+    assert abs(svc.scheduler.fetch_cost("b") - 0.5) < abs(estimate - 0.5)
