@@ -67,10 +67,12 @@ from .kombu_redis import (
     reply_waiting,
     set_queue_cycle,
     unacked_keys,
+    unrecorded_append,
     wrap_fetch_start,
     wrap_parse_response,
     wrap_redis_publishing,
     wrap_task_sender,
+    wrap_virtual_qos,
 )
 from .probes import (
     CAPABILITIES,
@@ -156,10 +158,12 @@ __all__ = (
     "set_queue_cycle",
     "socket_of",
     "unacked_keys",
+    "unrecorded_append",
     "versions",
     "wrap_drain_events",
     "wrap_fetch_start",
     "wrap_parse_response",
     "wrap_redis_publishing",
     "wrap_task_sender",
+    "wrap_virtual_qos",
 )

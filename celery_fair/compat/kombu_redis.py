@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
+
+from kombu.transport.virtual import QoS as VirtualQoS
 
 from ..errors import CompatibilityError
 from .probes import KOMBU_BRPOP_TIMEOUT, Probe, _callable_with, _lacks, versions
@@ -166,6 +169,27 @@ def probe_virtual_qos(qos: Any, probe: Probe) -> None:
     ]
     if lacking:
         probe.missing_capability("kombu.qos.hooks", "QoS." + "/".join(lacking))
+
+
+def wrap_virtual_qos(qos: Any, fair: Any) -> None:
+    """Put ``fair``'s methods over a virtual QoS instance's own (per instance).
+
+    ``fair`` has ``append``, ``ack``, ``reject`` and ``restore_unacked``
+    (:class:`celery_fair.kombu.cycle.FairQoS`); ``restore_unacked`` is
+    replaced only where the QoS has one.  Probed by :func:`probe_virtual_qos`.
+    """
+    qos.append, qos.ack, qos.reject = fair.append, fair.ack, fair.reject
+    if getattr(qos, "restore_unacked", None) is not None:
+        qos.restore_unacked = fair.restore_unacked
+
+
+def unrecorded_append(qos: Any) -> Callable[[Any, Any], Any]:
+    """The virtual QoS's own ``append`` (memory only), without Redis's unacked write.
+
+    For a message the atomic fetch already recorded in the unacked hash and
+    index: the Redis QoS's ``append`` would write it a second time.
+    """
+    return partial(VirtualQoS.append, qos)
 
 
 def set_queue_cycle(channel: Any, cycle: Any) -> None:

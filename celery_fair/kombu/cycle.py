@@ -14,18 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from functools import partial
 from queue import Empty
 from typing import Any
-
-from kombu.transport.virtual import QoS as VirtualQoS
 
 from .. import compat
 from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
 from .atomic import AtomicFetch, install_atomic_fetch, park_undecodable
 
-__all__ = ("DWRRCycle", "connection_errors", "install_on_channel")
+__all__ = ("DWRRCycle", "FairQoS", "connection_errors", "install_on_channel")
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +110,97 @@ class _HeldLedger:
                 self.cycle.scheduler.released(queue)
 
 
+class FairQoS:
+    """What celery-fair adds to a virtual channel's QoS, one method per QoS method.
+
+    Installed per instance over Kombu's ``append``, ``ack``, ``reject`` and
+    ``restore_unacked`` (:func:`celery_fair.compat.wrap_virtual_qos`), it
+    keeps each queue's held count (Kombu keeps the unacknowledged messages in
+    one dict without the queue name), frees a limited key's slot when its task
+    is settled without running, and keeps a closed channel's acknowledgement
+    from stopping the worker (see :func:`install_on_channel`).
+    """
+
+    def __init__(
+        self,
+        channel: Any,
+        qos: Any,
+        ledger: _HeldLedger,
+        *,
+        fetch: AtomicFetch | None,
+        limited: KeyedServing | None,
+        live_channel: Callable[[], Any] | None,
+    ) -> None:
+        self.channel = channel
+        self.ledger = ledger
+        self.fetch = fetch
+        self.limited = limited
+        self.live_channel = live_channel
+        self.errors = connection_errors(channel)
+        self._append, self._ack, self._reject = qos.append, qos.ack, qos.reject
+        self._restore_unacked = getattr(qos, "restore_unacked", None)
+        self._recorded_append = compat.unrecorded_append(qos)
+
+    def append(self, message: Any, delivery_tag: Any) -> Any:
+        """Kombu: a message was delivered."""
+        self.ledger.add(delivery_tag)
+        fetch = self.fetch
+        if fetch is not None and fetch.recorded == delivery_tag:
+            # Already in the unacked hash and index, written by the script.
+            return self._recorded_append(message, delivery_tag)
+        return self._append(message, delivery_tag)
+
+    def _settle(self, delivery_tag: Any) -> None:
+        # Per-key limits: a task acked or rejected without running frees its slot.
+        if self.limited is not None:
+            self.limited.lease_settled(self.ledger.tags.get(delivery_tag), delivery_tag)
+        self.ledger.release(delivery_tag)
+
+    def ack(self, delivery_tag: Any) -> Any:
+        """Kombu: acknowledge; through the live channel if this one was closed."""
+        self._settle(delivery_tag)
+        try:
+            return self._ack(delivery_tag)
+        except self.errors as exc:
+            if not channel_closed(self.channel):
+                raise
+            _ack_elsewhere(self.channel, self.live_channel, delivery_tag, exc)
+            return None
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> Any:
+        """Kombu: reject; on a closed channel the visibility timeout redelivers."""
+        self._settle(delivery_tag)
+        try:
+            return self._reject(delivery_tag, requeue=requeue)
+        except self.errors as exc:
+            if not channel_closed(self.channel):
+                raise
+            logger.warning(
+                "celery-fair: reject of %s on a closed channel (%r); the visibility "
+                "timeout will redeliver it",
+                delivery_tag, exc,
+            )  # fmt: skip
+            return None
+
+    def restore_unacked(self, *args: Any, **kwargs: Any) -> Any:
+        """Kombu: the channel closes; its held messages go back to their queues."""
+        self.ledger.release_all()
+        assert self._restore_unacked is not None
+        try:
+            return self._restore_unacked(*args, **kwargs)
+        except connection_errors(self.channel) as exc:
+            # Closing a channel whose connection is already gone (a broker
+            # restart): Kombu cannot reach Redis to restore now, and would
+            # take the worker down.  The messages stay in Redis's unacked
+            # index, and the visibility timeout restores them.
+            logger.warning(
+                "celery-fair: could not restore unacknowledged messages now (%r); "
+                "the visibility timeout will restore them",
+                exc,
+            )
+            return None
+
+
 def install_on_channel(
     channel: Any,
     scheduler: FairScheduler,
@@ -127,9 +215,8 @@ def install_on_channel(
 
     Returns the installed cycle, or None when the channel has no queue cycle
     (a push transport such as AMQP, which needs per-queue consumers instead).
-    The channel's QoS is wrapped per instance (``append``, ``ack``,
-    ``reject``, ``restore_unacked``) to count each queue's held messages:
-    Kombu keeps them in one dict without the queue name.
+    The channel's QoS gets a :class:`FairQoS` over its ``append``, ``ack``,
+    ``reject`` and ``restore_unacked``, to count each queue's held messages.
 
     ``atomic`` (Redis) replaces BRPOP with :mod:`celery_fair.kombu.atomic`'s
     fetch script, which writes the unacknowledged record itself: the QoS
@@ -163,85 +250,28 @@ def install_on_channel(
     cycle = DWRRCycle(scheduler, window=window, lock=lock)
     compat.set_queue_cycle(channel, cycle)
     cycle.update(getattr(channel, "active_queues", []))
-    ledger = _HeldLedger(cycle)
-
-    append, ack, reject = qos.append, qos.ack, qos.reject
-    restore_unacked = getattr(qos, "restore_unacked", None)
 
     atomic = atomic and redis and probe.has("kombu.redis.fetch_hooks")
     fetch = install_atomic_fetch(channel, cycle, keyed) if atomic else None
     cycle.atomic = fetch
-    recorded_append = partial(VirtualQoS.append, qos)
-
-    def fair_append(message: Any, delivery_tag: Any) -> Any:
-        ledger.add(delivery_tag)
-        if fetch is not None and fetch.recorded == delivery_tag:
-            # Already in the unacked hash and index, written by the script.
-            return recorded_append(message, delivery_tag)
-        return append(message, delivery_tag)
-
-    errors = connection_errors(channel)
-    limited = keyed if keyed is not None and keyed.limited else None
-
-    def settle(delivery_tag: Any) -> None:
-        # Per-key limits: a task acked or rejected without running frees its slot.
-        if limited is not None:
-            limited.lease_settled(ledger.tags.get(delivery_tag), delivery_tag)
-
-    def fair_ack(delivery_tag: Any) -> Any:
-        settle(delivery_tag)
-        ledger.release(delivery_tag)
-        try:
-            return ack(delivery_tag)
-        except errors as exc:
-            if not channel_closed(channel):
-                raise
-            _ack_elsewhere(channel, live_channel, delivery_tag, exc)
-            return None
-
-    def fair_reject(delivery_tag: Any, requeue: bool = False) -> Any:
-        settle(delivery_tag)
-        ledger.release(delivery_tag)
-        try:
-            return reject(delivery_tag, requeue=requeue)
-        except errors as exc:
-            if not channel_closed(channel):
-                raise
-            # Left unacknowledged: the visibility timeout redelivers it.
-            logger.warning(
-                "celery-fair: reject of %s on a closed channel (%r); the visibility "
-                "timeout will redeliver it",
-                delivery_tag, exc,
-            )  # fmt: skip
-            return None
-
-    qos.append, qos.ack, qos.reject = fair_append, fair_ack, fair_reject
+    fair_qos = FairQoS(
+        channel,
+        qos,
+        _HeldLedger(cycle),
+        fetch=fetch,
+        limited=keyed if keyed is not None and keyed.limited else None,
+        live_channel=live_channel,
+    )
+    compat.wrap_virtual_qos(qos, fair_qos)
     if fetch is None and redis and probe.has("kombu.redis.parse_response"):
-        _quarantine_malformed(channel, cycle)
-    if restore_unacked is not None:
-
-        def fair_restore_unacked(*args: Any, **kwargs: Any) -> Any:
-            ledger.release_all()
-            try:
-                return restore_unacked(*args, **kwargs)
-            except connection_errors(channel) as exc:
-                # Closing a channel whose connection is already gone (a broker
-                # restart): Kombu cannot reach Redis to restore now, and would
-                # take the worker down.  The messages stay in Redis's unacked
-                # index, and the visibility timeout restores them.
-                logger.warning(
-                    "celery-fair: could not restore unacknowledged messages now (%r); "
-                    "the visibility timeout will restore them",
-                    exc,
-                )
-                return None
-
-        qos.restore_unacked = fair_restore_unacked
+        guard = _MalformedGuard(channel, cycle)
+        if compat.wrap_parse_response(channel.client, guard.remember):
+            compat.replace_fetch_read(channel, guard.read)
     return cycle
 
 
-def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
-    """Keep undecodable payloads instead of crashing the consumer.
+class _MalformedGuard:
+    """Keeps undecodable payloads on Kombu's own BRPOP path instead of crashing the consumer.
 
     BRPOP removes the item before Kombu decodes it, so a payload that is not
     JSON would be lost and the worker would stop (Kombu 5.7 raises out of its
@@ -249,29 +279,33 @@ def _quarantine_malformed(channel: Any, cycle: DWRRCycle) -> None:
     extra parsing), and when decoding fails the item is pushed to
     ``<queue>.fair-malformed``, an error is logged, and polling goes on.
     """
-    last: list[Any] = [None]
 
-    def remember(command_name: Any, response: Any) -> None:
+    def __init__(self, channel: Any, cycle: DWRRCycle) -> None:
+        self.channel = channel
+        self.cycle = cycle
+        self.last: Any = None
+        self._read = compat.fetch_read(channel)
+
+    def remember(self, command_name: Any, response: Any) -> None:
+        """redis-py parsed a reply: keep BRPOP's raw one."""
         if command_name == "BRPOP":
-            last[0] = response
+            self.last = response
 
-    read = compat.fetch_read(channel)
-
-    def fair_brpop_read(**options: Any) -> Any:
-        last[0] = None
+    def read(self, **options: Any) -> Any:
+        """Kombu's BRPOP reply handler, parking what it cannot decode."""
+        self.last = None
         try:
-            return read(**options)
+            return self._read(**options)
         except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
-            response = last[0]
+            response = self.last
             if not response:
                 raise
             dest, item = response
+            channel = self.channel
             key = dest.decode() if isinstance(dest, bytes) else str(dest)
-            park_undecodable(channel, cycle, key.rsplit(compat.key_separator(channel), 1)[0], item)
+            queue = key.rsplit(compat.key_separator(channel), 1)[0]
+            park_undecodable(channel, self.cycle, queue, item)
             raise Empty() from None
-
-    if compat.wrap_parse_response(channel.client, remember):
-        compat.replace_fetch_read(channel, fair_brpop_read)
 
 
 def channel_closed(channel: Any) -> bool:
