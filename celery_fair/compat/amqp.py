@@ -1,11 +1,13 @@
-"""py-amqp under Celery's loop: reading the event connection only when a frame waits."""
+"""py-amqp under Celery's loop: reading the event connection only when a frame waits,
+and the channel methods that per-queue prefetch windows wrap."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
-from .probes import Probe, _names_used
+from .probes import Probe, _lacks, _names_used
 
 
 def drain_events_without_wait(consumer: Any, probe: Probe) -> bool:
@@ -108,3 +110,50 @@ def _frame_waiting(connection: Any) -> bool:
         return _bytes_waiting(sock) > 0
     except (OSError, ValueError):
         return True  # closed: Kombu's own drain reads or reports it
+
+
+#: The channel methods a per-queue window needs, and those adaptive windows follow.
+_CONSUME_HOOKS = ("basic_consume", "basic_qos")
+_SETTLEMENTS = ("basic_ack", "basic_reject", "basic_nack")
+
+
+def probe_amqp_channel(channel: Any, qos: Any, probe: Probe, *, settlements: bool) -> None:
+    """Check what :func:`wrap_basic_consume` (and :func:`follow_settlements`) replace."""
+    lacking = _lacks(channel, _CONSUME_HOOKS + (_SETTLEMENTS[:2] if settlements else ()))
+    if qos is not None and not hasattr(qos, "callback"):
+        lacking.append("consumer.qos.callback")
+    if lacking:
+        probe.missing_capability("amqp.channel.consume_hooks", "Channel." + "/".join(lacking))
+
+
+def wrap_basic_consume(channel: Any, before: Callable[[str, dict[str, Any]], None]) -> None:
+    """Call ``before(queue, kwargs)`` just before each ``basic.consume`` on ``channel``."""
+    basic_consume = channel.basic_consume
+
+    def fair_basic_consume(queue: str, *args: Any, **kwargs: Any) -> Any:
+        before(queue, kwargs)
+        return basic_consume(queue, *args, **kwargs)
+
+    channel.basic_consume = fair_basic_consume
+
+
+def follow_settlements(channel: Any, settled: Callable[[Any], None]) -> None:
+    """Call ``settled(delivery_tag)`` after each ack, reject or nack sent on ``channel``."""
+    for name in _SETTLEMENTS:
+        method = getattr(channel, name, None)
+        if method is not None:
+            setattr(channel, name, _then(method, settled))
+
+
+def _then(method: Callable[..., Any], settled: Callable[[Any], None]) -> Callable[..., Any]:
+    def fair_settle(delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(delivery_tag, *args, **kwargs)
+        settled(delivery_tag)
+        return result
+
+    return fair_settle
+
+
+def keep_prefetch_fixed(qos: Any) -> None:
+    """Stop Celery's consumer QoS from growing the channel-wide window (ETA tasks)."""
+    qos.callback = lambda prefetch_count: None

@@ -99,7 +99,15 @@ CAPABILITIES: dict[str, Capability] = {
         ),
         Capability(
             "celery.worker.process_task",
-            "dispatch hooks (WorkController._process_task)",
+            "dispatch hooks (WorkController._process_task/process_task, the pool's "
+            "on_apply, Request.on_success/on_failure)",
+            None,
+        ),
+        Capability(
+            "amqp.channel.consume_hooks",
+            "per-queue prefetch windows on RabbitMQ (the channel's basic_consume/basic_qos, "
+            "basic_ack/basic_reject/basic_nack for adaptive windows, the consumer QoS's "
+            "callback)",
             None,
         ),
         Capability(

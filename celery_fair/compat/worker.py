@@ -10,8 +10,15 @@ from .probes import Probe, _lacks, _names_used
 
 def probe_worker(worker: Any, probe: Probe) -> None:
     """Check the worker's dispatch hooks (after the Pool bootstep created them)."""
-    if not callable(getattr(worker, "_process_task", None)):
-        probe.missing_capability("celery.worker.process_task", "WorkController._process_task")
+    from celery.worker.request import Request
+
+    lacking = _lacks(worker, ("_process_task", "process_task"))
+    lacking += [f"pool.{n}" for n in _lacks(getattr(worker, "pool", None), ("on_apply",))]
+    lacking += [f"Request.{n}" for n in _lacks(Request, ("on_success", "on_failure"))]
+    if lacking:
+        probe.missing_capability(
+            "celery.worker.process_task", "WorkController." + "/".join(lacking)
+        )
     semaphore = getattr(worker, "semaphore", None)
     if semaphore is not None:
         lacking = _lacks(semaphore, ("_add_waiter", "_pop_waiter", "_waiting"))
@@ -19,8 +26,6 @@ def probe_worker(worker: Any, probe: Probe) -> None:
             probe.missing_capability(
                 "celery.worker.semaphore", "LaxBoundedSemaphore." + "/".join(lacking)
             )
-    from celery.worker.request import Request
-
     if "__slots__" in vars(Request) and "_request_dict" not in Request.__slots__:
         probe.missing_capability("celery.request.headers", "Request._request_dict")
 
@@ -33,6 +38,43 @@ def dispatch_of(worker: Any) -> Callable[[Any], Any]:
 
 def set_dispatch(worker: Any, process: Callable[[Any], Any]) -> None:
     worker._process_task = process
+
+
+def wrap_process_task(
+    worker: Any, wrapper: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]
+) -> None:
+    """Replace the worker's ``process_task`` (what the consumer calls per task) by
+    ``wrapper(process_task)``; set before the consumer bootstep captures it."""
+    worker.process_task = wrapper(worker.process_task)
+
+
+def wrap_pool_apply(pool: Any, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace the pool's ``on_apply`` (its hand-over of one task) by ``wrapper(on_apply)``."""
+    pool.on_apply = wrapper(pool.on_apply)
+
+
+def request_callbacks(request: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """A request's ``on_success`` and ``on_failure``, which the pool calls when it is done."""
+    return request.on_success, request.on_failure
+
+
+def set_request_callbacks(
+    request: Any, on_success: Callable[..., Any], on_failure: Callable[..., Any]
+) -> None:
+    """Override ``request``'s completion callbacks on this instance only.
+
+    A ``Request`` has a ``__dict__``, so instance attributes override its
+    methods; :func:`reset_request_callbacks` drops them again.
+    """
+    request.on_success, request.on_failure = on_success, on_failure
+
+
+def reset_request_callbacks(request: Any) -> None:
+    """Drop the overrides of :func:`set_request_callbacks` (the methods are back)."""
+    attrs = getattr(request, "__dict__", None)
+    if attrs is not None:
+        attrs.pop("on_success", None)
+        attrs.pop("on_failure", None)
 
 
 def dispatches_directly(worker: Any) -> bool:

@@ -155,19 +155,21 @@ class FairGate:
     def wrap(self, process: Callable[[Any], Any], pool: Any) -> Callable[[Any], Any]:
         """Gate ``process`` (the worker's ``_process_task``) on ``pool``'s slots."""
         applied = threading.local()
-        on_apply = pool.on_apply
         gate = self
         # eventlet's on_apply returns no greenlet: found where it was spawned.
         spawned = compat.green_spawns(pool, self.service.probe)
 
-        def fair_on_apply(*args: Any, **kwargs: Any) -> Any:
-            applied.flag = True
-            result = on_apply(*args, **kwargs)
-            handle = spawned() if result is None and spawned is not None else result
-            compat.on_pool_done(handle, gate.release)
-            return result
+        def follow_apply(on_apply: Callable[..., Any]) -> Callable[..., Any]:
+            def fair_on_apply(*args: Any, **kwargs: Any) -> Any:
+                applied.flag = True
+                result = on_apply(*args, **kwargs)
+                handle = spawned() if result is None and spawned is not None else result
+                compat.on_pool_done(handle, gate.release)
+                return result
 
-        pool.on_apply = fair_on_apply
+            return fair_on_apply
+
+        compat.wrap_pool_apply(pool, follow_apply)
 
         def run(request: Any) -> None:
             applied.flag = False

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import compat
 from ..scheduling.prefetch import AdaptivePrefetch
 
 __all__ = ("PushWindows", "PushWindowsStatistics")
@@ -97,18 +98,7 @@ class PushWindows:
         """Follow acknowledgements on ``channel``; re-consume via ``task_consumer``."""
         self._consumer = task_consumer
         self._thread = threading.get_ident()
-        for name in ("basic_ack", "basic_reject", "basic_nack"):
-            method = getattr(channel, name, None)
-            if method is not None:
-                setattr(channel, name, self._settling(method))
-
-    def _settling(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        def fair_settle(delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
-            result = method(delivery_tag, *args, **kwargs)
-            self.settled(delivery_tag)
-            return result
-
-        return fair_settle
+        compat.follow_settlements(channel, self.settled)
 
     def consuming(
         self, queue: str, kwargs: dict[str, Any], window: int, qos_seconds: float

@@ -100,11 +100,12 @@ class FairWorkerStep(bootsteps.StartStopStep):
             # No semaphore wait on the way to the pool: add a fair one.
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
             gate = service.gate = FairGate(service, slots)
-            w.process_task = tracker.wrap_receive(gate.wrap(process, w.pool))
+            gated = gate.wrap(process, w.pool)
+            compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
         elif getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
             install_on_semaphore(w.semaphore, service)
-            w.process_task = tracker.wrap_receive(w.process_task)
+            compat.wrap_process_task(w, tracker.wrap_receive)
 
     def start(self, w: Any) -> None:
         with _one_line_errors():

@@ -44,9 +44,8 @@ def _follow(
 ) -> None:
     """Call ``afters`` once ``request`` finishes, with its run time.
 
-    A ``Request`` has a ``__dict__``, so instance attributes override its
-    ``on_success``/``on_failure`` methods; the pool calls them in the main
-    process when the task is done.
+    The pool calls a request's ``on_success``/``on_failure`` in the main
+    process when the task is done; they are overridden on this request only.
     """
     done = False
 
@@ -59,16 +58,13 @@ def _follow(
         # drop them now so reference counting frees the request (left to the
         # cyclic GC, every request and its message would pile up between
         # collections: 6-8% of throughput, measured).
-        attrs = getattr(request, "__dict__", None)
-        if attrs is not None:
-            attrs.pop("on_success", None)
-            attrs.pop("on_failure", None)
+        compat.reset_request_callbacks(request)
         if runtime is None:
             runtime = clock() - task.started
         for after in afters:
             after(task, runtime)
 
-    on_success, on_failure = request.on_success, request.on_failure
+    on_success, on_failure = compat.request_callbacks(request)
 
     def fair_on_success(failed__retval__runtime: Any, **kwargs: Any) -> Any:
         # The pool reports the task's own run time (without the IPC to the
@@ -85,7 +81,7 @@ def _follow(
         finish(None)
         return on_failure(exc_info, *args, **kwargs)
 
-    request.on_success, request.on_failure = fair_on_success, fair_on_failure
+    compat.set_request_callbacks(request, fair_on_success, fair_on_failure)
 
 
 _RECORD_TYPE: Any = None

@@ -75,25 +75,27 @@ class PrefetchWindows:
             or 4 * self.concurrency
         )
         self.windows = self._split(total)
+        qos = getattr(consumer, "qos", None)
+        compat.probe_amqp_channel(
+            channel, qos, self.probe, settlements=self.settings.prefetch == "auto"
+        )
         push = self._adapt_push(channel, task_consumer, total)
-        basic_consume, clock = channel.basic_consume, self.clock
+        clock = self.clock
 
-        def fair_basic_consume(queue: str, *args: Any, **kwargs: Any) -> Any:
+        def before_consume(queue: str, kwargs: dict[str, Any]) -> None:
             window = self.window_for(queue)
             sent = clock()
             channel.basic_qos(0, window, False)
             if push is not None:
                 push.consuming(queue, kwargs, window, clock() - sent)
-            return basic_consume(queue, *args, **kwargs)
 
-        channel.basic_consume = fair_basic_consume
+        compat.wrap_basic_consume(channel, before_consume)
         if compat.consumer_qos_global(consumer):
             channel.basic_qos(0, 0, True)  # 0: no channel-wide limit
-        qos = getattr(consumer, "qos", None)
         if qos is not None:
             # Celery grows the channel-wide window for ETA tasks; with
             # per-queue windows that would bring the global limit back.
-            qos.callback = lambda prefetch_count: None
+            compat.keep_prefetch_fixed(qos)
         return self.windows
 
     def _adapt_push(self, channel: Any, task_consumer: Any, total: int) -> PushWindows | None:

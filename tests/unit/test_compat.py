@@ -169,9 +169,14 @@ def test_qos_hooks_are_required() -> None:
         compat.probe_virtual_qos(NoCanConsume(), Probe(log=lambda _: None))
 
 
+class FakePool:
+    def on_apply(self, *args: Any, **kwargs: Any) -> None: ...
+
+
 class FakeWorker:
     def __init__(self, semaphore: Any) -> None:
         self.semaphore = semaphore
+        self.pool = FakePool()
         self.process_task = self._process_task_sem
 
     def _process_task(self, request: Any) -> None: ...
@@ -192,6 +197,39 @@ def test_a_semaphore_without_its_waiter_hooks_stops_the_worker() -> None:
     del semaphore._waiting
     with pytest.raises(CompatibilityError, match="_waiting"):
         compat.probe_worker(FakeWorker(semaphore), Probe())
+
+
+def test_a_pool_without_on_apply_stops_the_worker() -> None:
+    worker = FakeWorker(FakeSemaphore())
+    worker.pool = object()
+    with pytest.raises(CompatibilityError, match=r"missing \(WorkController\.pool\.on_apply\)"):
+        compat.probe_worker(worker, Probe())
+
+
+class FakeAmqpChannel:
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> str:
+        return f"consumed {queue}"
+
+    def basic_qos(self, *args: Any) -> None: ...
+    def basic_ack(self, delivery_tag: Any) -> str:
+        return f"acked {delivery_tag}"
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool) -> None: ...
+
+
+def test_amqp_consume_hooks_are_probed_and_wrapped() -> None:
+    channel, calls = FakeAmqpChannel(), []
+    compat.probe_amqp_channel(channel, None, Probe(), settlements=True)  # complete
+    compat.wrap_basic_consume(channel, lambda queue, kwargs: calls.append(("before", queue)))
+    compat.follow_settlements(channel, lambda tag: calls.append(("settled", tag)))
+    assert channel.basic_consume("q") == "consumed q"
+    assert channel.basic_ack(7) == "acked 7"
+    assert calls == [("before", "q"), ("settled", 7)]
+    del FakeAmqpChannel.basic_reject
+    with pytest.raises(CompatibilityError, match=r"missing \(Channel\.basic_reject\)"):
+        compat.probe_amqp_channel(FakeAmqpChannel(), None, Probe(), settlements=True)
+    # Fixed windows follow no settlement: basic_reject is not needed then.
+    compat.probe_amqp_channel(FakeAmqpChannel(), None, Probe(), settlements=False)
 
 
 def test_prefork_waits_in_the_semaphore_other_pools_dispatch_directly() -> None:
