@@ -24,13 +24,13 @@ def install(app: Any) -> Any:
 
     from .keys import publish as keys
     from .worker import control  # noqa: F401  (registers the remote-control commands)
-    from .worker.steps import FairConsumerStep, FairWorkerStep
+    from .worker.steps import CONSUMER_STEPS, WORKER_STEPS
 
     before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
     # Keyed queues (fair_keys): the key in a header, the message in its key's list.
     keys.register_app(app)
-    app.steps["worker"].add(FairWorkerStep)
-    app.steps["consumer"].add(FairConsumerStep)
+    app.steps["worker"].update(WORKER_STEPS)
+    app.steps["consumer"].update(CONSUMER_STEPS)
     options = app.user_options["worker"]
     if not any(getattr(opt, "name", None) == "fair_weights" for opt in options):
         options.add(

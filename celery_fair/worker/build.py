@@ -1,8 +1,8 @@
 """Assemble a worker's :class:`FairService` from its settings.
 
-What :class:`~celery_fair.worker.steps.FairWorkerStep` wires into Celery is
+What the bootsteps of :mod:`celery_fair.worker.steps` wire into Celery is
 built here, with the start-up checks that need the broker or an optional
-package: the step itself only connects the parts to the worker's events.
+package: the steps themselves only connect the parts to the worker's events.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from .metrics import DispatchMeter, FairCollector, MetricsServer, require_promet
 from .service import FairService
 from .settings import FairSettings
 
-__all__ = ("build",)
+__all__ = ("build", "build_metrics")
 
 
 def build(
     app: Any, settings: FairSettings, *, concurrency: int, hostname: str | None = None
-) -> tuple[FairService, MetricsServer | None]:
-    """The worker's service and, with ``fair_metrics_port``, its (unstarted) metrics server.
+) -> FairService:
+    """The worker's service.
 
     Raises :class:`FairConfigError` at start for what cannot work: CoDel's
     ``reject`` without dead-lettering, keyed queues off Redis, telemetry
-    without pyarrow, metrics without prometheus_client or on a busy port.
+    without pyarrow.
     """
     service = FairService(settings, concurrency=concurrency, hostname=hostname)
     if settings.codel and settings.codel_action == "reject":
@@ -35,15 +35,23 @@ def build(
         _check_keyed_broker(app, settings)
     if settings.telemetry_dir is not None:
         _require_pyarrow()
-    metrics: MetricsServer | None = None
-    if settings.metrics_port is not None:
-        require_prometheus_client()
-        meter = DispatchMeter(cost_at_dispatch=settings.cost == "count")
-        service.tracker.meter = meter
-        collector = FairCollector(service, meter, worker=hostname or "")
-        metrics = MetricsServer(collector, port=settings.metrics_port, addr=settings.metrics_addr)
-        metrics.check()
-    return service, metrics
+    return service
+
+
+def build_metrics(service: FairService, *, hostname: str | None = None) -> MetricsServer:
+    """The (unstarted) metrics server of ``fair_metrics_port``; its meter joins the tracker.
+
+    Raises :class:`FairConfigError` without prometheus_client or on a busy port.
+    """
+    settings = service.settings
+    assert settings.metrics_port is not None
+    require_prometheus_client()
+    meter = DispatchMeter(cost_at_dispatch=settings.cost == "count")
+    service.tracker.meter = meter
+    collector = FairCollector(service, meter, worker=hostname or "")
+    metrics = MetricsServer(collector, port=settings.metrics_port, addr=settings.metrics_addr)
+    metrics.check()
+    return metrics
 
 
 def _require_pyarrow() -> None:
@@ -51,7 +59,7 @@ def _require_pyarrow() -> None:
 
     Only looks for the package: importing it here would load pyarrow (and
     numpy) into the main process, which costs a prefork worker's main
-    process CPU on every task; see :class:`_MainWriter`.
+    process CPU on every task; see :class:`~celery_fair.worker.recorder.MainWriter`.
     """
     if importlib.util.find_spec("pyarrow") is None:
         raise FairConfigError(

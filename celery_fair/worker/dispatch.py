@@ -26,7 +26,13 @@ from .. import compat
 from ..scheduling.shedding import UNKNOWN_QUEUE
 from .roles import SchedulingService
 
-__all__ = ("FairGate", "install_on_semaphore")
+__all__ = (
+    "BUSY_DRAIN",
+    "FairGate",
+    "hold_during_drain",
+    "install_on_semaphore",
+    "wake_while_busy",
+)
 
 
 class _WaitingView:
@@ -184,3 +190,53 @@ class FairGate:
             gate.submit(run, request)
 
         return gated
+
+
+def hold_during_drain(connection: Any, gate: FairGate) -> None:
+    """Collect every delivery already received before dispatching any.
+
+    The solo pool runs a task inline, inside the delivery callback; without
+    this the first delivery of a burst would always run first.
+    """
+
+    def hold(drain: Any, timeout: float | None, **kwargs: Any) -> Any:
+        gate.hold()
+        try:
+            result = drain(timeout=timeout, **kwargs)
+            for _ in range(1000):
+                try:
+                    drain(timeout=0)
+                except (TimeoutError, OSError):
+                    break
+            return result
+        finally:
+            gate.open()
+
+    compat.wrap_drain_events(connection, hold)
+
+
+#: Seconds the consumer's drain may block while the gate has tasks (green pools, Redis).
+BUSY_DRAIN = 0.01
+
+
+def wake_while_busy(connection: Any, gate: FairGate) -> None:
+    """Green pools on Redis: do not sleep in the event loop while tasks free prefetch credit.
+
+    With ``-P gevent``/``eventlet`` Celery's loop blocks in ``drain_events(timeout=2.0)``
+    between deliveries.  Plain Celery rarely gets there while busy: a full green pool
+    blocks the loop in ``spawn`` instead.  With the gate the loop goes back to the
+    drain, and on Redis, once the prefetch window is full, Kombu stops polling the
+    fetch connection and waits on its other sockets: the credit that each finished
+    task returns goes unseen until the timeout.  Tasks that yield (I/O, sleep) then ran
+    at about 5 a second whatever their length (measured with 5 ms tasks, against 280 a
+    second here).  While a task is in the pool or waits for a slot, the drain returns
+    after :data:`BUSY_DRAIN` at most; an idle worker keeps Celery's timeout.
+    """
+    waiting = gate.service.scheduler.dispatch
+
+    def drain_briefly_while_busy(drain: Any, timeout: float | None, **kwargs: Any) -> Any:
+        if gate.free < gate.slots or len(waiting):
+            timeout = BUSY_DRAIN if timeout is None else min(timeout, BUSY_DRAIN)
+        return drain(timeout=timeout, **kwargs)
+
+    compat.wrap_drain_events(connection, drain_briefly_while_busy)
