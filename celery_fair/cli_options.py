@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .errors import FairConfigError
-from .grammar import as_positive, parse_pairs
+from .grammar import as_positive, as_positive_int, parse_pairs
 
 __all__ = (
     "add_broker_options",
@@ -37,12 +37,9 @@ def broker_connection(args: argparse.Namespace) -> Any:
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    value = as_positive_int(text, text=True)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 1, not {text!r}")
     return value
 
 

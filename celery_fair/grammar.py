@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import FairConfigError
 
-__all__ = ("as_positive", "parse_pairs")
+__all__ = ("as_positive", "as_positive_int", "parse_pairs")
 
 
 def as_positive(value: object, *, text: bool = False) -> float | None:
@@ -36,6 +36,25 @@ def as_positive(value: object, *, text: bool = False) -> float | None:
         return None
     number = float(value)
     return number if number > 0 and math.isfinite(number) else None
+
+
+def as_positive_int(value: object, *, text: bool = False) -> int | None:
+    """``value`` as an integer of at least 1; None if it is not one.
+
+    As :func:`as_positive`: ``True`` is not a number, and with ``text`` a
+    string such as ``"4"`` is read too.  A float is not an integer here,
+    even ``4.0`` (a window or a count of 4.5 is a mistake, not a rounding).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and text:
+        try:
+            value = int(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int) or value < 1:
+        return None
+    return value
 
 
 def parse_pairs(

@@ -38,10 +38,11 @@ from kombu.messaging import Consumer as KombuConsumer
 from kombu.mixins import ConsumerMixin
 
 from .. import compat
+from ..grammar import as_positive, as_positive_int
 from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelStatistics
 from ..scheduling.cost import COST_MODES, CostMode, CostModel
 from ..scheduling.dispatch import DispatchRound
-from ..scheduling.drr import DRRStatistics, check_quantum
+from ..scheduling.drr import DRRStatistics
 from ..scheduling.shedding import SheddingPolicy, Verdict, check_codel, option_error
 from ..wire import REQUEUE_HEADER
 from .requeue import requeue_count, return_copy
@@ -144,16 +145,17 @@ def _option_error(option: str, value: object, expected: str) -> ValueError:
 
 
 def _positive_number(option: str, value: object) -> float:
-    try:
-        return check_quantum(option, value)
-    except ValueError:
-        raise _option_error(option, value, "must be a positive number") from None
+    number = as_positive(value)
+    if number is None:
+        raise _option_error(option, value, "must be a positive number")
+    return number
 
 
 def _positive_int(option: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = as_positive_int(value)
+    if number is None:
         raise _option_error(option, value, "must be an integer of at least 1")
-    return value
+    return number
 
 
 def _check_queues(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FairConfigError
-from ..grammar import as_positive, parse_pairs
+from ..grammar import as_positive, as_positive_int, parse_pairs
 from ..keys.limits import KeyLimits
 from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode
@@ -144,9 +144,10 @@ def parse_weights(
 
 
 def _window(setting: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    window = as_positive_int(value)
+    if window is None:
         raise FairConfigError(f"{setting} must be a positive integer, got {value!r}")
-    return value
+    return window
 
 
 def _prefetch(value: Any) -> int | dict[str, int] | str | None:
@@ -276,9 +277,7 @@ class FairSettings:
         if cost not in COST_MODES:
             raise FairConfigError(f"fair_cost must be one of {', '.join(COST_MODES)}; got {cost!r}")
         credit = conf.get("fair_credit")
-        if credit is not None and (
-            isinstance(credit, bool) or not isinstance(credit, int) or credit < 1
-        ):
+        if credit is not None and as_positive_int(credit) is None:
             raise FairConfigError(f"fair_credit must be a positive integer or None, got {credit!r}")
         telemetry_dir = conf.get("fair_telemetry_dir")
         if telemetry_dir is not None and (

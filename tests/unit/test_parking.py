@@ -91,7 +91,7 @@ def test_cli_refuses_a_bad_limit_and_two_actions(capsys: pytest.CaptureFixture[s
     parser = build_parser(("celery_fair.parking.cli",))
     with pytest.raises(SystemExit):
         parser.parse_args(["parked", "q", "-b", "redis://", "--limit", "0"])
-    assert "argument --limit: must be at least 1, not 0" in capsys.readouterr().err
+    assert "argument --limit: must be an integer of at least 1, not '0'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["parked", "q", "-b", "redis://", "--replay", "--purge"])
 

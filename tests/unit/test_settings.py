@@ -194,3 +194,21 @@ def test_a_name_given_twice_is_an_error_in_every_pairs_list() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"queue 't0' appears twice"):
         queue_weights("t0=1,t0")
     assert queue_weights("t0=10,t1") == {"t0": 10.0, "t1": 1.0}
+
+
+def test_one_positive_integer_check_for_settings_options_and_the_command_line() -> None:
+    from celery_fair.cli_options import positive_int
+    from celery_fair.grammar import as_positive_int
+    from celery_fair.kombu.mixin import _positive_int
+
+    for good in (1, 7):
+        assert as_positive_int(good) == good == _positive_int("window", good)
+    for bad in (0, -2, True, 4.0, "4", None):
+        assert as_positive_int(bad) is None
+        with pytest.raises(ValueError, match=r"window=.*integer of at least 1"):
+            _positive_int("window", bad)
+    assert as_positive_int(" 4", text=True) == 4 == positive_int("4")
+    with pytest.raises(FairConfigError, match="fair_credit must be a positive integer"):
+        FairSettings.from_conf({"fair_credit": 2.0})
+    with pytest.raises(argparse.ArgumentTypeError, match="integer of at least 1, not '0'"):
+        positive_int("0")
