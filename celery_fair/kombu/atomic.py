@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty
 from time import monotonic, time
-from typing import Any
+from typing import Any, Protocol
 
 from kombu.utils.json import loads
 from redis.exceptions import ResponseError
@@ -95,7 +95,7 @@ class AtomicFetch:
     that returned a message (for adaptive prefetch).
     """
 
-    def __init__(self, channel: Any, cycle: Any, keyed: KeyedServing | None = None) -> None:
+    def __init__(self, channel: Any, cycle: FetchCycle, keyed: KeyedServing | None = None) -> None:
         self.channel = channel
         self.cycle = cycle
         self.keyed = keyed
@@ -419,15 +419,24 @@ class AtomicFetch:
         )
 
 
-def malformed_moved(cycle: Any, queue: str, item: Any) -> None:
+class FetchCycle(Protocol):
+    """What the fetch needs of the queue cycle it serves (:class:`~.cycle.DWRRCycle`).
+
+    A Protocol, so that this module does not import the cycle's, which
+    imports it.
+    """
+
+    def moved_aside(self, queue: str) -> None:
+        """A fetched payload of ``queue`` did not become a delivery: release its slot."""
+
+
+def malformed_moved(cycle: FetchCycle, queue: str, item: Any) -> None:
     """A payload of ``queue`` was moved aside: release its slot and say so."""
-    with cycle.lock:
-        cycle.scheduler.released(queue)
-    cycle.last_fetched = None
+    cycle.moved_aside(queue)
     logger.error(PARKED_LOG, queue, queue + PARKING_SUFFIX, f"{NOT_A_MESSAGE}: {item[:200]!r}")
 
 
-def park_undecodable(channel: Any, cycle: Any, queue: str, item: Any) -> None:
+def park_undecodable(channel: Any, cycle: FetchCycle, queue: str, item: Any) -> None:
     """Park a payload a plain ``BRPOP`` popped that does not decode (never drop it)."""
     prefix = compat.key_prefix(channel)
     if prefix and queue.startswith(prefix):
@@ -440,7 +449,7 @@ def park_undecodable(channel: Any, cycle: Any, queue: str, item: Any) -> None:
 
 
 def install_atomic_fetch(
-    channel: Any, cycle: Any, keyed: KeyedServing | None = None
+    channel: Any, cycle: FetchCycle, keyed: KeyedServing | None = None
 ) -> AtomicFetch:
     """Give a Kombu Redis channel the atomic fetch (probed: see :mod:`celery_fair.compat`).
 

@@ -81,6 +81,12 @@ class DWRRCycle:
         self.last_fetched = last_used
         return last_used
 
+    def moved_aside(self, queue: str) -> None:
+        """A fetched payload of ``queue`` was parked, not delivered: release its slot."""
+        with self.lock:
+            self.scheduler.released(queue)
+        self.last_fetched = None
+
 
 class _HeldLedger:
     """Maps delivery tags to queues so acks release the right queue's credit."""

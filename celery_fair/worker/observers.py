@@ -18,7 +18,7 @@ the service time reaches adaptive prefetch last.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from .. import compat
 from ..keys.serving import served_header
@@ -29,6 +29,7 @@ from .shedder import RECEIVED_MONOTONIC
 __all__ = (
     "DispatchedTask",
     "KeyLeases",
+    "Meter",
     "MeterObserver",
     "RuntimeCharge",
     "ServiceTime",
@@ -36,6 +37,16 @@ __all__ = (
     "TelemetryStamps",
     "observers_for",
 )
+
+
+class Meter(Protocol):
+    """What the observers report to the metrics (:class:`~.metrics.DispatchMeter`)."""
+
+    def dispatched(self, queue: str, sojourn: float | None) -> None:
+        """A task of ``queue`` went to the pool after waiting ``sojourn`` s (None: unknown)."""
+
+    def charge(self, queue: str, cost: float) -> None:
+        """``queue`` was charged ``cost`` (run time) for a finished task."""
 
 
 class DispatchedTask:
@@ -126,7 +137,7 @@ class MeterObserver(TaskObserver):
     ``meter`` is a :class:`~celery_fair.worker.metrics.DispatchMeter`.
     """
 
-    def __init__(self, meter: Any, *, charge: bool) -> None:
+    def __init__(self, meter: Meter, *, charge: bool) -> None:
         self.meter = meter
         self.follows_completion = charge
 
@@ -175,7 +186,7 @@ class ServiceTime(TaskObserver):
 def observers_for(
     service: SchedulingService,
     *,
-    meter: Any,
+    meter: Meter | None,
     wall: Callable[[], float],
     telemetry: bool,
     on_timeout: Callable[[Any, str], None] | None,

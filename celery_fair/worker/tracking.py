@@ -28,7 +28,7 @@ from ..wire import (
     RECEIVED_STAMP,
     SERVED_HEADER,
 )
-from .observers import DispatchedTask, TaskObserver, observers_for
+from .observers import DispatchedTask, Meter, TaskObserver, observers_for
 from .recorder import as_float, as_text
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
@@ -116,7 +116,7 @@ class TaskTracker:
         self.pid = os.getpid()
         self.wall: Callable[[], float] = time.time
         #: A :class:`~celery_fair.worker.metrics.DispatchMeter` when metrics are on.
-        self.meter: Any = None
+        self.meter: Meter | None = None
 
     def observers(self) -> Sequence[TaskObserver]:
         """The per-task observers of this worker's features (see :mod:`.observers`)."""

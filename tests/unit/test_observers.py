@@ -51,6 +51,19 @@ class Clock:
         return self.now
 
 
+class CountingMeter:
+    """The metrics' side of the chain: hand-overs and charges, counted."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, float | None]] = []
+
+    def dispatched(self, queue: str, sojourn: float | None) -> None:
+        self.events.append(("dispatched", queue, sojourn))
+
+    def charge(self, queue: str, cost: float) -> None:
+        self.events.append(("charge", queue, cost))
+
+
 class Recorder(TaskObserver):
     """Records its hooks in a shared log."""
 
@@ -85,14 +98,26 @@ def test_no_feature_builds_no_observer_and_leaves_dispatch_unwrapped() -> None:
 def test_features_build_their_observers_in_hook_order() -> None:
     svc = make_service(cost="runtime", prefetch="auto")
     svc.tracker.writer = object()  # a telemetry writer is open
-    svc.tracker.meter = object()
+    svc.tracker.meter = CountingMeter()
     kinds = [type(o) for o in svc.tracker.observers()]
     assert kinds == [TelemetryStamps, MeterObserver, RuntimeCharge, ServiceTime]
     # Without run-time cost the meter counts hand-overs only: no finish needed.
     svc = make_service()
-    svc.tracker.meter = object()
+    svc.tracker.meter = CountingMeter()
     (meter,) = svc.tracker.observers()
     assert isinstance(meter, MeterObserver) and not meter.follows_completion
+
+
+def test_the_meter_sees_the_hand_over_and_with_runtime_cost_the_charge() -> None:
+    clock = Clock()
+    svc = make_service(clock, cost="runtime")
+    meter = svc.tracker.meter = CountingMeter()
+    dispatch = svc.tracker.wrap_dispatch(lambda request: None)
+    request = FakeRequest("a")
+    dispatch(request)
+    request.on_success((False, None, 0.125))
+    # No receipt stamp on this request: the sojourn is unknown.
+    assert meter.events == [("dispatched", "a", None), ("charge", "a", 0.125)]
 
 
 def test_hooks_run_in_chain_order_and_the_finish_reaches_them_once(monkeypatch: Any) -> None:
