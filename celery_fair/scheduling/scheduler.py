@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..grammar import as_positive_int
 from .cost import COST_MODES, CostMode, CostModel
 from .dispatch import DispatchRound
 from .drr import DRRStatistics, check_quantum
@@ -78,7 +79,7 @@ class FairScheduler:
     ) -> None:
         self.costs = CostModel(cost, runtime_quantum=runtime_quantum)
         self.default_weight = check_quantum("<default>", default_weight)
-        if credit is not None and (isinstance(credit, bool) or int(credit) < 1):
+        if credit is not None and as_positive_int(credit) is None:
             raise ValueError(f"credit must be a positive integer or None, got {credit!r}")
         self._weights: dict[str, float] = {
             name: check_quantum(name, w) for name, w in (weights or {}).items()
