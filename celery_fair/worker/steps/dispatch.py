@@ -42,6 +42,8 @@ class FairDispatchStep(bootsteps.Step):
             slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
             gate = service.gate = FairGate(service, slots)
             gated = gate.wrap(process, w.pool)
+            # Celery's direct process_task is the unwrapped _process_task: it is
+            # replaced, not called, or tasks would skip the observers and the gate.
             compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
         elif getattr(w, "semaphore", None) is not None:
             # prefork: tasks waiting for a slot wait in the semaphore.
