@@ -38,11 +38,13 @@ KEYED_HEADER = "fair_keyed"
 # -- the worker ----------------------------------------------------------------
 
 #: Stamped by the worker on a message it fetched from a keyed queue:
-#: ``[key, charge, weight, held]``: the key served, the cost charged to it at
-#: fetch time (run-time mode corrects it when the task finishes), the key's
-#: weight when it was served, and the seconds the key had spent set aside by
-#: its limits since its previous task was served (0 without limits).
-#: Telemetry records the last two as ``key_weight`` and ``key_held``.
+#: ``[key, charge, weight, held, level]``: the key served, the cost charged to
+#: it at fetch time (run-time mode corrects it when the task finishes), the
+#: key's weight when it was served, the seconds the key had spent set aside by
+#: its limits since its previous task was served (0 without limits), and the
+#: suffix of the priority level it was served from (``""``: the first level;
+#: absent from workers before priority levels).
+#: Telemetry records the third and fourth as ``key_weight`` and ``key_held``.
 SERVED_HEADER = "fair_served"
 #: Request stamps of the main process, for telemetry: wall times of receipt and
 #: dispatch to the pool, the queue, the queue's weight in force.

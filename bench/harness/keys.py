@@ -21,10 +21,13 @@ def keyed_app(broker_url: str, fair_keys: Mapping[str, Any], name: str = "keyed-
     return app
 
 
-def publish_by_key(app: Any, queue: str, counts: Mapping[str, int], ms: float) -> None:
+def publish_by_key(
+    app: Any, queue: str, counts: Mapping[str, int], ms: float, priority: int | None = None
+) -> None:
     """Publish ``counts[key]`` ``ledger(ms, tenant_id=key)`` tasks, the keys interleaved.
 
-    Interleaved, so that publish order favours no key.
+    Interleaved, so that publish order favours no key.  ``priority``: Celery's
+    ``priority`` argument of every task (on Redis, 0 is served first).
     """
     left = dict(counts)
     with app.producer_or_acquire() as producer:
@@ -34,7 +37,7 @@ def publish_by_key(app: Any, queue: str, counts: Mapping[str, int], ms: float) -
                     left[key] -= 1
                     app.send_task(
                         "ledger", kwargs={"ms": ms, "tenant_id": key}, queue=queue,
-                        producer=producer,
+                        producer=producer, priority=priority,
                     )  # fmt: skip
 
 

@@ -29,6 +29,9 @@ and celery-fair side by side:
 ``CELERY_FAIR_KEY_CONCURRENCY``  the ``fair_key_concurrency`` setting, as ``key=n[,key=n]``
 ``CELERY_FAIR_KEY_RATE``  the ``fair_key_rate_limit`` setting, as ``key=10/s[,key=...]``
 ``CELERY_FAIR_KEY_LEASE_TTL``  the ``fair_key_lease_ttl`` setting (seconds)
+``CELERY_FAIR_MAX_PRIORITY``  Celery's ``task_queue_max_priority``
+``CELERY_FAIR_PRIORITY``  the ``fair_priority`` setting (``strict`` or ``weighted``)
+``CELERY_FAIR_PRIORITY_WEIGHTS``  the ``fair_priority_weights`` setting, as ``0=4,9=1``
 ``CELERY_FAIR_KEYPREFIX``  Kombu's Redis ``global_keyprefix`` transport option
 ``CELERY_FAIR_UNKNOWN_MAX_RETURNS``  the ``fair_unknown_task_max_returns`` setting
 """
@@ -135,6 +138,12 @@ if os.environ.get("CELERY_FAIR_KEY_RATE"):
     app.conf.fair_key_rate_limit = os.environ["CELERY_FAIR_KEY_RATE"]
 if os.environ.get("CELERY_FAIR_KEY_LEASE_TTL"):
     app.conf.fair_key_lease_ttl = float(os.environ["CELERY_FAIR_KEY_LEASE_TTL"])
+if os.environ.get("CELERY_FAIR_MAX_PRIORITY"):
+    app.conf.task_queue_max_priority = int(os.environ["CELERY_FAIR_MAX_PRIORITY"])
+if os.environ.get("CELERY_FAIR_PRIORITY"):
+    app.conf.fair_priority = os.environ["CELERY_FAIR_PRIORITY"]
+if os.environ.get("CELERY_FAIR_PRIORITY_WEIGHTS"):
+    app.conf.fair_priority_weights = os.environ["CELERY_FAIR_PRIORITY_WEIGHTS"]
 if os.environ.get("CELERY_FAIR_UNKNOWN_MAX_RETURNS"):
     app.conf.fair_unknown_task_max_returns = int(os.environ["CELERY_FAIR_UNKNOWN_MAX_RETURNS"])
 if os.environ.get("CELERY_FAIR", "1") == "1":

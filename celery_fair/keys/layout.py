@@ -10,8 +10,16 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
 * ``jobs\\x06\\x16fair.keys``: a sorted set of the keys with messages
   waiting, scored by their virtual start tag; the fetch serves the lowest.
 * ``jobs\\x06\\x16fair.sizes``: a sorted set of the keys with messages
-  waiting, scored by how many: the largest backlogs in O(log keys), for the
-  exporter (:mod:`celery_fair.monitoring`).
+  waiting, scored by how many (all levels): the largest backlogs in
+  O(log keys), for the exporter (:mod:`celery_fair.monitoring`).
+* Priority levels: a keyed message published with a Celery priority waits in
+  the level of Kombu's list for that priority.  The first level's names are
+  the ones above; level ``jobs\\x06\\x163`` has ``jobs\\x06\\x163\\x06\\x16fair.k.<key>``,
+  ``...fair.keys``, ``...fair.last`` and its virtual time in ``...fair.state``.
+  ``jobs\\x06\\x16fair.levels`` lists the levels in use; with
+  ``fair_priority="weighted"``, ``fair.lt`` holds each level's start tag.
+  Everything else (weights, limits, leases, keys set aside, the backlog) is
+  the queue's, shared by its levels.
 * ``jobs\\x06\\x16fair.last``: finish tags of keys that emptied recently (a
   key that comes back at once resumes at its finish tag, not at the queue's
   virtual time); entries behind the virtual time are dropped at each fetch.
@@ -59,8 +67,14 @@ LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, AT_LIMIT, SLEEP, BUCKET = 
     "fair.sleep", "fair.b.",
 )  # fmt: skip
 HELD_SINCE, HELD, HELD_OWED = "fair.hsince", "fair.held", "fair.howed"
-#: Sorted set: key -> messages waiting in its list (the exporter's top keys).
+#: Sorted set: key -> messages waiting in its lists (the exporter's top keys).
 SIZES = "fair.sizes"
+#: Set: the suffixes of the priority levels keyed messages were published to
+#: (Kombu's list suffixes, ``\x06\x163`` ...; the first level, ``""``, is not listed).
+LEVELS = "fair.levels"
+#: Hash, with ``fair_priority="weighted"``: level suffix -> its start tag, and
+#: ``*`` -> the levels' virtual time.
+LEVEL_TAGS = "fair.lt"
 #: Fields of ``fair.state``: messages in the per-key lists, and the mark of a
 #: queue moved back to plain lists (``celery-fair keys unkey``).
 BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
@@ -141,6 +155,15 @@ class KeyedNames:
     def held_owed(self) -> str:
         """Hash: key -> seconds set aside that its next served task reports."""
         return self._name(HELD_OWED)
+
+    @property
+    def levels(self) -> str:
+        """Set: the suffixes of the priority levels in use (the first, ``""``, unlisted)."""
+        return self._name(LEVELS)
+
+    def level(self, suffix: str) -> KeyedNames:
+        """The names of priority level ``suffix`` (``""``: the first level, these names)."""
+        return self if not suffix else KeyedNames(self.base + suffix, self.sep)
 
     @property
     def sizes(self) -> str:

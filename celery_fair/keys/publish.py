@@ -7,11 +7,12 @@ gets its key in the :data:`KEY_HEADER` header and the queue's name in
 class once per process (through :mod:`celery_fair.compat`, probed):
 
 * ``_put``: a message whose :data:`KEYED_HEADER` names the queue it is put
-  to, with a key, goes to that key's list (the ``ENQUEUE`` script); any other
+  to, with a key, goes to that key's list in the level of its priority (the
+  ``ENQUEUE`` script); any other
   goes to the queue's own list, as Kombu puts it (served as the unkeyed key);
 * ``_do_restore_message``: a restored message (visibility timeout, a
   worker's ``restore_unacked``, ``reject(requeue=True)``) goes back to its
-  key, and frees its key's slot (per-key limits);
+  key in its level, and frees its key's slot (per-key limits);
 * ``_size``, ``_purge`` and ``_has_queue``: count, delete and see the
   per-key lists too, so ``celery purge`` and ``queue_declare(passive=True)``
   tell the truth.
@@ -237,6 +238,15 @@ def names_for(channel: Any, queue: str) -> KeyedNames:
     return KeyedNames(compat.key_prefix(channel) + queue, compat.key_separator(channel))
 
 
+def level_of(channel: Any, payload: Any) -> str:
+    """The priority level of a Kombu payload: the suffix of Kombu's list for its priority.
+
+    As Kombu's Redis transport, priority 0 (and a message without one) is the
+    first level, served first; ``""`` names it.
+    """
+    return compat.queue_key(channel, "", compat.message_priority(channel, payload))
+
+
 # -- the wrapped Kombu Redis channel methods ------------------------------------
 
 
@@ -245,12 +255,14 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
     if key is None:
         return original(channel, queue, message, **kwargs)
     names = names_for(channel, queue)
+    level = level_of(channel, message)
     batch = kwargs.pop("_publish_batch", None)  # Kombu >= 5.7 batch publishing
     if batch is not None:
-        batch.add("eval", store.ENQUEUE.text, 0, *store.enqueue_args(names, key, dumps(message)))
+        args = store.enqueue_args(names, key, dumps(message), level=level)
+        batch.add("eval", store.ENQUEUE.text, 0, *args)
         return None
     with compat.redis_client(channel) as client:
-        store.enqueue(client, names, key, dumps(message))
+        store.enqueue(client, names, key, dumps(message), level=level)
     return None
 
 
@@ -282,7 +294,8 @@ def _fair_restore(
     for queue in queues:
         if queue in keyed:
             names = names_for(channel, queue)
-            store.enqueue(pipe, names, keyed[queue], text, front=not leftmost)
+            level = level_of(channel, payload)
+            store.enqueue(pipe, names, keyed[queue], text, front=not leftmost, level=level)
             if isinstance(tag, str):
                 # Back in line: the key's slot it held (per-key limits) is free.
                 store.release(pipe, names.sep, [(names.base, tag)])

@@ -50,6 +50,8 @@ NAMES: dict[str, str | int] = {
     "HELD_OWED": layout.HELD_OWED,
     "HELD_TOP": layout.HELD_TOP,
     "SIZES": layout.SIZES,
+    "LEVELS": layout.LEVELS,
+    "LEVEL_TAGS": layout.LEVEL_TAGS,
     "BACKLOG": layout.BACKLOG,
     "UNKEYED": layout.UNKEYED,
     "UNKEYED_MARK": layout.UNKEYED_MARK,
@@ -117,6 +119,6 @@ class Script:
 ENQUEUE = Script("enqueue", source("prelude.lua", "enqueue.lua"))
 CHARGE = Script("charge", source("prelude.lua", "charge.lua"))
 RELEASE = Script("release", source("prelude.lua", "release.lua"))
-PURGE = Script("purge", source("purge.lua"))
-UNKEY = Script("unkey", source("unkey.lua"))
+PURGE = Script("purge", source("prelude.lua", "purge.lua"))
+UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
 FETCH = Script("fetch", source("prelude.lua", "keyed_pop.lua", "fetch.lua"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,14 @@ from ..wire import SERVED_HEADER
 from .layout import UNKEYED
 from .limits import KeyLimits
 
-__all__ = ("KeyStatistics", "KeyedServing", "served_header", "served_weight_held")
+__all__ = (
+    "KeyStatistics",
+    "KeyedServing",
+    "level_rank",
+    "served_header",
+    "served_level",
+    "served_weight_held",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +94,13 @@ class KeyedServing:
         estimate: Callable[[str], float] = lambda queue: 1.0,
         limits: KeyLimits | None = None,
         slots: int = 1,
+        priority_weights: Mapping[int, float] | None = None,
     ) -> None:
         self.queues = frozenset(queues)
+        #: None: a keyed queue's priority levels are served strictly in order;
+        #: else they share the fetches by weight (``fair_priority="weighted"``,
+        #: see :meth:`level_weights`).
+        self.priority_weights = None if priority_weights is None else dict(priority_weights)
         self.limits = limits if limits is not None else KeyLimits()
         #: Sends ``(queue, delivery tag)`` releases to the broker (set when a channel is
         #: attached); with ``wake`` true it also ends this worker's idle fetch, in the
@@ -107,10 +119,37 @@ class KeyedServing:
         self.runtime = runtime
         self.estimate = estimate
         self._lock = threading.Lock()
-        self._charges: list[tuple[str, str, float]] = []
+        self._charges: list[tuple[str, str, str, float]] = []
         self._served: dict[str, int] = {}
         self._unkeyed: dict[str, int] = {}
         self._counts: dict[tuple[str, str], int] = {}
+
+    def level_weights(self, steps: Sequence[int]) -> list[float] | None:
+        """Each priority level's weight, in level order, or None (strict priority).
+
+        ``steps`` are the transport's priority steps (Kombu's ``priority_steps``:
+        a message's priority falls in the level of the largest step not above
+        it).  A level takes the weight given for its step, else for the first
+        priority given that falls in it, else 1; with no weights given, each
+        level weighs half the one before it (8:4:2:1 for four levels).
+        """
+        given = self.priority_weights
+        if given is None:
+            return None
+        ordered = sorted(steps)
+        if not given:
+            return [float(2 ** (len(ordered) - 1 - i)) for i in range(len(ordered))]
+        weights = []
+        for i, step in enumerate(ordered):
+            upper = ordered[i + 1] if i + 1 < len(ordered) else None
+            inside = [p for p in sorted(given) if p >= step and (upper is None or p < upper)]
+            if step in given:
+                weights.append(float(given[step]))
+            elif inside:
+                weights.append(float(given[inside[0]]))
+            else:
+                weights.append(1.0)
+        return weights
 
     def charge_at_fetch(self, queue: str) -> float:
         """What a message of keyed ``queue`` is charged when fetched."""
@@ -252,13 +291,14 @@ class KeyedServing:
             key, charged = str(served[0]), float(served[1])
         except (TypeError, ValueError, IndexError, KeyError):
             return
+        level = served_level(served)
         with self._lock:
             if len(self._charges) >= MAX_PENDING_CHARGES:
                 del self._charges[0]
-            self._charges.append((queue, key, max(0.0, runtime) - charged))
+            self._charges.append((queue, level, key, max(0.0, runtime) - charged))
 
-    def take_charges(self) -> list[tuple[str, str, float]]:
-        """The corrections not yet sent (and forget them)."""
+    def take_charges(self) -> list[tuple[str, str, str, float]]:
+        """The corrections not yet sent, ``(queue, level suffix, key, delta)`` (and forget them)."""
         with self._lock:
             charges, self._charges = self._charges, []
         return charges
@@ -299,6 +339,22 @@ def served_weight_held(served: Any) -> tuple[float | None, float | None]:
         float(weight) if isinstance(weight, (int, float)) else None,
         float(held) if isinstance(held, (int, float)) else None,
     )
+
+
+def served_level(served: Any) -> str:
+    """A :data:`SERVED_HEADER` value's priority level suffix (``""``: the first level).
+
+    Workers before priority levels stamped four fields: their tasks came from the first.
+    """
+    if isinstance(served, (list, tuple)) and len(served) >= 5 and isinstance(served[4], str):
+        return served[4]
+    return ""
+
+
+def level_rank(level: str) -> int:
+    """A level suffix's rank: its priority step (``"\x06\x169"`` -> 9), 0 for the first."""
+    digits = len(level) - len(level.rstrip("0123456789"))
+    return int(level[-digits:]) if digits else 0
 
 
 def _halve(counts: dict[tuple[str, str], int]) -> None:

@@ -43,32 +43,37 @@ ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY = (
 UNKEY_BATCH = 1000
 
 
-def enqueue(client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False) -> Any:
+def enqueue(
+    client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False, level: str = ""
+) -> Any:
     """Put ``payload`` in ``key``'s list (``front``: first in line, for a restore).
+
+    ``level`` is the suffix of the message's priority level (Kombu's list
+    suffix for its priority; ``""`` the first level).
 
     On a pipeline (a Kombu restore runs in a ``MULTI``) the script is sent
     with ``EVAL``: a missing script cannot be loaded from inside a transaction.
     """
-    args = enqueue_args(names, key, payload, front=front)
+    args = enqueue_args(names, key, payload, front=front, level=level)
     if _is_pipeline(client):
         return ENQUEUE.add_to(client, *args)
     return ENQUEUE(client, *args)
 
 
 def enqueue_args(
-    names: KeyedNames, key: str, payload: str, *, front: bool = False
+    names: KeyedNames, key: str, payload: str, *, front: bool = False, level: str = ""
 ) -> tuple[Any, ...]:
     """The ``ENQUEUE`` script's arguments (for a pipeline or a Kombu publish batch)."""
-    return (names.base, names.sep, 1, key, payload, "1" if front else "0")
+    return (names.base, names.sep, 1, key, payload, "1" if front else "0", level)
 
 
 def charge(
-    client: Any, sep: str, default_weight: float, charges: list[tuple[str, str, float]]
+    client: Any, sep: str, default_weight: float, charges: list[tuple[str, str, str, float]]
 ) -> Any:
-    """Post-charge run times: ``(base, key, delta seconds)`` triples."""
+    """Post-charge run times: ``(base, level suffix, key, delta seconds)``."""
     flat: list[Any] = [sep, repr(default_weight)]
-    for base, key, delta in charges:
-        flat.extend((base, key, repr(delta)))
+    for base, level, key, delta in charges:
+        flat.extend((base, level, key, repr(delta)))
     return CHARGE(client, *flat)
 
 

@@ -126,6 +126,7 @@ class AtomicFetch:
             if s
         ]
         self._default_key_weight = "1.0"
+        self._level_words: list[str] = []  # (suffix, weight) pairs: weighted levels
         self.serve_keyed(keyed)
         self._due: float | None = None  # seconds until a limited key may go on
         self._names: dict[str, KeyedNames] = {}  # keyed queue -> its Redis names
@@ -135,6 +136,11 @@ class AtomicFetch:
         """Serve ``keyed``'s queues in fair key order from the next fetch on."""
         self.keyed = keyed
         self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+        steps = sorted(compat.priority_steps(self.channel))
+        weights = keyed.level_weights(steps) if keyed is not None else None
+        self._level_words = []
+        for step, weight in zip(steps, weights or (), strict=False):
+            self._level_words += [compat.queue_key(self.channel, "", step), repr(weight)]
 
     def listen(self) -> bool:
         """Start the invalidation listener; False if it could not subscribe."""
@@ -188,7 +194,9 @@ class AtomicFetch:
                 "EVALSHA", self._sha, 2 * len(keys) + 2 + len(watched),
                 *keys, *malformed, *self._unacked, *watched,
                 len(keys), repr(time()), self._sep, self._default_key_weight,
-                len(self._suffixes), *self._suffixes, len(charges) // 3, *charges, *words,
+                len(self._suffixes), *self._suffixes,
+                len(self._level_words) // 2, *self._level_words,
+                len(charges) // 4, *charges, *words,
             )  # fmt: skip
         else:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
@@ -293,7 +301,8 @@ class AtomicFetch:
                     words.append(word)
                     names = self._keyed_names(queue)
                     watched.append(names.active)
-                    watched.extend(names.base + suffix for suffix in self._suffixes)
+                    for suffix in self._suffixes:  # the other priority levels
+                        watched += [names.base + suffix, names.level(suffix).active]
         return keys, words, watched
 
     def _keyed_names(self, queue: str) -> KeyedNames:
@@ -303,13 +312,13 @@ class AtomicFetch:
         return found
 
     def _charges(self) -> list[Any]:
-        """Run-time corrections to send with this fetch, flat (base, key, delta)."""
+        """Run-time corrections to send with this fetch, flat (base, level, key, delta)."""
         keyed = self.keyed
         if keyed is None or not keyed.runtime:
             return []
         flat: list[Any] = []
-        for queue, key, delta in keyed.take_charges():
-            flat.extend((self._prefix + queue, key, repr(delta)))
+        for queue, level, key, delta in keyed.take_charges():
+            flat.extend((self._prefix + queue, level, key, repr(delta)))
         return flat
 
     def _deliver(self, reply: Any) -> bool:
@@ -323,14 +332,15 @@ class AtomicFetch:
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(text(reply[1]))
-        if len(reply) == 6 and self.keyed is not None:
+        if len(reply) == 7 and self.keyed is not None:
             fair_key = text(reply[3])
             self.keyed.served(queue, fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                # The script returns a keyed reply whole: key, weight, seconds held.
-                weight, held = float(reply[4]), float(reply[5])
-                headers[SERVED_HEADER] = [fair_key, self._charged.get(queue, 1.0), weight, held]
+                # The script returns a keyed reply whole: key, weight, seconds held, level.
+                weight, held, level = float(reply[4]), float(reply[5]), text(reply[6])
+                charged = self._charged.get(queue, 1.0)
+                headers[SERVED_HEADER] = [fair_key, charged, weight, held, level]
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import compat
-from ..keys.publish import message_key, names_for
+from ..keys.publish import level_of, message_key, names_for
 from ..keys.store import enqueue
 from ..wire import REQUEUE_HEADER
 
@@ -93,7 +93,9 @@ def put_payload(channel: Any, queue: str, payload: dict[str, Any], *, front: boo
     key = message_key(payload, queue)
     with compat.redis_client(channel) as client:
         if key is not None:
-            enqueue(client, names_for(channel, queue), key, json.dumps(payload), front=front)
+            level = level_of(channel, payload)  # back to its own priority level
+            names = names_for(channel, queue)
+            enqueue(client, names, key, json.dumps(payload), front=front, level=level)
         else:
             priority = compat.message_priority(channel, payload)
             push = client.rpush if front else client.lpush

@@ -7,8 +7,10 @@
 --       active-key set and other priority lists: Redis 7.0 tracks the keys an EVAL
 --       declares, not the ones its script names at run time).
 -- ARGV: n, now (epoch seconds), sep, default key weight,
---       ns and ns suffixes (a keyed queue's other priority lists),
---       nc and nc (base, key, delta seconds) run-time charges (charge.lua's),
+--       ns and ns suffixes (a keyed queue's other priority lists: its levels),
+--       nl and nl (level suffix, weight) pairs: none for strict priority between
+--       a keyed queue's levels, else the levels' weights (keyed_pop.lua),
+--       nc and nc (base, level suffix, key, delta seconds) run-time charges,
 --       then one word per queue key:
 --         "-"                    a plain list;
 --         "<charge>"             a keyed queue: its charge at fetch;
@@ -16,7 +18,8 @@
 --                                hold their key's slot for at most <lease s>
 --       (the words are built by celery_fair.keys.serving.KeyedServing.fetch_word).
 -- Returns {key, item} for a message, {key, item, "key", fair key, key weight,
--- seconds held} for one of a keyed queue (celery_fair.wire.SERVED_HEADER),
+-- seconds held, level suffix} for one of a keyed queue
+-- (celery_fair.wire.SERVED_HEADER),
 -- {key, item, "malformed"} for a payload moved aside, or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
 -- nil or the milliseconds until a key held back by its limits may go on.
@@ -25,15 +28,23 @@ local n = tonumber(ARGV[1])
 local ns = tonumber(ARGV[5])
 local suffixes = {}
 for j = 1, ns do suffixes[j] = ARGV[5 + j] end
-local a = 6 + ns
+local l = 6 + ns
+local nl = tonumber(ARGV[l])
+local lweights = nil
+if nl > 0 then
+  lweights = {}
+  for j = 0, nl - 1 do lweights[ARGV[l + 2 * j + 1]] = ARGV[l + 2 * j + 2] end
+end
+local a = l + 2 * nl + 1
 local nc = tonumber(ARGV[a])
 for j = 0, nc - 1 do
-  charge(ARGV[a + 3 * j + 1], ARGV[a + 3 * j + 2], tonumber(ARGV[a + 3 * j + 3]))
+  charge(ARGV[a + 4 * j + 1], ARGV[a + 4 * j + 2], ARGV[a + 4 * j + 3],
+         tonumber(ARGV[a + 4 * j + 4]))
 end
-local flags = a + 3 * nc
+local flags = a + 4 * nc
 local now = nil
 for i = 1, n do
-  local item, fkey, fweight, fheld, ttl = nil, nil, nil, nil, nil
+  local item, fkey, fweight, fheld, flevel, ttl = nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
   elseif string.sub(word, 1, 1) == 'L' then
@@ -41,9 +52,12 @@ for i = 1, n do
     local sep = string.find(word, ':', 2, true)
     ttl = tonumber(string.sub(word, sep + 1))
     now = now or server_now()
-    item, fkey, fweight, fheld = keyed_pop(
-      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now)
-  else item, fkey, fweight, fheld = keyed_pop(KEYS[i], suffixes, tonumber(word), false, 0) end
+    item, fkey, fweight, fheld, flevel = keyed_pop(
+      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now, lweights)
+  else
+    item, fkey, fweight, fheld, flevel = keyed_pop(
+      KEYS[i], suffixes, tonumber(word), false, 0, lweights)
+  end
   if item then
     local ok, msg = pcall(cjson.decode, item)
     local tag, ex, rk = nil, '', ''
@@ -70,7 +84,7 @@ for i = 1, n do
       -- The task holds a slot of its key until it finishes (or the lease expires).
       lease(KEYS[i], fkey, tag, now, ttl)
     end
-    if fkey then return {KEYS[i], item, 'key', fkey, fweight, fheld or '0'} end
+    if fkey then return {KEYS[i], item, 'key', fkey, fweight, fheld or '0', flevel} end
     return {KEYS[i], item}
   end
 end

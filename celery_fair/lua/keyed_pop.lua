@@ -1,31 +1,22 @@
 -- The keyed branch of the fetch (fetch.lua): keyed_pop(base, suffixes, est,
--- limited, now) serves a keyed queue's next key in fair order and returns
--- item, key, weight, held (or nil when nothing may be served now).
+-- limited, now, lweights) serves a keyed queue's next message and returns item,
+-- key, weight, held, level (or nil when nothing may be served now).
 --   base      the queue's Redis name (its own list; the per-key names derive from it)
---   suffixes  the queue's other Kombu priority lists (its unkeyed messages)
+--   suffixes  the suffixes of Kombu's other priority lists (its other levels)
 --   est       the charge at fetch (1 task, or the estimated run time)
 --   limited   the queue has per-key limits; now: the broker's clock (seconds)
+--   lweights  nil: the first level with a message that may be served now wins
+--             (strict priority); else level suffix -> weight: the levels with
+--             messages share the fetches by weight (start-time fair queuing
+--             over levels, their tags in N.LEVEL_TAGS, '*' their virtual time)
 --   weight    the key's weight, as text (a Lua number returned to Redis loses its fraction)
 --   held      seconds the key was set aside by its limits since its previous
 --             task was served, as text, or nil
--- Choosing a key is one ZRANGE 0 0 and one ZADD on the sorted set of the keys
--- with messages waiting: O(log active keys).  Also next_event (when a key set
--- aside may go on by itself) and lease (a fetched task holds its key's slot).
-local function plain_pop(base, suffixes)
-  local item = redis.call('RPOP', base)
-  if item then return item end
-  for _, s in ipairs(suffixes) do
-    item = redis.call('RPOP', base .. s)
-    if item then return item end
-  end
-  return nil
-end
-
-local function plain_len(base, suffixes)
-  local n = redis.call('LLEN', base)
-  for _, s in ipairs(suffixes) do n = n + redis.call('LLEN', base .. s) end
-  return n
-end
+--   level     the suffix of the level served ('' for the first)
+-- Within a level, choosing a key is one ZRANGE 0 0 and one ZADD on the level's
+-- sorted set of keys with messages waiting: O(levels + log active keys).  Also
+-- next_event (when a key set aside may go on by itself) and lease (a fetched
+-- task holds its key's slot).
 
 -- A key set aside keeps its place: it resumes at this tag (or the virtual time).
 local function keep_tag(last, key, tag)
@@ -33,32 +24,18 @@ local function keep_tag(last, key, tag)
   if not kept or kept < tag then redis.call('ZADD', last, tag, key) end
 end
 
-local function keyed_pop(base, suffixes, est, limited, now)
-  local active = kname(base, N.ACTIVE)
-  local state = kname(base, N.STATE)
-  local last = kname(base, N.LAST)
-  if limited then
-    -- Leases past their expiry (a worker that died) free their slots; keys
-    -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, N.LEASES),
-                                   '-inf', now, 'LIMIT', 0, 32)) do
-      release(base, id, now)
-    end
-    local sleep = kname(base, N.SLEEP)
-    for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
-      redis.call('ZREM', sleep, key)
-      redis.call('ZADD', active, start_tag(base, key), key)
-      resume(base, key, now)
-    end
-  end
+-- Serve level ``lb`` (a queue's level base): nil when none of its keys may go now.
+local function pop_level(base, lb, est, limited, now)
+  local active = kname(lb, N.ACTIVE)
+  local last = kname(lb, N.LAST)
   -- Messages of producers without celery-fair: one more key, the empty one.
-  local plain = plain_len(base, suffixes)
+  local plain = redis.call('LLEN', lb)
   if plain > 0 and not redis.call('ZSCORE', active, N.UNKEYED)
      and not (limited and (redis.call('SISMEMBER', kname(base, N.AT_LIMIT),
                                       N.UNKEYED) == 1
                            or redis.call('ZSCORE', kname(base, N.SLEEP),
                                          N.UNKEYED))) then
-    redis.call('ZADD', active, start_tag(base, N.UNKEYED), N.UNKEYED)
+    redis.call('ZADD', active, start_tag(lb, N.UNKEYED), N.UNKEYED)
   end
   while true do
     local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
@@ -97,23 +74,25 @@ local function keyed_pop(base, suffixes, est, limited, now)
     if not held then
       local item, left = nil, 0
       if key == N.UNKEYED then
-        item = plain_pop(base, suffixes)
+        item = redis.call('RPOP', lb)
         left = plain - 1
       else
-        local list = kname(base, N.KEY_LIST) .. key
+        local list = kname(lb, N.KEY_LIST) .. key
         item = redis.call('RPOP', list)
         if item then
-          redis.call('HINCRBY', state, N.BACKLOG, -1)
+          redis.call('HINCRBY', kname(base, N.STATE), N.BACKLOG, -1)
           left = redis.call('LLEN', list)
-          if left > 0 then redis.call('ZADD', kname(base, N.SIZES), left, key)
-          else redis.call('ZREM', kname(base, N.SIZES), key) end
+          local sizes = kname(base, N.SIZES)
+          if tonumber(redis.call('ZINCRBY', sizes, -1, key)) <= 0 then
+            redis.call('ZREM', sizes, key)
+          end
         end
       end
       if item then
         -- The seconds the key was set aside, owed to this task's telemetry.
         local owed = nil
         if limited then owed = redis.call('HGET', kname(base, N.HELD_OWED), key) end
-        if tag > vtime(base) then redis.call('HSET', state, 'vt', tag) end
+        if tag > vtime(lb) then redis.call('HSET', kname(lb, N.STATE), 'vt', tag) end
         local w = weight(base, key)
         local finish = tag + est / w
         redis.call('ZREMRANGEBYSCORE', last, '-inf', '(' .. tag)
@@ -136,6 +115,56 @@ local function keyed_pop(base, suffixes, est, limited, now)
       if limited then redis.call('HDEL', kname(base, N.HELD_OWED), key) end
     end
   end
+end
+
+local function keyed_pop(base, suffixes, est, limited, now, lweights)
+  if limited then
+    -- Leases past their expiry (a worker that died) free their slots; keys
+    -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, N.LEASES),
+                                   '-inf', now, 'LIMIT', 0, 32)) do
+      release(base, id, now)
+    end
+    local sleep = kname(base, N.SLEEP)
+    for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
+      redis.call('ZREM', sleep, key)
+      rejoin(base, key)
+      resume(base, key, now)
+    end
+  end
+  local levels = level_suffixes(base, suffixes)
+  if not lweights then
+    for _, s in ipairs(levels) do
+      local item, key, w, owed = pop_level(base, base .. s, est, limited, now)
+      if item then return item, key, w, owed, s end
+    end
+    return nil
+  end
+  -- Weighted levels: the levels with messages, by start tag (a level that had
+  -- none joins at the levels' virtual time), then in level order.
+  local tags_name = kname(base, N.LEVEL_TAGS)
+  local tags = redis.call('HMGET', tags_name, '*', unpack(levels))
+  local lvt = tonumber(tags[1]) or 0
+  local order = {}
+  for i, s in ipairs(levels) do
+    local lb = base .. s
+    if redis.call('ZCARD', kname(lb, N.ACTIVE)) > 0 or redis.call('LLEN', lb) > 0 then
+      order[#order + 1] = {math.max(tonumber(tags[i + 1]) or 0, lvt), i, s}
+    end
+  end
+  table.sort(order, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  for _, o in ipairs(order) do
+    local item, key, w, owed = pop_level(base, base .. o[3], est, limited, now)
+    if item then
+      local lw = tonumber(lweights[o[3]]) or 1
+      redis.call('HSET', tags_name, '*', o[1], o[3], o[1] + est / lw)
+      return item, key, w, owed, o[3]
+    end
+  end
+  return nil
 end
 
 -- A limited queue with nothing to serve now: seconds until a key set aside

@@ -12,7 +12,37 @@
 -- charge / weight.  A key that starts waiting joins at max(virtual time, its
 -- last finish tag), so it neither banks credit while idle nor skips ahead by
 -- emptying and refilling.
+--
+-- Priority levels: a message published with a Celery priority waits in the
+-- level of Kombu's list for that priority (the queue's own name for the first
+-- level, then <queue><SEP><step>, as Kombu's _q_for_pri).  A level is named by
+-- that suffix ('' for the first) and has its own key lists, line of keys
+-- (N.ACTIVE), finish tags (N.LAST) and virtual time; weights, limits, leases
+-- and the keys set aside are the queue's, shared by its levels.
 local function kname(base, suffix) return base .. SEP .. suffix end
+
+-- A level's order: '' first, then by Kombu's priority step (0 is served first on Redis).
+local function level_rank(suffix)
+  if suffix == '' then return -1 end
+  return tonumber(string.sub(suffix, #SEP + 1)) or 1000
+end
+
+local function by_rank(a, b) return level_rank(a) < level_rank(b) end
+
+-- The levels of a queue in order: the first, ``extra`` (the priority lists the
+-- caller knows of) and the levels that keyed messages were published to.
+local function level_suffixes(base, extra)
+  local out, seen = {''}, {[''] = true}
+  for _, s in ipairs(extra or {}) do
+    if not seen[s] then seen[s] = true; out[#out + 1] = s end
+  end
+  local sorted = true
+  for _, s in ipairs(redis.call('SMEMBERS', kname(base, N.LEVELS))) do
+    if not seen[s] then seen[s] = true; out[#out + 1] = s; sorted = false end
+  end
+  if not sorted or extra then table.sort(out, by_rank) end
+  return out
+end
 
 local function weight(base, key)
   local w = redis.call('HGET', kname(base, N.WEIGHTS_LIVE), key)
@@ -74,10 +104,22 @@ local function resume(base, key, now)
   end
 end
 
+-- A key set aside goes back in line in each level where it has messages
+-- (NX: a publish may have put it back in a level already).
+local function rejoin(base, key)
+  for _, s in ipairs(level_suffixes(base)) do
+    local lb = base .. s
+    local n
+    if key == N.UNKEYED then n = redis.call('LLEN', lb)
+    else n = redis.call('LLEN', kname(lb, N.KEY_LIST) .. key) end
+    if n > 0 then redis.call('ZADD', kname(lb, N.ACTIVE), 'NX', start_tag(lb, key), key) end
+  end
+end
+
 -- A key set aside at its concurrency limit goes back in line.
 local function unpark(base, key, now)
   if redis.call('SREM', kname(base, N.AT_LIMIT), key) == 1 then
-    redis.call('ZADD', kname(base, N.ACTIVE), start_tag(base, key), key)
+    rejoin(base, key)
     resume(base, key, now)
   end
 end
@@ -99,18 +141,20 @@ local function release(base, id, now)
 end
 
 -- Run-time cost: the difference between the measured run time and the
--- charge made at fetch, divided by the key's weight (DRR++ post-charge).
-local function charge(base, key, delta)
+-- charge made at fetch, divided by the key's weight (DRR++ post-charge), on
+-- the key's tag in the level (suffix ``level``) its task was fetched from.
+local function charge(base, level, key, delta)
   local d = delta / weight(base, key)
-  local active = kname(base, N.ACTIVE)
+  local lb = base .. level
+  local active = kname(lb, N.ACTIVE)
   if redis.call('ZSCORE', active, key) then
     redis.call('ZINCRBY', active, d, key)
     return
   end
-  local last = kname(base, N.LAST)
+  local last = kname(lb, N.LAST)
   if redis.call('ZSCORE', last, key) then
     redis.call('ZINCRBY', last, d, key)
   elseif d > 0 then
-    redis.call('ZADD', last, vtime(base) + d, key)
+    redis.call('ZADD', last, vtime(lb) + d, key)
   end
 end

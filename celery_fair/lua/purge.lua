@@ -1,27 +1,37 @@
 -- PURGE: delete the waiting messages of up to `limit` keys of a keyed queue.
 -- ARGV: base (the queue's Redis name), sep, limit.
 -- Returns {messages deleted, keys visited}: call until keys visited < limit.
--- The keys waiting in line come first, then the ones set aside by their limits
--- (at their concurrency limit, or out of tokens): their lists hold messages too.
+-- The keys waiting in line in each priority level come first, then the ones
+-- set aside by their limits (at their concurrency limit, or out of tokens):
+-- their lists hold messages too.  A key's lists in every level go at once.
 -- The queue's own (unkeyed) lists are Kombu's to purge.
 local base, limit = ARGV[1], tonumber(ARGV[3])
 SEP = ARGV[2]
 local function name(suffix) return base .. SEP .. suffix end
+local levels = level_suffixes(base)
 local n, visited = 0, 0
 local function drop(key)
   if key ~= N.UNKEYED then
-    local list = name(N.KEY_LIST) .. key
-    n = n + redis.call('LLEN', list)
-    redis.call('DEL', list)
+    for _, s in ipairs(levels) do
+      local list = kname(base .. s, N.KEY_LIST) .. key
+      n = n + redis.call('LLEN', list)
+      redis.call('DEL', list)
+      redis.call('ZREM', kname(base .. s, N.ACTIVE), key)
+    end
     redis.call('ZREM', name(N.SIZES), key)
   end
   redis.call('HDEL', name(N.HELD_SINCE), key)
   redis.call('HDEL', name(N.HELD_OWED), key)
   visited = visited + 1
 end
-for _, key in ipairs(redis.call('ZRANGE', name(N.ACTIVE), 0, limit - 1)) do
-  drop(key)
-  redis.call('ZREM', name(N.ACTIVE), key)
+for _, s in ipairs(levels) do
+  if visited < limit then
+    local active = kname(base .. s, N.ACTIVE)
+    for _, key in ipairs(redis.call('ZRANGE', active, 0, limit - visited - 1)) do
+      drop(key)
+      redis.call('ZREM', active, key)
+    end
+  end
 end
 if visited < limit then
   for _, key in ipairs(redis.call('SPOP', name(N.AT_LIMIT), limit - visited)) do

@@ -3,9 +3,9 @@
 -- ARGV: base (the queue's Redis name), sep, limit, the list suffix of a message
 --       without a priority, then the suffixes of priorities 0 to 9 (Kombu's
 --       _q_for_pri: a plain consumer finds each message where Kombu would put it).
--- Takes one message of each key in turn, in the keys' fair order (the keys set
--- aside by their limits too, after those in line), so that plain workers serve
--- the keys interleaved; each goes to the back of its list (LPUSH, as Kombu
+-- Takes one message of each key in turn, level by level, in the keys' fair
+-- order (the keys set aside by their limits too, after those in line), so that
+-- plain workers serve the keys interleaved; each goes to the back of its list (LPUSH, as Kombu
 -- publishes).  Marks the queue unkeyed (N.UNKEYED_MARK in its state hash): a
 -- keyed publish or restore after this goes to the queue's own list as well.
 -- Returns {messages moved, messages left in the per-key lists}: call until
@@ -24,44 +24,63 @@ local function target(item)
   end
   return base .. unprioritized
 end
-local keys, seen = {}, {}
-local function add(list, where)
+-- Entries are (level, key): a key has one list per priority level it has messages in.
+local levels = level_suffixes(base)
+local entries, seen, keyset = {}, {}, {}
+local function add(lb, list, where)
   for _, key in ipairs(list) do
-    if key ~= N.UNKEYED and not seen[key] and #keys < limit then
-      seen[key] = where
-      keys[#keys + 1] = key
+    local id = lb .. SEP .. key
+    if key ~= N.UNKEYED and not seen[id] and #entries < limit then
+      seen[id] = true
+      keyset[key] = true
+      entries[#entries + 1] = {lb, key, where}
     end
   end
 end
-add(redis.call('ZRANGE', name(N.ACTIVE), 0, limit - 1), 'line')
-add(redis.call('SRANDMEMBER', name(N.AT_LIMIT), limit), 'aside')
-add(redis.call('ZRANGE', name(N.SLEEP), 0, limit - 1), 'aside')
+for _, s in ipairs(levels) do
+  add(base .. s, redis.call('ZRANGE', kname(base .. s, N.ACTIVE), 0, limit - 1), 'line')
+end
+local aside = redis.call('SRANDMEMBER', name(N.AT_LIMIT), limit)
+for _, key in ipairs(redis.call('ZRANGE', name(N.SLEEP), 0, limit - 1)) do
+  aside[#aside + 1] = key
+end
+for _, s in ipairs(levels) do add(base .. s, aside, 'aside') end
 redis.call('HSET', name(N.STATE), N.UNKEYED_MARK, 1)
-local moved, live = 0, #keys
+local moved, live = 0, #entries
 while moved < limit and live > 0 do
   live = 0
-  for i, key in ipairs(keys) do
-    if key and moved < limit then
-      local item = redis.call('RPOP', name(N.KEY_LIST) .. key)
+  for i, e in ipairs(entries) do
+    if e and moved < limit then
+      local lb, key = e[1], e[2]
+      local item = redis.call('RPOP', kname(lb, N.KEY_LIST) .. key)
       if item then
         redis.call('LPUSH', target(item), item)
         redis.call('ZINCRBY', name(N.SIZES), -1, key)
-        if seen[key] == 'line' then
+        if e[3] == 'line' then
           -- Further back in line: the next batch starts with another key.
-          redis.call('ZINCRBY', name(N.ACTIVE), 1, key)
+          redis.call('ZINCRBY', kname(lb, N.ACTIVE), 1, key)
         end
         moved = moved + 1
         live = live + 1
       else
-        keys[i] = false
+        entries[i] = false
       end
     end
   end
 end
--- Keys with nothing left leave every place a key waits in.
-for key in pairs(seen) do
-  if redis.call('EXISTS', name(N.KEY_LIST) .. key) == 0 then
-    redis.call('ZREM', name(N.ACTIVE), key)
+-- A level's list emptied: the key leaves that level's line; a key with nothing
+-- left in any level leaves every place a key waits in.
+for key in pairs(keyset) do
+  local any = false
+  for _, s in ipairs(levels) do
+    local lb = base .. s
+    if redis.call('EXISTS', kname(lb, N.KEY_LIST) .. key) == 0 then
+      redis.call('ZREM', kname(lb, N.ACTIVE), key)
+    else
+      any = true
+    end
+  end
+  if not any then
     redis.call('ZREM', name(N.SIZES), key)
     redis.call('SREM', name(N.AT_LIMIT), key)
     redis.call('ZREM', name(N.SLEEP), key)

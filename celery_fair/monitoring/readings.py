@@ -114,6 +114,12 @@ def _age(now: float, stamp: float | None) -> float | None:
     return None if stamp is None else max(0.0, now - stamp)
 
 
+def _earliest(stamps: Sequence[float | None]) -> float | None:
+    """The earliest of these publish stamps (a key's oldest message over its levels)."""
+    known = [t for t in stamps if t is not None]
+    return min(known) if known else None
+
+
 def _oldest(ages: Sequence[float | None]) -> float | None:
     known = [a for a in ages if a is not None]
     return max(known) if known else None
@@ -130,6 +136,8 @@ def read_redis(
     """Read every queue of ``queues`` from the Redis of a Kombu channel."""
     prefix, sep = compat.key_prefix(channel), compat.key_separator(channel)
     steps = list(compat.priority_steps(channel))
+    # A keyed queue's priority levels, named by Kombu's list suffix of each step.
+    levels = [compat.queue_key(channel, "", pri) for pri in steps]
     with compat.redis_client(channel) as client:
         pipe = client.pipeline(transaction=False)
         for queue in queues:
@@ -137,7 +145,9 @@ def read_redis(
                 plain = prefix + compat.queue_key(channel, queue, pri)
                 pipe.llen(plain).lindex(plain, -1)  # the oldest: LPUSH, then RPOP
             names = KeyedNames(prefix + queue, sep)
-            pipe.hget(names.state, BACKLOG).zcard(names.active)
+            pipe.hget(names.state, BACKLOG)
+            for level in levels:
+                pipe.zcard(names.level(level).active)
             pipe.scard(names.at_limit).zcard(names.sleep)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
@@ -154,7 +164,7 @@ def read_redis(
                 "plain": sum(n for n, _ in lists),
                 "plain_oldest": [_published(item) for _, item in lists],
                 "keyed": int(next(replies) or 0),
-                "active": int(next(replies)),
+                "active": sum(int(next(replies)) for _ in levels),
                 "at_limit_keys": int(next(replies)),
                 "sleeping": int(next(replies)),
                 "sizes": [(text(k), int(n)) for k, n in next(replies)],
@@ -172,9 +182,13 @@ def read_redis(
         for queue, keys in keys_of.items():
             names = KeyedNames(prefix + queue, sep)
             for key in keys:
-                pipe.lindex(names.key_list(key), -1)
+                for level in levels:
+                    pipe.lindex(names.level(level).key_list(key), -1)
         stamps = iter(pipe.execute())
-        oldest_of = {q: {k: _published(next(stamps)) for k in keys} for q, keys in keys_of.items()}
+        oldest_of = {
+            q: {k: _earliest([_published(next(stamps)) for _ in levels]) for k in keys}
+            for q, keys in keys_of.items()
+        }
         unacked = _unacked_by_queue(client, unacked_key, in_flight, unacked_limit)
     now = clock()
     for found in raw.values():

@@ -7,10 +7,11 @@ when the buffer empties: Shreedhar & Varghese's active list).  Each take is
 O(1).  Costs are given by the caller (fixed, or a run-time estimate that is
 corrected later with :meth:`FairBuffer.charge`: DRR++ post-charge).
 
-Tasks of a keyed queue (:mod:`celery_fair.keys`) carry their key; within
-that queue they wait in start-time fair order over the keys instead of
-FIFO, so a quiet key's task is not stuck behind a flooding key's tasks
-already prefetched.  Every key counts one task per turn here: the weights
+Tasks of a keyed queue (:mod:`celery_fair.keys`) carry their key and their
+priority level; within that queue they wait by level, then in start-time
+fair order over the keys instead of FIFO, so a quiet key's task is not stuck
+behind a flooding key's tasks already prefetched, nor an urgent task behind
+batch work.  Every key counts one task per turn here: the weights
 between keys act where messages are fetched (the broker's script), and this
 buffer only holds the prefetch window.
 """
@@ -30,36 +31,40 @@ T = TypeVar("T")
 
 
 class _KeyOrder(Generic[T]):
-    """One queue's waiting tasks in start-time fair order over their keys.
+    """One queue's waiting tasks: by priority level, then in start-time fair order over keys.
 
-    A task's tag is ``max(virtual time, its key's last tag + 1)``; the lowest
-    tag is taken first (FIFO among equal tags, and within a key).  The
-    per-key tags are forgotten whenever the queue's buffer empties, so state
-    never outlives the tasks buffered.
+    A task's level comes first (the lowest rank: on Redis, Kombu's priority
+    step, 0 served first), so an urgent task prefetched after batch work
+    does not wait behind it.  Within a level a task's tag is
+    ``max(the level's virtual time, its key's last tag + 1)``; the lowest tag
+    is taken first (FIFO among equal tags, and within a key).  The per-key
+    tags are forgotten whenever the queue's buffer empties, so state never
+    outlives the tasks buffered.
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, T]] = []
-        self._next: dict[str, float] = {}
-        self._vt = 0.0
+        self._heap: list[tuple[int, float, int, T]] = []
+        self._next: dict[tuple[int, str], float] = {}
+        self._vt: dict[int, float] = {}
         self._seq = 0
 
-    def append(self, item: T, key: str) -> None:
-        tag = max(self._vt, self._next.get(key, 0.0))
-        self._next[key] = tag + 1.0
-        heapq.heappush(self._heap, (tag, self._seq, item))
+    def append(self, item: T, key: str, level: int = 0) -> None:
+        tag = max(self._vt.get(level, 0.0), self._next.get((level, key), 0.0))
+        self._next[(level, key)] = tag + 1.0
+        heapq.heappush(self._heap, (level, tag, self._seq, item))
         self._seq += 1
 
     def popleft(self) -> T:
-        tag, _, item = heapq.heappop(self._heap)
-        self._vt = tag
+        level, tag, _, item = heapq.heappop(self._heap)
+        self._vt[level] = tag
         if not self._heap:
             self._next.clear()
+            self._vt.clear()
         return item
 
     def remove(self, item: T) -> None:
         for i, entry in enumerate(self._heap):
-            if entry[2] is item or entry[2] == item:
+            if entry[3] is item or entry[3] == item:
                 self._heap[i] = self._heap[-1]
                 self._heap.pop()
                 heapq.heapify(self._heap)
@@ -69,12 +74,13 @@ class _KeyOrder(Generic[T]):
     def clear(self) -> None:
         self._heap.clear()
         self._next.clear()
+        self._vt.clear()
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[T]:
-        return (entry[2] for entry in sorted(self._heap, key=lambda e: (e[0], e[1])))
+        return (entry[3] for entry in sorted(self._heap, key=lambda e: (e[0], e[1], e[2])))
 
 
 class FairBuffer(Generic[T]):
@@ -89,13 +95,16 @@ class FairBuffer(Generic[T]):
         """Use these quanta (validated all at once)."""
         self.drr.set_quanta(quanta)
 
-    def put(self, queue: str, item: T, key: str | None = None) -> None:
-        """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s."""
+    def put(self, queue: str, item: T, key: str | None = None, level: int = 0) -> None:
+        """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s.
+
+        A keyed queue's tasks are taken by ``level`` first (the lowest first).
+        """
         items = self._items.get(queue)
         if items is None:
             items = self._items[queue] = deque() if key is None else _KeyOrder()
         if isinstance(items, _KeyOrder):
-            items.append(item, key or "")
+            items.append(item, key or "", level)
         else:
             items.append(item)
         self._size += 1

@@ -36,9 +36,9 @@ class DispatchRound(Generic[T]):
     def set_quanta(self, quanta: Mapping[str, float]) -> None:
         self.buffer.set_quanta(quanta)
 
-    def put(self, queue: str, item: T, key: str | None = None) -> None:
-        """Buffer ``item`` of ``queue`` (``key``: a keyed queue's key)."""
-        self.buffer.put(queue, item, key)
+    def put(self, queue: str, item: T, key: str | None = None, level: int = 0) -> None:
+        """Buffer ``item`` of ``queue`` (``key``, ``level``: a keyed queue's key and level)."""
+        self.buffer.put(queue, item, key, level)
 
     def take(self) -> tuple[str, T] | None:
         """The next ``(queue, item)`` in DWRR order, charged its cost."""

@@ -194,11 +194,15 @@ class FairScheduler:
 
     # -- dispatch: tasks waiting for a pool slot (see DispatchRound) ----------
 
-    def wait(self, queue: str, item: object, key: str | None = None) -> None:
-        """Buffer a task of ``queue`` until a pool slot is free (``key``: a keyed queue's)."""
+    def wait(self, queue: str, item: object, key: str | None = None, level: int = 0) -> None:
+        """Buffer a task of ``queue`` until a pool slot is free.
+
+        ``key`` and ``level``: a keyed queue's key and priority level (the lowest
+        level is taken first).
+        """
         if self.fetch.adopt(queue):
             self._apply_quanta()
-        self.dispatch.put(queue, item, key)
+        self.dispatch.put(queue, item, key, level)
 
     # -- introspection ------------------------------------------------------
 

@@ -55,9 +55,11 @@ def _queue_of(service: SchedulingService, args: tuple[Any, ...]) -> str:
 
 
 def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None:
-    """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key."""
+    """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key
+    and priority level."""
     queue = _queue_of(service, args)
-    service.scheduler.wait(queue, entry, service.key_of(args[0] if args else None, queue))
+    key, level = service.key_of(args[0] if args else None, queue)
+    service.scheduler.wait(queue, entry, key, level)
 
 
 def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any]) -> Any:

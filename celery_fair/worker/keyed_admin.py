@@ -61,6 +61,7 @@ class KeyedAdmin:
             estimate=self.scheduler.fetch_cost,
             limits=settings.key_limits,
             slots=self.slots,
+            priority_weights=settings.priority_weights,
         )
 
     def adopt_backlogs(self, channel: Any, queues: Iterable[str]) -> None:
@@ -88,6 +89,7 @@ class KeyedAdmin:
                 runtime=self.settings.cost == "runtime",
                 estimate=self.scheduler.fetch_cost,
                 slots=self.slots,
+                priority_weights=self.settings.priority_weights,
             )
         keyed.adopt(found)
         fetch = self.attachment.fetch

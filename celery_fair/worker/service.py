@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import compat
 from ..keys import store
-from ..keys.serving import KeyedServing, KeyStatistics, served_header
+from ..keys.serving import KeyedServing, KeyStatistics, level_rank, served_header, served_level
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
@@ -237,13 +237,20 @@ class FairService:
         key = info.get("routing_key")
         return self._queue_by_key.get(key) if key is not None else None
 
-    def key_of(self, request: Any, queue: str) -> str | None:
-        """A keyed queue's request: the key it was served as; else None."""
+    def key_of(self, request: Any, queue: str) -> tuple[str | None, int]:
+        """A keyed queue's request: the key it was served as and its level's rank.
+
+        The rank is Kombu's priority step of the level (0, the first, for
+        anything else): the worker's buffer takes the lowest first.  Not keyed:
+        ``(None, 0)``.
+        """
         keyed = self.attachment.keyed
         if keyed is None or queue not in keyed.queues or request is None:
-            return None
+            return None, 0
         served = served_header(compat.request_headers(request))
-        return str(served[0]) if isinstance(served, list) and served else ""
+        if not isinstance(served, list) or not served:
+            return "", 0
+        return str(served[0]), level_rank(served_level(served))
 
     # -- worker side ----------------------------------------------------------
 

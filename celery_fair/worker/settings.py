@@ -49,6 +49,8 @@ DEFAULTS: dict[str, Any] = {
     "fair_key_concurrency": {},
     "fair_key_rate_limit": {},
     "fair_key_lease_ttl": None,
+    "fair_priority": "strict",
+    "fair_priority_weights": {},
     "fair_unknown_task_delay": 10.0,
     "fair_unknown_task_max_returns": 30,
 }
@@ -85,18 +87,49 @@ def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
 
 
 def _keys(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """``fair_keys``, checked; and refused with queue priorities (order is the key order)."""
+    """``fair_keys``, checked."""
     from ..keys.publish import parse_fair_keys
 
-    keys = dict(parse_fair_keys(conf.get("fair_keys")))
-    max_priority = conf.get("task_queue_max_priority")
-    if keys and max_priority:
+    return dict(parse_fair_keys(conf.get("fair_keys")))
+
+
+#: ``fair_priority``: how a keyed queue's priority levels share the worker.
+PRIORITY_MODES = ("strict", "weighted")
+
+
+def _priority(conf: Mapping[str, Any]) -> dict[int, float] | None:
+    """``fair_priority`` and ``fair_priority_weights``, checked.
+
+    None: strict priority (the first non-empty level is served); else the
+    weights by Celery priority (empty: each level half the one before it).
+    """
+    mode = conf.get("fair_priority")
+    mode = DEFAULTS["fair_priority"] if mode is None else mode
+    if mode not in PRIORITY_MODES:
         raise FairConfigError(
-            f"fair_keys={sorted(keys)!r} cannot be used with task_queue_max_priority="
-            f"{max_priority!r}: inside a keyed queue the order is the fair key order, and "
-            "message priorities would be ignored. Unset one of them"
+            f"fair_priority must be one of {', '.join(map(repr, PRIORITY_MODES))}, got {mode!r}"
         )
-    return keys
+    raw = conf.get("fair_priority_weights")
+    if mode == "strict":
+        if raw:
+            raise FairConfigError(
+                f"fair_priority_weights={raw!r} needs fair_priority='weighted' "
+                "(with 'strict', the default, levels are served in order and have no weight)"
+            )
+        return None
+    weights: dict[int, float] = {}
+    setting = "fair_priority_weights"
+    if isinstance(raw, Mapping):  # priorities are numbers: {0: 8, 9: 1}
+        raw = {str(k) if type(k) is int else k: v for k, v in raw.items()}
+    for name, weight in parse_weights(raw or {}, setting=setting, what="PRIORITY=WEIGHT").items():
+        priority = int(name) if str(name).strip().isdigit() else None
+        if priority is None or priority > 255:
+            raise FairConfigError(
+                f"{setting}: a priority must be an integer from 0 to 255 (Celery's "
+                f"priority argument), got {name!r}"
+            )
+        weights[priority] = weight
+    return weights
 
 
 def _key_limits(conf: Mapping[str, Any], get: Any) -> KeyLimits:
@@ -235,6 +268,9 @@ class FairSettings:
     default_key_weight: float = 1.0
     #: Per-key concurrency and rate limits of the keyed queues.
     key_limits: KeyLimits = field(default_factory=KeyLimits)
+    #: Keyed queues' priority levels: None, served strictly in order
+    #: (``fair_priority="strict"``); else weights by Celery priority ("weighted").
+    priority_weights: Mapping[int, float] | None = None
     #: An unknown task waits this long (s) before it is sent back to its queue.
     unknown_task_delay: float = 10.0
     #: ... and is parked after this many returns (0: parked at once).
@@ -326,6 +362,7 @@ class FairSettings:
             unknown_task_max_returns=max_returns,
             keys=keys,
             key_limits=limits,
+            priority_weights=_priority(conf),
             key_weights=parse_weights(
                 get("fair_key_weights"), setting="fair_key_weights", what="KEY=WEIGHT"
             ),

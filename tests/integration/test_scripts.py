@@ -47,28 +47,53 @@ def message(key: str = "", n: int = 0) -> str:
     )
 
 
-def enqueue(client: Any, key: str, payload: str, front: bool = False) -> Any:
-    return scripts.ENQUEUE(client, *enqueue_args(NAMES, key, payload, front=front))
+#: Kombu's Redis priority steps by default, as list suffixes: the levels after the first.
+LEVELS = [f"{SEP}3", f"{SEP}6", f"{SEP}9"]
 
 
-def fetch(client: Any, word: str = "1", *queues: str) -> Any:
-    """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``)."""
+def enqueue(client: Any, key: str, payload: str, front: bool = False, level: str = "") -> Any:
+    return scripts.ENQUEUE(client, *enqueue_args(NAMES, key, payload, front=front, level=level))
+
+
+def fetch(
+    client: Any,
+    word: str = "1",
+    *queues: str,
+    level_weights: dict[str, float] | None = None,
+    charges: tuple[str, ...] = (),
+) -> Any:
+    """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``).
+
+    ``level_weights`` (level suffix -> weight) makes the levels weighted; without,
+    strict.  ``charges``: flat (base, level, key, delta) run-time corrections.
+    """
     keys = list(queues) or [Q]
     words = ["-"] * len(queues) if queues else [word]
+    pairs = [x for s, w in (level_weights or {}).items() for x in (s, repr(w))]
     return client.eval(
         scripts.FETCH.text,
         2 * len(keys) + 2,
         *keys, *[k + ".fair-malformed" for k in keys], "unacked", "unacked_index",
-        len(keys), repr(time.time()), SEP, "1.0", 0, 0, *words,
+        len(keys), repr(time.time()), SEP, "1.0", len(LEVELS), *LEVELS,
+        len(pairs) // 2, *pairs, len(charges) // 4, *charges, *words,
     )  # fmt: skip
 
 
-def served(client: Any, n: int, word: str = "1") -> list[str]:
+def served(
+    client: Any, n: int, word: str = "1", level_weights: dict[str, float] | None = None
+) -> list[str]:
+    return [key for key, _ in served_levels(client, n, word, level_weights)]
+
+
+def served_levels(
+    client: Any, n: int, word: str = "1", level_weights: dict[str, float] | None = None
+) -> list[tuple[str, str]]:
+    """The (key, level suffix) of the next ``n`` messages served."""
     out = []
     for _ in range(n):
-        reply = fetch(client, word)
+        reply = fetch(client, word, level_weights=level_weights)
         assert reply and reply[2] == b"key", reply
-        out.append(reply[3].decode())
+        out.append((reply[3].decode(), reply[6].decode()))
     return out
 
 
@@ -197,7 +222,7 @@ def test_runtime_charges_move_a_keys_tag(client: redis_lib.Redis) -> None:
         enqueue(client, "slow", message("slow", i))
         enqueue(client, "fast", message("fast", i))
     before = client.zscore(NAMES.active, "slow")
-    assert scripts.CHARGE(client, SEP, "1.0", Q, "slow", "5.0") == 1
+    assert scripts.CHARGE(client, SEP, "1.0", Q, "", "slow", "5.0") == 1
     assert client.zscore(NAMES.active, "slow") == before + 5.0
     assert served(client, 2) == ["fast", "fast"]  # slow owes 5 units of cost
 
@@ -215,3 +240,100 @@ def test_unkey_moves_messages_to_kombus_lists_by_priority(client: redis_lib.Redi
     assert client.hget(NAMES.state, "unkeyed") == b"1"
     # After the move, a keyed publish goes to the queue's own list.
     assert enqueue(client, "c", message("c")) == 0 and client.llen(Q) == 3
+
+
+# -- priority levels --------------------------------------------------------------
+
+
+def test_levels_are_served_strictly_in_order_and_keys_fairly_within_each(
+    client: redis_lib.Redis,
+) -> None:
+    client.hset(NAMES.weights_conf, mapping={"b": "2"})
+    for i in range(6):  # batch work in the last level, two keys weighted 1:2
+        enqueue(client, "a", message("a", i), level=LEVELS[2])
+        enqueue(client, "b", message("b", i), level=LEVELS[2])
+    assert client.smembers(NAMES.levels) == {LEVELS[2].encode()}
+    assert client.zcard(NAMES.active) == 0 and client.zcard(NAMES.level(LEVELS[2]).active) == 2
+    assert int(client.hget(NAMES.state, "backlog")) == 12  # the queue's, every level
+    first = served_levels(client, 3)
+    assert [k for k, _ in first].count("b") == 2 and {lv for _, lv in first} == {LEVELS[2]}
+    # Urgent work arrives in the first level (priority 0): served next, before the batch.
+    enqueue(client, "u", message("u", 0))
+    client.lpush(Q, message("", 1))  # and a plain producer's, at priority 0 too
+    assert sorted(served_levels(client, 2)) == [("", ""), ("u", "")]
+    rest = served(client, 9)
+    assert rest.count("b") == 4 and rest.count("a") == 5  # b's 6 were done first, 2:1
+    assert fetch(client) is None
+
+
+def test_weighted_levels_share_the_fetches_by_weight(client: redis_lib.Redis) -> None:
+    for i in range(60):
+        enqueue(client, f"t{i % 3}", message(f"t{i % 3}", i))  # the first level
+        enqueue(client, f"t{i % 3}", message(f"t{i % 3}", i), level=LEVELS[0])
+    weights = {"": 4.0, LEVELS[0]: 1.0, LEVELS[1]: 1.0, LEVELS[2]: 1.0}
+    levels = [lv for _, lv in served_levels(client, 50, level_weights=weights)]
+    assert levels.count("") == 40 and levels.count(LEVELS[0]) == 10
+    # Every window of five fetches holds one of the second level: shared, not in bursts.
+    assert all(levels[i : i + 5].count(LEVELS[0]) == 1 for i in range(0, 50, 5)), levels
+
+
+def test_a_restore_and_a_charge_go_back_to_the_level_the_task_came_from(
+    client: redis_lib.Redis,
+) -> None:
+    for i in range(2):
+        enqueue(client, "a", message("a", i), level=LEVELS[1])
+        enqueue(client, "b", message("b", i), level=LEVELS[1])
+    reply = fetch(client)
+    key, level = reply[3].decode(), reply[6].decode()
+    assert level == LEVELS[1]
+    other = "b" if key == "a" else "a"
+    # Restored (a visibility timeout, a CoDel return): first in line in its own level.
+    enqueue(client, key, reply[1].decode(), front=True, level=level)
+    assert client.llen(NAMES.level(LEVELS[1]).key_list(key)) == 2
+    assert client.exists(NAMES.key_list(key)) == 0
+    # A run-time charge moves the key's tag in that level, not in the first.
+    lv = NAMES.level(LEVELS[1])
+    before = client.zscore(lv.active, key)
+    fetch(client, "1", charges=(Q, level, key, "7.0"))  # served: the other key, tag lower
+    assert client.zscore(lv.active, key) == before + 7.0
+    assert client.zscore(NAMES.active, key) is None
+    assert [k for k, _ in served_levels(client, 1)] == [other]
+
+
+def test_a_key_at_its_limit_in_one_level_is_held_in_every_level(client: redis_lib.Redis) -> None:
+    client.hset(NAMES.limits_conf, "c:a", "1")
+    enqueue(client, "a", message("a", 0), level=LEVELS[2])
+    enqueue(client, "a", message("a", 1))  # urgent, in the first level
+    enqueue(client, "b", message("b", 0), level=LEVELS[2])
+    word = "L1:30"
+    assert served_levels(client, 1, word) == [("a", "")]
+    # a's urgent task runs: its batch task waits, b's is served.
+    assert served_levels(client, 1, word) == [("b", LEVELS[2])]
+    assert isinstance(fetch(client, word), int)  # a is at its limit: nothing but a wait
+    tag = next(iter(client.hkeys(NAMES.lease_keys))).decode()
+    lease_key = client.hget(NAMES.lease_keys, tag)
+    assert lease_key == b"a"
+    scripts.RELEASE(client, *release_args(SEP, [(Q, tag)]))
+    # Released: a rejoins the level it has messages in, and only that one.
+    assert client.zscore(NAMES.level(LEVELS[2]).active, "a") is not None
+    assert client.zscore(NAMES.active, "a") is None
+    assert served_levels(client, 1, word) == [("a", LEVELS[2])]
+
+
+def test_purge_and_unkey_cover_every_level(client: redis_lib.Redis) -> None:
+    urgent = json.loads(message("a"))
+    batch = {**urgent, "properties": {**urgent["properties"], "priority": 9}}
+    enqueue(client, "a", json.dumps(urgent))
+    enqueue(client, "a", json.dumps(batch), level=LEVELS[2])
+    enqueue(client, "b", message("b"), level=LEVELS[2])
+    suffixes = ["" if p < 3 else f"{SEP}{3 * (p // 3)}" for p in range(10)]
+    moved, left = scripts.UNKEY(client, Q, SEP, 1000, "", *suffixes)
+    assert (moved, left) == (3, 0)
+    assert client.llen(Q) == 2 and client.llen(f"{Q}{SEP}9") == 1  # b has no priority: first
+    assert client.zcard(NAMES.level(LEVELS[2]).active) == 0 and client.zcard(NAMES.sizes) == 0
+    client.hdel(NAMES.state, "unkeyed")
+    for i in range(3):
+        enqueue(client, "c", message("c", i), level=LEVELS[i])
+    assert scripts.PURGE(client, Q, SEP, 1000) == [3, 1]
+    assert all(client.exists(NAMES.level(s).key_list("c")) == 0 for s in LEVELS)
+    assert int(client.hget(NAMES.state, "backlog")) == 0

@@ -9,7 +9,7 @@ import pytest
 from celery_fair.errors import FairConfigError
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.publish import _arguments, parse_fair_keys
-from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
+from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing, level_rank
 from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
 from celery_fair.worker.settings import FairSettings
@@ -48,9 +48,38 @@ def test_key_settings_are_validated_at_start() -> None:
         FairSettings.from_conf({"fair_default_key_weight": -1})
 
 
-def test_keys_are_refused_with_queue_priorities_and_without_the_atomic_fetch() -> None:
-    with pytest.raises(FairConfigError, match="task_queue_max_priority=10"):
-        FairSettings.from_conf({"fair_keys": {"jobs": "t"}, "task_queue_max_priority": 10})
+def test_keys_with_queue_priorities_and_the_priority_settings() -> None:
+    keyed = {"fair_keys": {"jobs": "t"}, "task_queue_max_priority": 10}
+    assert FairSettings.from_conf(keyed).priority_weights is None  # strict, the default
+    weighted = FairSettings.from_conf(
+        {**keyed, "fair_priority": "weighted", "fair_priority_weights": "0=8,3=4,6=2,9=1"}
+    )
+    assert weighted.priority_weights == {0: 8.0, 3: 4.0, 6: 2.0, 9: 1.0}
+    assert FairSettings.from_conf({**keyed, "fair_priority": "weighted"}).priority_weights == {}
+    with pytest.raises(FairConfigError, match="fair_priority must be one of 'strict', 'weigh"):
+        FairSettings.from_conf({**keyed, "fair_priority": "fifo"})
+    with pytest.raises(FairConfigError, match="fair_priority_weights=.* needs fair_priority="):
+        FairSettings.from_conf({**keyed, "fair_priority_weights": {0: 4}})
+    with pytest.raises(FairConfigError, match="a priority must be an integer from 0 to 255"):
+        FairSettings.from_conf(
+            {**keyed, "fair_priority": "weighted", "fair_priority_weights": {"high": 4}}
+        )
+    with pytest.raises(FairConfigError, match=r"fair_priority_weights\['0'\] must be a posit"):
+        FairSettings.from_conf(
+            {**keyed, "fair_priority": "weighted", "fair_priority_weights": {0: 0}}
+        )
+
+
+def test_level_weights_follow_kombus_priority_steps() -> None:
+    steps = [0, 3, 6, 9]
+    assert KeyedServing(["jobs"]).level_weights(steps) is None
+    assert KeyedServing(["jobs"], priority_weights={}).level_weights(steps) == [8, 4, 2, 1]
+    given = KeyedServing(["jobs"], priority_weights={0: 4, 5: 2})
+    # 5 falls in the level of step 3; the levels given nothing weigh 1.
+    assert given.level_weights(steps) == [4.0, 2.0, 1.0, 1.0]
+
+
+def test_keys_are_refused_without_the_atomic_fetch() -> None:
     with pytest.raises(FairConfigError, match="needs fair_atomic_fetch=True"):
         FairSettings.from_conf({"fair_keys": {"jobs": "t"}, "fair_atomic_fetch": False})
 
@@ -97,6 +126,22 @@ def test_names_never_collide_with_kombus_priority_lists() -> None:
     assert names.key_list("3") == "jobs\x06\x16fair.k.3"  # Kombu's priority 3 is jobs\x06\x163
     assert len({names.active, names.last, names.state, names.weights_conf,
                 names.weights_live, names.key_list("a")}) == 6  # fmt: skip
+
+
+def test_the_buffer_takes_a_keyed_queues_first_level_first_then_keys_in_turn() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    for i in range(4):
+        buffer.put("jobs", f"batch-a{i}", "a", 9)
+        buffer.put("jobs", f"batch-b{i}", "b", 9)
+    buffer.put("jobs", "urgent-c", "c", 0)  # prefetched behind eight batch tasks
+    buffer.put("jobs", "urgent-a", "a", 0)
+    taken = [item for _, item in (buffer.take(lambda q: 1.0) for _ in range(10))]  # type: ignore[misc]
+    assert sorted(taken[:2]) == ["urgent-a", "urgent-c"]
+    assert taken[2:6] == ["batch-a0", "batch-b0", "batch-a1", "batch-b1"]
+
+
+def test_level_ranks_are_kombus_priority_steps() -> None:
+    assert [level_rank(s) for s in ("", "\x06\x163", "\x06\x1610", "sep9")] == [0, 3, 10, 9]
 
 
 def test_the_buffer_serves_a_keyed_queues_keys_in_turn() -> None:
@@ -150,10 +195,12 @@ def test_runtime_corrections_wait_for_the_next_fetch() -> None:
     serving.finished("jobs", ["gold", 0.005], 0.001)
     serving.finished("other", ["x", 1.0], 3.0)  # not a keyed queue: ignored
     serving.finished("jobs", "garbage", 1.0)  # a malformed header: ignored
+    serving.finished("jobs", ["gold", 0.005, 1.0, 0.0, "\x06\x169"], 0.005)  # a later level
     charges = serving.take_charges()
     assert charges == [
-        ("jobs", "gold", pytest.approx(0.015)),
-        ("jobs", "gold", pytest.approx(-0.004)),
+        ("jobs", "", "gold", pytest.approx(0.015)),
+        ("jobs", "", "gold", pytest.approx(-0.004)),
+        ("jobs", "\x06\x169", "gold", pytest.approx(0.0)),
     ]
     assert serving.take_charges() == []
 

@@ -1,0 +1,142 @@
+"""Priorities with fairness keys on Redis, with the real ``celery worker``.
+
+A keyed queue's messages wait in the level of their Celery priority (Kombu's
+priority lists: 0 is served first on Redis); within a level, keys share by
+weight.  ``fair_priority="weighted"`` shares the worker between levels instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+from celery import Celery
+
+from bench.harness.harness import WorkerProcess
+from bench.harness.keys import keyed_app, publish_by_key
+from bench.showcase.ledger import Entry, Ledger
+from celery_fair.keys.layout import KeyedNames
+
+pytestmark = [pytest.mark.integration]
+
+QUEUE = "jobs"
+SEP = "\x06\x16"
+
+
+@pytest.fixture
+def producer(redis_url: str) -> Iterator[Celery]:
+    """A producer with ``fair_keys`` and Celery's own priority setting (the user's surface)."""
+    app = keyed_app(redis_url, {QUEUE: "tenant_id"})
+    app.conf.task_queue_max_priority = 10
+    yield app
+    app.close()
+
+
+def _worker(redis_url: str, **env: str) -> WorkerProcess:
+    return WorkerProcess(
+        redis_url,
+        [QUEUE],
+        concurrency=2,
+        env={
+            "CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id",
+            "CELERY_FAIR_LEDGER": redis_url,
+            "CELERY_FAIR_MAX_PRIORITY": "10",
+            **env,
+        },
+    )
+
+
+def _entries(ledger: Ledger, n: int, worker: WorkerProcess) -> list[Entry]:
+    assert ledger.wait_for(n, timeout=120, alive=[worker]), worker.log()[-3000:]
+    return sorted(ledger.entries(), key=lambda e: e.started)
+
+
+def test_urgent_work_first_and_keys_fair_within_the_batch_level(
+    redis_url: str, producer: Celery
+) -> None:
+    weights = {"a": 1, "b": 2, "c": 4}
+    # Batch work (priority 9, the last level on Redis) first, urgent work after it.
+    publish_by_key(producer, QUEUE, {k: 100 * w for k, w in weights.items()}, ms=2, priority=9)
+    publish_by_key(producer, QUEUE, {f"u{i}": 4 for i in range(5)}, ms=2, priority=0)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    assert client.smembers(names.levels) == {f"{SEP}9".encode()}
+    assert client.zcard(names.active) == 5 and client.zcard(names.level(f"{SEP}9").active) == 3
+    ledger = Ledger(redis_url)
+    with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
+        entries = _entries(ledger, 720, worker)
+    started = [e.tenant or "" for e in entries]
+    # The 20 urgent tasks were published last and are served first (two pool
+    # processes: the 20th may start a moment after the first batch task).
+    assert all(t.startswith("u") for t in started[:19]), started[:25]
+    assert sum(t.startswith("u") for t in started[:22]) == 20, started[:25]
+    window = [t for t in started[40:600]]  # every batch key backlogged throughout
+    counts = Counter(window)
+    for key, weight in weights.items():
+        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+    assert len({e.id for e in entries}) == 720  # each ran once
+
+
+def test_weighted_levels_share_the_worker_by_weight(redis_url: str, producer: Celery) -> None:
+    publish_by_key(producer, QUEUE, {"hi-a": 300, "hi-b": 300}, ms=2, priority=0)
+    publish_by_key(producer, QUEUE, {"lo-a": 300, "lo-b": 300}, ms=2, priority=9)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_PRIORITY": "weighted", "CELERY_FAIR_PRIORITY_WEIGHTS": "0=4,9=1"}
+    with _worker(redis_url, **env) as worker:
+        entries = _entries(ledger, 600, worker)
+    window = [e.tenant or "" for e in entries[50:550]]  # both levels backlogged
+    high = sum(t.startswith("hi-") for t in window) / len(window)
+    assert high == pytest.approx(0.8, abs=0.02), Counter(window)
+    # Within each level, its two keys alternate.
+    lows = Counter(t for t in window if t.startswith("lo-"))
+    assert abs(lows["lo-a"] - lows["lo-b"]) <= 2, lows
+
+
+def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer: Celery) -> None:
+    publish_by_key(producer, QUEUE, {"b0": 30, "b1": 30}, ms=20, priority=9)
+    publish_by_key(producer, QUEUE, {"u0": 30, "u1": 30}, ms=20, priority=0)
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    batch = names.level(f"{SEP}9")
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_ACKS_LATE": "1", "CELERY_FAIR_VISIBILITY": "2"}
+    worker = _worker(redis_url, **env).start()
+    try:
+        assert ledger.wait_for(10, timeout=60, alive=[worker]), worker.log()[-3000:]
+        assert worker.proc is not None
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+    finally:
+        worker.stop()
+    held = [json.loads(v) for v in client.hvals("unacked")]
+    assert held  # the killed worker held urgent messages (served first)
+    urgent_before = sum(client.llen(names.key_list(k)) for k in ("u0", "u1"))
+    batch_before = sum(client.llen(batch.key_list(k)) for k in ("b0", "b1"))
+    held_batch = sum(1 for m in held if m[0]["properties"].get("priority") == 9)
+    producer.conf.broker_transport_options = {"visibility_timeout": 2}
+    with producer.connection_for_read() as conn:
+        channel = conn.default_channel
+        deadline = time.monotonic() + 30
+        while client.hlen("unacked"):
+            assert time.monotonic() < deadline, "the unacked messages were not restored"
+            channel.qos.restore_visible(num=100)
+            time.sleep(0.2)
+    # Each went back to its key's list in its own level; none to Kombu's own lists.
+    assert client.llen(QUEUE) == 0 and client.llen(f"{QUEUE}{SEP}9") == 0
+    assert sum(client.llen(batch.key_list(k)) for k in ("b0", "b1")) == batch_before + held_batch
+    urgent_after = sum(client.llen(names.key_list(k)) for k in ("u0", "u1"))
+    assert urgent_after == urgent_before + len(held) - held_batch
+    with _worker(redis_url, **env) as worker:
+        deadline = time.monotonic() + 120
+        while len({e.id for e in ledger.entries()}) < 120:
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+            time.sleep(0.2)
+    ran = Counter(e.tenant for e in {e.id: e for e in ledger.entries()}.values())
+    assert ran == {"b0": 30, "b1": 30, "u0": 30, "u1": 30}  # every task ran; none lost
