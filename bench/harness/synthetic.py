@@ -232,6 +232,7 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "hostname": pc.take(host_names, pa.array(host)),
         "pid": pa.array(1000 + host, type=pa.int32()),
         "source": pa.array(["synthetic"] * n),
+        "priority": pa.nulls(n, type=pa.int32()),
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 

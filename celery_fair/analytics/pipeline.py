@@ -141,6 +141,7 @@ def compute(
             # Key names, not (queue, key) pairs: enough to choose the grain, and
             # hashing one column costs less than two.
             F.approx_count_distinct("fair_key", 0.05).alias("keys"),
+            F.count("priority").alias("prioritized"),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
@@ -208,6 +209,14 @@ def compute(
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
+
+    if span_row["prioritized"]:
+        # Tasks published with a priority: one more pass, only then.
+        with _stage(timings, "priorities"), _session_conf(spark, small):
+            out["priority_waits"] = _rows(tasks.transform(T.waits_by_priority))
+            out["priority_key_shares"] = _rows(
+                tasks.transform(T.key_shares_by_priority, max_keys), ("queue", "priority")
+            )
 
     with _stage(timings, "latency"):
         # Keys beyond the shown ones share one histogram row per bucket; when

@@ -222,6 +222,9 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             "keys_buckets": data.get("key_buckets"),
         },
         "throughput": data["throughput"],
+        # Tasks published with a Celery priority: waits per level, and the keys'
+        # shares within each level (present only when some task had a priority).
+        "priorities": _priorities(data),
         "hot_keys": data["hot_keys"],
         # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
         "held_keys": data.get("held_keys", []),
@@ -238,6 +241,18 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             "prefetch": {r["queue"]: r["recommended_prefetch"] for r in recs},
         },
     }
+
+
+def _priorities(data: dict[str, Any]) -> dict[str, Any]:
+    """Per queue and priority: tasks, waits, and the keys' shares within the level."""
+    out: dict[str, Any] = {}
+    for row in data.get("priority_waits", []):
+        level = out.setdefault(row["queue"], {}).setdefault(str(row["priority"]), {})
+        level.update({k: v for k, v in row.items() if k not in ("queue", "priority")}, keys={})
+    for row in data.get("priority_key_shares", []):
+        level = out.setdefault(row["queue"], {}).setdefault(str(row["priority"]), {"keys": {}})
+        level["keys"][row["fair_key"]] = {"tasks": row["tasks"], "share": row["share"]}
+    return {q: dict(sorted(out[q].items(), key=lambda kv: int(kv[0]))) for q in sorted(out)}
 
 
 def _f(value: Any, spec: str) -> str:
@@ -281,6 +296,16 @@ def format_summary(report: dict[str, Any]) -> str:
         f"recommended: fair_codel_target={_f(rec['fair_codel_target'], '.4g')} "
         f"fair_codel_interval={_f(rec['fair_codel_interval'], '.4g')}",
     ]
+    for queue, levels in (report.get("priorities") or {}).items():
+        lines.append(f"priorities of {queue}:")
+        for priority, level in levels.items():
+            top = sorted(level["keys"].items(), key=lambda kv: -kv[1]["share"])[:3]
+            shares = ", ".join(f"{k} {v['share']:.1%}" for k, v in top)
+            lines.append(
+                f"  priority {priority:>3}: {level.get('tasks', 0):,} tasks, wait p50 "
+                f"{_f(level.get('wait_p50'), '.3f')}s p99 {_f(level.get('wait_p99'), '.3f')}s; "
+                f"keys {shares or '-'}"
+            )
     held = report.get("held_keys") or []
     if held:
         shown = ", ".join(f"{h['fair_key']} ({h['queue']}) {h['held']:.1f}s" for h in held[:5])

@@ -20,6 +20,8 @@ A record is written when a task leaves the worker, whatever the outcome:
                 aside by its per-key limits since the key's previous task was
                 fetched (0 when it was not; summed over a key's records, the
                 time it spent at its limits)
+``priority``    the message's Celery priority as published (null without one;
+                on Redis 0 is served first, on RabbitMQ the highest number)
 
 Derived in the report: wait = started - published (received when published
 is null); buffer sojourn = dispatched - received (CoDel's sojourn).
@@ -44,8 +46,9 @@ __all__ = (
     "records_to_table",
 )
 
-#: 2 added ``key_weight`` and ``key_held``; files of version 1 read them as null.
-SCHEMA_VERSION = 2
+#: 2 added ``key_weight`` and ``key_held``, 3 ``priority``; files of an earlier
+#: version read the columns they lack as null.
+SCHEMA_VERSION = 3
 
 #: The outcomes a record may carry. Only the first three ran on the pool.
 OUTCOMES: tuple[str, ...] = (
@@ -81,6 +84,7 @@ class TaskRecord:
     hostname: str | None = None
     pid: int | None = None
     source: str = "worker"
+    priority: int | None = None
 
 
 SCHEMA = pa.schema(
@@ -104,6 +108,7 @@ SCHEMA = pa.schema(
         pa.field("hostname", pa.string()),
         pa.field("pid", pa.int32()),
         pa.field("source", pa.string()),
+        pa.field("priority", pa.int32()),
     ],
     metadata={"celery_fair.schema_version": str(SCHEMA_VERSION)},
 )

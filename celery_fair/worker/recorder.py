@@ -192,8 +192,16 @@ class PoolRecorder:
                 self.hostname,  # hostname
                 self.pid,  # pid
                 "worker",  # source
+                as_int((getattr(request, "delivery_info", None) or {}).get("priority")),
             )
         )
+
+
+def as_int(value: Any) -> int | None:
+    """A priority as an int, None if absent or not a whole number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if float(value).is_integer() else None
 
 
 def as_float(value: Any) -> float | None:

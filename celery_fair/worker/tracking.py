@@ -29,7 +29,7 @@ from ..wire import (
     SERVED_HEADER,
 )
 from .observers import DispatchedTask, Meter, TaskObserver, observers_for
-from .recorder import as_float, as_text
+from .recorder import as_float, as_int, as_text
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
 
@@ -267,6 +267,7 @@ class TaskTracker:
                 key_held=key_held,
                 hostname=self.hostname,
                 pid=self.pid,
+                priority=as_int((info or {}).get("priority")),
                 **times,
             )
         )

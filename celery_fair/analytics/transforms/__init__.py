@@ -50,6 +50,7 @@ from .findings import (
     routing_skew,
     window_totals,
 )
+from .levels import key_shares_by_priority, waits_by_priority
 from .shares import (
     codel_rates,
     jain_by_window,
@@ -94,6 +95,7 @@ __all__ = (
     "key_counts",
     "key_rows",
     "key_shares",
+    "key_shares_by_priority",
     "key_totals",
     "keys_and_buckets",
     "keys_by_window",
@@ -108,6 +110,7 @@ __all__ = (
     "shares_by_key",
     "throughput",
     "top_keys",
+    "waits_by_priority",
     "usage_by_window",
     "window_start",
     "window_totals",

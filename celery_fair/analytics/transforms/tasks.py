@@ -61,6 +61,8 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     the time the worker held the task (0 when unknown); ``busy`` its run time
     on the pool (0 for tasks that never ran). ``window`` is the start of the
     ``window_seconds`` bucket holding the time the task left the worker.
+    ``priority`` is the message's Celery priority (null without one, and in
+    records before schema 3).
 
     Only the columns the report reads are kept, so Spark reads no others
     from the files.
@@ -89,6 +91,7 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         F.when(ran, F.greatest(run, F.lit(0.0))).otherwise(0.0).alias("busy"),
         left_at.alias("left_at"),
         window_start(left_at, window_seconds).alias("window"),
+        F.col("priority"),
     )
 
 
