@@ -200,15 +200,29 @@ def test_a_late_ack_on_a_closed_channel_goes_through_the_live_one(
     assert client.llen("lq") == 0
 
 
-def consume_with_priorities(redis_url: str, prefix: str, atomic: bool) -> list[int]:
+#: Published in this order (the message's number is its index).
+PRIORITIES = [0, 6, 9, 0, 4, 3]
+
+
+def kombu_order(steps: list[int]) -> list[int]:
+    """Kombu's Redis order: the lowest step first (a priority falls in the step at or
+    below it), FIFO within one step."""
+    step = [max(s for s in steps if s <= p) for p in PRIORITIES]
+    return sorted(range(len(PRIORITIES)), key=lambda n: (step[n], n))
+
+
+def consume_with_priorities(
+    redis_url: str, prefix: str, atomic: bool, options: dict[str, Any] | None = None
+) -> list[int]:
     client = redis_lib.Redis.from_url(redis_url)
-    options = {"global_keyprefix": prefix} if prefix else {}
+    client.flushdb()
+    options = {**({"global_keyprefix": prefix} if prefix else {}), **(options or {})}
     queue = Queue("pq", Exchange("pq"), routing_key="pq", max_priority=9)
     order: list[int] = []
     with Connection(redis_url, transport_options=options) as conn:
         channel = conn.channel()
         producer = Producer(channel)
-        for n, priority in enumerate([0, 6, 9, 0, 9, 3]):
+        for n, priority in enumerate(PRIORITIES):
             producer.publish({"n": n}, exchange=queue.exchange, routing_key="pq",
                              priority=priority, declare=[queue])  # fmt: skip
         cycle = install_on_channel(channel, FairScheduler({"pq": 1}), atomic=atomic)
@@ -221,7 +235,7 @@ def consume_with_priorities(redis_url: str, prefix: str, atomic: bool) -> list[i
 
         with Consumer(channel, [queue], callbacks=[on_message]):
             deadline = time.monotonic() + 20
-            while len(order) < 6:
+            while len(order) < len(PRIORITIES):
                 assert time.monotonic() < deadline, order
                 conn.drain_events(timeout=5)
     assert client.hlen(f"{prefix}unacked") == 0
@@ -237,8 +251,24 @@ def test_priorities_and_a_global_key_prefix_are_honoured(redis_url: str, prefix:
     atomic = consume_with_priorities(redis_url, prefix, atomic=True)
     brpop = consume_with_priorities(redis_url, prefix, atomic=False)
     assert atomic == brpop
-    # Kombu's Redis serves the lowest priority number first, FIFO within one.
-    assert atomic == [0, 3, 5, 1, 2, 4]
+    # Kombu's Redis serves the lowest priority number first (0 is the most urgent,
+    # the reverse of RabbitMQ), by its default steps 0, 3, 6, 9; FIFO within one.
+    assert atomic == [0, 3, 4, 5, 1, 2] == kombu_order([0, 3, 6, 9])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"priority_steps": list(range(10))}, {"priority_steps": [0, 5]}, {"sep": "::"}],
+    ids=["ten-steps", "two-steps", "sep"],
+)
+def test_priority_steps_and_the_separator_are_honoured(
+    redis_url: str, options: dict[str, Any]
+) -> None:
+    """The transport's ``priority_steps`` and ``sep`` give the atomic fetch Kombu's order."""
+    atomic = consume_with_priorities(redis_url, "", atomic=True, options=options)
+    brpop = consume_with_priorities(redis_url, "", atomic=False, options=options)
+    steps = options.get("priority_steps", [0, 3, 6, 9])
+    assert atomic == brpop == kombu_order(steps)
 
 
 def test_a_wake_up_during_a_fetch_is_not_lost(

@@ -11,13 +11,16 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis as redis_lib
 from celery import Celery
 
+import celery_fair
 from bench.harness.harness import WorkerProcess
 from bench.harness.keys import keyed_app, publish_by_key
 from bench.showcase.ledger import Entry, Ledger
@@ -140,3 +143,81 @@ def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer
             time.sleep(0.2)
     ran = Counter(e.tenant for e in {e.id: e for e in ledger.entries()}.values())
     assert ran == {"b0": 30, "b1": 30, "u0": 30, "u1": 30}  # every task ran; none lost
+
+
+# -- RabbitMQ: the broker's own priority queues under DWRR and CoDel ----------------
+
+
+@pytest.mark.rabbitmq
+def test_rabbitmq_priority_queue_under_dwrr_and_codel(rabbitmq_server: Any, redis_url: str) -> None:
+    """``x-max-priority`` (Celery's ``task_queue_max_priority``) keeps the broker's order:
+    priority 9 before a backlog of priority 0, under per-queue windows and CoDel; 0 lost."""
+    suffix = uuid.uuid4().hex[:6]
+    jobs, other = f"pjobs-{suffix}", f"pother-{suffix}"
+    app = Celery("priority-producer", broker=rabbitmq_server.url, set_as_current=False)
+    app.conf.task_queue_max_priority = 10
+    celery_fair.install(app)
+    publish_by_key(app, jobs, {"low": 300}, ms=2, priority=0)
+    publish_by_key(app, jobs, {"high": 30}, ms=2, priority=9)  # on RabbitMQ 9 is first
+    publish_by_key(app, other, {"other": 300}, ms=2)
+    app.close()
+    ledger = Ledger(redis_url)
+    worker = WorkerProcess(
+        rabbitmq_server.url,
+        [jobs, other],
+        concurrency=2,
+        extra_args=["--fair-weights", f"{jobs}=1,{other}=1"],
+        env={
+            "CELERY_FAIR_LEDGER": redis_url,
+            "CELERY_FAIR_MAX_PRIORITY": "10",
+            # CoDel sends back tasks that waited over 5 ms in the worker's buffer.
+            "CELERY_FAIR_CODEL": "0.005,0.02,requeue,3",
+        },
+    )
+    with worker:
+        entries = _entries(ledger, 630, worker)
+    assert len({e.id for e in entries}) == 630  # every task ran once: none lost
+    of_jobs = [e.tenant for e in entries if e.tenant in ("low", "high")]
+    last_high = max(i for i, t in enumerate(of_jobs) if t == "high")
+    # The high tasks ran ahead of the backlog of 300 low ones: at most a prefetch
+    # window of low tasks (already at the worker when they came) ran before them.
+    assert last_high < 30 + 70, of_jobs[:120]
+    assert any(e.requeues for e in entries), "CoDel sent nothing back: the test saw no return"
+
+
+@pytest.mark.rabbitmq
+def test_a_codel_return_keeps_the_messages_priority_on_rabbitmq(rabbitmq_server: Any) -> None:
+    from kombu import Connection, Exchange, Producer, Queue
+
+    from celery_fair.kombu.requeue import return_copy
+
+    name = f"preturn-{uuid.uuid4().hex[:6]}"
+    queue = Queue(name, Exchange(name), routing_key=name, max_priority=10)
+    with Connection(rabbitmq_server.url) as conn:
+        channel = conn.channel()
+        producer = Producer(channel)
+        producer.publish({"n": "urgent"}, exchange=queue.exchange, routing_key=name,
+                         priority=9, declare=[queue])  # fmt: skip
+        bound = queue(channel)
+        message = _get(bound)
+        for n in range(5):  # a backlog of lower priority behind it
+            producer.publish({"n": n}, exchange=queue.exchange, routing_key=name, priority=0)
+        return_copy(message, name, {"fair_codel_requeues": 1}, front=True)
+        message.ack()
+        first = _get(bound)
+        # The copy keeps priority 9, so the broker puts it ahead of the backlog.
+        assert first.payload == {"n": "urgent"} and first.properties["priority"] == 9
+        assert first.headers["fair_codel_requeues"] == 1
+        bound.purge()
+        bound.delete()
+
+
+def _get(bound: Any, timeout: float = 10.0) -> Any:
+    """The next message of a bound queue (``basic_get``), polled with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        message = bound.get()
+        if message is not None:
+            return message
+        assert time.monotonic() < deadline, "no message arrived"
+        time.sleep(0.05)

@@ -337,3 +337,22 @@ def test_purge_and_unkey_cover_every_level(client: redis_lib.Redis) -> None:
     assert scripts.PURGE(client, Q, SEP, 1000) == [3, 1]
     assert all(client.exists(NAMES.level(s).key_list("c")) == 0 for s in LEVELS)
     assert int(client.hget(NAMES.state, "backlog")) == 0
+
+
+def test_levels_follow_the_transports_steps_and_separator(client: redis_lib.Redis) -> None:
+    """Ten priority steps and another separator: the levels still go lowest step first."""
+    sep = "::"
+    names = KeyedNames(Q, sep)
+    levels = [f"{sep}{p}" for p in range(1, 10)]
+    for p in (9, 4, 0, 9, 4):
+        level = "" if p == 0 else f"{sep}{p}"
+        scripts.ENQUEUE(client, *enqueue_args(names, f"k{p}", message(f"k{p}"), level=level))
+    order = []
+    for _ in range(5):
+        reply = client.eval(
+            scripts.FETCH.text, 4, Q, Q + ".fair-malformed", "unacked", "unacked_index",
+            1, repr(time.time()), sep, "1.0", len(levels), *levels, 0, 0, "1",
+        )  # fmt: skip
+        order.append(reply[6].decode())
+    assert order == ["", f"{sep}4", f"{sep}4", f"{sep}9", f"{sep}9"]
+    assert client.smembers(names.levels) == {f"{sep}4".encode(), f"{sep}9".encode()}
