@@ -16,6 +16,9 @@ in one server-side script.  Modes alternate within each repetition.
 
 ``fair-keyed`` runs the same on two keyed queues (``fair_keys``, 50 keys
 each): the keyed fetch script and the restore to each key's list.
+``fair-keyed-priorities`` publishes every other message at priority 9 (the
+last level) and the rest at 0; after the worker kill it restores the unacked
+messages itself and counts any found in a level not their priority's.
 
     python -m bench.redis_crash_loss [--runs 10] [--tasks 1500] [--modes plain,fair,fair-keyed]
 """
@@ -48,7 +51,14 @@ MODES: dict[str, dict[str, str]] = {
     "fair-brpop": {"CELERY_FAIR": "1", "CELERY_FAIR_ATOMIC": "0"},
     # Both queues keyed (fairness keys), 50 keys each.
     "fair-keyed": {"CELERY_FAIR": "1", "CELERY_FAIR_KEYS": "crash-a=tenant_id,crash-b=tenant_id"},
+    # The same, every other message at priority 9 (the last level on Redis), the rest at 0.
+    "fair-keyed-priorities": {
+        "CELERY_FAIR": "1",
+        "CELERY_FAIR_KEYS": "crash-a=tenant_id,crash-b=tenant_id",
+    },
 }
+#: The priority levels of ``fair-keyed-priorities``: Celery priority -> Kombu's list suffix.
+LEVELS = {0: "", 9: "\x06\x169"}
 QUEUES = ["crash-a", "crash-b"]
 KEYS_PER_QUEUE = 50
 
@@ -61,20 +71,59 @@ def _wait(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def _fill_keyed(url: str, per_queue: int) -> set[str]:
-    """Publish ``per_queue`` ledger tasks to each queue's keys (the keyed publish script)."""
+def _fill_keyed(url: str, per_queue: int, priorities: bool = False) -> set[str]:
+    """Publish ``per_queue`` ledger tasks to each queue's keys (the keyed publish script).
+
+    ``priorities``: every other message at priority 9, in its level; the rest at 0.
+    """
     client = redis_lib.Redis.from_url(url)
     ids: set[str] = set()
     for queue in QUEUES:
         names = KeyedNames(queue)
         model = template(url, "ledger", (1,), queue)
         pipe = client.pipeline(transaction=False)
-        for key, tid, text in messages(model, per_queue, KEYS_PER_QUEUE):
-            pipe.eval(store.ENQUEUE.text, 0, *store.enqueue_args(names, key, text))
+        for i, (key, tid, text) in enumerate(messages(model, per_queue, KEYS_PER_QUEUE)):
+            level = ""
+            if priorities:
+                priority = 9 if i % 2 else 0
+                payload = json.loads(text)
+                payload["properties"]["priority"] = priority
+                text, level = json.dumps(payload), LEVELS[priority]
+            pipe.eval(store.ENQUEUE.text, 0, *store.enqueue_args(names, key, text, level=level))
             ids.add(tid)
         pipe.execute()
     client.close()
     return ids
+
+
+def _restore_and_check_levels(url: str) -> dict[str, int]:
+    """Restore the killed worker's unacked messages, as any consumer does after the
+    visibility timeout; then count the messages in each level and those in a level
+    that is not their priority's."""
+    from bench.harness.keys import keyed_app
+
+    client = redis_lib.Redis.from_url(url)
+    app = keyed_app(url, dict.fromkeys(QUEUES, "tenant_id"), "crash-restore")
+    app.conf.broker_transport_options = {"visibility_timeout": 10}
+    restored = int(client.hlen("unacked"))
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        _wait(lambda: (channel.qos.restore_visible(num=500) or True) and not client.hlen("unacked"),
+              60, "restore")  # fmt: skip
+    app.close()
+    found = {"restored": restored, "misplaced": 0, "level 0": 0, "level 9": 0}
+    for queue in QUEUES:
+        names = KeyedNames(queue)
+        for priority, suffix in LEVELS.items():
+            level = names.level(suffix)
+            for k in range(KEYS_PER_QUEUE):
+                for raw in client.lrange(level.key_list(f"k{k}"), 0, -1):
+                    found[f"level {priority}"] += 1
+                    if json.loads(raw)["properties"].get("priority") != priority:
+                        found["misplaced"] += 1
+        found["misplaced"] += int(client.llen(queue)) + int(client.llen(queue + LEVELS[9]))
+    client.close()
+    return found
 
 
 def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
@@ -93,8 +142,9 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
     }
     with RedisServer(appendonly=True) as broker:
         per_queue = tasks // len(QUEUES)
+        priorities = mode == "fair-keyed-priorities"
         if "CELERY_FAIR_KEYS" in MODES[mode]:
-            ids = _fill_keyed(broker.url, per_queue)
+            ids = _fill_keyed(broker.url, per_queue, priorities)
         else:
             fill_queues(broker.url, dict.fromkeys(QUEUES, per_queue), task="ledger", args=(1,))
             client = redis_lib.Redis.from_url(broker.url)
@@ -122,6 +172,7 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
             if first.proc is not None and first.proc.poll() is None:
                 os.killpg(first.proc.pid, signal.SIGKILL)
             first.wait(timeout=30)
+        levels = _restore_and_check_levels(broker.url) if priorities else None
         with WorkerProcess(broker.url, QUEUES, fair=mode != "plain", env=env):
             started = time.monotonic()
             # Everything, or 60 s past the visibility timeout: then it is lost.
@@ -138,6 +189,7 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
         "settle_s": settle,
         "resumed_after_restart": resumed,
         "worker_exited_at_restart": exited,
+        **({"levels": levels} if levels is not None else {}),
     }
 
 
@@ -161,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[mode].append(result)
                 print(
                     f"run {rep + 1}/{args.runs} {mode:>10}: lost {result['lost']}, "
-                    f"duplicates {result['duplicates']} of {result['tasks']}"
+                    + (f"levels {result['levels']}, " if "levels" in result else "")
+                    + f"duplicates {result['duplicates']} of {result['tasks']}"
                     + ("" if result["resumed_after_restart"] else ", stalled after the restart")
                     + (", worker exited" if result["worker_exited_at_restart"] else ""),
                     flush=True,
@@ -186,6 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{summary([float(d) for d in dups])['median']:.0f}, {max(dups)} | "
             f"{sum(1 for r in runs[mode] if not r['resumed_after_restart'])} |"
         )
+    levels = [r["levels"] for m in modes for r in runs[m] if "levels" in r]
+    if levels:
+        restored = sum(x["restored"] for x in levels)
+        misplaced = sum(x["misplaced"] for x in levels)
+        table += [
+            "",
+            f"fair-keyed-priorities: {restored} unacked messages restored by hand after the "
+            f"worker kill over {len(levels)} runs; {misplaced} found in a level other than "
+            "their priority's (of "
+            f"{sum(x['level 0'] + x['level 9'] for x in levels)} waiting at those moments).",
+        ]
     markdown = "\n".join(
         [
             "# Broker crash, then worker crash: tasks lost (Redis, AOF always, late acks)",
