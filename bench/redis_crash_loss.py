@@ -100,16 +100,11 @@ def _restore_and_check_levels(url: str) -> dict[str, int]:
     """Restore the killed worker's unacked messages, as any consumer does after the
     visibility timeout; then count the messages in each level and those in a level
     that is not their priority's."""
-    from bench.harness.keys import keyed_app
+    from bench.harness.keys import keyed_app, restore_unacked
 
     client = redis_lib.Redis.from_url(url)
     app = keyed_app(url, dict.fromkeys(QUEUES, "tenant_id"), "crash-restore")
-    app.conf.broker_transport_options = {"visibility_timeout": 10}
-    restored = int(client.hlen("unacked"))
-    with app.connection_for_read() as conn:
-        channel = conn.default_channel
-        _wait(lambda: (channel.qos.restore_visible(num=500) or True) and not client.hlen("unacked"),
-              60, "restore")  # fmt: skip
+    restored = restore_unacked(app, client, visibility=10, timeout=60)
     app.close()
     found = {"restored": restored, "misplaced": 0, "level 0": 0, "level 9": 0}
     for queue in QUEUES:

@@ -115,6 +115,19 @@ class WorkerProcess:
             proc.wait(timeout=10)
             return None
 
+    def kill(self) -> None:
+        """A crash: SIGKILL to the whole process group (main process and pool), reaped.
+
+        Nothing is put back: what the worker held waits for Redis's visibility
+        timeout (or RabbitMQ's redelivery).
+        """
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
     def __enter__(self) -> WorkerProcess:
         return self.start()
 

@@ -54,3 +54,25 @@ def most_at_once(entries: Iterable[Any]) -> dict[str, int]:
             peak = max(peak, running)
         most[key] = peak
     return most
+
+
+def restore_unacked(app: Any, client: Any, visibility: float, timeout: float = 30.0) -> int:
+    """Restore every unacknowledged message, as any Redis consumer does once the
+    visibility timeout passed; returns how many there were.
+
+    ``app`` is a producer app with celery-fair installed (keyed messages go back
+    to their keys' lists in their levels); ``client`` a redis-py client of the
+    same Redis; ``visibility`` the seconds the messages must have waited.
+    """
+    import time
+
+    held = int(client.hlen("unacked"))
+    app.conf.broker_transport_options = {"visibility_timeout": visibility}
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        deadline = time.monotonic() + timeout
+        while client.hlen("unacked"):
+            assert time.monotonic() < deadline, "the unacked messages were not restored"
+            channel.qos.restore_visible(num=500)
+            time.sleep(0.2)  # polled with a deadline: waits for the visibility timeout
+    return held

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from celery import Celery
 import celery_fair
 from bench.harness.control import wait_fair_stats
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
+from bench.harness.keys import keyed_app, publish_by_key, restore_unacked
 from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
 
@@ -249,23 +247,12 @@ def test_a_crash_loses_nothing_and_restores_to_each_key(redis_url: str, producer
     worker = _worker(redis_url, **env).start()
     try:
         assert ledger.wait_for(20, timeout=60, alive=[worker]), worker.log()[-3000:]
-        assert worker.proc is not None
-        os.killpg(worker.proc.pid, signal.SIGKILL)
-        worker.proc.wait(timeout=10)
+        worker.kill()
     finally:
         worker.stop()
-    unacked = client.hlen("unacked")
-    assert unacked > 0  # the killed worker held messages
     before = int(client.hget(names.state, "backlog") or 0)
-    # Restore as any Redis consumer does once the visibility timeout passed.
-    producer.conf.broker_transport_options = {"visibility_timeout": 2}
-    with producer.connection_for_read() as conn:
-        channel = conn.default_channel
-        deadline = time.monotonic() + 30
-        while client.hlen("unacked"):
-            assert time.monotonic() < deadline, "the unacked messages were not restored"
-            channel.qos.restore_visible(num=100)
-            time.sleep(0.2)
+    unacked = restore_unacked(producer, client, visibility=2)
+    assert unacked > 0  # the killed worker held messages
     # Back in their keys' lists, not in the queue's own list.
     assert client.llen(QUEUE) == 0
     assert int(client.hget(names.state, "backlog") or 0) == before + unacked

@@ -8,8 +8,6 @@ weight.  ``fair_priority="weighted"`` shares the worker between levels instead.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 import uuid
 from collections import Counter
@@ -22,7 +20,7 @@ from celery import Celery
 
 import celery_fair
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
+from bench.harness.keys import keyed_app, publish_by_key, restore_unacked
 from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
 
@@ -112,9 +110,7 @@ def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer
     worker = _worker(redis_url, **env).start()
     try:
         assert ledger.wait_for(10, timeout=60, alive=[worker]), worker.log()[-3000:]
-        assert worker.proc is not None
-        os.killpg(worker.proc.pid, signal.SIGKILL)
-        worker.proc.wait(timeout=10)
+        worker.kill()
     finally:
         worker.stop()
     held = [json.loads(v) for v in client.hvals("unacked")]
@@ -122,14 +118,7 @@ def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer
     urgent_before = sum(client.llen(names.key_list(k)) for k in ("u0", "u1"))
     batch_before = sum(client.llen(batch.key_list(k)) for k in ("b0", "b1"))
     held_batch = sum(1 for m in held if m[0]["properties"].get("priority") == 9)
-    producer.conf.broker_transport_options = {"visibility_timeout": 2}
-    with producer.connection_for_read() as conn:
-        channel = conn.default_channel
-        deadline = time.monotonic() + 30
-        while client.hlen("unacked"):
-            assert time.monotonic() < deadline, "the unacked messages were not restored"
-            channel.qos.restore_visible(num=100)
-            time.sleep(0.2)
+    restore_unacked(producer, client, visibility=2)
     # Each went back to its key's list in its own level; none to Kombu's own lists.
     assert client.llen(QUEUE) == 0 and client.llen(f"{QUEUE}{SEP}9") == 0
     assert sum(client.llen(batch.key_list(k)) for k in ("b0", "b1")) == batch_before + held_batch
