@@ -210,3 +210,66 @@ def _get(bound: Any, timeout: float = 10.0) -> Any:
             return message
         assert time.monotonic() < deadline, "no message arrived"
         time.sleep(0.05)
+
+
+@pytest.mark.rabbitmq
+def test_isolation_moves_a_noisy_keys_messages_with_their_priority(rabbitmq_server: Any) -> None:
+    """The router's isolation queue gets the noisy key's messages with their priorities,
+    and RabbitMQ serves them there in priority order."""
+    from kombu import Connection, Queue
+
+    from celery_fair.routing import ConsistentHashRouter
+    from celery_fair.routing.isolation import IsolationPolicy
+
+    tag = uuid.uuid4().hex[:6]
+    shards = [f"ring{tag}.{i}" for i in range(2)]
+    isolated = f"iso{tag}.isolated"
+    app = Celery("isolation-producer", broker=rabbitmq_server.url, set_as_current=False)
+    app.conf.task_queue_max_priority = 10
+    policy = IsolationPolicy(isolated, half_life=60.0, hold=60.0)
+    app.conf.task_routes = (ConsistentHashRouter(shards, key="tenant_id", isolate=policy),)
+    celery_fair.install(app)
+    with app.producer_or_acquire() as producer:
+        for i in range(80):  # one key only: past 30 messages it is the noisy one
+            app.send_task(
+                "ledger", kwargs={"ms": 0, "tenant_id": "noisy"}, producer=producer,
+                priority=9 if i % 2 else 1,
+            )  # fmt: skip
+    app.close()
+    with Connection(rabbitmq_server.url) as conn:
+        bound = Queue(isolated, max_priority=10)(conn.channel())
+        got = []
+        while (message := bound.get(no_ack=True)) is not None:
+            got.append(message.properties.get("priority"))
+        channel = conn.channel()
+        for name in (*shards, isolated):
+            channel.queue_delete(name)  # RabbitMQ: nothing to do for a queue never declared
+    # Isolated after the first 30 or so; with their priorities, 9 served first there.
+    assert 30 <= len(got) <= 50, got
+    assert sorted(got, reverse=True) == got and set(got) == {1, 9}, got
+
+
+@pytest.mark.rabbitmq
+def test_parking_and_replay_keep_the_priority_on_rabbitmq(rabbitmq_server: Any) -> None:
+    from kombu import Connection, Exchange, Producer, Queue
+
+    from celery_fair.parked import parking_queue
+    from celery_fair.parking.store import AmqpParking
+
+    name = f"ppark-{uuid.uuid4().hex[:6]}"
+    queue = Queue(name, Exchange(name), routing_key=name, max_priority=10)
+    with Connection(rabbitmq_server.url) as conn:
+        channel = conn.channel()
+        Producer(channel).publish({"n": "bad"}, exchange=queue.exchange, routing_key=name,
+                                  priority=9, declare=[queue])  # fmt: skip
+        bound = queue(channel)
+        parking = AmqpParking(channel)
+        parking.park(_get(bound), name, "test: bad input")
+        parked = parking.list(name)
+        assert len(parked) == 1
+        assert parking.replay(name) == 1
+        back = _get(bound)
+        assert back.payload == {"n": "bad"} and back.properties["priority"] == 9
+        back.ack()
+        channel.queue_delete(name)
+        channel.queue_delete(parking_queue(name))
