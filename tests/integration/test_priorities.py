@@ -20,7 +20,7 @@ from celery import Celery
 
 import celery_fair
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key, restore_unacked
+from bench.harness.keys import keyed_app, most_at_once, publish_by_key, restore_unacked
 from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
 
@@ -273,3 +273,34 @@ def test_parking_and_replay_keep_the_priority_on_rabbitmq(rabbitmq_server: Any) 
         back.ack()
         channel.queue_delete(name)
         channel.queue_delete(parking_queue(name))
+
+
+def test_a_codel_return_of_a_keyed_message_goes_back_to_its_level(redis_url: str) -> None:
+    """CoDel and the unknown-task quarantine send copies back with ``put_payload``: a
+    keyed message returns to its key's list in its own priority level."""
+    from kombu import Connection
+
+    from celery_fair.kombu.requeue import put_payload
+    from celery_fair.wire import KEY_HEADER, KEYED_HEADER
+
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    payload = {
+        "body": "",
+        "headers": {KEY_HEADER: "a", KEYED_HEADER: QUEUE},
+        "properties": {"priority": 9, "delivery_info": {"routing_key": QUEUE}},
+    }
+    with Connection(redis_url) as conn:
+        put_payload(conn.default_channel, QUEUE, payload, front=True)
+    assert client.llen(names.level(f"{SEP}9").key_list("a")) == 1
+    assert client.llen(names.key_list("a")) == 0 and client.llen(f"{QUEUE}{SEP}9") == 0
+
+
+def test_a_keys_limit_holds_across_its_levels(redis_url: str, producer: Celery) -> None:
+    publish_by_key(producer, QUEUE, {"a": 20, "b": 20}, ms=20, priority=9)
+    publish_by_key(producer, QUEUE, {"a": 20}, ms=20, priority=0)
+    ledger = Ledger(redis_url)
+    with _worker(redis_url, CELERY_FAIR_KEY_CONCURRENCY="a=1") as worker:
+        entries = _entries(ledger, 60, worker)
+    assert most_at_once(entries)["a"] == 1  # one at a time, whatever the level
+    assert Counter(e.tenant for e in entries) == {"a": 40, "b": 20}
