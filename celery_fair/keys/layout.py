@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ("UNKEYED", "KeyedNames")
+__all__ = ("UNKEYED", "KeyedNames", "level_rank")
 
 
 #: The key of messages published without one (plain Kombu lists).
@@ -80,6 +80,16 @@ LEVEL_TAGS = "fair.lt"
 BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
 #: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
 HELD_TOP = 1000
+
+
+def level_rank(level: str) -> int:
+    """A level suffix's rank: its priority step (``"\x06\x169"`` -> 9), 0 for the first.
+
+    Levels are served lowest rank first, as Kombu's Redis transport reads its
+    priority lists (``level_rank`` in ``prelude.lua`` gives the same order).
+    """
+    digits = len(level) - len(level.rstrip("0123456789"))
+    return int(level[-digits:]) if digits else 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from .limits import KeyLimits
 __all__ = (
     "KeyStatistics",
     "KeyedServing",
-    "level_rank",
     "served_header",
     "served_level",
     "served_weight_held",
@@ -349,12 +348,6 @@ def served_level(served: Any) -> str:
     if isinstance(served, (list, tuple)) and len(served) >= 5 and isinstance(served[4], str):
         return served[4]
     return ""
-
-
-def level_rank(level: str) -> int:
-    """A level suffix's rank: its priority step (``"\x06\x169"`` -> 9), 0 for the first."""
-    digits = len(level) - len(level.rstrip("0123456789"))
-    return int(level[-digits:]) if digits else 0
 
 
 def _halve(counts: dict[tuple[str, str], int]) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import scripts
-from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames
+from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
 
 __all__ = (
     "KeyedBacklog",
@@ -228,20 +228,31 @@ class KeyedBacklog:
 
 
 def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
-    """The per-key backlog of a keyed queue, and its ``top`` next keys."""
+    """The per-key backlog of a keyed queue, and its ``top`` next keys.
+
+    With priority levels in use, ``keys`` counts a key once per level it waits
+    in, and the next keys are those of the first level with any (strict order).
+    """
     pipe = client.pipeline(transaction=False)
-    pipe.hget(names.state, BACKLOG).zcard(names.active)
-    if top:
-        pipe.zrange(names.active, 0, top - 1)
-    replies = pipe.execute()
+    pipe.hget(names.state, BACKLOG).zcard(names.active).smembers(names.levels)
+    messages, first_level, others = pipe.execute()
+    suffixes = sorted((text(s) for s in others), key=level_rank)
+    levels = [names, *(names.level(s) for s in suffixes)]
+    counts = [int(first_level or 0)]
+    if suffixes:  # a second round trip only for a queue with priority levels
+        pipe = client.pipeline(transaction=False)
+        for level in levels[1:]:
+            pipe.zcard(level.active)
+        counts += [int(n or 0) for n in pipe.execute()]
     nxt: tuple[tuple[str, int], ...] = ()
-    if top and replies[2]:
-        keys = [text(k) for k in replies[2]]
+    first = next((lv for lv, n in zip(levels, counts, strict=True) if n), None)
+    if top and first is not None:
+        keys = [text(k) for k in client.zrange(first.active, 0, top - 1)]
         pipe = client.pipeline(transaction=False)
         for key in keys:
-            pipe.llen(names.base if key == UNKEYED else names.key_list(key))
+            pipe.llen(first.base if key == UNKEYED else first.key_list(key))
         nxt = tuple(zip(keys, (int(n) for n in pipe.execute()), strict=True))
-    return KeyedBacklog(messages=int(replies[0] or 0), keys=int(replies[1] or 0), next_keys=nxt)
+    return KeyedBacklog(messages=int(messages or 0), keys=sum(counts), next_keys=nxt)
 
 
 def write_configured_weights(client: Any, names: KeyedNames, weights: Mapping[str, float]) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from .. import compat
 from ..keys import store
-from ..keys.serving import KeyedServing, KeyStatistics, level_rank, served_header, served_level
+from ..keys.layout import level_rank
+from ..keys.serving import KeyedServing, KeyStatistics, served_header, served_level
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics

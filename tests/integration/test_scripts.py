@@ -356,3 +356,19 @@ def test_levels_follow_the_transports_steps_and_separator(client: redis_lib.Redi
         order.append(reply[6].decode())
     assert order == ["", f"{sep}4", f"{sep}4", f"{sep}9", f"{sep}9"]
     assert client.smembers(names.levels) == {f"{sep}4".encode(), f"{sep}9".encode()}
+
+
+def test_the_backlog_counts_every_level_and_names_the_next_keys_in_order(
+    client: redis_lib.Redis,
+) -> None:
+    from celery_fair.keys.store import backlog
+
+    enqueue(client, "a", message("a"), level=LEVELS[2])
+    enqueue(client, "b", message("b"), level=LEVELS[2])
+    enqueue(client, "b", message("b"), level=LEVELS[2])
+    enqueue(client, "u", message("u"))
+    found = backlog(client, NAMES, top=5)
+    assert (found.messages, found.keys, found.next_keys) == (4, 3, (("u", 1),))
+    fetch(client)  # u, the first level: empty now
+    found = backlog(client, NAMES, top=5)
+    assert (found.messages, found.keys, found.next_keys) == (3, 2, (("a", 1), ("b", 2)))

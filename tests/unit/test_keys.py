@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 
 from celery_fair.errors import FairConfigError
-from celery_fair.keys.layout import KeyedNames
+from celery_fair.keys.layout import KeyedNames, level_rank
 from celery_fair.keys.publish import _arguments, parse_fair_keys
-from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing, level_rank
+from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
 from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
 from celery_fair.worker.settings import FairSettings
