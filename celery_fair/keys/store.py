@@ -121,7 +121,8 @@ class KeyedLimitsState:
     held_back: int = 0
     #: Seconds keys spent set aside, the ones still set aside until now included.
     held_seconds: float = 0.0
-    #: Messages waiting in the keys set aside now (counted for up to HELD_SCAN keys).
+    #: Messages waiting in the keys set aside now, every priority level (counted for
+    #: up to HELD_SCAN keys).
     tasks_held: int = 0
     #: The keys that spent longest set aside, and their seconds (the top few).
     top_held: list[tuple[str, float]] = field(default_factory=list)
@@ -137,8 +138,9 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
     pipe.hgetall(names.limits_conf).hgetall(names.limits_live).hgetall(names.running)
     pipe.scard(names.at_limit).zcard(names.sleep)
     pipe.hmget(names.state, "held_n", "held_s").hscan(names.held_since, 0, count=HELD_SCAN)
-    pipe.zrevrange(names.held, 0, top - 1, withscores=True).time()
-    conf, live, running, at_limit, sleeping, totals, since, longest, clock = pipe.execute()
+    pipe.zrevrange(names.held, 0, top - 1, withscores=True).time().smembers(names.levels)
+    conf, live, running, at_limit, sleeping, totals, since, longest, clock, others = pipe.execute()
+    levels = [names, *(names.level(text(s)) for s in others)]
     limits = {text(k): text(v) for k, v in conf.items()}
     limits.update({text(k): text(v) for k, v in live.items()})
     now = clock[0] + clock[1] / 1e6
@@ -149,10 +151,8 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
         seconds[key] = seconds.get(key, 0.0) + extra
     lengths = client.pipeline(transaction=False)
     for key in held_now:
-        if key == UNKEYED:
-            lengths.llen(names.base)
-        else:
-            lengths.llen(names.key_list(key))
+        for level in levels:
+            lengths.llen(level.base if key == UNKEYED else level.key_list(key))
     waiting = lengths.execute() if held_now else []
     return KeyedLimitsState(
         limits=limits,

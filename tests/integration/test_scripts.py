@@ -372,3 +372,18 @@ def test_the_backlog_counts_every_level_and_names_the_next_keys_in_order(
     fetch(client)  # u, the first level: empty now
     found = backlog(client, NAMES, top=5)
     assert (found.messages, found.keys, found.next_keys) == (3, 2, (("a", 1), ("b", 2)))
+
+
+def test_the_limits_state_counts_a_held_keys_messages_in_every_level(
+    client: redis_lib.Redis,
+) -> None:
+    from celery_fair.keys.store import limits_state
+
+    client.hset(NAMES.limits_conf, "c:a", "1")
+    enqueue(client, "a", message("a", 0))
+    enqueue(client, "a", message("a", 1))
+    enqueue(client, "a", message("a", 2), level=LEVELS[2])
+    assert served(client, 1, "L1:30") == ["a"]
+    assert isinstance(fetch(client, "L1:30"), int)  # a is at its limit: set aside
+    state = limits_state(client, NAMES)
+    assert state.at_limit == 1 and state.tasks_held == 2  # one in each level
