@@ -58,6 +58,7 @@ def _entries(ledger: Ledger, n: int, worker: WorkerProcess) -> list[Entry]:
     return sorted(ledger.entries(), key=lambda e: e.started)
 
 
+@pytest.mark.compat
 def test_urgent_work_first_and_keys_fair_within_the_batch_level(
     redis_url: str, producer: Celery
 ) -> None:
@@ -99,6 +100,7 @@ def test_weighted_levels_share_the_worker_by_weight(redis_url: str, producer: Ce
     assert abs(lows["lo-a"] - lows["lo-b"]) <= 2, lows
 
 
+@pytest.mark.compat
 def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer: Celery) -> None:
     publish_by_key(producer, QUEUE, {"b0": 30, "b1": 30}, ms=20, priority=9)
     publish_by_key(producer, QUEUE, {"u0": 30, "u1": 30}, ms=20, priority=0)
@@ -138,6 +140,7 @@ def test_a_crash_restores_each_message_to_its_own_level(redis_url: str, producer
 
 
 @pytest.mark.rabbitmq
+@pytest.mark.compat
 def test_rabbitmq_priority_queue_under_dwrr_and_codel(rabbitmq_server: Any, redis_url: str) -> None:
     """``x-max-priority`` (Celery's ``task_queue_max_priority``) keeps the broker's order:
     priority 9 before a backlog of priority 0, under per-queue windows and CoDel; 0 lost."""
