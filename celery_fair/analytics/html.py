@@ -80,6 +80,29 @@ def _noisy_table(report: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _priority_table(report: dict[str, Any]) -> str:
+    """Per queue and priority: tasks, waits, and the three largest keys of the level."""
+    rows = []
+    for queue, levels in (report.get("priorities") or {}).items():
+        for priority, level in levels.items():
+            top = sorted(level["keys"].items(), key=lambda kv: -kv[1]["share"])[:3]
+            keys = ", ".join(f"{k} {v['share']:.1%}" for k, v in top)
+            rows.append(
+                f"<tr><td>{html.escape(queue)}</td><td>{html.escape(priority)}</td>"
+                f"<td>{_cell(level.get('tasks'), '{:,}')}</td>"
+                f"<td>{_cell(level.get('wait_p50'), '{:.4f}')}</td>"
+                f"<td>{_cell(level.get('wait_p99'), '{:.4f}')}</td>"
+                f'<td style="text-align:left">{html.escape(keys) or "-"}</td></tr>'
+            )
+    if not rows:
+        return ""
+    head = (
+        "<tr><th>queue</th><th>priority</th><th>tasks</th><th>wait p50 s</th>"
+        "<th>p99</th><th>largest keys (share of the level)</th></tr>"
+    )
+    return "<h2>Priorities</h2><table>" + head + "".join(rows) + "</table>"
+
+
 def _image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
@@ -103,6 +126,7 @@ def render_html(report: dict[str, Any], charts: dict[str, Path]) -> str:
 <p>{meta["records"]:,} task records, windows of {meta["window_seconds"]:g} s.
 Jain's fairness index per window, mean: queues {jq}, fairness keys {jk}.</p>
 <h2>Queues</h2>{_queue_table(report)}
+{_priority_table(report)}
 <h2>Recommended settings</h2><pre>{settings}</pre>
 <h2>Noisy tenants</h2>{_noisy_table(report)}
 <h2>Charts</h2><div class="charts">{images}</div>

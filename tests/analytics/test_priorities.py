@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from celery_fair.analytics.html import render_html
 from celery_fair.analytics.pipeline import compute
 from celery_fair.analytics.report import build_report, format_summary
 from celery_fair.telemetry.schema import TaskRecord, records_to_table
@@ -59,6 +60,8 @@ def test_waits_per_level_and_key_shares_within_a_level(spark: SparkSession, tmp_
     assert shares == pytest.approx({"a": 1 / 7, "b": 2 / 7, "c": 4 / 7})
     assert sum(v["share"] for v in levels["0"]["keys"].values()) == pytest.approx(1.0)
     assert "priority   9: 700 tasks" in format_summary(report)
+    page = render_html(report, {})
+    assert "<h2>Priorities</h2>" in page and "<td>9</td><td>700</td>" in page
 
 
 def test_no_priorities_no_section(spark: SparkSession, tmp_path: Path) -> None:
@@ -73,3 +76,4 @@ def test_no_priorities_no_section(spark: SparkSession, tmp_path: Path) -> None:
     report = build_report(compute(spark, str(data)))
     assert report["priorities"] == {}
     assert "priorities of" not in format_summary(report)
+    assert "<h2>Priorities</h2>" not in render_html(report, {})
