@@ -1,6 +1,6 @@
 """Priorities with fairness keys on Redis: urgent waits under a batch backlog, and fetch cost.
 
-Three experiments, the first against plain Celery in the same run, alternating, ``--reps`` times:
+Four experiments, the first two against plain Celery in the same run, alternating, ``--reps`` times:
 
 * **waits**: one queue, ``celery worker -P prefork -c 2``.  Batch work at priority 9
   (the last level on Redis): 20 tenants, three of them weighted 1:2:4, with backlogs
@@ -10,6 +10,8 @@ Three experiments, the first against plain Celery in the same run, alternating, 
   worker (unloaded) and while the batch level is backlogged (loaded); the shares of
   the three weighted batch tenants while all three are backlogged.  Plain Celery
   runs the same messages on one queue with Kombu's priority lists.
+* **weighted levels**: two backlogged levels, ``fair_priority="weighted"`` at 4:1,
+  the share of the first (plain Celery: Kombu's strict order);
 * **throughput**: the worker's tasks/s on a keyed queue of no-op tasks over 10 or
   10,000 keys, every message at priority 9 (priorities on) or without one (off);
 * **fetch cost**: the fetch script alone, microseconds per call, with the messages
@@ -60,8 +62,8 @@ def _producer(url: str, keyed: bool) -> Any:
     return app
 
 
-def _worker(url: str, keyed: bool) -> WorkerProcess:
-    env = {"CELERY_FAIR_LEDGER": url, "CELERY_FAIR_MAX_PRIORITY": "10"}
+def _worker(url: str, keyed: bool, **extra: str) -> WorkerProcess:
+    env = {"CELERY_FAIR_LEDGER": url, "CELERY_FAIR_MAX_PRIORITY": "10", **extra}
     if keyed:
         env["CELERY_FAIR_KEYS"] = f"{QUEUE}=tenant_id"
         env["CELERY_FAIR_KEY_WEIGHTS"] = ",".join(f"{k}={w}" for k, w in WEIGHTED.items())
@@ -125,6 +127,31 @@ def waits_run(keyed: bool, rate: float, seconds: float) -> dict[str, Any]:
         if batch:
             out["shares"] = _shares(entries)
     return out
+
+
+def levels_run(keyed: bool) -> float:
+    """Share of priority 0 among the tasks run while both levels had a backlog.
+
+    celery-fair: ``fair_priority="weighted"`` with 4:1 between priorities 0 and 9
+    (target 80%); plain Celery: Kombu's strict order.
+    """
+    with RedisServer() as server:
+        app = _producer(server.url, keyed)
+        publish_by_key(app, QUEUE, {"hi-a": 600, "hi-b": 600}, ms=2, priority=0)
+        publish_by_key(app, QUEUE, {"lo-a": 600, "lo-b": 600}, ms=2, priority=9)
+        app.close()
+        ledger = Ledger(server.url)
+        extra = (
+            {"CELERY_FAIR_PRIORITY": "weighted", "CELERY_FAIR_PRIORITY_WEIGHTS": "0=4,9=1"}
+            if keyed
+            else {}
+        )
+        with _worker(server.url, keyed, **extra) as worker:
+            assert ledger.wait_for(1100, timeout=300, alive=[worker]), worker.log()[-2000:]
+        entries = sorted(ledger.entries(), key=lambda e: e.started)
+    # Tasks 100 to 1,000: past the start, and fewer than either level's 1,200.
+    window = [e.tenant or "" for e in entries[100:1000]]
+    return sum(t.startswith("hi-") for t in window) / len(window)
 
 
 def _urgent_ran(ledger: Ledger) -> int:
@@ -227,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     waits: dict[str, list[dict[str, Any]]] = {"plain": [], "fair": []}
     costs: dict[str, list[float]] = {}
     throughput: dict[str, list[float]] = {}
+    levels: dict[str, list[float]] = {"plain": [], "fair": []}
     for rep in range(args.reps):
         order = ("plain", "fair") if rep % 2 == 0 else ("fair", "plain")
         for mode in order:
@@ -237,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"loaded {res['loaded']['p99_ms']:.1f} ms; shares {res.get('shares')}",
                 flush=True,
             )
+        for mode in order:
+            share = levels_run(mode == "fair")
+            levels[mode].append(share)
+            print(f"rep {rep + 1} {mode:5} levels: priority 0 served {share:.1%}", flush=True)
         for keys in (10, 10_000):
             for on in (True, False) if rep % 2 == 0 else (False, True):
                 rate = throughput_run(keys, on, args.tasks)
@@ -258,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "waits": waits,
         "costs": costs,
         "throughput": throughput,
+        "levels": levels,
     }
     write(args.name, results, _markdown(results))
     return 0
@@ -306,6 +339,20 @@ def _markdown(results: dict[str, Any]) -> str:
             s = summary([r["shares"][key] for r in results["waits"][mode]])
             cells.append(f"{s['median']:.1%} [{s['min']:.1%}, {s['max']:.1%}]")
         lines.append(f"| {key} | {weight} | {weight / total:.1%} | {cells[0]} | {cells[1]} |")
+    lv = {m: summary(results["levels"][m]) for m in ("plain", "fair")}
+    lines += [
+        "",
+        "Two backlogged levels (priority 0 and 9, two keys each, 1,200 tasks of 2 ms each): "
+        "the share of priority 0 among tasks 100 to 1,000. celery-fair with "
+        '`fair_priority="weighted"` and `fair_priority_weights="0=4,9=1"` (target 80%); '
+        "plain Celery serves Kombu's priority lists strictly. Median [min, max]:",
+        "",
+        "| plain Celery | celery-fair weighted 4:1 | target |",
+        "|---|---|---|",
+        f"| {lv['plain']['median']:.1%} [{lv['plain']['min']:.1%}, {lv['plain']['max']:.1%}] "
+        f"| {lv['fair']['median']:.1%} [{lv['fair']['min']:.1%}, {lv['fair']['max']:.1%}] "
+        "| 80.0% |",
+    ]
     lines += [
         "",
         "The fetch script alone, microseconds per call (one keyed queue, Kombu's four "
