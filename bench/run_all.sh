@@ -27,5 +27,7 @@ $PY -m bench.noisy_neighbour --broker redis --reps 3
 $PY -m bench.noisy_neighbour --broker rabbitmq --reps 3
 $PY -m bench.redis_crash_loss
 $PY -m bench.redis_crash_loss --runs 10 --modes plain,fair-keyed
+$PY -m bench.redis_crash_loss --runs 10 --modes plain,fair-keyed-priorities --name redis_crash_loss_priorities
+$PY -m bench.priorities --reps 3
 $PY -m bench.analytics
 $PY -m bench.celery_integration
