@@ -261,12 +261,14 @@ class AtomicFetch:
             raise Empty()
         key, item = text(reply[0]), reply[1]
         queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+        # Counted as a fetch before it is decoded, as Kombu's own BRPOP path does:
+        # a payload parked below releases its own credit.
+        compat.queue_cycle(self.channel).rotate(queue)
         try:
             payload = loads(text(item))
         except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
             park_undecodable(self.channel, self.cycle, queue, item)
             raise Empty() from None
-        compat.queue_cycle(self.channel).rotate(queue)
         compat.deliver(self.channel, payload, queue)
         return True
 
@@ -327,6 +329,10 @@ class AtomicFetch:
         key = text(reply[0])
         queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
         if len(reply) == 3:
+            # Fetched, then parked by the script: counted as a fetch (as Kombu's
+            # BRPOP path rotates before it decodes), so that its release below
+            # frees its own credit, not another message's.
+            compat.queue_cycle(channel).rotate(queue)
             self._report_malformed(queue, reply[1])
             raise Empty()
         if self.on_fetch is not None:

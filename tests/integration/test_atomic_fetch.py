@@ -308,3 +308,31 @@ def test_a_wake_up_during_a_fetch_is_not_lost(
         with pytest.raises(Empty):
             fetch.read()  # nothing (the script read before the publish)
         assert client.llen(fetch._wake_key) == 1  # so the next wait ends at once
+
+
+def test_a_malformed_payload_does_not_release_another_messages_credit(
+    kombu_channel: tuple[Connection, Any], redis_url: str
+) -> None:
+    """A payload the fetch parks was fetched and released: held stays the messages held."""
+    conn, channel = kombu_channel
+    client = redis_lib.Redis.from_url(redis_url)
+    queue = Queue("tm", Exchange("tm"), routing_key="tm")
+    producer = Producer(channel)
+    producer.publish({"n": 0}, exchange=queue.exchange, routing_key="tm", declare=[queue])
+    client.lpush("tm", b"this is not json")  # fetched second (Kombu pops from the right)
+    for n in (1, 2):
+        producer.publish({"n": n}, exchange=queue.exchange, routing_key="tm")
+    held: list[Any] = []
+    scheduler = FairScheduler({"tm": 1})
+    cycle = install_on_channel(channel, scheduler, atomic=True)
+    assert cycle is not None and cycle.atomic is not None
+    with Consumer(channel, [queue], callbacks=[lambda body, message: held.append(message)]):
+        deadline = time.monotonic() + 20
+        while len(held) < 3:
+            assert time.monotonic() < deadline, held
+            conn.drain_events(timeout=5)
+    assert cycle.atomic.malformed == 1 and client.llen("tm.fair-malformed") == 1
+    assert scheduler.held("tm") == 3  # the three messages not acknowledged yet
+    for message in held:
+        message.ack()
+    assert scheduler.held("tm") == 0
