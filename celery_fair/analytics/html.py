@@ -85,14 +85,12 @@ def _priority_table(report: dict[str, Any]) -> str:
     rows = []
     for queue, levels in (report.get("priorities") or {}).items():
         for priority, level in levels.items():
-            top = sorted(level["keys"].items(), key=lambda kv: -kv[1]["share"])[:3]
-            keys = ", ".join(f"{k} {v['share']:.1%}" for k, v in top)
             rows.append(
                 f"<tr><td>{html.escape(queue)}</td><td>{html.escape(priority)}</td>"
                 f"<td>{_cell(level.get('tasks'), '{:,}')}</td>"
                 f"<td>{_cell(level.get('wait_p50'), '{:.4f}')}</td>"
                 f"<td>{_cell(level.get('wait_p99'), '{:.4f}')}</td>"
-                f'<td style="text-align:left">{html.escape(keys) or "-"}</td></tr>'
+                f'<td style="text-align:left">{html.escape(level["largest"]) or "-"}</td></tr>'
             )
     if not rows:
         return ""

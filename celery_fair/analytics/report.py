@@ -252,6 +252,11 @@ def _priorities(data: dict[str, Any]) -> dict[str, Any]:
     for row in data.get("priority_key_shares", []):
         level = out.setdefault(row["queue"], {}).setdefault(str(row["priority"]), {"keys": {}})
         level["keys"][row["fair_key"]] = {"tasks": row["tasks"], "share": row["share"]}
+    for levels in out.values():
+        for level in levels.values():
+            # The three largest keys of the level, "key 12.3%", for the summaries.
+            ranked = sorted(level["keys"].items(), key=lambda kv: -kv[1]["share"])[:3]
+            level["largest"] = ", ".join(f"{k} {v['share']:.1%}" for k, v in ranked)
     return {q: dict(sorted(out[q].items(), key=lambda kv: int(kv[0]))) for q in sorted(out)}
 
 
@@ -299,12 +304,10 @@ def format_summary(report: dict[str, Any]) -> str:
     for queue, levels in (report.get("priorities") or {}).items():
         lines.append(f"priorities of {queue}:")
         for priority, level in levels.items():
-            top = sorted(level["keys"].items(), key=lambda kv: -kv[1]["share"])[:3]
-            shares = ", ".join(f"{k} {v['share']:.1%}" for k, v in top)
             lines.append(
                 f"  priority {priority:>3}: {level.get('tasks', 0):,} tasks, wait p50 "
                 f"{_f(level.get('wait_p50'), '.3f')}s p99 {_f(level.get('wait_p99'), '.3f')}s; "
-                f"keys {shares or '-'}"
+                f"keys {level['largest'] or '-'}"
             )
     held = report.get("held_keys") or []
     if held:
