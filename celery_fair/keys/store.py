@@ -235,7 +235,9 @@ def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
     """
     pipe = client.pipeline(transaction=False)
     pipe.hget(names.state, BACKLOG).zcard(names.active).smembers(names.levels)
-    messages, first_level, others = pipe.execute()
+    if top:
+        pipe.zrange(names.active, 0, top - 1)
+    messages, first_level, others, *first_keys = pipe.execute()
     suffixes = sorted((text(s) for s in others), key=level_rank)
     levels = [names, *(names.level(s) for s in suffixes)]
     counts = [int(first_level or 0)]
@@ -247,7 +249,8 @@ def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
     nxt: tuple[tuple[str, int], ...] = ()
     first = next((lv for lv, n in zip(levels, counts, strict=True) if n), None)
     if top and first is not None:
-        keys = [text(k) for k in client.zrange(first.active, 0, top - 1)]
+        listed = first_keys[0] if first is names else client.zrange(first.active, 0, top - 1)
+        keys = [text(k) for k in listed]
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.llen(first.base if key == UNKEYED else first.key_list(key))

@@ -36,11 +36,10 @@ local function level_suffixes(base, extra)
   for _, s in ipairs(extra or {}) do
     if not seen[s] then seen[s] = true; out[#out + 1] = s end
   end
-  local sorted = true
   for _, s in ipairs(redis.call('SMEMBERS', kname(base, N.LEVELS))) do
-    if not seen[s] then seen[s] = true; out[#out + 1] = s; sorted = false end
+    if not seen[s] then seen[s] = true; out[#out + 1] = s end
   end
-  if not sorted or extra then table.sort(out, by_rank) end
+  if #out > 1 then table.sort(out, by_rank) end
   return out
 end
 
