@@ -55,10 +55,14 @@ def test_slow_worker_returns_stale_tasks_and_a_fast_one_runs_them(redis_url: str
     assert len(runs) == n and set(runs.values()) == {1}, "every task ran exactly once"
     returned = [e for e in entries if e["requeues"] > 0]
     assert returned, "the slow worker sent stale tasks back"
-    # The fast worker ran most of what the slow one sent back (the slow one
-    # may fetch a returned task again: it polls the same queue).
+    # Returned tasks reach the fast worker, and it runs most of the work. Which
+    # worker fetches a given returned task is a race (the slow one polls the
+    # same queue and may take it again when a slot frees), so the share of the
+    # returned tasks on each worker depends on the machine's load.
     on_fast = [e for e in returned if e["worker"].split("@")[0] == fast.name]
-    assert len(on_fast) > len(returned) / 2, (len(on_fast), len(returned))
+    assert on_fast, "a returned task ran on the fast worker"
+    by_worker = Counter(e["worker"].split("@")[0] for e in entries)
+    assert by_worker[fast.name] > by_worker[slow.name], by_worker
 
 
 @pytest.mark.compat
