@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "DeficitRoundRobin": "celery_fair.scheduling.drr",
     "FairConfigError": "celery_fair.errors",
     "FairScheduler": "celery_fair.scheduling.scheduler",
+    "KeyBacklogFull": "celery_fair.errors",
     "HashRing": "celery_fair.routing.ring",
     "MissingRouteKeyError": "celery_fair.routing.router",
     "declare_consistent_hash_exchange": "celery_fair.routing.rabbitmq",
@@ -32,6 +33,7 @@ __all__ = (
     "FairConfigError",
     "FairScheduler",
     "HashRing",
+    "KeyBacklogFull",
     "MissingRouteKeyError",
     "__version__",
     "declare_consistent_hash_exchange",
@@ -39,7 +41,7 @@ __all__ = (
 )
 
 if TYPE_CHECKING:
-    from .errors import FairConfigError
+    from .errors import FairConfigError, KeyBacklogFull
     from .install import install
     from .routing.rabbitmq import declare_consistent_hash_exchange
     from .routing.ring import HashRing

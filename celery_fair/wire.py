@@ -13,6 +13,7 @@ __all__ = (
     "FROM_HEADER",
     "KEYED_HEADER",
     "KEY_HEADER",
+    "MAX_BACKLOG_HEADER",
     "PUBLISHED_HEADER",
     "QUEUE_STAMP",
     "REASON_HEADER",
@@ -20,6 +21,7 @@ __all__ = (
     "REQUEUE_HEADER",
     "RETURNS_HEADER",
     "SERVED_HEADER",
+    "USER_HEADER",
     "WEIGHT_STAMP",
 )
 
@@ -34,17 +36,27 @@ KEY_HEADER = "fair_key"
 #: The keyed queue a message was published for (by an app with ``fair_keys``):
 #: Kombu's Redis ``_put`` stores it in its key's list only for that queue.
 KEYED_HEADER = "fair_keyed"
+#: Two-level keys: the task's user within its key (``fair_keys`` with a pair
+#: of sources); present, even empty, only on messages of such a queue.
+USER_HEADER = "fair_user"
+#: The key's backlog cap in force for this message (``fair_key_max_backlog``
+#: of the producer): Kombu's Redis ``_put`` passes it to the push script,
+#: which refuses the message when the key has this many waiting.
+MAX_BACKLOG_HEADER = "fair_max_backlog"
 
 # -- the worker ----------------------------------------------------------------
 
 #: Stamped by the worker on a message it fetched from a keyed queue:
-#: ``[key, charge, weight, held, level]``: the key served, the cost charged to
+#: ``[key, charge, weight, held, level, user, paused]``: the key served, the cost charged to
 #: it at fetch time (run-time mode corrects it when the task finishes), the
 #: key's weight when it was served, the seconds the key had spent set aside by
 #: its limits since its previous task was served (0 without limits), and the
 #: suffix of the priority level it was served from (``""``: the first level;
-#: absent from workers before priority levels).
-#: Telemetry records the third and fourth as ``key_weight`` and ``key_held``.
+#: absent from workers before priority levels), the user served within a
+#: two-level key (``""`` for a one-level key) and the seconds the key had been
+#: paused since its previous task was served (both absent before two-level keys).
+#: Telemetry records weight, held, user and paused as ``key_weight``,
+#: ``key_held``, ``key_user`` and ``key_paused``.
 SERVED_HEADER = "fair_served"
 #: Request stamps of the main process, for telemetry: wall times of receipt and
 #: dispatch to the pool, the queue, the queue's weight in force.

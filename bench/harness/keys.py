@@ -9,14 +9,18 @@ from typing import Any
 __all__ = ("keyed_app", "most_at_once", "publish_by_key")
 
 
-def keyed_app(broker_url: str, fair_keys: Mapping[str, Any], name: str = "keyed-producer") -> Any:
-    """A producer app with celery-fair and these ``fair_keys`` (the user's surface)."""
+def keyed_app(
+    broker_url: str, fair_keys: Mapping[str, Any], name: str = "keyed-producer", **conf: Any
+) -> Any:
+    """A producer app with celery-fair, these ``fair_keys`` and other settings ``conf``
+    (the user's surface)."""
     from celery import Celery
 
     import celery_fair
 
     app = Celery(name, broker=broker_url, set_as_current=False)
     app.conf.fair_keys = dict(fair_keys)
+    app.conf.update(conf)
     celery_fair.install(app)
     return app
 

@@ -233,6 +233,8 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "pid": pa.array(1000 + host, type=pa.int32()),
         "source": pa.array(["synthetic"] * n),
         "priority": pa.nulls(n, type=pa.int32()),
+        "key_user": pa.nulls(n, type=pa.string()),
+        "key_paused": pa.array(np.zeros(n)),
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 

@@ -127,9 +127,15 @@ if os.environ.get("CELERY_FAIR_DISABLE_PREFETCH") == "1":
 if os.environ.get("CELERY_FAIR_ETA_LIMIT"):
     app.conf.worker_eta_task_limit = int(os.environ["CELERY_FAIR_ETA_LIMIT"])
 if os.environ.get("CELERY_FAIR_KEYS"):
-    app.conf.fair_keys = dict(
-        part.split("=", 1) for part in os.environ["CELERY_FAIR_KEYS"].split(",") if part
-    )
+    # "jobs=tenant_id", or "jobs=tenant_id+user_id" for two-level keys.
+    app.conf.fair_keys = {
+        queue: tuple(spec.split("+")) if "+" in spec else spec
+        for queue, spec in (
+            part.split("=", 1) for part in os.environ["CELERY_FAIR_KEYS"].split(",") if part
+        )
+    }
+if os.environ.get("CELERY_FAIR_KEY_MAX_BACKLOG"):
+    app.conf.fair_key_max_backlog = os.environ["CELERY_FAIR_KEY_MAX_BACKLOG"]
 if os.environ.get("CELERY_FAIR_KEY_WEIGHTS"):
     app.conf.fair_key_weights = os.environ["CELERY_FAIR_KEY_WEIGHTS"]
 if os.environ.get("CELERY_FAIR_KEY_CONCURRENCY"):
@@ -195,11 +201,14 @@ def _ledger_client(url: str) -> object:
 
 
 @app.task(name="ledger", bind=True)
-def ledger(self: object, ms: float = 0.0, tenant_id: str | None = None) -> None:
+def ledger(
+    self: object, ms: float = 0.0, tenant_id: str | None = None, user_id: str | None = None
+) -> None:
     """Sleep ``ms`` (plus this worker's slowdown) and record the run in a Redis list.
 
     The entry names the task, the worker, the queue it came from, its tenant
-    (``tenant_id``, the key the showcase routes by), when it was published and
+    (``tenant_id``, the key the showcase routes by; ``user_id``, a user within
+    it for two-level keys), when it was published and
     when it started and finished.  A per-tenant counter in the hash
     ``ledger:tenants`` lets a driver follow progress without reading the list.
     """
@@ -223,6 +232,7 @@ def ledger(self: object, ms: float = 0.0, tenant_id: str | None = None) -> None:
             "finished": time.time(),
             "published": getattr(request, "fair_published", None),
             "tenant": tenant_id,
+            "user": user_id,
             "queue": delivery.get("routing_key"),
         }
         pipe = _ledger_client(url).pipeline(transaction=False)  # type: ignore[attr-defined]

@@ -32,6 +32,8 @@ class Entry:
     started: float
     finished: float
     requeues: int
+    #: The user within the tenant (two-level keys), if the task had one.
+    user: str | None = None
 
     @property
     def wait(self) -> float | None:
@@ -76,6 +78,7 @@ class Ledger:
                     started=float(e["started"]),
                     finished=float(e.get("finished") or e["started"]),
                     requeues=int(e.get("requeues") or 0),
+                    user=e.get("user"),
                 )
             )
         return out

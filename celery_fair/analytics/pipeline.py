@@ -208,6 +208,7 @@ def compute(
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
         out["held_keys"] = _rows(keys.transform(T.held_keys))
+        out["paused_keys"] = _rows(keys.transform(T.paused_keys))
         out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
 
     if span_row["prioritized"]:

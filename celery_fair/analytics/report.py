@@ -228,6 +228,8 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         "hot_keys": data["hot_keys"],
         # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
         "held_keys": data.get("held_keys", []),
+        # Keys paused by control fair_key_pause, longest first (schema 4 telemetry).
+        "paused_keys": data.get("paused_keys", []),
         "noisy_tenants": findings(
             data.get("noisy_keys", []),
             data.get("noisy_windows", []),
@@ -313,6 +315,10 @@ def format_summary(report: dict[str, Any]) -> str:
     if held:
         shown = ", ".join(f"{h['fair_key']} ({h['queue']}) {h['held']:.1f}s" for h in held[:5])
         lines.append(f"held back by per-key limits: {shown}")
+    paused = report.get("paused_keys") or []
+    if paused:
+        shown = ", ".join(f"{p['fair_key']} ({p['queue']}) {p['paused']:.1f}s" for p in paused[:5])
+        lines.append(f"paused (control fair_key_pause): {shown}")
     noisy = report["noisy_tenants"]
     lines.append("noisy tenants:" + ("" if noisy else " none"))
     for n in noisy[:5]:

@@ -44,6 +44,14 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   ``fair.howed`` (key -> seconds it was set aside, not yet reported): the
   next task served of the key carries them in its ``fair_served`` header
   (:data:`celery_fair.wire.SERVED_HEADER`).
+* Two-level keys (``fair_keys`` with a pair of sources): a key (a tenant) has
+  no list of its own but, per level, ``fair.u.<key>`` (its users with
+  messages waiting, by start tag), ``fair.ul.<key>`` (their recent finish
+  tags), a field in ``fair.uvt`` (their virtual time) and one list per user,
+  ``jobs\x06\x16fair.k.<key>\x06\x16<user>``.
+* Paused keys (``control fair_key_pause``): ``fair.paused``, ``fair.psince``
+  (since when), ``fair.powed`` (seconds its next served task reports), and in
+  ``fair.state`` ``paused_n`` and ``paused_s``.
 
 Kombu's separator (``\\x06\\x16``) is used so that no queue name can collide
 with these names: Kombu's priority lists use it followed by a digit.
@@ -75,6 +83,15 @@ LEVELS = "fair.levels"
 #: Hash, with ``fair_priority="weighted"``: level suffix -> its start tag, and
 #: ``*`` -> the levels' virtual time.
 LEVEL_TAGS = "fair.lt"
+#: Two-level keys: per level and key (tenant), the sorted set of its users
+#: with messages waiting (``fair.u.<key>``, scored by their start tags within
+#: the key) and their recent finish tags (``fair.ul.<key>``); per level, the
+#: hash key -> its users' virtual time (``fair.uvt``).  A user's list is the
+#: key's list name, the separator, then the user.
+USERS, USER_LAST, USER_VT = "fair.u.", "fair.ul.", "fair.uvt"
+#: Pause (``control fair_key_pause``): the set of paused keys, key -> when it
+#: was paused (broker clock), key -> paused seconds its next served task reports.
+PAUSED, PAUSED_SINCE, PAUSED_OWED = "fair.paused", "fair.psince", "fair.powed"
 #: Fields of ``fair.state``: messages in the per-key lists, and the mark of a
 #: queue moved back to plain lists (``celery-fair keys unkey``).
 BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
@@ -183,3 +200,21 @@ class KeyedNames:
     def key_list(self, key: str) -> str:
         """The list of ``key``'s waiting messages."""
         return self._name(KEY_LIST) + key
+
+    def users(self, key: str) -> str:
+        """Two-level keys: the sorted set of ``key``'s users with messages waiting."""
+        return self._name(USERS) + key
+
+    def user_list(self, key: str, user: str) -> str:
+        """Two-level keys: the list of ``user``'s waiting messages within ``key``."""
+        return self.key_list(key) + self.sep + user
+
+    @property
+    def paused(self) -> str:
+        """Set: the paused keys."""
+        return self._name(PAUSED)
+
+    @property
+    def paused_since(self) -> str:
+        """Hash: paused key -> when it was paused (broker clock)."""
+        return self._name(PAUSED_SINCE)

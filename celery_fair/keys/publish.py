@@ -31,28 +31,46 @@ from typing import Any
 from kombu.utils.json import dumps as _dumps
 
 from .. import compat
-from ..errors import FairConfigError
+from ..errors import FairConfigError, KeyBacklogFull
+from ..grammar import as_positive_int, parse_pairs
 from ..routing.keys import KeySource, key_of, parse_key_spec
-from ..wire import KEY_HEADER, KEYED_HEADER
+from ..wire import KEY_HEADER, KEYED_HEADER, MAX_BACKLOG_HEADER, USER_HEADER
 from . import store
 from .layout import KeyedNames
 
-__all__ = ("KeyedQueues", "parse_fair_keys", "register_app", "wrap_kombu")
+__all__ = (
+    "KeyedQueues",
+    "parse_fair_keys",
+    "parse_max_backlog",
+    "register_app",
+    "wrap_kombu",
+)
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _patched = False
 #: (task name, queue) pairs already warned about a missing key.
-_warned: set[tuple[str, str]] = set()
+_warned: set[tuple[str, str, str]] = set()
 
 
 class KeyedQueues(dict[str, KeySource]):
-    """Keyed queue name -> where its messages' key is."""
+    """Keyed queue name -> where its messages' key is.
+
+    ``users``: the queues with two-level keys -> where the user within the key is.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users: dict[str, KeySource] = {}
 
 
 def parse_fair_keys(value: Any) -> KeyedQueues:
-    """Check ``fair_keys`` (queue -> key spec, as ``ConsistentHashRouter``'s ``key=``)."""
+    """Check ``fair_keys`` (queue -> key spec, as ``ConsistentHashRouter``'s ``key=``).
+
+    A pair of specs, ``("tenant_id", "user_id")``, gives the queue two-level
+    keys: the key, then the user within it.
+    """
 
     if value is None:
         return KeyedQueues()
@@ -68,10 +86,42 @@ def parse_fair_keys(value: Any) -> KeyedQueues:
                 f"fair_keys: a queue name must be a non-empty string, got {queue!r}"
             )
         try:
-            parsed[queue] = parse_key_spec(spec)
+            if isinstance(spec, (tuple, list)):
+                if len(spec) != 2:
+                    raise ValueError(
+                        "a two-level key is a pair (key, user within the key), "
+                        f"got {len(spec)} items"
+                    )
+                parsed[queue] = parse_key_spec(spec[0])
+                parsed.users[queue] = parse_key_spec(spec[1])
+            else:
+                parsed[queue] = parse_key_spec(spec)
         except (TypeError, ValueError) as exc:
             raise FairConfigError(f"fair_keys[{queue!r}]={spec!r}: {exc}") from None
     return parsed
+
+
+#: The name in ``fair_key_max_backlog`` of the cap of every key not named.
+ANY_KEY = "*"
+
+
+def parse_max_backlog(value: Any) -> dict[str, int]:
+    """Check ``fair_key_max_backlog``: key (or ``"*"``) -> the most messages it may have waiting."""
+    caps: dict[str, int] = {}
+    for key, raw in parse_pairs(value, setting="fair_key_max_backlog", what="KEY=N").items():
+        cap = as_positive_int(raw, text=True)
+        if cap is None:
+            raise FairConfigError(
+                f"fair_key_max_backlog: the cap of key {key!r} must be an integer of at "
+                f"least 1, got {raw!r}"
+            )
+        caps[key] = cap
+    return caps
+
+
+def cap_for(caps: Mapping[str, int], key: str) -> int | None:
+    """The backlog cap of ``key`` (its own, else ``"*"``'s), or None."""
+    return caps.get(key, caps.get(ANY_KEY))
 
 
 def register_app(app: Any) -> None:
@@ -84,6 +134,7 @@ def register_app(app: Any) -> None:
 
     try:
         keyed = parse_fair_keys(app.conf.get("fair_keys"))
+        caps = parse_max_backlog(app.conf.get("fair_key_max_backlog"))
     except FairConfigError as exc:
         # Not here, while the app module is imported (Celery would print a long
         # "Unable to load celery application" traceback): a worker stops at start
@@ -93,7 +144,7 @@ def register_app(app: Any) -> None:
     if not keyed:
         return
     wrap_kombu()
-    compat.wrap_task_sender(app, _stamping_sender(app, keyed))
+    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps))
 
 
 def _refusing_sender(error: Exception) -> Callable[..., Any]:
@@ -120,7 +171,9 @@ def wrap_kombu() -> None:
             _patched = True
 
 
-def _stamping_sender(app: Any, keyed: Mapping[str, KeySource]) -> Callable[..., Any]:
+def _stamping_sender(
+    app: Any, keyed: KeyedQueues, caps: Mapping[str, int] | None = None
+) -> Callable[..., Any]:
     """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks."""
 
     def send(original: Callable[..., Any], producer: Any, name: str, message: Any,
@@ -128,7 +181,9 @@ def _stamping_sender(app: Any, keyed: Mapping[str, KeySource]) -> Callable[..., 
         queue = _queue_name(app, options)
         source = keyed.get(queue) if queue is not None else None
         if queue is not None and source is not None:
-            stamp_key(source, name, queue, message, options.get("headers"), _task(app, name))
+            task = _task(app, name)
+            stamp_key(source, name, queue, message, options.get("headers"), task,
+                      user=keyed.users.get(queue), caps=caps)  # fmt: skip
         return original(producer, name, message, *args, **options)
 
     return send
@@ -160,6 +215,9 @@ def stamp_key(
     message: Any,
     extra_headers: Mapping[str, Any] | None = None,
     task: Any = None,
+    *,
+    user: KeySource | None = None,
+    caps: Mapping[str, int] | None = None,
 ) -> None:
     """Put a task's key in its :data:`KEY_HEADER` and its keyed queue in :data:`KEYED_HEADER`.
 
@@ -170,7 +228,9 @@ def stamp_key(
     registered task, places a keyword key passed by position
     (:func:`~celery_fair.routing.keys.key_of`).  A task whose key cannot be
     found is published under the unkeyed key, with a warning once per task
-    name and queue.
+    name and queue.  ``user``: for two-level keys, where the user within the
+    key is (:data:`USER_HEADER`; a user that cannot be found is ``""``).
+    ``caps``: ``fair_key_max_backlog``, stamped as :data:`MAX_BACKLOG_HEADER`.
     """
     headers, properties, body = message[0], message[1], message[2]
     if not isinstance(headers, dict):
@@ -180,16 +240,29 @@ def stamp_key(
     options["headers"] = {**headers, **(extra_headers or {})}
     key = key_of(source, name, args, kw, options, task)
     if key is not None:
-        headers[KEY_HEADER] = key.decode() if isinstance(key, bytes) else str(key)
+        headers[KEY_HEADER] = _text(key)
     elif KEY_HEADER not in options["headers"]:
         _warn_missing(source, name, queue, task)
     headers[KEYED_HEADER] = queue
+    if user is not None:
+        found = key_of(user, name, args, kw, options, task)
+        if found is None and USER_HEADER not in options["headers"]:
+            _warn_missing(user, name, queue, task)
+        headers[USER_HEADER] = "" if found is None else _text(found)
+    if caps:
+        cap = cap_for(caps, headers.get(KEY_HEADER) or options["headers"].get(KEY_HEADER) or "")
+        if cap is not None:
+            headers[MAX_BACKLOG_HEADER] = cap
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _warn_missing(source: KeySource, name: str, queue: str, task: Any) -> None:
-    if (name, queue) in _warned:
+    if (name, queue, source.describe()) in _warned:
         return
-    _warned.add((name, queue))
+    _warned.add((name, queue, source.describe()))
     why = (
         ""
         if task is not None
@@ -233,6 +306,20 @@ def message_key(message: Mapping[str, Any], queue: str) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
+def message_user(message: Mapping[str, Any]) -> str | None:
+    """The user within its key of a keyed payload (None: a one-level key)."""
+    headers = message.get("headers")
+    user = headers.get(USER_HEADER) if isinstance(headers, Mapping) else None
+    return user if isinstance(user, str) else None
+
+
+def message_cap(message: Mapping[str, Any]) -> int | None:
+    """The backlog cap a keyed payload was published under (None: not capped)."""
+    headers = message.get("headers")
+    cap = headers.get(MAX_BACKLOG_HEADER) if isinstance(headers, Mapping) else None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
 def names_for(channel: Any, queue: str) -> KeyedNames:
     """The Redis names of ``queue``'s keyed lists on ``channel``."""
     return KeyedNames(compat.key_prefix(channel) + queue, compat.key_separator(channel))
@@ -256,13 +343,21 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
         return original(channel, queue, message, **kwargs)
     names = names_for(channel, queue)
     level = level_of(channel, message)
+    user, cap = message_user(message), message_cap(message)
     batch = kwargs.pop("_publish_batch", None)  # Kombu >= 5.7 batch publishing
     if batch is not None:
-        args = store.enqueue_args(names, key, dumps(message), level=level)
-        batch.add("eval", store.ENQUEUE.text, 0, *args)
-        return None
+        if cap is None:
+            args = store.enqueue_args(names, key, dumps(message), level=level, user=user)
+            batch.add("eval", store.ENQUEUE.text, 0, *args)
+            return None
+        # A capped publish must be able to refuse this message: the batch's
+        # replies are never read, so its earlier messages go first, then this one alone.
+        batch.flush()
     with compat.redis_client(channel) as client:
-        store.enqueue(client, names, key, dumps(message), level=level)
+        reply = store.enqueue(client, names, key, dumps(message), level=level, user=user, cap=cap)
+    full = store.refused(reply)
+    if full is not None:
+        raise KeyBacklogFull(queue, key, cap or 0, full)
     return None
 
 
@@ -295,7 +390,10 @@ def _fair_restore(
         if queue in keyed:
             names = names_for(channel, queue)
             level = level_of(channel, payload)
-            store.enqueue(pipe, names, keyed[queue], text, front=not leftmost, level=level)
+            store.enqueue(
+                pipe, names, keyed[queue], text, front=not leftmost, level=level,
+                user=message_user(payload),
+            )  # fmt: skip
             if isinstance(tag, str):
                 # Back in line: the key's slot it held (per-key limits) is free.
                 store.release(pipe, names.sep, [(names.base, tag)])

@@ -25,9 +25,10 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from ..parked import NOT_A_MESSAGE
+from ..wire import PUBLISHED_HEADER
 from . import layout
 
-__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PURGE", "RELEASE", "UNKEY", "Script")
+__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "UNKEY", "Script")
 
 #: What the scripts call ``N.<name>``: every Redis name suffix and constant they use.
 NAMES: dict[str, str | int] = {
@@ -52,10 +53,17 @@ NAMES: dict[str, str | int] = {
     "SIZES": layout.SIZES,
     "LEVELS": layout.LEVELS,
     "LEVEL_TAGS": layout.LEVEL_TAGS,
+    "USERS": layout.USERS,
+    "USER_LAST": layout.USER_LAST,
+    "USER_VT": layout.USER_VT,
+    "PAUSED": layout.PAUSED,
+    "PAUSED_SINCE": layout.PAUSED_SINCE,
+    "PAUSED_OWED": layout.PAUSED_OWED,
     "BACKLOG": layout.BACKLOG,
     "UNKEYED": layout.UNKEYED,
     "UNKEYED_MARK": layout.UNKEYED_MARK,
     "NOT_A_MESSAGE": NOT_A_MESSAGE,
+    "PUBLISHED_HEADER": PUBLISHED_HEADER,
 }
 
 
@@ -121,4 +129,5 @@ CHARGE = Script("charge", source("prelude.lua", "charge.lua"))
 RELEASE = Script("release", source("prelude.lua", "release.lua"))
 PURGE = Script("purge", source("prelude.lua", "purge.lua"))
 UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
+PAUSE = Script("pause", source("prelude.lua", "pause.lua"))
 FETCH = Script("fetch", source("prelude.lua", "keyed_pop.lua", "fetch.lua"))

@@ -25,7 +25,8 @@ __all__ = (
     "KeyedServing",
     "served_header",
     "served_level",
-    "served_weight_held",
+    "served_telemetry",
+    "served_user",
 )
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class KeyedServing:
         self.runtime = runtime
         self.estimate = estimate
         self._lock = threading.Lock()
-        self._charges: list[tuple[str, str, str, float]] = []
+        self._charges: list[tuple[str, str, str, str, float]] = []
         self._served: dict[str, int] = {}
         self._unkeyed: dict[str, int] = {}
         self._counts: dict[tuple[str, str], int] = {}
@@ -291,13 +292,15 @@ class KeyedServing:
         except (TypeError, ValueError, IndexError, KeyError):
             return
         level = served_level(served)
+        user = served_user(served) or ""
         with self._lock:
             if len(self._charges) >= MAX_PENDING_CHARGES:
                 del self._charges[0]
-            self._charges.append((queue, level, key, max(0.0, runtime) - charged))
+            self._charges.append((queue, level, key, user, max(0.0, runtime) - charged))
 
-    def take_charges(self) -> list[tuple[str, str, str, float]]:
-        """The corrections not yet sent, ``(queue, level suffix, key, delta)`` (and forget them)."""
+    def take_charges(self) -> list[tuple[str, str, str, str, float]]:
+        """The corrections not yet sent, ``(queue, level suffix, key, user, delta)``
+        (and forget them); ``user`` is ``""`` for a one-level key."""
         with self._lock:
             charges, self._charges = self._charges, []
         return charges
@@ -326,18 +329,31 @@ def served_header(request_headers: Any) -> Any:
     return request_headers.get(SERVED_HEADER) if isinstance(request_headers, dict) else None
 
 
-def served_weight_held(served: Any) -> tuple[float | None, float | None]:
-    """A :data:`SERVED_HEADER` value's key weight and seconds held (None if absent).
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
-    Workers before telemetry's schema 2 stamped ``[key, charge]`` only.
+
+def served_telemetry(
+    served: Any,
+) -> tuple[float | None, float | None, str | None, float | None]:
+    """A :data:`SERVED_HEADER` value's key weight, seconds held, user and seconds paused.
+
+    None where absent: workers before telemetry's schema 2 stamped ``[key,
+    charge]`` only, before schema 4 no user or pause; a one-level key has no user.
     """
     if not isinstance(served, (list, tuple)) or len(served) < 4:
-        return None, None
-    weight, held = served[2], served[3]
-    return (
-        float(weight) if isinstance(weight, (int, float)) else None,
-        float(held) if isinstance(held, (int, float)) else None,
-    )
+        return None, None, None, None
+    paused = _number(served[6]) if len(served) >= 7 else None
+    return _number(served[2]), _number(served[3]), served_user(served), paused
+
+
+def served_user(served: Any) -> str | None:
+    """A :data:`SERVED_HEADER` value's user within a two-level key (None: one level)."""
+    if isinstance(served, (list, tuple)) and len(served) >= 6:
+        user = served[5]
+        if isinstance(user, str) and user:
+            return user
+    return None
 
 
 def served_level(served: Any) -> str:

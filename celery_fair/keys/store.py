@@ -14,11 +14,15 @@ from . import scripts
 from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
 
 __all__ = (
+    "KeyControls",
     "KeyedBacklog",
     "backlog",
+    "controls",
     "enqueue",
     "enqueue_args",
     "limits_state",
+    "pause",
+    "refused",
     "release",
     "set_live_limits",
     "write_configured_limits",
@@ -35,8 +39,8 @@ __all__ = (
 PURGE_BATCH = 1000
 
 
-ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY = (
-    scripts.ENQUEUE, scripts.CHARGE, scripts.PURGE, scripts.RELEASE, scripts.UNKEY,
+ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY, PAUSE = (
+    scripts.ENQUEUE, scripts.CHARGE, scripts.PURGE, scripts.RELEASE, scripts.UNKEY, scripts.PAUSE,
 )  # fmt: skip
 
 #: Messages ``unkey`` moves per script call (each call blocks Redis briefly).
@@ -44,36 +48,71 @@ UNKEY_BATCH = 1000
 
 
 def enqueue(
-    client: Any, names: KeyedNames, key: str, payload: str, *, front: bool = False, level: str = ""
+    client: Any,
+    names: KeyedNames,
+    key: str,
+    payload: str,
+    *,
+    front: bool = False,
+    level: str = "",
+    user: str | None = None,
+    cap: int | None = None,
+    order: float | None = None,
 ) -> Any:
     """Put ``payload`` in ``key``'s list (``front``: first in line, for a restore).
 
     ``level`` is the suffix of the message's priority level (Kombu's list
-    suffix for its priority; ``""`` the first level).
+    suffix for its priority; ``""`` the first level); ``user`` the user
+    within a two-level key (None: a one-level key); ``cap`` the key's backlog
+    cap (None: none; a restore is never refused); ``order``, for a restore
+    to the front, the message's publish time: it goes behind the restored
+    messages published before it.  :func:`refused` reads the reply.
 
     On a pipeline (a Kombu restore runs in a ``MULTI``) the script is sent
     with ``EVAL``: a missing script cannot be loaded from inside a transaction.
     """
-    args = enqueue_args(names, key, payload, front=front, level=level)
+    args = enqueue_args(
+        names, key, payload, front=front, level=level, user=user, cap=cap, order=order
+    )
     if _is_pipeline(client):
         return ENQUEUE.add_to(client, *args)
     return ENQUEUE(client, *args)
 
 
 def enqueue_args(
-    names: KeyedNames, key: str, payload: str, *, front: bool = False, level: str = ""
+    names: KeyedNames,
+    key: str,
+    payload: str,
+    *,
+    front: bool = False,
+    level: str = "",
+    user: str | None = None,
+    cap: int | None = None,
+    order: float | None = None,
 ) -> tuple[Any, ...]:
     """The ``ENQUEUE`` script's arguments (for a pipeline or a Kombu publish batch)."""
-    return (names.base, names.sep, 1, key, payload, "1" if front else "0", level)
+    args: tuple[Any, ...] = (names.base, names.sep, 1, key, payload, "1" if front else "0", level)
+    if user is None and order is None:
+        return args if cap is None else (*args, cap)
+    args = (*args, "" if cap is None else cap, "" if order is None else repr(order))
+    return args if user is None else (*args, user)
+
+
+def refused(reply: Any) -> int | None:
+    """The key's backlog if ``ENQUEUE`` refused the message at its cap, else None."""
+    if isinstance(reply, (list, tuple)) and len(reply) == 2 and text(reply[0]) == "full":
+        return int(reply[1])
+    return None
 
 
 def charge(
-    client: Any, sep: str, default_weight: float, charges: list[tuple[str, str, str, float]]
+    client: Any, sep: str, default_weight: float, charges: list[tuple[str, str, str, str, float]]
 ) -> Any:
-    """Post-charge run times: ``(base, level suffix, key, delta seconds)``."""
+    """Post-charge run times: ``(base, level suffix, key, user, delta seconds)``
+    (``user``: ``""`` for a one-level key)."""
     flat: list[Any] = [sep, repr(default_weight)]
-    for base, level, key, delta in charges:
-        flat.extend((base, level, key, repr(delta)))
+    for base, level, key, user, delta in charges:
+        flat.extend((base, level, key, user, repr(delta)))
     return CHARGE(client, *flat)
 
 
@@ -253,8 +292,9 @@ def backlog(client: Any, names: KeyedNames, top: int = 0) -> KeyedBacklog:
         keys = [text(k) for k in listed]
         pipe = client.pipeline(transaction=False)
         for key in keys:
-            pipe.llen(first.base if key == UNKEYED else first.key_list(key))
-        nxt = tuple(zip(keys, (int(n) for n in pipe.execute()), strict=True))
+            # A keyed key's count is all its levels' (and users'): fair.sizes.
+            pipe.llen(first.base) if key == UNKEYED else pipe.zscore(names.sizes, key)
+        nxt = tuple(zip(keys, (int(n or 0) for n in pipe.execute()), strict=True))
     return KeyedBacklog(messages=int(messages or 0), keys=sum(counts), next_keys=nxt)
 
 
@@ -298,3 +338,66 @@ def _is_pipeline(client: Any) -> bool:
 def text(value: Any) -> str:
     """A Redis reply as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def pause(client: Any, sep: str, pairs: Sequence[tuple[str, str]], paused: bool = True) -> int:
+    """Pause (or resume) keys: ``(base, key)`` pairs; how many changed."""
+    flat: list[Any] = [sep, "1" if paused else "0"]
+    for base, key in pairs:
+        flat.extend((base, key))
+    return int(PAUSE(client, *flat))
+
+
+@dataclass(frozen=True)
+class KeyControls:
+    """A keyed queue's paused keys and largest backlogs, for ``inspect fair_stats``."""
+
+    #: Paused key -> seconds it has been paused so far (broker clock).
+    paused: dict[str, float]
+    #: Seconds keys spent paused before they were resumed, and how many pauses.
+    paused_seconds: float
+    pauses: int
+    #: The keys with the most messages waiting (all levels), most first.
+    largest: tuple[tuple[str, int], ...]
+    #: Two-level keys among those: their users with the most messages waiting
+    #: (first priority level), most first.
+    top_users: dict[str, tuple[tuple[str, int], ...]]
+
+
+#: How many users of a key ``controls`` looks at for its top users.
+USERS_SCAN = 100
+
+
+def controls(client: Any, names: KeyedNames, top: int = 5, users: int = 3) -> KeyControls:
+    """Paused keys, the ``top`` largest backlogs and each one's ``users`` largest users."""
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(names.paused).hgetall(names.paused_since).time()
+    pipe.hmget(names.state, "paused_s", "paused_n")
+    pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
+    members, since, (secs, micros), (paused_s, paused_n), largest = pipe.execute()
+    now = int(secs) + int(micros) / 1e6
+    started = {text(k): float(v) for k, v in since.items()}
+    paused = {text(k): round(max(0.0, now - started.get(text(k), now)), 3) for k in members}
+    biggest = tuple((text(k), int(n)) for k, n in largest)
+    pipe = client.pipeline(transaction=False)
+    for key, _ in biggest:
+        pipe.zrange(names.users(key), 0, USERS_SCAN - 1)
+    listed = pipe.execute() if biggest else []
+    top_users: dict[str, tuple[tuple[str, int], ...]] = {}
+    for (key, _), found in zip(biggest, listed, strict=True):
+        if not found:
+            continue
+        who = [text(u) for u in found]
+        pipe = client.pipeline(transaction=False)
+        for user in who:
+            pipe.llen(names.user_list(key, user))
+        counts = sorted(zip(who, (int(n) for n in pipe.execute()), strict=True),
+                        key=lambda item: -item[1])  # fmt: skip
+        top_users[key] = tuple(counts[:users])
+    return KeyControls(
+        paused=paused,
+        paused_seconds=round(float(paused_s or 0), 3),
+        pauses=int(paused_n or 0),
+        largest=biggest,
+        top_users=top_users,
+    )

@@ -196,7 +196,7 @@ class AtomicFetch:
                 len(keys), repr(time()), self._sep, self._default_key_weight,
                 len(self._suffixes), *self._suffixes,
                 len(self._level_words) // 2, *self._level_words,
-                len(charges) // 4, *charges, *words,
+                len(charges) // 5, *charges, *words,
             )  # fmt: skip
         else:
             wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
@@ -319,8 +319,8 @@ class AtomicFetch:
         if keyed is None or not keyed.runtime:
             return []
         flat: list[Any] = []
-        for queue, level, key, delta in keyed.take_charges():
-            flat.extend((self._prefix + queue, level, key, repr(delta)))
+        for queue, level, key, user, delta in keyed.take_charges():
+            flat.extend((self._prefix + queue, level, key, user, repr(delta)))
         return flat
 
     def _deliver(self, reply: Any) -> bool:
@@ -338,15 +338,17 @@ class AtomicFetch:
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
         payload = loads(text(reply[1]))
-        if len(reply) == 7 and self.keyed is not None:
+        if len(reply) == 9 and self.keyed is not None:
             fair_key = text(reply[3])
             self.keyed.served(queue, fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                # The script returns a keyed reply whole: key, weight, seconds held, level.
+                # The script returns a keyed reply whole: key, weight, seconds
+                # held, level, user ('' for a one-level key), seconds paused.
                 weight, held, level = float(reply[4]), float(reply[5]), text(reply[6])
+                user, paused = text(reply[7]), float(reply[8])
                 charged = self._charged.get(queue, 1.0)
-                headers[SERVED_HEADER] = [fair_key, charged, weight, held, level]
+                headers[SERVED_HEADER] = [fair_key, charged, weight, held, level, user, paused]
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import compat
-from ..keys.publish import level_of, message_key, names_for
+from ..keys.publish import level_of, message_key, message_user, names_for
 from ..keys.store import enqueue
-from ..wire import REQUEUE_HEADER
+from ..wire import PUBLISHED_HEADER, REQUEUE_HEADER
 
 __all__ = (
     "copy_properties",
@@ -95,7 +95,13 @@ def put_payload(channel: Any, queue: str, payload: dict[str, Any], *, front: boo
         if key is not None:
             level = level_of(channel, payload)  # back to its own priority level
             names = names_for(channel, queue)
-            enqueue(client, names, key, json.dumps(payload), front=front, level=level)
+            user = message_user(payload)  # back to its user's list (two-level keys)
+            published = (payload.get("headers") or {}).get(PUBLISHED_HEADER)
+            order = float(published) if isinstance(published, (int, float)) else None
+            enqueue(
+                client, names, key, json.dumps(payload), front=front, level=level,
+                user=user, order=order if front else None,
+            )  # fmt: skip
         else:
             priority = compat.message_priority(channel, payload)
             push = client.rpush if front else client.lpush

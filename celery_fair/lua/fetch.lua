@@ -10,7 +10,8 @@
 --       ns and ns suffixes (a keyed queue's other priority lists: its levels),
 --       nl and nl (level suffix, weight) pairs: none for strict priority between
 --       a keyed queue's levels, else the levels' weights (keyed_pop.lua),
---       nc and nc (base, level suffix, key, delta seconds) run-time charges,
+--       nc and nc (base, level suffix, key, user, delta seconds) run-time
+--       charges (user: '' for a one-level key),
 --       then one word per queue key:
 --         "-"                    a plain list;
 --         "<charge>"             a keyed queue: its charge at fetch;
@@ -18,7 +19,8 @@
 --                                hold their key's slot for at most <lease s>
 --       (the words are built by celery_fair.keys.serving.KeyedServing.fetch_word).
 -- Returns {key, item} for a message, {key, item, "key", fair key, key weight,
--- seconds held, level suffix} for one of a keyed queue
+-- seconds held, level suffix, user ('' for a one-level key), seconds paused}
+-- for one of a keyed queue
 -- (celery_fair.wire.SERVED_HEADER),
 -- {key, item, "malformed"} for a payload moved aside, or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
@@ -38,13 +40,13 @@ end
 local a = l + 2 * nl + 1
 local nc = tonumber(ARGV[a])
 for j = 0, nc - 1 do
-  charge(ARGV[a + 4 * j + 1], ARGV[a + 4 * j + 2], ARGV[a + 4 * j + 3],
-         tonumber(ARGV[a + 4 * j + 4]))
+  local c = a + 5 * j
+  charge(ARGV[c + 1], ARGV[c + 2], ARGV[c + 3], tonumber(ARGV[c + 5]), ARGV[c + 4])
 end
-local flags = a + 4 * nc
+local flags = a + 5 * nc
 local now = nil
 for i = 1, n do
-  local item, fkey, fweight, fheld, flevel, ttl = nil, nil, nil, nil, nil, nil
+  local item, fkey, fweight, fheld, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
   elseif string.sub(word, 1, 1) == 'L' then
@@ -52,10 +54,10 @@ for i = 1, n do
     local sep = string.find(word, ':', 2, true)
     ttl = tonumber(string.sub(word, sep + 1))
     now = now or server_now()
-    item, fkey, fweight, fheld, flevel = keyed_pop(
+    item, fkey, fweight, fheld, flevel, fuser, fpaused = keyed_pop(
       KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now, lweights)
   else
-    item, fkey, fweight, fheld, flevel = keyed_pop(
+    item, fkey, fweight, fheld, flevel, fuser, fpaused = keyed_pop(
       KEYS[i], suffixes, tonumber(word), false, 0, lweights)
   end
   if item then
@@ -84,7 +86,10 @@ for i = 1, n do
       -- The task holds a slot of its key until it finishes (or the lease expires).
       lease(KEYS[i], fkey, tag, now, ttl)
     end
-    if fkey then return {KEYS[i], item, 'key', fkey, fweight, fheld or '0', flevel} end
+    if fkey then
+      return {KEYS[i], item, 'key', fkey, fweight, fheld or '0', flevel, fuser or '',
+              fpaused or '0'}
+    end
     return {KEYS[i], item}
   end
 end

@@ -1,6 +1,6 @@
 -- The keyed branch of the fetch (fetch.lua): keyed_pop(base, suffixes, est,
 -- limited, now, lweights) serves a keyed queue's next message and returns item,
--- key, weight, held, level (or nil when nothing may be served now).
+-- key, weight, held, level, user, paused (or nil when nothing may be served now).
 --   base      the queue's Redis name (its own list; the per-key names derive from it)
 --   suffixes  the suffixes of Kombu's other priority lists (its other levels)
 --   est       the charge at fetch (1 task, or the estimated run time)
@@ -13,8 +13,12 @@
 --   held      seconds the key was set aside by its limits since its previous
 --             task was served, as text, or nil
 --   level     the suffix of the level served ('' for the first)
+--   user      with two-level keys, the user served within the key (else nil)
+--   paused    seconds the key was paused since its previous task was served,
+--             as text, or nil
 -- Within a level, choosing a key is one ZRANGE 0 0 and one ZADD on the level's
--- sorted set of keys with messages waiting: O(levels + log active keys).  Also
+-- sorted set of keys with messages waiting: O(levels + log active keys), and
+-- with two-level keys the same within the key's users (+ log users).  Also
 -- next_event (when a key set aside may go on by itself) and lease (a fetched
 -- task holds its key's slot).
 
@@ -24,8 +28,46 @@ local function keep_tag(last, key, tag)
   if not kept or kept < tag then redis.call('ZADD', last, tag, key) end
 end
 
+-- The next message of two-level key ``key`` (a tenant) in level ``lb``: its
+-- users in start-time fair order within it, as keys are within a level.
+-- Returns item, user, users still waiting; nil when it has no user waiting.
+local function pop_user(base, lb, key, est)
+  local users = users_name(lb, key)
+  while true do
+    local top = redis.call('ZRANGE', users, 0, 0, 'WITHSCORES')
+    if #top == 0 then return nil end
+    local user, tag = top[1], tonumber(top[2])
+    local list = user_list(lb, key, user)
+    local item = redis.call('RPOP', list)
+    if item then
+      local vts, ulast = kname(lb, N.USER_VT), kname(lb, N.USER_LAST) .. key
+      if tag > (tonumber(redis.call('HGET', vts, key)) or 0) then
+        redis.call('HSET', vts, key, tag)
+      end
+      local finish = tag + est / weight(base, user_weight_name(key, user))
+      redis.call('ZREMRANGEBYSCORE', ulast, '-inf', '(' .. tag)
+      if redis.call('LLEN', list) > 0 then
+        redis.call('ZADD', users, finish, user)
+      else
+        redis.call('ZREM', users, user)
+        redis.call('ZADD', ulast, finish, user)
+      end
+      local left = redis.call('ZCARD', users)
+      if left == 0 then
+        -- Nothing left of the tenant in this level: its users start afresh next time.
+        redis.call('DEL', ulast)
+        redis.call('HDEL', vts, key)
+      end
+      return item, user, left
+    end
+    -- Listed but empty (its list was deleted by hand): forget it.
+    redis.call('ZREM', users, user)
+  end
+end
+
 -- Serve level ``lb`` (a queue's level base): nil when none of its keys may go now.
-local function pop_level(base, lb, est, limited, now)
+-- ``paused``: the queue has paused keys (control fair_key_pause).
+local function pop_level(base, lb, est, limited, now, paused)
   local active = kname(lb, N.ACTIVE)
   local last = kname(lb, N.LAST)
   -- Messages of producers without celery-fair: one more key, the empty one.
@@ -34,7 +76,8 @@ local function pop_level(base, lb, est, limited, now)
      and not (limited and (redis.call('SISMEMBER', kname(base, N.AT_LIMIT),
                                       N.UNKEYED) == 1
                            or redis.call('ZSCORE', kname(base, N.SLEEP),
-                                         N.UNKEYED))) then
+                                         N.UNKEYED)))
+     and not (paused and redis.call('SISMEMBER', kname(base, N.PAUSED), N.UNKEYED) == 1) then
     redis.call('ZADD', active, start_tag(lb, N.UNKEYED), N.UNKEYED)
   end
   while true do
@@ -42,7 +85,12 @@ local function pop_level(base, lb, est, limited, now)
     if #top == 0 then return nil end
     local key, tag = top[1], tonumber(top[2])
     local held, bucket, tokens, rate = false, nil, nil, nil
-    if limited then
+    if paused and redis.call('SISMEMBER', kname(base, N.PAUSED), key) == 1 then
+      -- Paused: set aside, keeping its place, until it is resumed.
+      redis.call('ZREM', active, key)
+      keep_tag(last, key, tag)
+      held = true
+    elseif limited then
       -- At its concurrency limit: set aside until one of its tasks finishes.
       local c = limit(base, 'c', key)
       if c and (tonumber(redis.call('HGET', kname(base, N.RUNNING), key)) or 0) >= c then
@@ -72,7 +120,7 @@ local function pop_level(base, lb, est, limited, now)
       end
     end
     if not held then
-      local item, left = nil, 0
+      local item, left, user = nil, 0, nil
       if key == N.UNKEYED then
         item = redis.call('RPOP', lb)
         left = plain - 1
@@ -80,8 +128,14 @@ local function pop_level(base, lb, est, limited, now)
         local list = kname(lb, N.KEY_LIST) .. key
         item = redis.call('RPOP', list)
         if item then
-          redis.call('HINCRBY', kname(base, N.STATE), N.BACKLOG, -1)
           left = redis.call('LLEN', list)
+          -- (A queue that became two-level with messages in the key's own list.)
+          if left == 0 then left = redis.call('ZCARD', users_name(lb, key)) end
+        else
+          item, user, left = pop_user(base, lb, key, est)
+        end
+        if item then
+          redis.call('HINCRBY', kname(base, N.STATE), N.BACKLOG, -1)
           local sizes = kname(base, N.SIZES)
           if tonumber(redis.call('ZINCRBY', sizes, -1, key)) <= 0 then
             redis.call('ZREM', sizes, key)
@@ -108,7 +162,10 @@ local function pop_level(base, lb, est, limited, now)
           redis.call('PEXPIRE', bucket, math.ceil((math.max(1, rate) - tokens + 1) / rate * 1000))
         end
         if owed then redis.call('HDEL', kname(base, N.HELD_OWED), key) end
-        return item, key, tostring(w), owed
+        -- The seconds the key was paused, owed to this task's telemetry likewise.
+        local powed = redis.call('HGET', kname(base, N.PAUSED_OWED), key)
+        if powed then redis.call('HDEL', kname(base, N.PAUSED_OWED), key) end
+        return item, key, tostring(w), owed, user, powed
       end
       -- Listed but empty (its list was deleted by hand): forget it.
       redis.call('ZREM', active, key)
@@ -118,6 +175,7 @@ local function pop_level(base, lb, est, limited, now)
 end
 
 local function keyed_pop(base, suffixes, est, limited, now, lweights)
+  local paused = redis.call('SCARD', kname(base, N.PAUSED)) > 0
   if limited then
     -- Leases past their expiry (a worker that died) free their slots; keys
     -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
@@ -135,8 +193,8 @@ local function keyed_pop(base, suffixes, est, limited, now, lweights)
   local levels = level_suffixes(base, suffixes)
   if not lweights then
     for _, s in ipairs(levels) do
-      local item, key, w, owed = pop_level(base, base .. s, est, limited, now)
-      if item then return item, key, w, owed, s end
+      local item, key, w, owed, user, powed = pop_level(base, base .. s, est, limited, now, paused)
+      if item then return item, key, w, owed, s, user, powed end
     end
     return nil
   end
@@ -157,11 +215,11 @@ local function keyed_pop(base, suffixes, est, limited, now, lweights)
     return a[2] < b[2]
   end)
   for _, o in ipairs(order) do
-    local item, key, w, owed = pop_level(base, base .. o[3], est, limited, now)
+    local item, key, w, owed, user, powed = pop_level(base, base .. o[3], est, limited, now, paused)
     if item then
       local lw = tonumber(lweights[o[3]]) or 1
       redis.call('HSET', tags_name, '*', o[1], o[3], o[1] + est / lw)
-      return item, key, w, owed, o[3]
+      return item, key, w, owed, o[3], user, powed
     end
   end
   return nil

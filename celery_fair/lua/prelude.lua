@@ -21,6 +21,54 @@
 -- and the keys set aside are the queue's, shared by its levels.
 local function kname(base, suffix) return base .. SEP .. suffix end
 
+-- Two-level keys (fair_keys with a (tenant, user) pair): a first-level key
+-- (the tenant) has no list of its own; in each level lb its users with
+-- messages waiting are a sorted set scored by their start tags within the
+-- tenant (N.USERS .. key), each with its list (the key's list name, SEP, the
+-- user).  The users' virtual time is the tenant's field of N.USER_VT, their
+-- recent finish tags N.USER_LAST .. key; both go when the tenant has no user
+-- left in the level.  A user's weight is the key weight of "<tenant>/<user>".
+local function users_name(lb, key) return kname(lb, N.USERS) .. key end
+local function user_list(lb, key, user) return kname(lb, N.KEY_LIST) .. key .. SEP .. user end
+local function user_weight_name(key, user) return key .. '/' .. user end
+
+-- Whether ``key`` has messages waiting in level ``lb`` (its list, or its users').
+local function waiting_in(lb, key)
+  if key == N.UNKEYED then return redis.call('LLEN', lb) > 0 end
+  return redis.call('EXISTS', kname(lb, N.KEY_LIST) .. key, users_name(lb, key)) > 0
+end
+
+-- Take the oldest message of ``key``'s first user in level ``lb``, outside the
+-- fair order (a purge or a move back to plain lists); nil when it has none.
+local function take_user_message(lb, key)
+  local users = users_name(lb, key)
+  while true do
+    local top = redis.call('ZRANGE', users, 0, 0)
+    if #top == 0 then
+      redis.call('DEL', kname(lb, N.USER_LAST) .. key)
+      redis.call('HDEL', kname(lb, N.USER_VT), key)
+      return nil
+    end
+    local list = user_list(lb, key, top[1])
+    local item = redis.call('RPOP', list)
+    if redis.call('LLEN', list) == 0 then redis.call('ZREM', users, top[1]) end
+    if item then return item end
+  end
+end
+
+-- Delete ``key``'s users' lists in level ``lb``: the messages deleted.
+local function drop_users(lb, key)
+  local users, n = users_name(lb, key), 0
+  for _, user in ipairs(redis.call('ZRANGE', users, 0, -1)) do
+    local list = user_list(lb, key, user)
+    n = n + redis.call('LLEN', list)
+    redis.call('DEL', list)
+  end
+  redis.call('DEL', users, kname(lb, N.USER_LAST) .. key)
+  redis.call('HDEL', kname(lb, N.USER_VT), key)
+  return n
+end
+
 -- A level's order: '' first, then by Kombu's priority step (0 is served first on Redis).
 local function level_rank(suffix)
   if suffix == '' then return -1 end
@@ -59,6 +107,14 @@ end
 local function start_tag(base, key)
   local vt = vtime(base)
   local last = tonumber(redis.call('ZSCORE', kname(base, N.LAST), key))
+  if last and last > vt then return last end
+  return vt
+end
+
+-- The same within a tenant, for its user (level lb).
+local function user_start_tag(lb, key, user)
+  local vt = tonumber(redis.call('HGET', kname(lb, N.USER_VT), key)) or 0
+  local last = tonumber(redis.call('ZSCORE', kname(lb, N.USER_LAST) .. key, user))
   if last and last > vt then return last end
   return vt
 end
@@ -108,11 +164,38 @@ end
 local function rejoin(base, key)
   for _, s in ipairs(level_suffixes(base)) do
     local lb = base .. s
-    local n
-    if key == N.UNKEYED then n = redis.call('LLEN', lb)
-    else n = redis.call('LLEN', kname(lb, N.KEY_LIST) .. key) end
-    if n > 0 then redis.call('ZADD', kname(lb, N.ACTIVE), 'NX', start_tag(lb, key), key) end
+    if waiting_in(lb, key) then
+      redis.call('ZADD', kname(lb, N.ACTIVE), 'NX', start_tag(lb, key), key)
+    end
   end
+end
+
+-- Pause (control fair_key_pause): a paused key is set aside like a key at its
+-- limit, and timed (N.PAUSED_SINCE); its paused seconds are reported by its
+-- next served task (N.PAUSED_OWED) and summed in the state's paused_s.
+local function pause(base, key, now)
+  if redis.call('SADD', kname(base, N.PAUSED), key) == 0 then return 0 end
+  redis.call('HSETNX', kname(base, N.PAUSED_SINCE), key, now)
+  redis.call('HINCRBY', kname(base, N.STATE), 'paused_n', 1)
+  return 1
+end
+
+local function unpause(base, key, now)
+  if redis.call('SREM', kname(base, N.PAUSED), key) == 0 then return 0 end
+  local since = kname(base, N.PAUSED_SINCE)
+  local t = tonumber(redis.call('HGET', since, key))
+  redis.call('HDEL', since, key)
+  if t then
+    local d = math.max(0, now - t)
+    redis.call('HINCRBYFLOAT', kname(base, N.STATE), 'paused_s', d)
+    redis.call('HINCRBYFLOAT', kname(base, N.PAUSED_OWED), key, d)
+  end
+  -- Back in line, unless its limits hold it (they put it back themselves).
+  if redis.call('SISMEMBER', kname(base, N.AT_LIMIT), key) == 0
+     and not redis.call('ZSCORE', kname(base, N.SLEEP), key) then
+    rejoin(base, key)
+  end
+  return 1
 end
 
 -- A key set aside at its concurrency limit goes back in line.
@@ -142,9 +225,26 @@ end
 -- Run-time cost: the difference between the measured run time and the
 -- charge made at fetch, divided by the key's weight (DRR++ post-charge), on
 -- the key's tag in the level (suffix ``level``) its task was fetched from.
-local function charge(base, level, key, delta)
+-- With two-level keys (``user`` not empty), the user's tag within its tenant too.
+local function charge(base, level, key, delta, user)
   local d = delta / weight(base, key)
   local lb = base .. level
+  if user and user ~= '' then
+    local users = users_name(lb, key)
+    -- A tenant with no user waiting keeps no user state: nothing to correct.
+    if redis.call('EXISTS', users) == 1 then
+      local ud = delta / weight(base, user_weight_name(key, user))
+      local ulast = kname(lb, N.USER_LAST) .. key
+      if redis.call('ZSCORE', users, user) then
+        redis.call('ZINCRBY', users, ud, user)
+      elseif redis.call('ZSCORE', ulast, user) then
+        redis.call('ZINCRBY', ulast, ud, user)
+      elseif ud > 0 then
+        local uvt = tonumber(redis.call('HGET', kname(lb, N.USER_VT), key)) or 0
+        redis.call('ZADD', ulast, uvt + ud, user)
+      end
+    end
+  end
   local active = kname(lb, N.ACTIVE)
   if redis.call('ZSCORE', active, key) then
     redis.call('ZINCRBY', active, d, key)

@@ -4,7 +4,8 @@
 --       without a priority, then the suffixes of priorities 0 to 9 (Kombu's
 --       _q_for_pri: a plain consumer finds each message where Kombu would put it).
 -- Takes one message of each key in turn, level by level, in the keys' fair
--- order (the keys set aside by their limits too, after those in line), so that
+-- order (the keys set aside by their limits or paused too, after those in
+-- line; a two-level key's users one after another), so that
 -- plain workers serve the keys interleaved; each goes to the back of its list (LPUSH, as Kombu
 -- publishes).  Marks the queue unkeyed (N.UNKEYED_MARK in its state hash): a
 -- keyed publish or restore after this goes to the queue's own list as well.
@@ -44,6 +45,9 @@ local aside = redis.call('SRANDMEMBER', name(N.AT_LIMIT), limit)
 for _, key in ipairs(redis.call('ZRANGE', name(N.SLEEP), 0, limit - 1)) do
   aside[#aside + 1] = key
 end
+for _, key in ipairs(redis.call('SRANDMEMBER', name(N.PAUSED), limit)) do
+  aside[#aside + 1] = key
+end
 for _, s in ipairs(levels) do add(base .. s, aside, 'aside') end
 redis.call('HSET', name(N.STATE), N.UNKEYED_MARK, 1)
 local moved, live = 0, #entries
@@ -53,6 +57,7 @@ while moved < limit and live > 0 do
     if e and moved < limit then
       local lb, key = e[1], e[2]
       local item = redis.call('RPOP', kname(lb, N.KEY_LIST) .. key)
+      if not item then item = take_user_message(lb, key) end
       if item then
         redis.call('LPUSH', target(item), item)
         redis.call('ZINCRBY', name(N.SIZES), -1, key)
@@ -74,7 +79,7 @@ for key in pairs(keyset) do
   local any = false
   for _, s in ipairs(levels) do
     local lb = base .. s
-    if redis.call('EXISTS', kname(lb, N.KEY_LIST) .. key) == 0 then
+    if not waiting_in(lb, key) then
       redis.call('ZREM', kname(lb, N.ACTIVE), key)
     else
       any = true

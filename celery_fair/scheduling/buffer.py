@@ -43,7 +43,7 @@ class _KeyOrder(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, T]] = []
+        self._heap: list[tuple[int, float, int, T, str]] = []
         self._next: dict[tuple[int, str], float] = {}
         self._vt: dict[int, float] = {}
         self._seq = 0
@@ -51,16 +51,26 @@ class _KeyOrder(Generic[T]):
     def append(self, item: T, key: str, level: int = 0) -> None:
         tag = max(self._vt.get(level, 0.0), self._next.get((level, key), 0.0))
         self._next[(level, key)] = tag + 1.0
-        heapq.heappush(self._heap, (level, tag, self._seq, item))
+        heapq.heappush(self._heap, (level, tag, self._seq, item, key))
         self._seq += 1
 
     def popleft(self) -> T:
-        level, tag, _, item = heapq.heappop(self._heap)
+        level, tag, _, item, _ = heapq.heappop(self._heap)
         self._vt[level] = tag
         if not self._heap:
             self._next.clear()
             self._vt.clear()
         return item
+
+    def take_key(self, key: str) -> list[T]:
+        """Remove every task of ``key``, oldest first (a paused key's tasks go back)."""
+        taken = sorted((e for e in self._heap if e[4] == key), key=lambda e: e[2])
+        if taken:
+            self._heap = [e for e in self._heap if e[4] != key]
+            heapq.heapify(self._heap)
+            if not self._heap:
+                self.clear()
+        return [e[3] for e in taken]
 
     def remove(self, item: T) -> None:
         for i, entry in enumerate(self._heap):
@@ -152,6 +162,17 @@ class FairBuffer(Generic[T]):
                 self.drr.deactivate(queue)
         self._size = 0
         return held
+
+    def take_key(self, queue: str, key: str) -> list[T]:
+        """Remove every buffered task of ``key`` in keyed ``queue``, oldest first."""
+        items = self._items.get(queue)
+        if not isinstance(items, _KeyOrder):
+            return []
+        taken = items.take_key(key)
+        self._size -= len(taken)
+        if taken and not items:
+            self.drr.deactivate(queue)
+        return taken
 
     def counts(self) -> dict[str, int]:
         """Buffered tasks per queue."""

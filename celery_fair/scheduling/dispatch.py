@@ -59,6 +59,10 @@ class DispatchRound(Generic[T]):
         if estimate is not None:
             self.buffer.charge(queue, runtime - estimate)
 
+    def take_key(self, queue: str, key: str) -> list[T]:
+        """Remove the buffered messages of ``key`` in keyed ``queue``, oldest first (uncharged)."""
+        return self.buffer.take_key(queue, key)
+
     def clear(self) -> list[T]:
         """Empty the buffer (its messages went back to the broker); return them."""
         return self.buffer.clear()

@@ -22,6 +22,12 @@ A record is written when a task leaves the worker, whatever the outcome:
                 time it spent at its limits)
 ``priority``    the message's Celery priority as published (null without one;
                 on Redis 0 is served first, on RabbitMQ the highest number)
+``key_user``    a task of a queue with two-level keys: its user within its key
+                (``fair_key``); null for a one-level key
+``key_paused``  a task of a keyed queue: the seconds its key had been paused
+                (``control fair_key_pause``) since the key's previous task was
+                fetched (0 when it was not; summed over a key's records, the
+                time it spent paused)
 
 Derived in the report: wait = started - published (received when published
 is null); buffer sojourn = dispatched - received (CoDel's sojourn).
@@ -46,9 +52,9 @@ __all__ = (
     "records_to_table",
 )
 
-#: 2 added ``key_weight`` and ``key_held``, 3 ``priority``; files of an earlier
-#: version read the columns they lack as null.
-SCHEMA_VERSION = 3
+#: 2 added ``key_weight`` and ``key_held``, 3 ``priority``, 4 ``key_user`` and
+#: ``key_paused``; files of an earlier version read the columns they lack as null.
+SCHEMA_VERSION = 4
 
 #: The outcomes a record may carry. Only the first three ran on the pool.
 OUTCOMES: tuple[str, ...] = (
@@ -85,6 +91,8 @@ class TaskRecord:
     pid: int | None = None
     source: str = "worker"
     priority: int | None = None
+    key_user: str | None = None
+    key_paused: float | None = None
 
 
 SCHEMA = pa.schema(
@@ -109,6 +117,8 @@ SCHEMA = pa.schema(
         pa.field("pid", pa.int32()),
         pa.field("source", pa.string()),
         pa.field("priority", pa.int32()),
+        pa.field("key_user", pa.string()),
+        pa.field("key_paused", pa.float64()),
     ],
     metadata={"celery_fair.schema_version": str(SCHEMA_VERSION)},
 )

@@ -16,7 +16,14 @@ from ..grammar import parse_pairs
 from ..keys.limits import CONCURRENCY, RATE, KeyLimits, limit_field, parse_concurrency, parse_rates
 from .settings import parse_weights
 
-__all__ = ("fair_key_limits", "fair_key_weights", "fair_stats", "fair_weights")
+__all__ = (
+    "fair_key_limits",
+    "fair_key_pause",
+    "fair_key_resume",
+    "fair_key_weights",
+    "fair_stats",
+    "fair_weights",
+)
 
 NOT_INSTALLED = "celery-fair is not installed on this worker (call celery_fair.install(app))"
 
@@ -46,6 +53,13 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
             }
         except Exception as exc:
             stats["keys"]["limits_state"] = {"error": repr(exc)}
+        try:
+            stats["keys"]["controls"] = {
+                queue: asdict(controls) for queue, controls in service.key_controls().items()
+            }
+        except Exception as exc:
+            stats["keys"]["controls"] = {"error": repr(exc)}
+        stats["keys"]["max_backlog"] = dict(service.settings.key_max_backlog)
     return stats
 
 
@@ -156,3 +170,62 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
     if reset:
         said.append("back to the configured limit: " + ", ".join(reset))
     return {"ok": "; ".join(said if shown else said[1:])}
+
+
+def _pause_arguments(setting: str, value: Any) -> tuple[list[str], str | None]:
+    """``KEY [KEY ...] [queue=QUEUE]`` (or ``--queue QUEUE`` after ``--``) -> keys, queue."""
+    words = list(value) if isinstance(value, (list, tuple)) else str(value or "").split()
+    keys: list[str] = []
+    queue: str | None = None
+    i = 0
+    while i < len(words):
+        word = str(words[i])
+        if word in ("--queue", "-Q"):
+            if i + 1 >= len(words):
+                raise FairConfigError(f"{setting}: {word} needs a queue name")
+            queue, i = str(words[i + 1]), i + 2
+            continue
+        for prefix in ("queue=", "--queue="):
+            if word.startswith(prefix):
+                queue = word[len(prefix) :]
+                break
+        else:
+            keys.append(word)
+        i += 1
+    if not keys:
+        raise FairConfigError(f"{setting}: no key given, got {value!r}")
+    if queue == "":
+        raise FairConfigError(f"{setting}: empty queue name in {value!r}")
+    return keys, queue
+
+
+def _pause(state: Any, value: Any, paused: bool) -> dict[str, Any]:
+    setting = "fair_key_pause" if paused else "fair_key_resume"
+    service = _service(state)
+    if service is None:
+        return {"error": NOT_INSTALLED}
+    try:
+        keys, queue = _pause_arguments(setting, value)
+        changed = service.pause_keys(keys, queue, paused)
+    except FairConfigError as exc:
+        return {"error": str(exc)}
+    done = "paused" if paused else "resumed"
+    where = ", ".join(f"{q} ({n} changed)" for q, n in changed.items())
+    return {"ok": f"{done} {', '.join(keys)} in {where}"}
+
+
+@control_command(variadic="keys", signature="KEY [KEY ...] [queue=QUEUE]")
+def fair_key_pause(state: Any, keys: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Pause keys of the keyed queues (all, or ``queue=QUEUE``), on the broker.
+
+    A paused key's messages stay where they are and nothing of it is fetched
+    by any worker, present or started later, until ``fair_key_resume``; its
+    running tasks finish.
+    """
+    return _pause(state, keys, True)
+
+
+@control_command(variadic="keys", signature="KEY [KEY ...] [queue=QUEUE]")
+def fair_key_resume(state: Any, keys: Any = None, **kwargs: Any) -> dict[str, Any]:
+    """Resume paused keys: they go back in line where they were."""
+    return _pause(state, keys, False)

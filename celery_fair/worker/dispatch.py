@@ -79,10 +79,34 @@ def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any])
                 shedder.empty()
             return None
         queue, entry = taken
-        if shedder is None or shedder.admit(request_of(entry), backlog):
+        request = request_of(entry)
+        if service.pauses.any():
+            key, level = service.key_of(request, queue)
+            if service.pauses.holds(queue, key):
+                _send_back_paused(service, queue, key, level, entry, request_of)
+                continue
+        if shedder is None or shedder.admit(request, backlog):
             return entry
         with service.lock:
             dispatch.refund(queue)  # sent back, not served: only what runs is charged
+
+
+def _send_back_paused(
+    service: SchedulingService, queue: str, key: str | None, level: int, entry: Any,
+    request_of: Callable[[Any], Any],
+) -> None:  # fmt: skip
+    """``entry``'s key is paused: it and the key's other buffered tasks go back, in order."""
+    from celery.worker.state import task_ready
+
+    dispatch = service.scheduler.dispatch
+    with service.lock:
+        dispatch.refund(queue)
+        others = dispatch.take_key(queue, key or "")
+    kept = service.pauses.send_back(queue, [entry, *others], request_of, task_ready)
+    if kept:
+        with service.lock:
+            for item in kept:
+                dispatch.put(queue, item, key, level)
 
 
 def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:

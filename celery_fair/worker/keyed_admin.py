@@ -173,6 +173,50 @@ class KeyedAdmin:
             lambda client, names: store.set_live_weights(client, names, weights),
         )
 
+    def pause(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
+        """Pause (or resume) ``keys`` in keyed ``queue``, or in every keyed queue of
+        this worker; on the broker, so every worker agrees.  Per queue, how many changed."""
+        setting = "fair_key_pause" if paused else "fair_key_resume"
+        if queue is not None and queue not in self.settings.keys:
+            raise FairConfigError(
+                f"{setting}: {queue!r} is not a keyed queue of this worker "
+                f"(fair_keys: {', '.join(sorted(self.settings.keys)) or 'none'})"
+            )
+
+        channel = self.attachment.channel
+        if self.attachment.keyed is None or channel is None:
+            raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
+        queues = [queue] if queue is not None else sorted(self.settings.keys)
+        with compat.redis_client(channel) as client:
+            changed = {}
+            for q in queues:
+                names = names_for(channel, q)
+                changed[q] = store.pause(client, names.sep, [(names.base, k) for k in keys], paused)
+            return changed
+
+    def paused_keys(self) -> dict[str, set[str]] | None:
+        """The paused keys of each keyed queue, from the broker (None: not readable now)."""
+        channel = self.attachment.channel
+        if self.attachment.keyed is None or channel is None:
+            return None
+        try:
+            with compat.redis_client(channel) as client:
+                pipe = client.pipeline(transaction=False)
+                queues = sorted(self.settings.keys)
+                for q in queues:
+                    pipe.smembers(names_for(channel, q).paused)
+                found = pipe.execute()
+        except connection_errors(channel) as exc:
+            logger.debug("celery-fair: paused keys not read (%r)", exc)
+            return None
+        return {q: {store.text(k) for k in keys} for q, keys in zip(queues, found, strict=True)}
+
+    def controls(self) -> dict[str, store.KeyControls]:
+        """Each keyed queue's paused keys, largest backlogs and their top users."""
+        if self.attachment.keyed is None or self.attachment.channel is None:
+            return {}
+        return self._on_keyed_queues("fair_stats", store.controls)
+
     def limits_state(self) -> dict[str, store.KeyedLimitsState]:
         """Each keyed queue's limits in force, running counts and keys held back."""
         keyed = self.attachment.keyed

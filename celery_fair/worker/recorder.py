@@ -31,7 +31,7 @@ from typing import Any
 
 from celery import signals, states
 
-from ..keys.serving import served_weight_held
+from ..keys.serving import served_telemetry
 from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -168,7 +168,9 @@ class PoolRecorder:
         finished_perf = self.perf()
         started_perf = getattr(request, _STARTED_PERF, None)
         runtime = None if started_perf is None else finished_perf - started_perf
-        key_weight, key_held = served_weight_held(getattr(request, SERVED_HEADER, None))
+        key_weight, key_held, key_user, key_paused = served_telemetry(
+            getattr(request, SERVED_HEADER, None)
+        )
         # A row in the schema's FIELDS order (TaskRecord's field order; a
         # unit test holds the two together).
         writer.record_row(
@@ -193,6 +195,8 @@ class PoolRecorder:
                 self.pid,  # pid
                 "worker",  # source
                 as_int((getattr(request, "delivery_info", None) or {}).get("priority")),
+                key_user,  # key_user
+                key_paused,  # key_paused
             )
         )
 

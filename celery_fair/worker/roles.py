@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from .. import compat
 from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
+from .pauses import PausedKeys
 from .settings import FairSettings
 from .shedder import Shedder
 
@@ -30,6 +31,7 @@ class SchedulingService(Protocol):
     probe: compat.Probe
     clock: Callable[[], float]
     shedder: Shedder | None
+    pauses: PausedKeys
 
     @property
     def keyed(self) -> KeyedServing | None: ...

@@ -25,6 +25,7 @@ from .attachment import Attachment
 from .dispatch import FairGate
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
+from .pauses import PausedKeys
 from .push_prefetch import PushWindows, PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
 from .settings import FairSettings
@@ -78,6 +79,8 @@ class FairService:
         self.tracker = TaskTracker(self, hostname=hostname)
         codel = settings.codel_options
         self.shedder: Shedder | None = None
+        #: Paused keys of the keyed queues (their prefetched tasks go back).
+        self.pauses = PausedKeys()
         if codel is not None:
             self.shedder = Shedder(
                 codel, clock=clock, on_returned=self.tracker.returned, queue_of=self.queue_of
@@ -185,6 +188,23 @@ class FairService:
     def set_key_weights(self, weights: dict[str, float | None]) -> None:
         """Set key weights live, on the broker (every worker and restart sees them)."""
         self.keys.set_weights(weights)
+
+    def pause_keys(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
+        """Pause (or resume) keys on the broker: per keyed queue, how many changed."""
+        changed = self.keys.pause(keys, queue, paused)
+        for q in changed:
+            self.pauses.change(q, keys, paused)
+        return changed
+
+    def refresh_paused(self) -> None:
+        """Read the paused keys from the broker (a timer calls this)."""
+        paused = self.keys.paused_keys()
+        if paused is not None:
+            self.pauses.replace(paused)
+
+    def key_controls(self) -> dict[str, store.KeyControls]:
+        """Each keyed queue's paused keys, largest backlogs and their top users."""
+        return self.keys.controls()
 
     def key_limits_state(self) -> dict[str, store.KeyedLimitsState]:
         """Each keyed queue's limits in force, running counts and keys held back."""

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_key_concurrency": {},
     "fair_key_rate_limit": {},
     "fair_key_lease_ttl": None,
+    "fair_key_max_backlog": {},
     "fair_priority": "strict",
     "fair_priority_weights": {},
     "fair_unknown_task_delay": 10.0,
@@ -268,6 +269,8 @@ class FairSettings:
     default_key_weight: float = 1.0
     #: Per-key concurrency and rate limits of the keyed queues.
     key_limits: KeyLimits = field(default_factory=KeyLimits)
+    #: Backlog caps per key (``"*"``: every other key), applied by producers.
+    key_max_backlog: Mapping[str, int] = field(default_factory=dict)
     #: Keyed queues' priority levels: None, served strictly in order
     #: (``fair_priority="strict"``); else weights by Celery priority ("weighted").
     priority_weights: Mapping[int, float] | None = None
@@ -348,6 +351,14 @@ class FairSettings:
                 f"too (got concurrency {dict(limits.concurrency)!r}, rates "
                 f"{dict(limits.rates)!r})"
             )
+        from ..keys.publish import parse_max_backlog
+
+        caps = parse_max_backlog(get("fair_key_max_backlog"))
+        if caps and not keys:
+            raise FairConfigError(
+                f"fair_key_max_backlog={caps!r} applies to keyed queues on Redis: set "
+                "fair_keys too (on RabbitMQ, keyed queues and their caps are refused)"
+            )
         max_returns = get("fair_unknown_task_max_returns")
         if isinstance(max_returns, str) and max_returns.strip().isdigit():
             max_returns = int(max_returns)  # from an environment variable or a config file
@@ -362,6 +373,7 @@ class FairSettings:
             unknown_task_max_returns=max_returns,
             keys=keys,
             key_limits=limits,
+            key_max_backlog=caps,
             priority_weights=_priority(conf),
             key_weights=parse_weights(
                 get("fair_key_weights"), setting="fair_key_weights", what="KEY=WEIGHT"

@@ -19,7 +19,7 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
-from ..keys.serving import served_weight_held
+from ..keys.serving import served_telemetry
 from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -249,7 +249,7 @@ class TaskTracker:
         **times: Any,
     ) -> None:
         """One record; ``get(header)`` reads the task's headers and stamps."""
-        key_weight, key_held = served_weight_held(get(SERVED_HEADER))
+        key_weight, key_held, key_user, key_paused = served_telemetry(get(SERVED_HEADER))
         self.writer.record(
             _task_record()(
                 task_id=str(task_id),
@@ -268,6 +268,8 @@ class TaskTracker:
                 hostname=self.hostname,
                 pid=self.pid,
                 priority=as_int((info or {}).get("priority")),
+                key_user=key_user,
+                key_paused=key_paused,
                 **times,
             )
         )

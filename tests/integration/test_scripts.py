@@ -65,7 +65,7 @@ def fetch(
     """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``).
 
     ``level_weights`` (level suffix -> weight) makes the levels weighted; without,
-    strict.  ``charges``: flat (base, level, key, delta) run-time corrections.
+    strict.  ``charges``: flat (base, level, key, user, delta) run-time corrections.
     """
     keys = list(queues) or [Q]
     words = ["-"] * len(queues) if queues else [word]
@@ -75,7 +75,7 @@ def fetch(
         2 * len(keys) + 2,
         *keys, *[k + ".fair-malformed" for k in keys], "unacked", "unacked_index",
         len(keys), repr(time.time()), SEP, "1.0", len(LEVELS), *LEVELS,
-        len(pairs) // 2, *pairs, len(charges) // 4, *charges, *words,
+        len(pairs) // 2, *pairs, len(charges) // 5, *charges, *words,
     )  # fmt: skip
 
 
@@ -222,7 +222,7 @@ def test_runtime_charges_move_a_keys_tag(client: redis_lib.Redis) -> None:
         enqueue(client, "slow", message("slow", i))
         enqueue(client, "fast", message("fast", i))
     before = client.zscore(NAMES.active, "slow")
-    assert scripts.CHARGE(client, SEP, "1.0", Q, "", "slow", "5.0") == 1
+    assert scripts.CHARGE(client, SEP, "1.0", Q, "", "slow", "", "5.0") == 1
     assert client.zscore(NAMES.active, "slow") == before + 5.0
     assert served(client, 2) == ["fast", "fast"]  # slow owes 5 units of cost
 
@@ -294,7 +294,7 @@ def test_a_restore_and_a_charge_go_back_to_the_level_the_task_came_from(
     # A run-time charge moves the key's tag in that level, not in the first.
     lv = NAMES.level(LEVELS[1])
     before = client.zscore(lv.active, key)
-    fetch(client, "1", charges=(Q, level, key, "7.0"))  # served: the other key, tag lower
+    fetch(client, "1", charges=(Q, level, key, "", "7.0"))  # served: the other key, tag lower
     assert client.zscore(lv.active, key) == before + 7.0
     assert client.zscore(NAMES.active, key) is None
     assert [k for k, _ in served_levels(client, 1)] == [other]

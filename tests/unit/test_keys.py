@@ -196,11 +196,13 @@ def test_runtime_corrections_wait_for_the_next_fetch() -> None:
     serving.finished("other", ["x", 1.0], 3.0)  # not a keyed queue: ignored
     serving.finished("jobs", "garbage", 1.0)  # a malformed header: ignored
     serving.finished("jobs", ["gold", 0.005, 1.0, 0.0, "\x06\x169"], 0.005)  # a later level
+    serving.finished("jobs", ["t", 0.005, 1.0, 0.0, "", "alice", 0.0], 0.010)  # a user of t
     charges = serving.take_charges()
     assert charges == [
-        ("jobs", "", "gold", pytest.approx(0.015)),
-        ("jobs", "", "gold", pytest.approx(-0.004)),
-        ("jobs", "\x06\x169", "gold", pytest.approx(0.0)),
+        ("jobs", "", "gold", "", pytest.approx(0.015)),
+        ("jobs", "", "gold", "", pytest.approx(-0.004)),
+        ("jobs", "\x06\x169", "gold", "", pytest.approx(0.0)),
+        ("jobs", "", "t", "alice", pytest.approx(0.005)),
     ]
     assert serving.take_charges() == []
 

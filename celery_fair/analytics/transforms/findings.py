@@ -107,6 +107,19 @@ def held_keys(keys: DataFrame, top: int = 20) -> DataFrame:
     )
 
 
+def paused_keys(keys: DataFrame, top: int = 20) -> DataFrame:
+    """The ``top`` keys that spent longest paused (``control fair_key_pause``).
+
+    From ``key_shares``.
+    """
+    return (
+        keys.where(F.col("paused") > 0)
+        .orderBy(F.col("paused").desc(), "queue", "fair_key")
+        .limit(top)
+        .select("queue", "fair_key", "paused", "served_tasks", "weight")
+    )
+
+
 def _above_even(share: Column, entities: Column, rules: NoisyRules) -> Column:
     # Null (not flagged) where there is no keyed entity: a window of unkeyed tasks only.
     return share >= ratio(F.lit(rules.excess), entities)

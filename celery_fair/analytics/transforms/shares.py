@@ -75,6 +75,7 @@ def key_shares(usage: DataFrame) -> DataFrame:
         F.sum("served_cost").alias("served_cost"),
         F.sum("codel_requeues").alias("codel_requeues"),
         F.sum("key_held").alias("held"),
+        F.sum("key_paused").alias("paused"),
         F.max_by("key_weight", "last_at").alias("weight"),
     )
     return per_key.transform(shares_by_key)
@@ -128,13 +129,14 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
     keys: the share weighted fairness gives the key while every key of the
     queue has work waiting (a key that is often idle gets less and leaves its
     part to the others). ``held`` is the seconds the key spent set aside by
-    its per-key limits; ``codel_requeues`` feeds :func:`routing_skew`.
+    its per-key limits, ``paused`` the seconds it was paused;
+    ``codel_requeues`` feeds :func:`routing_skew`.
 
     ``totals`` are :func:`key_totals` of ``per_key``, when already made.
     """
     rows = per_key.select(
         "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues", "held",
-        _key_weight().alias("weight"),
+        "paused", _key_weight().alias("weight"),
         # Only a keyed queue's fetch stamps the key's weight (SERVED_HEADER).
         F.col("weight").isNotNull().alias("keyed"),
     )  # fmt: skip
@@ -153,6 +155,7 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
         "weight",
         ratio(F.col("weight"), F.col("queue_weight")).alias("target_in_queue"),
         "held",
+        "paused",
         "codel_requeues",
         "keyed",
     )

@@ -57,7 +57,8 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     (receive -> start when dispatch is not recorded, as from Celery events);
     ``transfer`` is publish -> receive. ``key_weight`` is the key's weight
     (null in records of schema 1), ``key_held`` the seconds its key spent set
-    aside by its per-key limits (0 when unknown). ``in_flight`` is receive -> finish,
+    aside by its per-key limits (0 when unknown), ``key_paused`` the seconds it
+    was paused (0 when unknown, and in records before schema 4). ``in_flight`` is receive -> finish,
     the time the worker held the task (0 when unknown); ``busy`` its run time
     on the pool (0 for tasks that never ran). ``window`` is the start of the
     ``window_seconds`` bucket holding the time the task left the worker.
@@ -81,6 +82,7 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         F.col("target_weight").alias("weight"),
         F.col("key_weight"),
         F.coalesce("key_held", F.lit(0.0)).alias("key_held"),
+        F.coalesce("key_paused", F.lit(0.0)).alias("key_paused"),
         (F.col("started") - F.coalesce("published", "received")).alias("wait"),
         (F.coalesce("dispatched", "started") - F.col("received")).alias("sojourn"),
         (F.col("received") - F.col("published")).alias("transfer"),
@@ -123,7 +125,7 @@ def _code_of(outcome: str) -> int:
 USAGE_FIGURES = (
     "records", "served_tasks", "served_cost", "in_flight", "busy", "codel_requeues",
     "codel_rejects", "failures", "retries", "revoked", "last_at", "weight", "key_held",
-    "key_weight",
+    "key_weight", "key_paused",
 )  # fmt: skip
 
 
@@ -165,6 +167,7 @@ def _usage_sums(coded: bool = False) -> list[Column]:
         F.max_by("weight", "left_at").alias("weight"),
         F.sum("key_held").alias("key_held"),
         F.max_by("key_weight", "left_at").alias("key_weight"),
+        F.sum("key_paused").alias("key_paused"),
     ]
 
 
@@ -177,7 +180,7 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     rows) instead of each scanning the data again. ``weight`` is the group's
     latest target weight, with ``last_at`` the time it was seen, and
     ``key_weight`` the key's; ``key_held`` the seconds the key spent set
-    aside by its per-key limits.
+    aside by its per-key limits, ``key_paused`` the seconds it was paused.
     """
     return (
         tasks.groupBy("window", "queue", "fair_key")

@@ -7,6 +7,7 @@ from typing import Any
 from celery import bootsteps
 
 from ...keys.consumers import warn_about_plain_consumers
+from ..pauses import PAUSED_RECHECK
 from ..service import FairService
 
 __all__ = ("KEYED_RECHECK", "FairKeysStep")
@@ -22,7 +23,9 @@ class FairKeysStep(bootsteps.StartStopStep):
     queue without celery-fair (they would see no message).  While the
     channel has the atomic fetch, every :data:`KEYED_RECHECK` seconds the
     worker looks for keyed messages sent by producers that still have
-    ``fair_keys`` for a queue this worker's settings no longer key.
+    ``fair_keys`` for a queue this worker's settings no longer key.  Every
+    :data:`~celery_fair.worker.pauses.PAUSED_RECHECK` seconds it reads the
+    paused keys (``control fair_key_pause``), whose prefetched tasks go back.
     """
 
     name = "celery_fair.keys"
@@ -34,6 +37,7 @@ class FairKeysStep(bootsteps.StartStopStep):
         self.enabled = service is not None
         self._warned = False
         self._recheck: Any = None
+        self._paused: Any = None
 
     def start(self, c: Any) -> None:
         service: FairService = c.controller.fair
@@ -44,8 +48,12 @@ class FairKeysStep(bootsteps.StartStopStep):
             warn_about_plain_consumers(c.app, service.keyed.queues)
         if service.cycle is not None and service.cycle.atomic is not None:
             self._recheck = c.timer.call_repeatedly(KEYED_RECHECK, service.recheck_keyed_backlogs)
+        if service.keyed is not None:
+            service.refresh_paused()
+            self._paused = c.timer.call_repeatedly(PAUSED_RECHECK, service.refresh_paused)
 
     def stop(self, c: Any) -> None:
-        recheck, self._recheck = self._recheck, None
-        if recheck is not None:
-            recheck.cancel()
+        for timer in (self._recheck, self._paused):
+            if timer is not None:
+                timer.cancel()
+        self._recheck = self._paused = None

@@ -1,0 +1,89 @@
+"""Paused keys in the worker: prefetched tasks of a paused key go back, none starts.
+
+A pause is stored on the broker (``control fair_key_pause``): from then on
+the fetch script serves nothing of the key.  Tasks of the key the worker had
+already prefetched wait in its buffer; they must not start either.  When one
+is about to leave the buffer, this sends it and every other buffered task of
+its key back to the front of the key's list, newest first, so that the key's
+messages keep their order when it is resumed.  The returned copies are
+published before the originals are acknowledged: a crash in between leaves a
+duplicate, never a loss (as CoDel's returns, :mod:`celery_fair.worker.shedder`).
+
+The worker learns of pauses from the control command (at once) and by
+reading the paused sets every :data:`PAUSED_RECHECK` seconds (a worker that
+started later, or missed the broadcast).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..kombu.requeue import return_copy
+
+__all__ = ("PAUSED_RECHECK", "PausedKeys")
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two reads of the paused keys from the broker.
+PAUSED_RECHECK = 2.0
+
+
+class PausedKeys:
+    """The paused keys of this worker's keyed queues, as last read or told."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paused: dict[str, frozenset[str]] = {}
+        #: Prefetched tasks sent back because their key was paused.
+        self.returned = 0
+
+    def replace(self, paused: Mapping[str, Iterable[str]]) -> None:
+        """The paused keys per keyed queue, as read from the broker."""
+        fresh = {queue: frozenset(keys) for queue, keys in paused.items() if keys}
+        with self._lock:
+            self._paused = fresh
+
+    def change(self, queue: str, keys: Iterable[str], paused: bool) -> None:
+        """Keys of ``queue`` paused (or resumed) by a control command."""
+        with self._lock:
+            now = set(self._paused.get(queue, ()))
+            (now.update if paused else now.difference_update)(keys)
+            self._paused = {**self._paused, queue: frozenset(now)}
+
+    def holds(self, queue: str, key: str | None) -> bool:
+        """Whether ``key`` of keyed ``queue`` is paused."""
+        return key is not None and key in self._paused.get(queue, ())
+
+    def any(self) -> bool:
+        return any(self._paused.values())
+
+    def send_back(
+        self, queue: str, entries: list[Any], request_of: Callable[[Any], Any],
+        done: Callable[[Any], None],
+    ) -> list[Any]:  # fmt: skip
+        """Return buffered ``entries`` (a paused key's, oldest first) to the front of its list.
+
+        Newest first, so that the oldest ends first in line.  ``done(request)``
+        tells Celery's worker state a request is finished here.  Returns the
+        entries that could not be sent back (oldest first), for the caller to
+        keep: running a task beats losing it.
+        """
+        kept: list[Any] = []
+        for entry in reversed(entries):
+            request = request_of(entry)
+            try:
+                return_copy(request.message, queue, {}, front=True)
+                request.acknowledge()
+            except Exception:  # noqa: BLE001 - a task kept is not lost
+                logger.warning(
+                    "celery-fair: could not return %s of a paused key to the broker",
+                    getattr(request, "id", "?"), exc_info=True,
+                )  # fmt: skip
+                kept.insert(0, entry)
+                continue
+            done(request)
+            self.returned += 1
+        return kept
