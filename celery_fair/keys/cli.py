@@ -1,6 +1,9 @@
-"""``celery-fair keys``: look at a keyed queue's backlog, or move it back to plain Kombu lists.
+"""``celery-fair keys``: a keyed queue's backlog, pauses, or a move back to plain Kombu lists.
 
-``celery-fair keys backlog QUEUE`` shows what waits in the per-key lists.
+``celery-fair keys backlog QUEUE`` shows what waits in the per-key lists,
+the paused keys and the largest backlogs with their top users.
+``celery-fair keys pause QUEUE KEY...`` and ``resume`` pause and resume keys
+on the broker, as ``celery control fair_key_pause`` does without a worker.
 ``celery-fair keys unkey QUEUE`` moves every waiting message back into the
 queue's own Kombu lists, where a worker without celery-fair finds it: the
 last step of a return to plain Celery (docs/migrating.md gives the order).
@@ -27,13 +30,16 @@ def register(subparsers: Any) -> None:
         "keys",
         help="a keyed queue's backlog, or move it back to plain Kombu lists (Redis)",
         description=(
-            "backlog: what waits in a keyed queue's per-key lists. unkey: move it all back "
+            "backlog: what waits in a keyed queue's per-key lists. pause / resume KEY...: "
+            "nothing of a paused key is fetched by any worker until it is resumed. "
+            "unkey: move it all back "
             "to the queue's own lists, where any Celery worker consumes it (each batch is "
             "one atomic step: stopping it half way loses and duplicates nothing)."
         ),
     )
-    parser.add_argument("action", choices=("backlog", "unkey"))
+    parser.add_argument("action", choices=("backlog", "pause", "resume", "unkey"))
     parser.add_argument("queue", metavar="QUEUE", help="the keyed queue")
+    parser.add_argument("keys", metavar="KEY", nargs="*", help="the keys (pause, resume)")
     add_broker_options(parser)
     parser.add_argument(
         "--batch", type=positive_int, default=None, help="messages moved per step (unkey)"
@@ -58,14 +64,35 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         names = names_for(channel, args.queue)
+        if args.action in ("pause", "resume") and not args.keys:
+            print(f"celery-fair keys {args.action}: name the keys after the queue", file=sys.stderr)
+            return 2
         with compat.redis_client(channel) as client:
             if args.action == "backlog":
-                found = store.backlog(client, names, top=args.top)
-                print(f"{args.queue}: {found.messages} message(s) in {found.keys} key(s)")
-                for key, waiting in found.next_keys:
-                    print(f"  {key or '(unkeyed)'}: {waiting}")
+                return _backlog(client, names, args)
+            if args.action in ("pause", "resume"):
+                pairs = [(names.base, key) for key in args.keys]
+                changed = store.pause(client, names.sep, pairs, args.action == "pause")
+                done = "paused" if args.action == "pause" else "resumed"
+                print(f"{args.queue}: {done} {changed} of {len(pairs)} key(s)")
                 return 0
             return _unkey(client, names, _suffixes(channel, args.queue), args)
+
+
+def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:
+    from . import store
+
+    found = store.backlog(client, names, top=args.top)
+    print(f"{args.queue}: {found.messages} message(s) in {found.keys} key(s)")
+    for key, waiting in found.next_keys:
+        print(f"  {key or '(unkeyed)'}: {waiting}")
+    controls = store.controls(client, names, top=args.top)
+    if controls.paused:
+        shown = ", ".join(f"{k or '(unkeyed)'} ({s:.0f} s)" for k, s in controls.paused.items())
+        print(f"paused: {shown}")
+    for key, users in controls.top_users.items():
+        print(f"  {key} top users: " + ", ".join(f"{u or '(none)'}: {n}" for u, n in users))
+    return 0
 
 
 def _suffixes(channel: Any, queue: str) -> tuple[str, list[str]]:

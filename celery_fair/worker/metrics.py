@@ -267,6 +267,34 @@ class FairCollector:
             top.add_metric([self.worker, queue, key], float(count))
         yield top
         yield from self._throttling()
+        yield from self._pauses()
+
+    def _pauses(self) -> Iterator[Any]:
+        """Paused keys (``control fair_key_pause``), read from the broker at scrape."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        try:
+            controls = self.service.key_controls()
+        except Exception:  # the broker is away: the next scrape tries again
+            return
+        if not controls:
+            return
+        w = self.worker
+        yield _per_queue(
+            GaugeMetricFamily,
+            "keys_paused",
+            "Keys paused now, per keyed queue (all workers: read from the broker).",
+            w,
+            {queue: len(c.paused) for queue, c in controls.items()},
+        )
+        yield _per_queue(
+            CounterMetricFamily,
+            "key_paused_seconds",
+            "Seconds keys spent paused, summed over keys, the pauses still on until now "
+            "included, per keyed queue.",
+            w,
+            {q: c.paused_seconds + sum(c.paused.values()) for q, c in controls.items()},
+        )
 
     def _throttling(self) -> Iterator[Any]:
         """Per-key limits: how much keys were held back, read from the broker at scrape.

@@ -316,3 +316,21 @@ def test_key_weights_set_targets_held_time_and_jain(spark: SparkSession) -> None
     flat = old.transform(T.normalize, 10.0).transform(T.usage_by_window)
     row = flat.transform(T.served_by_window, "fair_key").transform(T.jain_by_window).first()
     assert row is not None and row["jain"] == (3 + 1) ** 2 / (2 * (9 + 1))
+
+
+def test_paused_time_is_summed_per_key_and_listed_longest_first(spark: SparkSession) -> None:
+    # Schema 4: the first task served after a resume tells how long its key was paused.
+    raw = frame(
+        spark,
+        [rec("jobs", fair_key="a", cost=1.0, key_weight=1.0, key_paused=4.0)]
+        + [rec("jobs", fair_key="a", cost=1.0, key_weight=1.0, key_paused=0.0)]
+        + [rec("jobs", fair_key="b", cost=1.0, key_weight=1.0, key_paused=1.5)]
+        + [rec("jobs", fair_key="c", cost=1.0, key_weight=1.0)],
+    )
+    keys = raw.transform(T.normalize, 10.0).transform(T.usage_by_window).transform(T.key_shares)
+    paused = keys.transform(T.paused_keys).select("fair_key", "paused")
+    assert [tuple(r) for r in paused.collect()] == [("a", 4.0), ("b", 1.5)]
+    # Records before schema 4 carry no pause: 0, not null.
+    old = raw.drop("key_paused").selectExpr("*", "CAST(NULL AS DOUBLE) AS key_paused")
+    flat = old.transform(T.normalize, 10.0).transform(T.usage_by_window).transform(T.key_shares)
+    assert flat.where("paused > 0").count() == 0

@@ -198,3 +198,31 @@ def test_controls_name_paused_keys_the_largest_backlogs_and_their_top_users(
     assert set(state.paused) == {"small"} and state.pauses == 1
     assert state.largest == (("big", 8), ("small", 2))
     assert state.top_users == {"big": (("heavy", 6), ("light", 2))}
+
+
+def test_the_keys_command_pauses_resumes_and_shows_them(
+    client: redis_lib.Redis, redis_url: str
+) -> None:
+    import subprocess
+    import sys
+
+    def keys(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "celery_fair.cli", "keys", *args, "-b", redis_url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    for i in range(3):
+        put(client, "t", "alice", i)
+    put(client, "t", "bob", 0)
+    done = keys("pause", Q, "t", "u")
+    assert done.returncode == 0 and f"{Q}: paused 2 of 2 key(s)" in done.stdout, done
+    assert client.smembers(NAMES.paused) == {b"t", b"u"}
+    shown = keys("backlog", Q)
+    assert "paused: " in shown.stdout and "t (" in shown.stdout, shown
+    assert "t top users: alice: 3, bob: 1" in shown.stdout, shown.stdout
+    assert fetch(client) is None
+    assert keys("resume", Q, "t").returncode == 0
+    assert fetch(client)[3] == b"t"
+    bad = keys("pause", Q)
+    assert bad.returncode == 2 and "name the keys" in bad.stderr

@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 
 from celery_fair.errors import FairConfigError
-from celery_fair.keys.store import KeyedLimitsState
+from celery_fair.keys.store import KeyControls, KeyedLimitsState
 from celery_fair.worker.metrics import (
     SOJOURN_BUCKETS,
     DispatchMeter,
@@ -164,14 +164,35 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
 class _LimitedService(FairService):
     """A service whose broker-side limits state is given (the broker part is tested live)."""
 
-    def __init__(self, states: dict[str, KeyedLimitsState] | Exception) -> None:
+    def __init__(
+        self,
+        states: dict[str, KeyedLimitsState] | Exception,
+        controls: dict[str, KeyControls] | None = None,
+    ) -> None:
         super().__init__(FairSettings(keys={"jobs": "tenant_id"}))
         self.states = states
+        self.controls = controls or {}
 
     def key_limits_state(self) -> dict[str, KeyedLimitsState]:
         if isinstance(self.states, Exception):
             raise self.states
         return self.states
+
+    def key_controls(self) -> dict[str, KeyControls]:
+        if isinstance(self.states, Exception):
+            raise self.states
+        return self.controls
+
+
+def test_paused_keys_are_exported_from_the_brokers_controls() -> None:
+    controls = KeyControls(
+        paused={"a": 2.0, "b": 1.0}, paused_seconds=4.5, pauses=3, largest=(), top_users={}
+    )
+    service = _LimitedService({}, {"jobs": controls})
+    samples = _samples(FairCollector(service, DispatchMeter(), worker="w"))
+    queue = (("queue", "jobs"), ("worker", "w"))
+    assert samples[("celery_fair_keys_paused", queue)] == 2
+    assert samples[("celery_fair_key_paused_seconds_total", queue)] == 7.5
 
 
 def test_throttling_is_exported_from_the_brokers_limits_state() -> None:
