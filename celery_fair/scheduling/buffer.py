@@ -39,18 +39,21 @@ class _KeyOrder(Generic[T]):
     ``max(the level's virtual time, its key's last tag + 1)``; the lowest tag
     is taken first (FIFO among equal tags, and within a key).  The per-key
     tags are forgotten whenever the queue's buffer empties, so state never
-    outlives the tasks buffered.
+    outlives the tasks buffered.  With two-level keys the turns go to each
+    (key, user): a quiet user's task prefetched behind a flooding user's of
+    the same key does not wait for them.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, T, str]] = []
-        self._next: dict[tuple[int, str], float] = {}
+        self._next: dict[tuple[int, str, str | None], float] = {}
         self._vt: dict[int, float] = {}
         self._seq = 0
 
-    def append(self, item: T, key: str, level: int = 0) -> None:
-        tag = max(self._vt.get(level, 0.0), self._next.get((level, key), 0.0))
-        self._next[(level, key)] = tag + 1.0
+    def append(self, item: T, key: str, level: int = 0, user: str | None = None) -> None:
+        turn = (level, key, user)
+        tag = max(self._vt.get(level, 0.0), self._next.get(turn, 0.0))
+        self._next[turn] = tag + 1.0
         heapq.heappush(self._heap, (level, tag, self._seq, item, key))
         self._seq += 1
 
@@ -105,8 +108,11 @@ class FairBuffer(Generic[T]):
         """Use these quanta (validated all at once)."""
         self.drr.set_quanta(quanta)
 
-    def put(self, queue: str, item: T, key: str | None = None, level: int = 0) -> None:
-        """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s.
+    def put(
+        self, queue: str, item: T, key: str | None = None, level: int = 0, user: str | None = None
+    ) -> None:
+        """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s
+        (and their ``user``s, with two-level keys).
 
         A keyed queue's tasks are taken by ``level`` first (the lowest first).
         """
@@ -114,7 +120,7 @@ class FairBuffer(Generic[T]):
         if items is None:
             items = self._items[queue] = deque() if key is None else _KeyOrder()
         if isinstance(items, _KeyOrder):
-            items.append(item, key or "", level)
+            items.append(item, key or "", level, user)
         else:
             items.append(item)
         self._size += 1

@@ -36,9 +36,12 @@ class DispatchRound(Generic[T]):
     def set_quanta(self, quanta: Mapping[str, float]) -> None:
         self.buffer.set_quanta(quanta)
 
-    def put(self, queue: str, item: T, key: str | None = None, level: int = 0) -> None:
-        """Buffer ``item`` of ``queue`` (``key``, ``level``: a keyed queue's key and level)."""
-        self.buffer.put(queue, item, key, level)
+    def put(
+        self, queue: str, item: T, key: str | None = None, level: int = 0, user: str | None = None
+    ) -> None:
+        """Buffer ``item`` of ``queue`` (``key``, ``level``, ``user``: a keyed queue's key,
+        level and user within the key)."""
+        self.buffer.put(queue, item, key, level, user)
 
     def take(self) -> tuple[str, T] | None:
         """The next ``(queue, item)`` in DWRR order, charged its cost."""

@@ -194,15 +194,22 @@ class FairScheduler:
 
     # -- dispatch: tasks waiting for a pool slot (see DispatchRound) ----------
 
-    def wait(self, queue: str, item: object, key: str | None = None, level: int = 0) -> None:
+    def wait(
+        self,
+        queue: str,
+        item: object,
+        key: str | None = None,
+        level: int = 0,
+        user: str | None = None,
+    ) -> None:
         """Buffer a task of ``queue`` until a pool slot is free.
 
         ``key`` and ``level``: a keyed queue's key and priority level (the lowest
-        level is taken first).
+        level is taken first); ``user``: its user within the key (two-level keys).
         """
         if self.fetch.adopt(queue):
             self._apply_quanta()
-        self.dispatch.put(queue, item, key, level)
+        self.dispatch.put(queue, item, key, level, user)
 
     # -- introspection ------------------------------------------------------
 

@@ -58,8 +58,8 @@ def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None
     """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key
     and priority level."""
     queue = _queue_of(service, args)
-    key, level = service.key_of(args[0] if args else None, queue)
-    service.scheduler.wait(queue, entry, key, level)
+    key, level, user = service.key_of(args[0] if args else None, queue)
+    service.scheduler.wait(queue, entry, key, level, user)
 
 
 def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any]) -> Any:
@@ -81,7 +81,7 @@ def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any])
         queue, entry = taken
         request = request_of(entry)
         if service.pauses.any():
-            key, level = service.key_of(request, queue)
+            key, level, _ = service.key_of(request, queue)
             if service.pauses.holds(queue, key):
                 _send_back_paused(service, queue, key, level, entry, request_of)
                 continue
@@ -106,7 +106,8 @@ def _send_back_paused(
     if kept:
         with service.lock:
             for item in kept:
-                dispatch.put(queue, item, key, level)
+                _, _, user = service.key_of(request_of(item), queue)
+                dispatch.put(queue, item, key, level, user)
 
 
 def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from .. import compat
 from ..keys import store
 from ..keys.layout import level_rank
-from ..keys.serving import KeyedServing, KeyStatistics, served_header, served_level
+from ..keys.serving import KeyedServing, KeyStatistics, served_header, served_level, served_user
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
@@ -258,20 +258,21 @@ class FairService:
         key = info.get("routing_key")
         return self._queue_by_key.get(key) if key is not None else None
 
-    def key_of(self, request: Any, queue: str) -> tuple[str | None, int]:
-        """A keyed queue's request: the key it was served as and its level's rank.
+    def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:
+        """A keyed queue's request: the key it was served as, its level's rank and
+        its user within the key (two-level keys; else None).
 
         The rank is Kombu's priority step of the level (0, the first, for
         anything else): the worker's buffer takes the lowest first.  Not keyed:
-        ``(None, 0)``.
+        ``(None, 0, None)``.
         """
         keyed = self.attachment.keyed
         if keyed is None or queue not in keyed.queues or request is None:
-            return None, 0
+            return None, 0, None
         served = served_header(compat.request_headers(request))
         if not isinstance(served, list) or not served:
-            return "", 0
-        return str(served[0]), level_rank(served_level(served))
+            return "", 0, None
+        return str(served[0]), level_rank(served_level(served)), served_user(served)
 
     # -- worker side ----------------------------------------------------------
 

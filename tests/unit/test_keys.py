@@ -440,3 +440,20 @@ def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
 
     with pytest.raises(FairConfigError, match=r"fair_keys\['jobs'\]='args:0'"):
         job.apply_async((1,), queue="jobs")
+
+
+def test_the_buffer_gives_turns_to_users_of_a_two_level_key_and_hands_back_a_keys_tasks() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    buffer.set_quanta({"jobs": 1.0})
+    for i in range(4):
+        buffer.put("jobs", f"flood{i}", "t1", user="flood")
+    buffer.put("jobs", "quiet", "t1", user="quiet")
+    buffer.put("jobs", "other", "t2", user="u")
+    taken = [buffer.take(lambda q: 1.0) for _ in range(3)]
+    # The quiet user's task is not behind the flooding user's four.
+    assert [item for _, item in taken if item] == ["flood0", "quiet", "other"]
+    # A paused key's tasks, oldest first, out of the buffer; the others stay.
+    assert buffer.take_key("jobs", "t1") == ["flood1", "flood2", "flood3"]
+    assert len(buffer) == 0 and buffer.take_key("jobs", "t1") == []
+    buffer.put("jobs", "after", "t3")
+    assert buffer.take(lambda q: 1.0) == ("jobs", "after")
