@@ -14,6 +14,15 @@ prefork -c 2`` with Celery's defaults on a real Redis:
 * **fetch cost**: the fetch script alone, microseconds per call, with ``K`` keys
   waiting: one level (``K`` keys) or two (``K / 10`` tenants of 10 users each),
   for ``K`` = 10, 10,000 and 1,000,000.
+* **pause**: two workers, keys a and b with 300 tasks of 20 ms each; a is paused
+  (``control fair_key_pause``) after 40 tasks ran, and resumed once b is done: a's
+  tasks that started after the pause reply, how late the last one did, the order of
+  a's waiting messages while paused, and tasks lost or run twice.  (Plain Celery
+  has no pause to compare with.)
+* **cap**: ``--producers`` threads publish to a key capped at ``--cap``, each
+  ``--per-producer`` tasks, first with no worker (the refusals must be exactly the
+  excess), then with a worker consuming meanwhile (a sampler reads the key's
+  backlog throughout: never above the cap; every accepted task runs once).
 * **throughput**: the worker's tasks/s on no-op tasks with the same ``K`` keys,
   one level against two.  ``--tasks`` real tasks; past that many keys, the other
   keys wait with a small payload the measurement never reaches (their start
@@ -172,6 +181,129 @@ def _quiet_t1(ledger: Ledger) -> int:
     return sum(1 for e in ledger.entries() if e.tenant == "t1" and e.user in QUIET_T1)
 
 
+def pause_run() -> dict[str, Any]:
+    """Pause key a on two workers, resume it later: what started, in what order, lost."""
+    import base64
+
+    import redis as redis_lib
+
+    with RedisServer() as server:
+        app = _producer(server.url, "one")
+        tasks = [t for i in range(300) for t in (("a", str(i)), ("b", str(i)))]
+        _send(app, tasks, ms=20)  # user_id carries a sequence number (one-level keys)
+        ledger = Ledger(server.url)
+        client = redis_lib.Redis.from_url(server.url)
+        names = KeyedNames(QUEUE)
+        with _worker(server.url, "one") as one, _worker(server.url, "one") as two:
+            assert ledger.wait_for(40, timeout=120, alive=[one, two]), one.log()[-2000:]
+            replies = _broadcast(app, "fair_key_pause", keys=["a"])
+            paused_at = time.time()
+            deadline = time.monotonic() + 300
+            while ledger.per_tenant().get("b", 0) < 300:
+                assert time.monotonic() < deadline, ledger.per_tenant()
+                time.sleep(0.1)  # polled with a deadline
+            waiting = client.lrange(names.key_list("a"), 0, -1)
+            resumed_at = time.time()
+            _broadcast(app, "fair_key_resume", keys=["a"])
+            assert ledger.wait_for(600, timeout=300, alive=[one, two]), one.log()[-2000:]
+        app.close()
+        entries = ledger.entries()
+    seq = [
+        int(json.loads(base64.b64decode(json.loads(m)["body"]))[1]["user_id"])
+        for m in reversed(waiting)
+    ]
+    after = [e.started - paused_at for e in entries
+             if e.tenant == "a" and paused_at < e.started < resumed_at]  # fmt: skip
+    ids = Counter(e.id for e in entries)
+    return {
+        "workers_replied": len(replies),
+        "a_started_after_pause": len(after),
+        "a_latest_start_after_pause_ms": max(after, default=0.0) * 1000,
+        "a_waiting_while_paused": len(seq),
+        "a_waiting_in_publish_order": seq == sorted(seq),
+        "b_ran_while_a_paused": 300,
+        "lost": 600 - len(ids),
+        "ran_twice": sum(1 for n in ids.values() if n > 1),
+    }
+
+
+def _broadcast(app: Any, command: str, **arguments: Any) -> list[Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        replies = app.control.broadcast(command, arguments=arguments, reply=True, timeout=2)
+        if replies:
+            return list(replies)
+        assert time.monotonic() < deadline, f"no reply to {command}"
+
+
+def cap_run(producers: int, per_producer: int, cap: int, consume: bool) -> dict[str, Any]:
+    """Concurrent producers past a key's cap, with or without a worker consuming."""
+    import threading
+
+    import redis as redis_lib
+
+    with RedisServer() as server:
+        refused, accepted = [0], [0]
+        lock = threading.Lock()
+        highest = [0.0]
+        done = threading.Event()
+        client = redis_lib.Redis.from_url(server.url)
+        names = KeyedNames(QUEUE)
+
+        def sample() -> None:
+            while not done.is_set():
+                highest[0] = max(highest[0], float(client.zscore(names.sizes, "capped") or 0))
+
+        def produce() -> None:
+            app = keyed_app(server.url, {QUEUE: "tenant_id"}, "capped",
+                            fair_key_max_backlog={"capped": cap})  # fmt: skip
+            for _ in range(per_producer):
+                try:
+                    app.send_task("ledger", kwargs={"tenant_id": "capped"}, queue=QUEUE)
+                    ok = True
+                except celery_fair.KeyBacklogFull:
+                    ok = False
+                with lock:
+                    (accepted if ok else refused)[0] += 1
+            app.close()
+
+        ledger = Ledger(server.url)
+        worker = _worker(server.url, "one").start() if consume else None
+        try:
+            if worker is not None:  # consuming before the producers start
+                warm = keyed_app(server.url, {QUEUE: "tenant_id"}, "warm")
+                _send(warm, [("warm", "")] * 5, ms=0)
+                warm.close()
+                assert ledger.wait_for(5, timeout=120, alive=[worker]), worker.log()[-2000:]
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            threads = [threading.Thread(target=produce) for _ in range(producers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=600)
+            done.set()
+            sampler.join(timeout=60)
+            left = int(client.llen(names.key_list("capped")))
+            if worker is not None:
+                assert ledger.wait_for(5 + accepted[0], timeout=300, alive=[worker])
+        finally:
+            if worker is not None:
+                worker.stop()
+        ran = Counter(e.id for e in ledger.entries() if e.tenant == "capped")
+    attempted = producers * per_producer
+    return {
+        "attempted": attempted,
+        "accepted": accepted[0],
+        "refused": refused[0],
+        "excess": attempted - cap,
+        "waiting_at_end": left,
+        "highest_backlog_seen": highest[0],
+        "ran": sum(ran.values()) if consume else None,
+        "ran_twice": sum(1 for n in ran.values() if n > 1),
+    }
+
+
 def _layout(keys: int, two: bool) -> list[tuple[str, str | None]]:
     """``keys`` (tenant, user) pairs: one level, or tenants of 10 users each."""
     if not two:
@@ -266,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="how long quiet work comes")
     parser.add_argument("--tasks", type=int, default=10_000, help="no-op tasks per throughput run")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="keys per cost cell")
-    parser.add_argument("--only", default="shares,flood,cost,throughput")
+    parser.add_argument("--producers", type=int, default=8, help="cap: producer threads")
+    parser.add_argument("--per-producer", type=int, default=250, help="cap: tasks each")
+    parser.add_argument("--cap", type=int, default=1000, help="cap: the key's backlog cap")
+    parser.add_argument("--only", default="shares,flood,pause,cap,cost,throughput")
     parser.add_argument("--name", default="tenants")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -276,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     flood: dict[str, list[Any]] = {m: [] for m in MODES}
     costs: dict[str, list[float]] = {}
     throughput: dict[str, list[float]] = {}
+    pauses: list[dict[str, Any]] = []
+    caps: dict[str, list[dict[str, Any]]] = {"idle": [], "consumed": []}
     for rep in range(args.reps):
         order = MODES if rep % 2 == 0 else tuple(reversed(MODES))
         if "shares" in only:
@@ -288,6 +425,15 @@ def main(argv: list[str] | None = None) -> int:
                 res = flood_run(mode, args.flood, args.rate, args.seconds)
                 flood[mode].append(res)
                 print(f"rep {rep + 1} flood {mode:5} {res}", flush=True)
+        if "pause" in only:
+            res = pause_run()
+            pauses.append(res)
+            print(f"rep {rep + 1} pause {res}", flush=True)
+        if "cap" in only:
+            for phase in ("idle", "consumed"):
+                res = cap_run(args.producers, args.per_producer, args.cap, phase == "consumed")
+                caps[phase].append(res)
+                print(f"rep {rep + 1} cap {phase} {res}", flush=True)
         levels = (False, True) if rep % 2 == 0 else (True, False)
         if "cost" in only:
             with RedisServer() as server:
@@ -305,7 +451,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"rep {rep + 1} throughput {keys} keys two={two} {rate:.0f} tasks/s",
                         flush=True,
                     )
-    results.update(shares=shares, flood=flood, costs=costs, throughput=throughput)
+    results.update(
+        shares=shares, flood=flood, costs=costs, throughput=throughput, pauses=pauses, caps=caps
+    )
     write(args.name, results, _markdown(results, sizes))
     return 0
 
@@ -366,6 +514,40 @@ def _markdown(results: dict[str, Any], sizes: list[int]) -> str:
                     f"| {mode} | {group} | " + " | ".join(f"{c} ms" for c in cells)
                     + f" | {_cell(ratio, '.2f')} | {left} |"
                 )  # fmt: skip
+    if results["pauses"]:
+        lines += [
+            "",
+            "## Pause: two workers, keys a and b with 300 tasks of 20 ms each; a paused after "
+            "40 tasks ran, resumed once b was done (one row per repetition)",
+            "",
+            "| a's tasks started after the pause reply | the latest, ms after it | a's messages "
+            "waiting while paused | in publish order | lost | run twice |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in results["pauses"]:
+            lines.append(
+                f"| {r['a_started_after_pause']} | {r['a_latest_start_after_pause_ms']:.0f} "
+                f"| {r['a_waiting_while_paused']} | {r['a_waiting_in_publish_order']} "
+                f"| {r['lost']} | {r['ran_twice']} |"
+            )
+    if any(results["caps"].values()):
+        lines += [
+            "",
+            f"## Cap: {a['producers']} producer threads, {a['per_producer']} tasks each, one "
+            f"key capped at {a['cap']:,} (one row per repetition)",
+            "",
+            "| worker | attempted | accepted | refused | excess over the cap | highest backlog "
+            "seen | waiting at the end | ran | run twice |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for phase, reps in results["caps"].items():
+            for r in reps:
+                lines.append(
+                    f"| {'consuming' if phase == 'consumed' else 'none'} | {r['attempted']} "
+                    f"| {r['accepted']} | {r['refused']} | {r['excess']} "
+                    f"| {r['highest_backlog_seen']:.0f} | {r['waiting_at_end']} "
+                    f"| {r['ran'] if r['ran'] is not None else '-'} | {r['ran_twice']} |"
+                )
     if results["costs"]:
         lines += [
             "",

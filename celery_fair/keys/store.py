@@ -190,9 +190,12 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
         seconds[key] = seconds.get(key, 0.0) + extra
     lengths = client.pipeline(transaction=False)
     for key in held_now:
+        if key != UNKEYED:  # every level and user of the key: fair.sizes
+            lengths.zscore(names.sizes, key)
+            continue
         for level in levels:
-            lengths.llen(level.base if key == UNKEYED else level.key_list(key))
-    waiting = lengths.execute() if held_now else []
+            lengths.llen(level.base)
+    waiting = [n or 0 for n in lengths.execute()] if held_now else []
     return KeyedLimitsState(
         limits=limits,
         running={text(k): int(v) for k, v in running.items()},
