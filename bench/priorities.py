@@ -25,11 +25,9 @@ Four experiments, the first two against plain Celery in the same run, alternatin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -37,7 +35,7 @@ from celery import Celery
 
 import celery_fair
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
+from bench.harness.keys import fetchable_payload, keyed_app, publish_by_key
 from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
@@ -198,19 +196,6 @@ def throughput_run(keys: int, on: bool, tasks: int) -> float:
     return (len(window) - 1) / (window[-1] - window[0])
 
 
-def _message(key: str) -> str:
-    return json.dumps(
-        {
-            "body": "",
-            "headers": {"fair_key": key},
-            "properties": {
-                "delivery_tag": str(uuid.uuid4()),
-                "delivery_info": {"exchange": QUEUE, "routing_key": QUEUE},
-            },
-        }
-    )
-
-
 def fetch_cost(url: str, keys: int, mode: str, calls: int = 2000) -> float:
     """Microseconds per fetch script call; ``mode``: off, strict or weighted."""
     import redis as redis_lib
@@ -224,7 +209,9 @@ def fetch_cost(url: str, keys: int, mode: str, calls: int = 2000) -> float:
     for k in range(keys):
         for _ in range(per_key):
             pipe.evalsha(
-                ENQUEUE.sha, 0, *enqueue_args(names, f"t{k}", _message(f"t{k}"), level=level)
+                ENQUEUE.sha,
+                0,
+                *enqueue_args(names, f"t{k}", fetchable_payload(f"t{k}", QUEUE), level=level),
             )
         if k % 500 == 499:
             pipe.execute()

@@ -37,7 +37,6 @@ import argparse
 import json
 import sys
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -45,7 +44,7 @@ from celery import Celery
 
 import celery_fair
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app
+from bench.harness.keys import fetchable_payload, keyed_app
 from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger, percentile
 from celery_fair.keys.layout import KeyedNames
@@ -311,19 +310,6 @@ def _layout(keys: int, two: bool) -> list[tuple[str, str | None]]:
     return [(f"k{i // users:07d}", f"u{i % users:02d}") for i in range(keys)]
 
 
-def _payload(key: str) -> str:
-    return json.dumps(
-        {
-            "body": "",
-            "headers": {"fair_key": key},
-            "properties": {
-                "delivery_tag": str(uuid.uuid4()),
-                "delivery_info": {"exchange": QUEUE, "routing_key": QUEUE},
-            },
-        }
-    )
-
-
 def _fill(
     client: Any, pairs: list[tuple[str, str | None]], per_pair: int, prefix: str,
     behind: bool = False,
@@ -339,7 +325,9 @@ def _fill(
     for i, (tenant, user) in enumerate(pairs):
         key = prefix + tenant
         for _ in range(per_pair):
-            pipe.evalsha(ENQUEUE.sha, 0, *enqueue_args(names, key, _payload(key), user=user))
+            pipe.evalsha(
+                ENQUEUE.sha, 0, *enqueue_args(names, key, fetchable_payload(key, QUEUE), user=user)
+            )
         if behind:
             pipe.zadd(names.active, {key: 1e9}, xx=True)
         if i % 2000 == 1999:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ("keyed_app", "most_at_once", "publish_by_key")
+__all__ = ("fetchable_payload", "keyed_app", "most_at_once", "publish_by_key")
 
 
 def keyed_app(
@@ -80,3 +82,18 @@ def restore_unacked(app: Any, client: Any, visibility: float, timeout: float = 3
             channel.qos.restore_visible(num=500)
             time.sleep(0.2)  # polled with a deadline: waits for the visibility timeout
     return held
+
+
+def fetchable_payload(key: str, queue: str) -> str:
+    """The smallest Kombu Redis payload the fetch script serves (a delivery tag, a key):
+    for measuring the scripts alone, never for a worker."""
+    return json.dumps(
+        {
+            "body": "",
+            "headers": {"fair_key": key},
+            "properties": {
+                "delivery_tag": str(uuid.uuid4()),
+                "delivery_info": {"exchange": queue, "routing_key": queue},
+            },
+        }
+    )
