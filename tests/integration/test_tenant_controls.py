@@ -19,7 +19,7 @@ from celery import Celery
 
 import celery_fair
 from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app
+from bench.harness.keys import keyed_app, restore_unacked
 from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
 
@@ -91,6 +91,41 @@ def test_two_level_shares_tenants_then_users_by_weight(redis_url: str, two_level
     users = Counter(e.user for e in window if e.tenant == "t1")
     share = users["u3"] / sum(users.values())
     assert share == pytest.approx(0.75, abs=0.02), users
+
+
+@pytest.mark.compat
+def test_a_crash_restores_each_message_to_its_users_list(redis_url: str, two_level: Celery) -> None:
+    users = {("t1", "a"): 30, ("t1", "b"): 30, ("t2", "c"): 30}
+    _publish(two_level, [{"tenant_id": t, "user_id": u} for (t, u), n in users.items()
+                         for _ in range(n)], ms=20)  # fmt: skip
+    client = redis_lib.Redis.from_url(redis_url)
+    ledger = Ledger(redis_url)
+    keys = f"{QUEUE}=tenant_id+user_id"
+    env = {"CELERY_FAIR_ACKS_LATE": "1", "CELERY_FAIR_VISIBILITY": "2"}
+    worker = _worker(redis_url, keys, **env).start()
+    try:
+        assert ledger.wait_for(10, timeout=60, alive=[worker]), worker.log()[-3000:]
+        worker.kill()
+    finally:
+        worker.stop()
+    held = [json.loads(v)[0] for v in client.hvals("unacked")]
+    assert held  # the killed worker held messages
+    before = {p: client.llen(NAMES.user_list(*p)) for p in users}
+    expected = Counter((m["headers"]["fair_key"], m["headers"]["fair_user"]) for m in held)
+    restore_unacked(two_level, client, visibility=2)
+    # Each went back to its user's list; none to the queue's own list or a key's own list.
+    assert {p: client.llen(NAMES.user_list(*p)) - before[p] for p in users} == {
+        p: expected.get(p, 0) for p in users
+    }
+    assert client.llen(QUEUE) == 0 and client.llen(NAMES.key_list("t1")) == 0
+    with _worker(redis_url, keys, **env) as worker:
+        deadline = time.monotonic() + 120
+        while len({e.id for e in ledger.entries()}) < 90:
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+            time.sleep(0.2)  # polled with a deadline
+    ran = Counter((e.tenant, e.user) for e in {e.id: e for e in ledger.entries()}.values())
+    assert ran == users  # every task ran; none lost
 
 
 @pytest.mark.compat
