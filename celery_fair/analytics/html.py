@@ -67,13 +67,14 @@ def _noisy_table(report: dict[str, Any]) -> str:
         return "<p>No noisy tenants.</p>"
     rows = [
         "<tr><th>key</th><th>queue</th><th>share</th><th>share in queue</th>"
-        "<th>rules</th><th>noisy (UTC)</th><th>advice</th></tr>"
+        "<th>share over its queues</th><th>rules</th><th>noisy (UTC)</th><th>advice</th></tr>"
     ]
     for n in noisy:
         advice = "<br>".join(html.escape(a) for a in n["advice"])
         rows.append(
             f"<tr><td>{html.escape(n['fair_key'])}</td><td>{html.escape(n['queue'])}</td>"
             f"<td>{_cell(n['share'], '{:.2%}')}</td><td>{_cell(n['share_in_queue'], '{:.2%}')}</td>"
+            f"<td>{_cell(n.get('share_all_queues'), '{:.2%}')} ({n.get('queues', 1)})</td>"
             f"<td>{html.escape(', '.join(n['rules']))}</td><td>{_when(n['periods'])}</td>"
             f'<td style="text-align:left">{advice}</td></tr>'
         )

@@ -169,6 +169,7 @@ def findings(
     window_seconds: float,
     known_keys: Iterable[Mapping[str, Any]] = (),
     min_windows: int = 1,
+    across: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """One finding per noisy (queue, key): the rules it broke, when, and advice.
 
@@ -176,7 +177,9 @@ def findings(
     ``transforms.noisy_windows`` rows; ``known_keys`` (``key_shares`` rows)
     give the shares of a key that broke only a per-window rule. Stretches of
     fewer than ``min_windows`` consecutive noisy windows are left out (and a
-    key with nothing else against it). Largest share of all served cost first.
+    key with nothing else against it). ``across`` (``transforms.across_queues``
+    rows) give a key's share of all work over every queue that served it
+    (``share_all_queues``, ``queues``). Largest share of all served cost first.
     """
     known = {(k["queue"], k["fair_key"]): k for k in known_keys}
     found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -226,8 +229,12 @@ def findings(
                 e["rules"].append(name)
 
     keyed = {k["queue"] for k in known.values() if k.get("keyed")}
+    totals = {t["fair_key"]: t for t in across}
     out = []
     for e in found.values():
+        total = totals.get(e["fair_key"], {})
+        e["share_all_queues"] = total.get("share_all_queues", e["share"])
+        e["queues"] = total.get("queues", 1)
         e["advice"] = advice(
             e["queue"], e["fair_key"], e["rules"], e["keys_in_queue"], e["queue"] in keyed
         )

@@ -91,6 +91,17 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
                 spark.conf.set(key, old)
 
 
+def _bad_values(per_file: list[Any]) -> list[dict[str, Any]]:
+    """The rollup's file rows -> one entry per file and rule with bad values, largest first."""
+    found = [
+        {"file": row["file"], "column": rule.column, "why": rule.why, "count": int(n)}
+        for row in per_file
+        for rule in T.RULES
+        if (n := row[rule.name])
+    ]
+    return sorted(found, key=lambda b: (-b["count"], b["file"], b["column"]))
+
+
 @contextmanager
 def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
     t0 = time.perf_counter()
@@ -134,17 +145,27 @@ def compute(
 
     with _stage(timings, "span"):
         raw = read_telemetry(spark, path)
-        span_row = raw.select(
-            F.count(F.lit(1)).alias("records"),
-            F.min(F.coalesce("finished", "started", "received")).alias("first"),
-            F.max(F.coalesce("finished", "started", "received")).alias("last"),
-            # Key names, not (queue, key) pairs: enough to choose the grain, and
-            # hashing one column costs less than two.
-            F.approx_count_distinct("fair_key", 0.05).alias("keys"),
-            F.count("priority").alias("prioritized"),
-        ).first()
-        if span_row is None:  # an aggregate without grouping always has one row
+        # One pass: the span over all records (the rollup's total row, file
+        # null) and, per file, the values out of range (transforms.validation).
+        summary = (
+            raw.withColumn("file", F.input_file_name())
+            .rollup("file")
+            .agg(
+                F.count(F.lit(1)).alias("records"),
+                F.min(F.coalesce("finished", "started", "received")).alias("first"),
+                F.max(F.coalesce("finished", "started", "received")).alias("last"),
+                # Key names, not (queue, key) pairs: enough to choose the grain, and
+                # hashing one column costs less than two.
+                F.approx_count_distinct("fair_key", 0.05).alias("keys"),
+                F.count("priority").alias("prioritized"),
+                *T.rule_counts(),
+            )
+        )
+        rows = summary.collect()
+        span_row = next((r for r in rows if r["file"] is None), None)
+        if span_row is None:  # a rollup always has its total row
             raise RuntimeError("no summary row")
+        out["bad_values"] = _bad_values([r for r in rows if r["file"] is not None])
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0
         window = window_seconds or auto_window(span)
@@ -157,6 +178,8 @@ def compute(
             key_buckets=key_buckets if many else None,
         )
 
+    if out["bad_values"]:
+        raw = raw.transform(T.exclude_bad_values)
     tasks = raw.transform(T.normalize, window)
     parallelism = spark.sparkContext.defaultParallelism
     grain: KeyGrain
@@ -210,6 +233,13 @@ def compute(
         out["held_keys"] = _rows(keys.transform(T.held_keys))
         out["paused_keys"] = _rows(keys.transform(T.paused_keys))
         out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
+        # The findings' keys over every queue that served them (a tenant routed
+        # over several queues is a finding per queue, each with its queue's part).
+        named = {r["fair_key"] for t in ("hot_keys", "noisy_keys", "noisy_windows")
+                 for r in out[t]}  # fmt: skip
+        out["across_queues"] = (
+            _rows(keys.transform(T.across_queues, sorted(named))) if named else []
+        )
 
     if span_row["prioritized"]:
         # Tasks published with a priority: one more pass, only then.

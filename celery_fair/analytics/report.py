@@ -163,6 +163,21 @@ def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:
     return index
 
 
+def _with_totals(rows: list[dict[str, Any]], across: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Key rows with the key's share of all work over every queue (``across_queues``)."""
+    totals = {t["fair_key"]: t for t in across}
+    return [
+        {
+            **row,
+            "share_all_queues": totals.get(row["fair_key"], {}).get(
+                "share_all_queues", row["share"]
+            ),
+            "queues": totals.get(row["fair_key"], {}).get("queues", 1),
+        }
+        for row in rows
+    ]
+
+
 def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]:
     """Shape the pipeline's rows as the JSON document: per queue, per key, over time."""
     queues: dict[str, dict[str, Any]] = {}
@@ -208,6 +223,8 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             "keys_truncated_to": max_keys if truncated else None,
             "noisy_rules": data.get("noisy_rules", DEFAULT_RULES.as_dict()),
             "timings": data["timings"],
+            # Values out of range, per file and column: left out of every figure.
+            "bad_values": data.get("bad_values", []),
         },
         "queues": dict(sorted(queues.items())),
         "keys": {q: keys[q] for q in sorted(keys)},
@@ -225,7 +242,7 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         # Tasks published with a Celery priority: waits per level, and the keys'
         # shares within each level (present only when some task had a priority).
         "priorities": _priorities(data),
-        "hot_keys": data["hot_keys"],
+        "hot_keys": _with_totals(data["hot_keys"], data.get("across_queues", [])),
         # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
         "held_keys": data.get("held_keys", []),
         # Keys paused by control fair_key_pause, longest first (schema 4 telemetry).
@@ -235,6 +252,7 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
             data.get("noisy_windows", []),
             data["window_seconds"],
             known_keys=data["key_shares"],
+            across=data.get("across_queues", []),
             min_windows=data.get("noisy_rules", {}).get("min_windows", DEFAULT_RULES.min_windows),
         ),
         "recommended": {
@@ -277,11 +295,34 @@ def _period(p: dict[str, Any]) -> str:
     )
 
 
+#: Files and columns with bad values the terminal summary names (the JSON has all).
+BAD_VALUES_SHOWN = 5
+
+
+def _bad_value_lines(bad: list[dict[str, Any]]) -> list[str]:
+    """Warnings for values out of range (``meta.bad_values``): counted, left out."""
+    if not bad:
+        return []
+    total = sum(b["count"] for b in bad)
+    files = len({b["file"] for b in bad})
+    lines = [
+        f"WARNING: {total:,} value(s) out of range in {files} file(s) were left out of the "
+        "figures (records of an unknown outcome entirely):"
+    ]
+    lines += [
+        f"  {b['file']}: {b['column']} {b['why']}: {b['count']:,}" for b in bad[:BAD_VALUES_SHOWN]
+    ]
+    if len(bad) > BAD_VALUES_SHOWN:
+        lines.append(f"  ... and {len(bad) - BAD_VALUES_SHOWN} more (meta.bad_values in the JSON)")
+    return lines
+
+
 def format_summary(report: dict[str, Any]) -> str:
     """The terminal summary: one line per queue, fairness, settings, noisy tenants."""
     meta = report["meta"]
     lines = [
         f"{meta['records']:,} records, windows of {meta['window_seconds']:g}s",
+        *_bad_value_lines(meta.get("bad_values") or []),
         "",
         f"  {'queue':<14} {'share':>7} {'target':>7} {'wait p50':>9} {'p99':>9} "
         f"{'sojourn p99':>11} {'requeue':>8} {'reject':>7} {'prefetch':>8}",
@@ -324,7 +365,13 @@ def format_summary(report: dict[str, Any]) -> str:
     for n in noisy[:5]:
         lines += [
             f"  {n['fair_key']} (queue {n['queue']}): {_f(n['share'], '.1%')} of all served "
-            f"work, {_f(n['share_in_queue'], '.1%')} of its queue's; {', '.join(n['rules'])}",
+            f"work, {_f(n['share_in_queue'], '.1%')} of its queue's"
+            + (
+                f" ({_f(n['share_all_queues'], '.1%')} of all work across its {n['queues']} queues)"
+                if n.get("queues", 1) > 1
+                else ""
+            )
+            + f"; {', '.join(n['rules'])}",
             *(f"    noisy {_period(p)}" for p in n["periods"][:3]),
             f"    -> {n['advice'][0]}",
         ]

@@ -21,8 +21,8 @@ queue and bucket of keys (see ``pipeline.compute``).
 
 One module per concept: :mod:`.tasks` (normalised rows and usage),
 :mod:`.buckets` (very many keys), :mod:`.shares` (shares, fairness,
-throughput) and :mod:`.findings` (advice and suspects); every name is
-imported from here.
+throughput), :mod:`.findings` (advice and suspects) and :mod:`.validation`
+(values out of range); every name is imported from here.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from .buckets import (
 )
 from .findings import (
     MAX_ROUND_TRIP,
+    across_queues,
     held_keys,
     hot_keys,
     noisy_keys,
@@ -74,8 +75,13 @@ from .tasks import (
     usage_by_window,
     window_start,
 )
+from .validation import RULES, bad_value_counts, exclude_bad_values, rule_counts
 
 __all__ = (
+    "RULES",
+    "bad_value_counts",
+    "exclude_bad_values",
+    "rule_counts",
     "BUCKET",
     "GRAIN_BUCKET",
     "GRAIN_KEY",
@@ -88,6 +94,7 @@ __all__ = (
     "Windows",
     "bucket_rows",
     "codel_rates",
+    "across_queues",
     "held_keys",
     "paused_keys",
     "hot_keys",

@@ -93,6 +93,21 @@ def hot_keys(keys: DataFrame, factor: float = 5.0, top: int = 20) -> DataFrame:
     )
 
 
+def across_queues(keys: DataFrame, names: list[str]) -> DataFrame:
+    """The keys ``names`` over every queue, from ``key_shares``: their share of all work.
+
+    A tenant routed over several queues is a row per queue in ``key_shares``;
+    ``share_all_queues`` is the sum of those rows' ``share`` (served cost over
+    all served cost), ``queues`` how many queues served it.  Only the keys
+    named (the findings'): one small job over the key rows.
+    """
+    return (
+        keys.where(F.col("fair_key").isin(names))
+        .groupBy("fair_key")
+        .agg(F.sum("share").alias("share_all_queues"), F.count(F.lit(1)).alias("queues"))
+    )
+
+
 def held_keys(keys: DataFrame, top: int = 20) -> DataFrame:
     """The ``top`` keys that spent longest set aside by their limits, from ``key_shares``.
 
