@@ -306,6 +306,8 @@ class FairConsumerMixin(ConsumerMixin):
         self._round: DispatchRound[tuple[Any, Message, float]] = DispatchRound(self._costs)
         self._round.set_quanta(self._costs.quanta(self._weights))
         self._in_hand: Message | None = None
+        #: Redis only: (queue name, bound queue, channel) to fill windows from.
+        self._gets: list[tuple[str, Queue, Any]] = []
         self._acked = dict.fromkeys(self._queues, 0)
         self._failed = dict.fromkeys(self._queues, 0)
         self._idle_waits = 0
@@ -373,6 +375,14 @@ class FairConsumerMixin(ConsumerMixin):
                 consumers.append(consumer)
             for consumer in consumers:
                 consumer.consume()
+            # Redis delivers one message per BRPOP round trip: see _fill_windows.
+            redis = conn.transport.driver_type == "redis"
+            self._gets = [
+                (name, queue.bind(channels[name]), channels[name])
+                for name, queue in self._queues.items()
+                if redis
+            ]
+            stack.callback(self._gets.clear)
             default_channel = conn.default_channel
             yield conn, default_channel, consumers
             self.on_consume_end(conn, default_channel)
@@ -453,7 +463,35 @@ class FairConsumerMixin(ConsumerMixin):
             try:
                 conn.drain_events(timeout=0)
             except TimeoutError:  # socket.timeout
-                return
+                break
+        self._fill_windows()
+
+    def _fill_windows(self) -> None:
+        # Kombu's Redis transport has one BRPOP in flight per channel, and its
+        # reply is not readable yet when the loop looks without waiting: the
+        # drain above yields at most one message per queue, and a buffer would
+        # never hold more than one (nothing for DWRR to choose between, no
+        # sojourn for CoDel). So, on Redis, each window is filled with direct
+        # gets (an RPOP, recorded as unacked as a delivery is) while the
+        # channel's QoS has room: the window, and CoDel's hold while dropping.
+        counts = self._round.counts()
+        for name, queue, channel in self._gets:
+            room = self._windows[name] - counts.get(name, 0)
+            while room > 0 and channel.qos.can_consume():
+                try:
+                    message = queue.get(no_ack=False, accept=self._accept)
+                except Exception as exc:  # an undecodable payload: as a delivery's
+                    logger.error("cannot read a message of queue %r: %r", name, exc)
+                    break
+                if message is None:
+                    break
+                room -= 1
+                try:
+                    body = message.decode()
+                except Exception as exc:
+                    self.on_decode_error(message, exc)
+                    continue
+                self._on_delivery(name, body, message)
 
     def _dispatch_one(self) -> None:
         taken = self._next_admitted()
