@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
 
-from .tasks import NO_KEY, ratio
+from .tasks import NO_KEY, ratio, with_totals
 
 #: Seconds: a publish-to-receive time above this is a wait in a backlog, not a fetch
 #: round trip (a fetch from Redis or RabbitMQ takes milliseconds, even across regions).
@@ -50,7 +50,6 @@ def routing_skew(keys: DataFrame, shares: DataFrame) -> DataFrame:
     an arrival (tasks without a key are one). ``skew`` is arrival share /
     target share - 1: 0 for a router that spreads work by weight.
     """
-    everything = Window.partitionBy()
     arrived = keys.select(
         "queue", "fair_key", (F.col("records") - F.col("codel_requeues")).alias("arrivals")
     ).where(F.col("arrivals") > 0)
@@ -58,13 +57,14 @@ def routing_skew(keys: DataFrame, shares: DataFrame) -> DataFrame:
         F.sum("arrivals").alias("arrivals"),
         F.count(F.lit(1)).alias("keys"),  # a row per key: no distinct
     )
-    arrival_share = ratio(F.col("arrivals"), F.sum("arrivals").over(everything))
-    return per_queue.join(shares.select("queue", "target_share"), "queue", "left").select(
+    totals = with_totals(per_queue, all_arrivals=F.sum("arrivals"), all_keys=F.sum("keys"))
+    arrival_share = ratio(F.col("arrivals"), F.col("all_arrivals"))
+    return totals.join(shares.select("queue", "target_share"), "queue", "left").select(
         "queue",
         "arrivals",
         arrival_share.alias("arrival_share"),
         "keys",
-        ratio(F.col("keys"), F.sum("keys").over(everything)).alias("key_share"),
+        ratio(F.col("keys"), F.col("all_keys")).alias("key_share"),
         "target_share",
         (ratio(arrival_share, F.col("target_share")) - 1).alias("skew"),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from .tasks import NO_KEY, Windows, ratio
+from .tasks import NO_KEY, Windows, ratio, with_totals
 
 
 def queue_shares(usage: DataFrame) -> DataFrame:
@@ -15,23 +15,23 @@ def queue_shares(usage: DataFrame) -> DataFrame:
     queue's records carry (weights can change at run time); ``target_share``
     is it over the sum of the queues'.
     """
-    everything = Window.partitionBy()
     per_queue = usage.groupBy("queue").agg(
         F.sum("records").alias("records"),
         F.sum("served_tasks").alias("served_tasks"),
         F.sum("served_cost").alias("served_cost"),
         F.max_by("weight", "last_at").alias("target_weight"),
     )
-    return per_queue.select(
+    totals = with_totals(
+        per_queue, all_cost=F.sum("served_cost"), all_weight=F.sum("target_weight")
+    )
+    return totals.select(
         "queue",
         "records",
         "served_tasks",
         "served_cost",
-        ratio(F.col("served_cost"), F.sum("served_cost").over(everything)).alias("share"),
+        ratio(F.col("served_cost"), F.col("all_cost")).alias("share"),
         "target_weight",
-        ratio(F.col("target_weight"), F.sum("target_weight").over(everything)).alias(
-            "target_share"
-        ),
+        ratio(F.col("target_weight"), F.col("all_weight")).alias("target_share"),
     ).select(
         "queue",
         "records",
@@ -111,12 +111,7 @@ def key_totals(per_key: DataFrame, windows: Windows | None = None) -> DataFrame:
         F.sum(_key_weight()).alias("queue_weight"),
         *bits,
     )
-    everything = Window.partitionBy()
-    return per_queue.select(
-        "*",
-        F.sum("queue_cost").over(everything).alias("all_cost"),
-        F.sum("keys_in_queue").over(everything).alias("keys_overall"),
-    )
+    return with_totals(per_queue, all_cost=F.sum("queue_cost"), keys_overall=F.sum("keys_in_queue"))
 
 
 def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFrame:

@@ -20,6 +20,17 @@ def ratio(numerator: Column, denominator: Column) -> Column:
     return F.when(denominator != 0, numerator / denominator)
 
 
+def with_totals(df: DataFrame, **totals: Column) -> DataFrame:
+    """``df`` with a column per aggregation in ``totals``, each over all of ``df``'s rows.
+
+    A one-row aggregate joined to every row: what a window without a
+    partition gives, without moving every row into one partition (Spark
+    warns of that, and on a cluster it does not scale out). Spark reuses the
+    exchange ``df`` ends with, so ``df`` is computed once.
+    """
+    return df.crossJoin(F.broadcast(df.agg(*(c.alias(n) for n, c in totals.items()))))
+
+
 @dataclass(frozen=True)
 class Windows:
     """The report's time windows: ``count`` of ``seconds`` each, the first the ``first``-th.
