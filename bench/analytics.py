@@ -31,6 +31,7 @@ import math
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,22 @@ def _per_key(spark: Any, path: str) -> float:
     return time.perf_counter() - t0
 
 
-def bench_size(
-    spark: Any, n: int, reps: int, tmp: Path, keys: int = 50, skew: float = 1.2
-) -> dict[str, Any]:
-    from bench.harness.synthetic import SyntheticSpec, write_synthetic
+def spec_for(shape: str, n: int, keys: int | None, skew: float) -> Any:
+    """The synthetic telemetry of ``n`` records of a shape (see ``--shape``)."""
+    from bench.harness.synthetic import SyntheticSpec, tenant_spec
+
+    if shape == "tenants":
+        return replace(tenant_spec(n, keys or 2_000), key_skew=skew)
+    return SyntheticSpec(records=n, seed=1, keys_per_queue=keys or 50, key_skew=skew)
+
+
+def bench_size(spark: Any, spec: Any, reps: int, tmp: Path) -> dict[str, Any]:
+    from bench.harness.synthetic import write_synthetic
     from celery_fair.analytics.pipeline import compute
 
+    n = spec.records
     path = tmp / f"n{n}"
     t0 = time.perf_counter()
-    spec = SyntheticSpec(records=n, seed=1, keys_per_queue=keys, key_skew=skew)
     write_synthetic(spec, path)
     generated = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in path.iterdir())
@@ -167,9 +175,14 @@ def _markdown(data: dict[str, Any]) -> str:
         f"`{data['command']}` on {data['master']} ({data['environment']['cpus']} CPUs, "
         f"spark.driver.memory {data['driver_memory']}), {data['environment']['when']}"
         + (f", code at {data['label']}." if data.get("label") else "."),
-        f"Synthetic telemetry, 4 queues x {data.get('keys', 50):,} keys (Zipf exponent "
-        f"{data.get('key_skew', 1.2):g}); medians over repetitions, "
-        "spread = (max-min)/median.",
+        f"Synthetic telemetry, {data.get('queues', 4)} queues x {data.get('keys', 50):,} keys "
+        f"(Zipf exponent {data.get('key_skew', 1.2):g})"
+        + (
+            ", the same tenants in every queue, one of them with 40% of every queue's tasks"
+            if data.get("shape") == "tenants"
+            else ""
+        )
+        + "; medians over repetitions, spread = (max-min)/median.",
         "",
         "| records | reps | pipeline s (spread) | events/s | bare scan s | count per key s | "
         "pipeline/scan | " + " | ".join(STAGES) + " |",
@@ -218,7 +231,14 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="an earlier run's JSON, shown beside")
     parser.add_argument("--label", default="", help="what code was measured (a commit)")
     parser.add_argument("--name", default="analytics", help="result file name in bench/results")
-    parser.add_argument("--keys", type=int, default=50, help="fairness keys per queue (4 queues)")
+    parser.add_argument(
+        "--shape", choices=("queues", "tenants"), default="queues",
+        help="queues: 4 queues of weights 1-4, each with its own keys; tenants: 8 queues "
+        "serving the same tenants, one of them with 40%% of every queue's tasks",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keys", type=int, default=None, help="keys per queue (default 50; tenants: 2,000)"
+    )
     parser.add_argument("--key-skew", type=float, default=1.2, help="Zipf exponent of key use")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -244,7 +264,8 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="celery-fair-bench-"))
         for n, r in zip(sizes, reps, strict=True):
-            results.append(bench_size(spark, n, r, Path(tmp), args.keys, args.key_skew))
+            spec = spec_for(args.shape, n, args.keys, args.key_skew)
+            results.append(bench_size(spark, spec, r, Path(tmp)))
         spark.stop()
     scaling = [
         (a["records"], b["records"],
@@ -254,14 +275,17 @@ def main() -> None:
     ]  # fmt: skip
     command = f"python -m bench.analytics --sizes {args.sizes} --reps {args.reps}"
     command += " --cluster" if args.cluster else ""
-    command += f" --keys {args.keys}" if args.keys != 50 else ""
+    command += f" --shape {args.shape}" if args.shape != "queues" else ""
+    command += f" --keys {args.keys}" if args.keys is not None else ""
     command += f" --key-skew {args.key_skew:g}" if args.key_skew != 1.2 else ""
     data = {
         "command": command,
         "label": args.label,
         "master": "standalone cluster, 1 worker, 1 core, 1 GiB" if args.cluster else args.master,
         "driver_memory": args.driver_memory,
-        "keys": args.keys,
+        "shape": args.shape,
+        "keys": spec_for(args.shape, 1, args.keys, args.key_skew).keys_per_queue,
+        "queues": len(spec_for(args.shape, 1, args.keys, args.key_skew).weights),
         "key_skew": args.key_skew,
         "environment": environment(),
         "sizes": results,

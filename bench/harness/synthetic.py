@@ -30,6 +30,12 @@ as without them):
 - ``gaps``: (start, end) seconds after ``start`` in which no task starts; the
   other records fill the rest of ``duration``.
 
+Two more shape a multi-tenant deployment (:func:`tenant_spec`): with
+``tenants`` the keys are tenants every queue serves (key ``k`` of each queue
+is named ``t<k>``), and with ``flood_everywhere`` the flood key's records
+stay in the queues drawn for them, so that one tenant holds
+``flood_share`` of the work of every queue.
+
 Every record carries its key's weight (``key_weights``, else 1), as a keyed
 queue's fetch stamps it, unless ``keyed`` is false (queues routed by key
 without ``fair_keys``: no weight), and a ``key_held`` of 0: synthetic keys
@@ -50,7 +56,7 @@ import pyarrow.parquet as pq
 
 from celery_fair.telemetry.schema import SCHEMA
 
-__all__ = ("SyntheticSpec", "Truth", "generate", "write_synthetic")
+__all__ = ("SyntheticSpec", "Truth", "generate", "tenant_spec", "write_synthetic")
 
 DEFAULT_WEIGHTS: dict[str, float] = {"p0": 1.0, "p1": 2.0, "p2": 3.0, "p3": 4.0}
 
@@ -81,6 +87,8 @@ class SyntheticSpec:
     gaps: tuple[tuple[float, float], ...] = ()
     key_weights: Mapping[str, float] = field(default_factory=dict)
     keyed: bool = True
+    tenants: bool = False
+    flood_everywhere: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.flood_share < 1.0:
@@ -155,8 +163,40 @@ def _keys(spec: SyntheticSpec, rng: np.random.Generator, qi: np.ndarray, n: int)
     """Index into the key names: Zipf keys within each queue (rank k weighs k ** -key_skew)."""
     ranks = np.arange(1, spec.keys_per_queue + 1, dtype=np.float64) ** -spec.key_skew
     key = rng.choice(spec.keys_per_queue, size=n, p=ranks / ranks.sum())
-    index: np.ndarray = qi * spec.keys_per_queue + key
+    index: np.ndarray = key if spec.tenants else qi * spec.keys_per_queue + key
     return index
+
+
+def _key_names(spec: SyntheticSpec) -> list[str]:
+    """Key index -> name; the flood key is the last (:func:`_flood_index`)."""
+    if spec.tenants:
+        names = [f"t{k:05d}" for k in range(spec.keys_per_queue)]
+    else:
+        names = [f"{q}-k{k:03d}" for q in spec.queues() for k in range(spec.keys_per_queue)]
+    return [*names, spec.flood_key]
+
+
+def _flood_index(spec: SyntheticSpec) -> int:
+    return spec.keys_per_queue * (1 if spec.tenants else len(spec.queues()))
+
+
+def tenant_spec(records: int, keys: int = 2_000, queues: int = 8, seed: int = 1) -> SyntheticSpec:
+    """Telemetry shaped like a multi-tenant deployment.
+
+    ``queues`` queues of equal weight, each serving the same ``keys`` tenants
+    (Zipf 1.2), and one more tenant, ``tenant-big``, with 40% of every
+    queue's tasks: 40% of all work, spread over every queue.
+    """
+    return SyntheticSpec(
+        records=records,
+        weights={f"q{i}": 1.0 for i in range(queues)},
+        keys_per_queue=keys,
+        tenants=True,
+        flood_share=0.4,
+        flood_everywhere=True,
+        flood_key="tenant-big",
+        seed=seed,
+    )
 
 
 def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) -> pa.Table:
@@ -165,7 +205,8 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
     flooded = np.zeros(n, dtype=bool)
     if spec.flood_share:
         flooded = rng.random(n) < spec.flood_share
-        qi = np.where(flooded, queues.index(spec.flood_queue or queues[0]), qi)
+        if not spec.flood_everywhere:
+            qi = np.where(flooded, queues.index(spec.flood_queue or queues[0]), qi)
     mean_rt = np.array([spec.runtime_of(q) for q in queues])[qi]
     mean_so = np.array([spec.sojourn_of(q) for q in queues])[qi]
     weights = np.array([float(spec.weights[q]) for q in queues])[qi]
@@ -189,7 +230,7 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
     if spec.flood_share:
         low, high = spec.flood_span
         at[flooded] = (low + (high - low) * rng.random(int(flooded.sum()))) * spec.active_seconds()
-        key_index = np.where(flooded, len(queues) * spec.keys_per_queue, key_index)
+        key_index = np.where(flooded, _flood_index(spec), key_index)
     if spec.gaps or spec.flood_share:
         for a, b in sorted(spec.gaps):
             at[at >= a] += b - a
@@ -198,8 +239,7 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
     published = received - spec.latency
     finished = np.where(ran, started + runtime, started)
 
-    names = [f"{q}-k{k:03d}" for q in queues for k in range(spec.keys_per_queue)]
-    names.append(spec.flood_key)
+    names = _key_names(spec)
     key_names = pa.array(names)
     key_weights = pa.array(
         [float(spec.key_weights.get(k, 1.0)) if spec.keyed else None for k in names],
