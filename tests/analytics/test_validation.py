@@ -89,30 +89,13 @@ def test_a_key_spread_over_queues_is_reported_with_its_share_of_all_work(
     # beside 20 small tenants per queue.
     data = tmp_path / "telemetry"
     data.mkdir()
-    start, n, records = 1_800_000_000.0, 0, []
+    records: list[TaskRecord] = []
     for q in range(4):
         plan = [("big", 40)] + [(f"s{q}-{i}", 3) for i in range(20)]
         for key, count in plan:
-            for _ in range(count):
-                t = start + n * 0.01
-                n += 1
-                records.append(
-                    TaskRecord(
-                        task_id=f"t{n}",
-                        task_name="work",
-                        queue=f"q{q}",
-                        outcome="success",
-                        received=t,
-                        dispatched=t,
-                        started=t,
-                        finished=t + 0.002,
-                        runtime=0.002,
-                        cost=1.0,
-                        fair_key=key,
-                        target_weight=1.0,
-                        key_weight=1.0,
-                    )  # fmt: skip
-                )
+            start = 1_800_000_000.0 + len(records) * 0.01
+            records += [replace(r, queue=f"q{q}", task_id=f"{q}{r.task_id}")
+                        for r in _good(count, key, start)]  # fmt: skip
     pq.write_table(records_to_table(records), data / "part-0.parquet")
     report = build_report(compute(spark, str(data)))
     hot = [h for h in report["hot_keys"] if h["fair_key"] == "big"]
