@@ -145,27 +145,22 @@ def compute(
 
     with _stage(timings, "span"):
         raw = read_telemetry(spark, path)
-        # One pass: the span over all records (the rollup's total row, file
-        # null) and, per file, the values out of range (transforms.validation).
-        summary = (
-            raw.withColumn("file", F.input_file_name())
-            .rollup("file")
-            .agg(
-                F.count(F.lit(1)).alias("records"),
-                F.min(F.coalesce("finished", "started", "received")).alias("first"),
-                F.max(F.coalesce("finished", "started", "received")).alias("last"),
-                # Key names, not (queue, key) pairs: enough to choose the grain, and
-                # hashing one column costs less than two.
-                F.approx_count_distinct("fair_key", 0.05).alias("keys"),
-                F.count("priority").alias("prioritized"),
-                *T.rule_counts(),
-            )
-        )
-        rows = summary.collect()
-        span_row = next((r for r in rows if r["file"] is None), None)
-        if span_row is None:  # a rollup always has its total row
+        # One pass: the span, and the count of values out of range
+        # (transforms.validation); per file only when there are some.
+        span_row = raw.select(
+            F.count(F.lit(1)).alias("records"),
+            F.min(F.coalesce("finished", "started", "received")).alias("first"),
+            F.max(F.coalesce("finished", "started", "received")).alias("last"),
+            # Key names, not (queue, key) pairs: enough to choose the grain, and
+            # hashing one column costs less than two.
+            F.approx_count_distinct("fair_key", 0.05).alias("keys"),
+            F.count("priority").alias("prioritized"),
+            *T.rule_counts(),
+        ).first()
+        if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
-        out["bad_values"] = _bad_values([r for r in rows if r["file"] is not None])
+        bad = any(span_row[rule.name] for rule in T.RULES)
+        out["bad_values"] = _bad_values(raw.transform(T.bad_value_counts).collect()) if bad else []
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0
         window = window_seconds or auto_window(span)

@@ -4,8 +4,10 @@ Telemetry may come from older releases, from other writers of the schema, or
 from a bug: a weight of 0 would divide by zero in Jain's index, a negative
 run time would lower a key's served work.  The report must not end on such a
 value, nor let it corrupt a figure.  :data:`RULES` names each check;
-:func:`bad_value_counts` gives their counts per file (one small aggregation,
-which the pipeline folds into its first pass); :func:`exclude_bad_values`
+:func:`rule_counts` counts them over all records (the pipeline folds it into
+its first pass) and, when any is found, :func:`bad_value_counts` per file (a
+pass of its own: grouping by file costs the first pass several times over on
+clean telemetry); :func:`exclude_bad_values`
 sets each bad value to null (the figures that read it treat it as unknown)
 and drops records whose outcome is unknown (every figure reads the outcome).
 """
@@ -74,7 +76,7 @@ def rule_counts() -> list[Column]:
 
 def bad_value_counts(raw: DataFrame) -> DataFrame:
     """Per telemetry file, the count of each rule's bad values (files with none too)."""
-    return raw.groupBy(F.input_file_name().alias("file")).agg(*rule_counts())
+    return raw.withColumn("file", F.input_file_name()).groupBy("file").agg(*rule_counts())
 
 
 def exclude_bad_values(raw: DataFrame) -> DataFrame:
