@@ -155,11 +155,11 @@ def compute(
             # hashing one column costs less than two.
             F.approx_count_distinct("fair_key", 0.05).alias("keys"),
             F.count("priority").alias("prioritized"),
-            *T.rule_counts(),
+            *T.screens(),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
-        bad = any(span_row[rule.name] for rule in T.RULES)
+        bad = T.found(span_row)
         out["bad_values"] = _bad_values(raw.transform(T.bad_value_counts).collect()) if bad else []
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0

@@ -75,11 +75,20 @@ from .tasks import (
     usage_by_window,
     window_start,
 )
-from .validation import RULES, bad_value_counts, exclude_bad_values, rule_counts
+from .validation import (
+    RULES,
+    bad_value_counts,
+    exclude_bad_values,
+    found,
+    rule_counts,
+    screens,
+)
 
 __all__ = (
     "RULES",
     "bad_value_counts",
+    "found",
+    "screens",
     "exclude_bad_values",
     "rule_counts",
     "BUCKET",

@@ -4,8 +4,9 @@ Telemetry may come from older releases, from other writers of the schema, or
 from a bug: a weight of 0 would divide by zero in Jain's index, a negative
 run time would lower a key's served work.  The report must not end on such a
 value, nor let it corrupt a figure.  :data:`RULES` names each check;
-:func:`rule_counts` counts them over all records (the pipeline folds it into
-its first pass) and, when any is found, :func:`bad_value_counts` per file (a
+:func:`screens` tells whether there are any (plain aggregates the pipeline
+folds into its first pass) and, when there are, :func:`bad_value_counts`
+counts them per file (a
 pass of its own: grouping by file costs the first pass several times over on
 clean telemetry); :func:`exclude_bad_values`
 sets each bad value to null (the figures that read it treat it as unknown)
@@ -14,14 +15,18 @@ and drops records whose outcome is unknown (every figure reads the outcome).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from celery_fair.telemetry.schema import OUTCOMES
 
-__all__ = ("RULES", "Rule", "bad_value_counts", "exclude_bad_values", "rule_counts")
+__all__ = (
+    "RULES", "Rule", "bad_value_counts", "exclude_bad_values", "found", "rule_counts", "screens",
+)  # fmt: skip
 
 
 #: What a rule asks of its column.
@@ -67,6 +72,38 @@ RULES: tuple[Rule, ...] = (
     Rule("key_paused", NOT_NEGATIVE),
     Rule("outcome", KNOWN_OUTCOME),
 )
+
+
+def screens() -> list[Column]:
+    """Cheap aggregations that tell whether any value is out of range (see :func:`found`).
+
+    A numeric column's min and max (Spark orders NaN above every number, so
+    the max is NaN when any value is), the count of unknown outcomes: plain
+    aggregates, where :func:`rule_counts` evaluates a condition per value.
+    """
+    out = []
+    for rule in RULES:
+        if rule.kind == KNOWN_OUTCOME:
+            out.append(F.sum(rule.bad().cast("long")).alias(rule.name))
+        else:
+            out += [F.min(rule.column).alias(f"min_{rule.column}"),
+                    F.max(rule.column).alias(f"max_{rule.column}")]  # fmt: skip
+    return out
+
+
+def found(row: Any) -> bool:
+    """Whether the :func:`screens` of ``row`` show a value out of range."""
+    for rule in RULES:
+        if rule.kind == KNOWN_OUTCOME:
+            if row[rule.name]:
+                return True
+            continue
+        low, high = row[f"min_{rule.column}"], row[f"max_{rule.column}"]
+        if low is None:
+            continue
+        if math.isnan(high) or math.isnan(low) or low < 0 or (rule.kind == POSITIVE and low == 0):
+            return True
+    return False
 
 
 def rule_counts() -> list[Column]:
