@@ -147,7 +147,7 @@ def run(path: str, executable: str, clients: int, tasks: int, backlog: int) -> d
     """One path on a fresh server: CPU and command time per task, tasks/s."""
     with RedisServer(executable=executable) as server:
         client = redis_lib.Redis.from_url(server.url)
-        _preload(client, path, backlog if _keys(path) < backlog else _keys(path))
+        _preload(client, path, max(backlog, _keys(path)))
         for script in (FETCH, RELEASE, ENQUEUE):
             client.script_load(script.text)
         ctx = multiprocessing.get_context("fork")
@@ -196,9 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="redis_capacity")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
-    servers = {"redis": "redis-server", "valkey": ""}
     binaries = {
-        s: (valkey_server() if s == "valkey" else servers[s]) for s in args.servers.split(",")
+        s: valkey_server() if s == "valkey" else "redis-server" for s in args.servers.split(",")
     }
     versions = {}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {

@@ -163,6 +163,19 @@ def advice(
     return out
 
 
+def share_across(row: Mapping[str, Any], totals: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A key row's share of all work over every queue that served it, and how many queues.
+
+    ``totals`` maps a key to its ``transforms.across_queues`` row; a key
+    without one was served by its row's queue only.
+    """
+    total = totals.get(row["fair_key"], {})
+    return {
+        "share_all_queues": total.get("share_all_queues", row["share"]),
+        "queues": total.get("queues", 1),
+    }
+
+
 def findings(
     keys: Iterable[Mapping[str, Any]],
     windows: Iterable[Mapping[str, Any]],
@@ -232,9 +245,7 @@ def findings(
     totals = {t["fair_key"]: t for t in across}
     out = []
     for e in found.values():
-        total = totals.get(e["fair_key"], {})
-        e["share_all_queues"] = total.get("share_all_queues", e["share"])
-        e["queues"] = total.get("queues", 1)
+        e.update(share_across(e, totals))
         e["advice"] = advice(
             e["queue"], e["fair_key"], e["rules"], e["keys_in_queue"], e["queue"] in keyed
         )

@@ -92,7 +92,7 @@ def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[Non
 
 
 def _bad_values(per_file: list[Any]) -> list[dict[str, Any]]:
-    """The rollup's file rows -> one entry per file and rule with bad values, largest first."""
+    """``bad_value_counts`` rows -> one entry per file and rule with bad values, largest first."""
     found = [
         {"file": row["file"], "column": rule.column, "why": rule.why, "count": int(n)}
         for row in per_file

@@ -26,7 +26,12 @@ if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).reso
     # matplotlib needs). The package is imported by its full name below.
     del sys.path[0]
 
-from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules, findings  # noqa: E402
+from celery_fair.analytics.noisy import (  # noqa: E402
+    DEFAULT_RULES,
+    NoisyRules,
+    findings,
+    share_across,
+)
 
 __all__ = ("build_report", "format_summary", "register", "run", "session")
 
@@ -166,16 +171,7 @@ def _by(rows: list[dict[str, Any]], *keys: str) -> dict[Any, dict[str, Any]]:
 def _with_totals(rows: list[dict[str, Any]], across: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Key rows with the key's share of all work over every queue (``across_queues``)."""
     totals = {t["fair_key"]: t for t in across}
-    return [
-        {
-            **row,
-            "share_all_queues": totals.get(row["fair_key"], {}).get(
-                "share_all_queues", row["share"]
-            ),
-            "queues": totals.get(row["fair_key"], {}).get("queues", 1),
-        }
-        for row in rows
-    ]
+    return [{**row, **share_across(row, totals)} for row in rows]
 
 
 def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]:

@@ -306,8 +306,10 @@ class FairConsumerMixin(ConsumerMixin):
         self._round: DispatchRound[tuple[Any, Message, float]] = DispatchRound(self._costs)
         self._round.set_quanta(self._costs.quanta(self._weights))
         self._in_hand: Message | None = None
-        #: Redis only: (queue name, bound queue, channel) to fill windows from.
+        #: Redis only: (queue name, bound queue, channel) to fill windows from,
+        #: and the queues found empty since their last delivery (not asked again).
         self._gets: list[tuple[str, Queue, Any]] = []
+        self._dry: set[str] = set()
         self._acked = dict.fromkeys(self._queues, 0)
         self._failed = dict.fromkeys(self._queues, 0)
         self._idle_waits = 0
@@ -382,6 +384,7 @@ class FairConsumerMixin(ConsumerMixin):
                 for name, queue in self._queues.items()
                 if redis
             ]
+            self._dry.clear()
             stack.callback(self._gets.clear)
             default_channel = conn.default_channel
             yield conn, default_channel, consumers
@@ -396,6 +399,7 @@ class FairConsumerMixin(ConsumerMixin):
             )
 
     def _on_delivery(self, name: str, body: Any, message: Message) -> None:
+        self._dry.discard(name)
         with self._lock:
             self._round.put(name, (body, message, self._clock()))
 
@@ -473,19 +477,20 @@ class FairConsumerMixin(ConsumerMixin):
         # never hold more than one (nothing for DWRR to choose between, no
         # sojourn for CoDel). So, on Redis, each window is filled with direct
         # gets (an RPOP, recorded as unacked as a delivery is) while the
-        # channel's QoS has room: the window, and CoDel's hold while dropping.
-        counts = self._round.counts()
+        # channel's QoS has room (its prefetch count is the window, and CoDel
+        # holds it while dropping). A queue found empty is not asked again
+        # until a delivery (its BRPOP) shows it has work: an empty queue costs
+        # no round trip per handled message.
         for name, queue, channel in self._gets:
-            room = self._windows[name] - counts.get(name, 0)
-            while room > 0 and channel.qos.can_consume():
+            while name not in self._dry and channel.qos.can_consume():
                 try:
                     message = queue.get(no_ack=False, accept=self._accept)
                 except Exception as exc:  # an undecodable payload: as a delivery's
                     logger.error("cannot read a message of queue %r: %r", name, exc)
                     break
                 if message is None:
+                    self._dry.add(name)
                     break
-                room -= 1
                 try:
                     body = message.decode()
                 except Exception as exc:

@@ -25,8 +25,8 @@ def with_totals(df: DataFrame, **totals: Column) -> DataFrame:
 
     A one-row aggregate joined to every row: what a window without a
     partition gives, without moving every row into one partition (Spark
-    warns of that, and on a cluster it does not scale out). Spark reuses the
-    exchange ``df`` ends with, so ``df`` is computed once.
+    warns of that, and on a cluster it does not scale out). Meant for small
+    ``df`` (a row per queue): the aggregate reads it a second time.
     """
     return df.crossJoin(F.broadcast(df.agg(*(c.alias(n) for n, c in totals.items()))))
 

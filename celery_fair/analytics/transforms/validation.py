@@ -6,11 +6,10 @@ run time would lower a key's served work.  The report must not end on such a
 value, nor let it corrupt a figure.  :data:`RULES` names each check;
 :func:`screens` tells whether there are any (plain aggregates the pipeline
 folds into its first pass) and, when there are, :func:`bad_value_counts`
-counts them per file (a
-pass of its own: grouping by file costs the first pass several times over on
-clean telemetry); :func:`exclude_bad_values`
-sets each bad value to null (the figures that read it treat it as unknown)
-and drops records whose outcome is unknown (every figure reads the outcome).
+counts them per file (a pass of its own: grouping by file costs the first
+pass several times over on clean telemetry); :func:`exclude_bad_values` sets
+each bad value to null (the figures that read it treat it as unknown) and
+drops records whose outcome is unknown (every figure reads the outcome).
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ def found(row: Any) -> bool:
         low, high = row[f"min_{rule.column}"], row[f"max_{rule.column}"]
         if low is None:
             continue
-        if math.isnan(high) or math.isnan(low) or low < 0 or (rule.kind == POSITIVE and low == 0):
+        if math.isnan(high) or low < 0 or (rule.kind == POSITIVE and low == 0):
             return True
     return False
 
