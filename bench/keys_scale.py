@@ -120,7 +120,7 @@ def fetch_cost(url: str, keyed: bool, calls: int = 400, batches: int = 5) -> dic
     sha = client.script_load(FETCH.text)
     malformed = QUEUE + ".fair-malformed"
     word = "1.0" if keyed else "-"
-    args = [1, 0, "\x06\x16", 1.0, 0, 0, 0, word]  # no other levels, strict, no charges
+    args = store.fetch_args([word], sep="\x06\x16", now=0.0)  # no other levels, strict
     per_call: list[float] = []
     for _ in range(batches):
         started = time.perf_counter()

@@ -40,7 +40,7 @@ from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.scripts import ENQUEUE, FETCH
-from celery_fair.keys.store import enqueue_args
+from celery_fair.keys.store import enqueue_args, fetch_args
 
 from .common import environment, summary, write
 
@@ -222,7 +222,7 @@ def fetch_cost(url: str, keys: int, mode: str, calls: int = 2000) -> float:
     if mode == "weighted":
         for suffix, weight in zip(["", *LEVELS], (8, 4, 2, 1), strict=True):
             weights += [suffix, repr(float(weight))]
-    args = [1, 0, SEP, "1.0", len(LEVELS), *LEVELS, len(weights) // 2, *weights, 0, "1.0"]
+    args = fetch_args(["1.0"], sep=SEP, now=0.0, suffixes=LEVELS, level_words=weights)
     keys_arg = [QUEUE, QUEUE + ".fair-malformed", "unacked", "unacked_index"]
     started = time.perf_counter()
     for _ in range(calls):

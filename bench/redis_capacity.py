@@ -13,7 +13,8 @@ one message and fetches one):
 * ``keyed-N``: ``fair_keys`` with N keys waiting: the ``ENQUEUE`` script to a
   random key; ``FETCH`` (start-time fair order); the ack;
 * ``limits-N``: the same with ``fair_key_concurrency = {"*": 4}``: ``FETCH``
-  leases the key's slot, and the ``RELEASE`` script frees it after the ack.
+  leases the key's slot and frees the previous task's (a worker carries a
+  finished task's release in its next fetch); the last one goes by ``RELEASE``.
 
 Per path: the broker's CPU per task (``used_cpu_user`` + ``used_cpu_sys`` of
 ``INFO cpu``, network included), the time inside its commands per task (the
@@ -47,7 +48,12 @@ from bench.harness.redis import RedisServer
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.limits import KeyLimits
 from celery_fair.keys.scripts import ENQUEUE, FETCH, RELEASE
-from celery_fair.keys.store import enqueue_args, release_args, write_configured_limits
+from celery_fair.keys.store import (
+    enqueue_args,
+    fetch_args,
+    release_args,
+    write_configured_limits,
+)
 
 from .common import environment, summary, write
 
@@ -114,7 +120,7 @@ def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: An
     client = redis_lib.Redis.from_url(url)
     rng = random.Random(seed)
     keys, word = _keys(path), _word(path)
-    fetch_args = [1, 0, NAMES.sep, "1.0", 0, 0, 0, word]
+    carried: list[str] = []  # the last task's release, sent with the next fetch
     start.wait()
     for _ in range(tasks):
         if keys:
@@ -129,12 +135,14 @@ def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: An
                 "unacked", tag, item
             ).execute()
         else:
-            fetch_args[1] = time.time()
-            reply = client.evalsha(FETCH.sha, 4, *FETCH_KEYS, *fetch_args)
+            args = fetch_args([word], sep=NAMES.sep, now=time.time(), releases=carried)
+            reply = client.evalsha(FETCH.sha, 4, *FETCH_KEYS, *args)
             tag = json.loads(reply[1])["properties"]["delivery_tag"]
         client.pipeline().zrem("unacked_index", tag).hdel("unacked", tag).execute()
         if path.startswith("limits"):
-            client.evalsha(RELEASE.sha, 0, *release_args(NAMES.sep, [(NAMES.base, tag)]))
+            carried = [NAMES.base, tag]
+    if carried:
+        client.evalsha(RELEASE.sha, 0, *release_args(NAMES.sep, [(NAMES.base, carried[1])]))
     out.put(1)
 
 

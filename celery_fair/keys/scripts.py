@@ -4,7 +4,7 @@ The scripts live in :mod:`celery_fair.lua` as Lua files, each with its KEYS,
 ARGV and reply documented at its top.  A script is sent as one text: a header
 this module writes (``N``, the Redis names and constants of
 :mod:`celery_fair.keys.layout`, and the locals ``SEP`` and ``DFLT``), the
-shared helpers it needs (``prelude.lua``, ``keyed_pop.lua``), then its own
+shared helpers it needs (``prelude.lua``, ``unacked.lua``, ``keyed_pop.lua``), then its own
 file.  Names come from one place, and the Lua stays Lua.
 
 :class:`Script` runs a script by its SHA1 and loads it on the first
@@ -130,4 +130,4 @@ RELEASE = Script("release", source("prelude.lua", "release.lua"))
 PURGE = Script("purge", source("prelude.lua", "purge.lua"))
 UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
 PAUSE = Script("pause", source("prelude.lua", "pause.lua"))
-FETCH = Script("fetch", source("prelude.lua", "keyed_pop.lua", "fetch.lua"))
+FETCH = Script("fetch", source("prelude.lua", "unacked.lua", "keyed_pop.lua", "fetch.lua"))

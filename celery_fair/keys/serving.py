@@ -106,6 +106,10 @@ class KeyedServing:
         #: attached); with ``wake`` true it also ends this worker's idle fetch, in the
         #: same round trip (see ``release``).
         self.send_releases: Callable[[list[tuple[str, str]], bool], None] | None = None
+        #: Set by the atomic fetch: whether a fetch of its own follows, on this thread,
+        #: that can carry a release (``take_releases``) instead of a round trip of its own.
+        self.will_fetch: Callable[[], bool] | None = None
+        self._releases: list[tuple[str, str]] = []
         self.released = self.release_errors = 0
         self._tags: dict[Any, str] = {}
         #: Pool slots of this worker: limited tasks fetched and not finished stay
@@ -207,40 +211,69 @@ class KeyedServing:
             self.release(queue, delivery_tag)
 
     def release(self, queue: str | None, delivery_tag: Any) -> None:
-        """Release the key slot of ``delivery_tag`` (a message of ``queue``) now."""
+        """Release the key slot of ``delivery_tag`` (a message of ``queue``): with the
+        next fetch if one follows on this thread, else now."""
         if not self.limited or queue not in self.queues or not delivery_tag:
             return
         assert queue is not None
         with self._lock:
             held = self._in_flight.get(queue, 0)
             self._in_flight[queue] = max(0, held - 1)
-        # A worker that was full may fetch from the queue again: its idle fetch must
-        # end. The release and that wake-up go in one round trip: unless a task was
-        # fetched ahead, the pool slot waits for them and the fetch that follows.
+        # A finished task's release rides on the next fetch when one follows on
+        # this thread (the pool's results come on the worker's loop, as prefork's
+        # and solo's do): the pool slot then waits for one round trip, the fetch,
+        # not three (the release, the idle fetch's wake-up, the fetch).
+        tag = str(delivery_tag)
+        will_fetch = self.will_fetch
+        if will_fetch is not None and will_fetch():
+            with self._lock:
+                self._releases.append((queue, tag))
+            return
+        # Else a worker that was full may fetch from the queue again: its idle fetch
+        # must end. The release and that wake-up go in one round trip.
         # "Full" counts from the pool's size, not the capacity: the capacity can
         # change between a fetch and its release, and a wake-up too many costs
         # an empty fetch, one too few a poll interval.
-        room = held >= self.slots
+        self.send_now([(queue, tag)], wake=held >= self.slots)
+
+    def take_releases(self) -> list[tuple[str, str]]:
+        """The releases to carry on the fetch being sent, ``(queue, delivery tag)``
+        (and forget them: counted as released; if that call fails, the leases
+        expire after ``lease_ttl``)."""
+        with self._lock:
+            releases, self._releases = self._releases, []
+            self.released += len(releases)
+        return releases
+
+    def flush_releases(self) -> None:
+        """Send the releases waiting for a fetch now (no fetch follows soon)."""
+        with self._lock:
+            releases, self._releases = self._releases, []
+        if releases:
+            self.send_now(releases)
+
+    def send_now(self, releases: list[tuple[str, str]], wake: bool = False) -> None:
+        """Free these key slots in a round trip of their own; ``wake`` ends an idle fetch."""
         send = self.send_releases
         if send is None:
-            if room and self.on_room is not None:
+            if wake and self.on_room is not None:
                 self.on_room()
             return
         try:
-            send([(queue, str(delivery_tag))], room)
+            send(releases, wake)
         except Exception as exc:  # the lease expires after lease_ttl: never fatal
-            if room and self.on_room is not None:
+            if wake and self.on_room is not None:
                 self.on_room()  # the fetch must not wait for its timeout as well
             with self._lock:
-                self.release_errors += 1
+                self.release_errors += len(releases)
             logger.warning(
-                "celery-fair: could not release the key slot of message %s (%r); it comes "
-                "back when its lease expires (%g s)",
-                delivery_tag, exc, self.limits.lease_ttl,
+                "celery-fair: could not release the key slot of message(s) %s (%r); they "
+                "come back when their leases expire (%g s)",
+                ", ".join(tag for _, tag in releases), exc, self.limits.lease_ttl,
             )  # fmt: skip
             return
         with self._lock:
-            self.released += 1
+            self.released += len(releases)
 
     def adopt(self, queues: Iterable[str]) -> None:
         """Serve these queues as keyed too (a keyed backlog ``fair_keys`` does not name)."""

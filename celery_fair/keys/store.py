@@ -20,6 +20,7 @@ __all__ = (
     "controls",
     "enqueue",
     "enqueue_args",
+    "fetch_args",
     "limits_state",
     "pause",
     "refused",
@@ -133,6 +134,34 @@ def release_args(sep: str, releases: list[tuple[str, str]]) -> list[Any]:
     for base, task_id in releases:
         flat.extend((base, task_id))
     return flat
+
+
+def fetch_args(
+    words: Sequence[str],
+    *,
+    sep: str,
+    now: float,
+    default_weight: str = "1.0",
+    suffixes: Sequence[str] = (),
+    level_words: Sequence[str] = (),
+    charges: Sequence[Any] = (),
+    releases: Sequence[str] = (),
+) -> list[Any]:
+    """The ``FETCH`` script's arguments (lua/fetch.lua), one word per queue key.
+
+    ``suffixes``: a keyed queue's other priority lists; ``level_words``: flat
+    (level suffix, weight) pairs, none for strict priority; ``charges``: flat
+    (base, level suffix, key, user, delta) run-time corrections; ``releases``:
+    flat (base, delivery tag) key slots to free before the pop.
+    """
+    return [
+        len(words), repr(now), sep, default_weight,
+        len(suffixes), *suffixes,
+        len(level_words) // 2, *level_words,
+        len(charges) // 5, *charges,
+        len(releases) // 2, *releases,
+        *words,
+    ]  # fmt: skip
 
 
 def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:

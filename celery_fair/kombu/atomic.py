@@ -41,6 +41,7 @@ Every private part of Kombu and redis-py it uses goes through
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from .. import compat
 from ..keys.layout import KeyedNames
 from ..keys.scripts import FETCH
 from ..keys.serving import KeyedServing
-from ..keys.store import text
+from ..keys.store import fetch_args, text
 from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
 from .wakeup import InvalidationListener
@@ -114,6 +115,12 @@ class AtomicFetch:
         self._armed_sock: Any = None
         self._armed_generation = -1
         self._sent_at = 0.0
+        #: The thread that sends the fetches (the worker's loop), and whether key
+        #: slots were released on it, or on another (see :meth:`will_fetch`).
+        self._thread: int | None = None
+        self._released_here = self._released_elsewhere = False
+        #: Set when the consumer stops: no fetch follows any more.
+        self.stopped = False
         self._prefix = compat.key_prefix(channel)
         self._wake_key = f"{self._prefix}_fair.wake.{uuid.uuid4().hex}"
         self._sep = compat.key_separator(channel)
@@ -135,6 +142,9 @@ class AtomicFetch:
     def serve_keyed(self, keyed: KeyedServing | None) -> None:
         """Serve ``keyed``'s queues in fair key order from the next fetch on."""
         self.keyed = keyed
+        if keyed is not None:
+            keyed.on_room = self.wake
+            keyed.will_fetch = self.will_fetch
         self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
         steps = sorted(compat.priority_steps(self.channel))
         weights = keyed.level_weights(steps) if keyed is not None else None
@@ -171,44 +181,78 @@ class AtomicFetch:
         queues = compat.queue_cycle(channel).consume(compat.active_queue_count(channel))
         if not queues:
             return
+        self._thread = threading.get_ident()
         conn = channel.client.connection
         listener = self.listener
         generation = listener.generation if listener is not None else 0
         if compat.socket_of(conn) is not self._armed_sock or generation != self._armed_generation:
             self._arm(conn)
-        if timeout is None:
-            timeout = compat.brpop_timeout(channel)
-        self._sent_at = monotonic()
-        compat.begin_poll(channel, conn, self._sent_at)
         keys: list[str] = []
         if self.mode == _FETCH:
             keys, words, watched = self._entries(queues)
+        keyed = self.keyed
         if keys:
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
-            charges = self._charges()
+            argv = fetch_args(
+                words,
+                sep=self._sep,
+                now=time(),
+                default_weight=self._default_key_weight,
+                suffixes=self._suffixes,
+                level_words=self._level_words,
+                charges=self._charges(),
+                releases=self._releases(),
+            )
             # From here on a wake-up must push the wake key: the script may
             # read the queues before the change that woke us (a lost wake-up
             # would leave the next wait to its timeout).
             self.pending, self._waking = _FETCH, False
+            self._begin(conn)
             conn.send_command(
                 "EVALSHA", self._sha, 2 * len(keys) + 2 + len(watched),
-                *keys, *malformed, *self._unacked, *watched,
-                len(keys), repr(time()), self._sep, self._default_key_weight,
-                len(self._suffixes), *self._suffixes,
-                len(self._level_words) // 2, *self._level_words,
-                len(charges) // 5, *charges, *words,
+                *keys, *malformed, *self._unacked, *watched, *argv,
             )  # fmt: skip
-        else:
-            wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
-            if self._due is not None:
-                wait = min(wait or self._due, self._due)
-            # A wake-up during this wait must push the wake key, even when one was
-            # pushed before: that one ended the last wait, or ends this one at once.
-            # Left set, a wake-up taken while the worker was full (no fetch, so no
-            # reset) would swallow the next: a freed slot waits for the timeout.
-            self.pending, self._waking = _WAIT, False
-            self.waits += 1
-            conn.send_command("BLPOP", self._wake_key, wait or 0)
+            return
+        if keyed is not None:
+            keyed.flush_releases()  # no fetch now to carry them
+        if self.mode == _FETCH and self._released_here and not self._released_elsewhere:
+            # Every queue is keyed and at this worker's capacity (per-key limits),
+            # and slots are freed on this thread: the loop calls this again after
+            # the next release, whose fetch carries it. Nothing to wait for.
+            return
+        if timeout is None:
+            timeout = compat.brpop_timeout(channel)
+        wait = timeout if self.tracking else min(timeout or POLL_WAIT, POLL_WAIT)
+        if self._due is not None:
+            wait = min(wait or self._due, self._due)
+        # A wake-up during this wait must push the wake key, even when one was
+        # pushed before: that one ended the last wait, or ends this one at once.
+        # Left set, a wake-up taken while the worker was full (no fetch, so no
+        # reset) would swallow the next: a freed slot waits for the timeout.
+        self.pending, self._waking = _WAIT, False
+        self.waits += 1
+        self._begin(conn)
+        conn.send_command("BLPOP", self._wake_key, wait or 0)
+
+    def _begin(self, conn: Any) -> None:
+        self._sent_at = monotonic()
+        compat.begin_poll(self.channel, conn, self._sent_at)
+
+    def will_fetch(self) -> bool:
+        """Whether a fetch follows on this thread that can carry a key slot's release.
+
+        True on the thread that sends the fetches (the worker's loop) unless the
+        fetch waits, or is about to, for work: the loop sends the next fetch
+        once the callback that freed the slot returns.  Elsewhere (a thread
+        pool's thread, a greenlet) the release goes at once, with a wake-up.
+        """
+        if self.stopped or self._thread is None:
+            return False
+        if threading.get_ident() != self._thread:
+            self._released_elsewhere = True
+            return False
+        self._released_here = True
+        return self.mode == _FETCH and self.pending != _WAIT
 
     def read(self, **options: Any) -> Any:
         """Kombu's ``_brpop_read``: handle a fetch's reply, or a wait's end."""
@@ -306,6 +350,16 @@ class AtomicFetch:
                     for suffix in self._suffixes:  # the other priority levels
                         watched += [names.base + suffix, names.level(suffix).active]
         return keys, words, watched
+
+    def _releases(self) -> list[str]:
+        """Key slots to free with this fetch, flat (base, delivery tag)."""
+        keyed = self.keyed
+        if keyed is None or not keyed.limited:
+            return []
+        flat: list[str] = []
+        for queue, tag in keyed.take_releases():
+            flat.extend((self._prefix + queue, tag))
+        return flat
 
     def _keyed_names(self, queue: str) -> KeyedNames:
         found = self._names.get(queue)
@@ -476,7 +530,5 @@ def install_atomic_fetch(
     """
     fetch = AtomicFetch(channel, cycle, keyed)
     fetch.listen()
-    if keyed is not None:
-        keyed.on_room = fetch.wake
     compat.replace_fetch(channel, fetch.start, fetch.read)
     return fetch

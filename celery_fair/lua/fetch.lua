@@ -12,6 +12,9 @@
 --       a keyed queue's levels, else the levels' weights (keyed_pop.lua),
 --       nc and nc (base, level suffix, key, user, delta seconds) run-time
 --       charges (user: '' for a one-level key),
+--       nr and nr (base, delivery tag) releases: key slots of tasks finished
+--       since the last fetch (per-key limits; release.lua sends them when no
+--       fetch follows),
 --       then one word per queue key:
 --         "-"                    a plain list;
 --         "<charge>"             a keyed queue: its charge at fetch;
@@ -43,8 +46,15 @@ for j = 0, nc - 1 do
   local c = a + 5 * j
   charge(ARGV[c + 1], ARGV[c + 2], ARGV[c + 3], tonumber(ARGV[c + 5]), ARGV[c + 4])
 end
-local flags = a + 5 * nc
+local r = a + 5 * nc + 1
+local nr = tonumber(ARGV[r])
 local now = nil
+if nr > 0 then
+  -- Freed before the pop, so that the key of a task just finished may be served.
+  now = server_now()
+  for j = 0, nr - 1 do release(ARGV[r + 2 * j + 1], ARGV[r + 2 * j + 2], now) end
+end
+local flags = r + 2 * nr
 for i = 1, n do
   local item, fkey, fweight, fheld, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
@@ -61,27 +71,12 @@ for i = 1, n do
       KEYS[i], suffixes, tonumber(word), false, 0, lweights)
   end
   if item then
-    local ok, msg = pcall(cjson.decode, item)
-    local tag, ex, rk = nil, '', ''
-    if ok and type(msg) == 'table' and type(msg['properties']) == 'table' then
-      local props = msg['properties']
-      tag = props['delivery_tag']
-      local info = props['delivery_info']
-      if type(info) == 'table' then
-        if type(info['exchange']) == 'string' then ex = info['exchange'] end
-        if type(info['routing_key']) == 'string' then rk = info['routing_key'] end
-      end
-    end
-    if type(tag) ~= 'string' then
-      -- Parked with its reason and time (celery_fair.parked).
-      redis.call('LPUSH', KEYS[n + i], cjson.encode({fair_parked = 1,
-        reason = N.NOT_A_MESSAGE, parked_at = tonumber(ARGV[2]),
-        raw = item}))
+    local tag, record = unacked_record(item)
+    if not tag then
+      park(KEYS[n + i], item, ARGV[2])
       return {KEYS[i], item, 'malformed'}
     end
-    local record = '[' .. item .. ',' .. cjson.encode(ex) .. ',' .. cjson.encode(rk) .. ']'
-    redis.call('ZADD', KEYS[2 * n + 2], ARGV[2], tag)
-    redis.call('HSET', KEYS[2 * n + 1], tag, record)
+    record_unacked(KEYS[2 * n + 1], KEYS[2 * n + 2], ARGV[2], tag, record)
     if ttl then
       -- The task holds a slot of its key until it finishes (or the lease expires).
       lease(KEYS[i], fkey, tag, now, ttl)

@@ -177,6 +177,17 @@ class FairService:
             self._hold_fetch_while_dropping(channel.qos)
         return cycle is not None
 
+    def stop_fetching(self) -> None:
+        """The consumer stops: no fetch follows to carry a key slot's release.
+
+        The releases waiting for one go now, and later ones go at once.
+        """
+        fetch, keyed = self.attachment.fetch, self.attachment.keyed
+        if fetch is not None:
+            fetch.stopped = True
+        if keyed is not None:
+            keyed.flush_releases()
+
     def recheck_keyed_backlogs(self) -> None:
         """Look again for keyed backlogs on the consumed queues (a timer calls this)."""
         self.keys.recheck_backlogs()

@@ -30,9 +30,9 @@ def producer(redis_url: str) -> Iterator[Celery]:
     app.close()
 
 
-def _worker(url: str, concurrency: int = 4, **env: str) -> WorkerProcess:
+def _worker(url: str, concurrency: int = 4, pool: str = "prefork", **env: str) -> WorkerProcess:
     return WorkerProcess(
-        url, [QUEUE], concurrency=concurrency,
+        url, [QUEUE], pool=pool, concurrency=concurrency,
         env={"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_LEDGER": url, **env},
     )  # fmt: skip
 
@@ -144,3 +144,41 @@ def test_a_killed_workers_slots_come_back_and_nothing_is_lost(
     runs = {e.id: e for e in ledger.entries()}
     assert len(runs) == 12  # nothing lost
     assert most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_finished_tasks_free_their_slots_and_a_warm_stop_leaves_none_held(
+    redis_url: str, producer: Celery, pool: str
+) -> None:
+    """Prefork's results come on the worker's loop: each release rides on the next
+    fetch, and a full worker sends no idle wait per task.  A thread pool's come on
+    its threads: they go at once.  Either way, a warm stop leaves no slot held
+    (a lease lasts 300 s by default: one left behind would hold its key that long)."""
+    client = redis_lib.Redis.from_url(redis_url)
+    names = KeyedNames(QUEUE)
+    ledger = Ledger(redis_url)
+    fast = {f"k{i}": 20 for i in range(4)}
+    publish_by_key(producer, QUEUE, fast, ms=20)
+    env = {"CELERY_FAIR_KEY_CONCURRENCY": "*=1"}
+    with _worker(redis_url, 2, pool, **env) as worker:
+        assert ledger.wait_for(80, timeout=120, alive=[worker]), worker.log()[-3000:]
+        stats = wait_fair_stats(redis_url)
+        slow = {f"s{i}": 3 for i in range(4)}
+        publish_by_key(producer, QUEUE, slow, ms=500)
+        deadline = time.monotonic() + 30
+        while client.hlen(names.lease_keys) < 2:  # two slow tasks hold their slots
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.02)
+        assert worker.stop() == 0, worker.log()[-3000:]
+    assert client.hgetall(names.running) == {} and client.hlen(names.lease_keys) == 0
+    most = most_at_once(ledger.entries())
+    assert set(most) <= {*fast, *slow} and max(most.values()) == 1, most
+    keyed = stats["keys"]
+    assert keyed["released"] >= 80 and keyed["release_errors"] == 0, keyed
+    if pool == "prefork":
+        # One idle wait per task before releases rode on fetches; now only when
+        # the queue runs dry or before the first release.
+        assert stats["atomic_fetch"]["waits"] < 20, stats["atomic_fetch"]
+    with _worker(redis_url, 2, pool, **env) as again:  # what the stop put back runs
+        assert ledger.wait_for(92, timeout=60, alive=[again]), again.log()[-3000:]
+    assert len({e.id for e in ledger.entries()}) == 92

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from celery_fair.keys import scripts
+from celery_fair.keys import scripts, store
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.store import enqueue_args, release_args
 from celery_fair.parked import NOT_A_MESSAGE, decode_record
@@ -61,11 +61,13 @@ def fetch(
     *queues: str,
     level_weights: dict[str, float] | None = None,
     charges: tuple[str, ...] = (),
+    releases: tuple[str, ...] = (),
 ) -> Any:
     """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``).
 
     ``level_weights`` (level suffix -> weight) makes the levels weighted; without,
-    strict.  ``charges``: flat (base, level, key, user, delta) run-time corrections.
+    strict.  ``charges``: flat (base, level, key, user, delta) run-time corrections;
+    ``releases``: flat (base, delivery tag) key slots freed first.
     """
     keys = list(queues) or [Q]
     words = ["-"] * len(queues) if queues else [word]
@@ -74,8 +76,10 @@ def fetch(
         scripts.FETCH.text,
         2 * len(keys) + 2,
         *keys, *[k + ".fair-malformed" for k in keys], "unacked", "unacked_index",
-        len(keys), repr(time.time()), SEP, "1.0", len(LEVELS), *LEVELS,
-        len(pairs) // 2, *pairs, len(charges) // 5, *charges, *words,
+        *store.fetch_args(
+            words, sep=SEP, now=time.time(), suffixes=LEVELS, level_words=pairs,
+            charges=charges, releases=releases,
+        ),
     )  # fmt: skip
 
 
@@ -166,6 +170,24 @@ def test_a_concurrency_limit_sets_a_key_aside_until_its_lease_is_released(
     assert client.scard(NAMES.at_limit) == 0 and client.hget(NAMES.running, "a") is None
     assert served(client, 1, word) == ["a"]
     assert scripts.RELEASE(client, *release_args(SEP, [(Q, "no-such-tag")])) == 0
+
+
+def test_a_release_carried_by_the_fetch_frees_the_slot_before_the_pop(
+    client: redis_lib.Redis,
+) -> None:
+    """A finished task's release rides on the next fetch: its key is served in that call."""
+    client.hset(NAMES.limits_conf, "c:a", "1")
+    for i in range(3):
+        enqueue(client, "a", message("a", i))
+    word = "L1:30"
+    assert served(client, 1, word) == ["a"]
+    first = next(iter(client.hkeys(NAMES.lease_keys))).decode()
+    assert client.hget(NAMES.lease_keys, first) == b"a"
+    assert isinstance(fetch(client, word), int)  # a is at its limit: nothing served
+    reply = fetch(client, word, releases=(Q, first, Q, "no-such-tag"))
+    assert reply and reply[3] == b"a"  # freed in the same call, then served
+    assert client.hget(NAMES.running, "a") == b"1"
+    assert first.encode() not in client.hkeys(NAMES.lease_keys)
 
 
 def test_an_expired_lease_frees_its_slot(client: redis_lib.Redis) -> None:
@@ -351,7 +373,7 @@ def test_levels_follow_the_transports_steps_and_separator(client: redis_lib.Redi
     for _ in range(5):
         reply = client.eval(
             scripts.FETCH.text, 4, Q, Q + ".fair-malformed", "unacked", "unacked_index",
-            1, repr(time.time()), sep, "1.0", len(levels), *levels, 0, 0, "1",
+            *store.fetch_args(["1"], sep=sep, now=time.time(), suffixes=levels),
         )  # fmt: skip
         order.append(reply[6].decode())
     assert order == ["", f"{sep}4", f"{sep}4", f"{sep}9", f"{sep}9"]

@@ -334,6 +334,27 @@ def test_a_full_worker_wakes_its_fetch_with_the_release_in_one_round_trip() -> N
     assert wakes == [True, False]
 
 
+def test_a_release_rides_on_the_next_fetch_when_one_follows() -> None:
+    sent: list[tuple[str, str]] = []
+    wakes: list[bool] = []
+    serving = _limited(sent, wakes)
+    follows = [True]
+    serving.will_fetch = lambda: follows[0]
+    serving.served("jobs", "k")  # full
+    serving.lease_dispatched("t1")
+    serving.lease_finished("jobs", "t1")
+    assert sent == [] and wakes == []  # no round trip of its own, no wake-up
+    assert serving.has_room("jobs")  # the worker may fetch again: that fetch carries it
+    assert serving.take_releases() == [("jobs", "t1")]
+    assert serving.take_releases() == [] and serving.statistics().released == 1
+    serving.lease_settled("jobs", "t2")
+    follows[0] = False  # the fetch waits for work: what is held goes now, later ones at once
+    serving.flush_releases()
+    serving.lease_settled("jobs", "t3")
+    assert sent == [("jobs", "t2"), ("jobs", "t3")] and wakes == [False, False]
+    assert serving.statistics().released == 3
+
+
 def test_a_worker_fetches_one_task_ahead_only_while_tasks_are_short() -> None:
     from celery_fair.keys.serving import LOOKAHEAD_BELOW
 

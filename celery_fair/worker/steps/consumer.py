@@ -62,4 +62,6 @@ class FairConsumerStep(bootsteps.StartStopStep):
                 hold_during_drain(c.connection, gate)
 
     def stop(self, c: Any) -> None:
-        logger.info("celery-fair: statistics at stop %s", c.controller.fair.statistics())
+        service: FairService = c.controller.fair
+        service.stop_fetching()
+        logger.info("celery-fair: statistics at stop %s", service.statistics())
