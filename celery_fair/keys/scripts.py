@@ -28,7 +28,7 @@ from ..parked import NOT_A_MESSAGE
 from ..wire import PUBLISHED_HEADER
 from . import layout
 
-__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "UNKEY", "Script")
+__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "TAKE", "UNKEY", "Script")
 
 #: What the scripts call ``N.<name>``: every Redis name suffix and constant they use.
 NAMES: dict[str, str | int] = {
@@ -131,3 +131,4 @@ PURGE = Script("purge", source("prelude.lua", "purge.lua"))
 UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
 PAUSE = Script("pause", source("prelude.lua", "pause.lua"))
 FETCH = Script("fetch", source("prelude.lua", "unacked.lua", "keyed_pop.lua", "fetch.lua"))
+TAKE = Script("take", source("unacked.lua", "take.lua"))

@@ -46,6 +46,7 @@ from ..scheduling.drr import DRRStatistics
 from ..scheduling.shedding import SheddingPolicy, Verdict, check_codel, option_error
 from ..wire import REQUEUE_HEADER
 from .requeue import requeue_count, return_copy
+from .take import Take
 
 __all__ = (
     "CODEL_ACTIONS",
@@ -306,9 +307,11 @@ class FairConsumerMixin(ConsumerMixin):
         self._round: DispatchRound[tuple[Any, Message, float]] = DispatchRound(self._costs)
         self._round.set_quanta(self._costs.quanta(self._weights))
         self._in_hand: Message | None = None
-        #: Redis only: (queue name, bound queue, channel) to fill windows from,
-        #: and the queues found empty since their last delivery (not asked again).
-        self._gets: list[tuple[str, Queue, Any]] = []
+        #: Below this many buffered messages a queue's window is refilled.
+        self._low_water = {name: max(1, size // 2) for name, size in self._windows.items()}
+        #: Redis only: each queue's window fill, and the queues found empty since
+        #: their last delivery (not asked again).
+        self._takes: list[Take] = []
         self._dry: set[str] = set()
         self._acked = dict.fromkeys(self._queues, 0)
         self._failed = dict.fromkeys(self._queues, 0)
@@ -379,13 +382,13 @@ class FairConsumerMixin(ConsumerMixin):
                 consumer.consume()
             # Redis delivers one message per BRPOP round trip: see _fill_windows.
             redis = conn.transport.driver_type == "redis"
-            self._gets = [
-                (name, queue.bind(channels[name]), channels[name])
+            self._takes = [
+                Take(channels[name], queue.name, self._accept)
                 for name, queue in self._queues.items()
                 if redis
             ]
             self._dry.clear()
-            stack.callback(self._gets.clear)
+            stack.callback(self._takes.clear)
             default_channel = conn.default_channel
             yield conn, default_channel, consumers
             self.on_consume_end(conn, default_channel)
@@ -441,7 +444,8 @@ class FairConsumerMixin(ConsumerMixin):
             while not self.should_stop and (limit is None or handled < limit):
                 self.on_iteration()
                 if self._round:
-                    self._collect(conn)
+                    if self._running_low():
+                        self._collect(conn)
                     self._dispatch_one()
                     handled += 1
                     idle = 0.0
@@ -459,6 +463,18 @@ class FairConsumerMixin(ConsumerMixin):
                     if not self.should_stop:
                         raise
 
+    def _running_low(self) -> bool:
+        # Collect only when a queue's buffer is below half its window: DWRR's
+        # choice changes only when a queue it would serve has nothing buffered,
+        # and a look at the connection that finds nothing costs as much as a
+        # small handler (a read that times out).  Messages left unread wait in
+        # order, the broker's window bounding them.  With CoDel the buffer is
+        # kept full: its sojourn times are the signal of a standing queue.
+        if self._codel is not None:
+            return True
+        counts = self._round.counts()
+        return any(counts.get(name, 0) < low for name, low in self._low_water.items())
+
     def _collect(self, conn: Connection) -> None:
         # Take every delivery that is already readable, without waiting, so
         # that each queue's buffer is as full as its window allows when DWRR
@@ -475,28 +491,31 @@ class FairConsumerMixin(ConsumerMixin):
         # reply is not readable yet when the loop looks without waiting: the
         # drain above yields at most one message per queue, and a buffer would
         # never hold more than one (nothing for DWRR to choose between, no
-        # sojourn for CoDel). So, on Redis, each window is filled with direct
-        # gets (an RPOP, recorded as unacked as a delivery is) while the
+        # sojourn for CoDel). So, on Redis, each window is filled while the
         # channel's QoS has room (its prefetch count is the window, and CoDel
-        # holds it while dropping). A queue found empty is not asked again
+        # holds it while dropping), as many messages per round trip as it has
+        # room for (kombu/take.py). A queue found empty is not asked again
         # until a delivery (its BRPOP) shows it has work: an empty queue costs
         # no round trip per handled message.
-        for name, queue, channel in self._gets:
-            while name not in self._dry and channel.qos.can_consume():
-                try:
-                    message = queue.get(no_ack=False, accept=self._accept)
-                except Exception as exc:  # an undecodable payload: as a delivery's
-                    logger.error("cannot read a message of queue %r: %r", name, exc)
-                    break
-                if message is None:
-                    self._dry.add(name)
-                    break
+        for take in self._takes:
+            name, qos = take.name, take.channel.qos
+            if name in self._dry or not qos.can_consume():
+                continue
+            room = qos.can_consume_max_estimate() or 1
+            try:
+                messages = take(room)
+            except Exception as exc:  # noqa: BLE001 - the next drain sees a lost connection
+                logger.error("cannot read messages of queue %r: %r", name, exc)
+                continue
+            for message in messages:
                 try:
                     body = message.decode()
                 except Exception as exc:
                     self.on_decode_error(message, exc)
                     continue
                 self._on_delivery(name, body, message)
+            if len(messages) < room:
+                self._dry.add(name)  # after the deliveries, which clear it
 
     def _dispatch_one(self) -> None:
         taken = self._next_admitted()
