@@ -476,15 +476,17 @@ class FairConsumerMixin(ConsumerMixin):
         return any(counts.get(name, 0) < low for name, low in self._low_water.items())
 
     def _collect(self, conn: Connection) -> None:
-        # Take every delivery that is already readable, without waiting, so
-        # that each queue's buffer is as full as its window allows when DWRR
-        # chooses.  Bounded: no more than the windows' sum can be delivered.
+        # Fill the windows (Redis), then take every delivery that is already
+        # readable, without waiting, so that each queue's buffer is as full as
+        # its window allows when DWRR chooses.  Filled first: Kombu's poll
+        # sends a BRPOP for each channel with room, one message per round
+        # trip.  Bounded: no more than the windows' sum can be delivered.
+        self._fill_windows()
         for _ in range(sum(self._windows.values()) + 1):
             try:
                 conn.drain_events(timeout=0)
             except TimeoutError:  # socket.timeout
                 break
-        self._fill_windows()
 
     def _fill_windows(self) -> None:
         # Kombu's Redis transport has one BRPOP in flight per channel, and its
