@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the tests need on a fresh Debian machine:
-# Debian packages (redis-server, redis-sentinel, rabbitmq-server, a Java runtime, prometheus) when they
-# are missing, then a virtual environment with this package and its extras.
+# Debian packages (redis-server, redis-sentinel, rabbitmq-server, a Java runtime, prometheus,
+# openssl) when they are missing, then a virtual environment with this package and its extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,8 @@ command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] |
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 # promtool tests the alerting rules; a real Prometheus scrapes the dashboard's test run.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The TLS tests make their certificates with the openssl command line.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "setup: missing ${need[*]}; run as root or install them" >&2

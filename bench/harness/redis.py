@@ -7,8 +7,13 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from .tls import Certificates
 
 __all__ = ("RedisSentinel", "RedisServer", "free_port", "stop_process")
 
@@ -41,6 +46,11 @@ class RedisServer:
     ``appendonly`` turns on AOF persistence (``appendfsync always``) so a
     restart on the same directory keeps the data; ``restart()`` reuses the
     port, as a broker restarted by an operator would.
+
+    ``tls``: the port speaks TLS only, with these certificates; with
+    ``client_certs`` a client must present one the CA signed.  ``password``
+    is the default user's (``requirepass``); ``users`` are ACL rules, one
+    user each (``"app on >secret ~* &* +@all"``), as in ``redis.conf``.
     """
 
     def __init__(
@@ -49,6 +59,10 @@ class RedisServer:
         port: int | None = None,
         appendonly: bool = False,
         executable: str = "redis-server",
+        tls: Certificates | None = None,
+        client_certs: bool = False,
+        password: str | None = None,
+        users: Sequence[str] = (),
     ) -> None:
         exe = shutil.which(executable) or shutil.which(executable, path="/usr/bin:/usr/sbin")
         if exe is None:
@@ -59,12 +73,52 @@ class RedisServer:
         self.executable = exe
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.tls = tls
+        self.client_certs = client_certs
+        self.password = password
+        self.users = tuple(users)
         self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The broker URL, as the default user (with its password, if any)."""
+        return self.url_as(password=self.password)
+
+    def url_as(self, username: str | None = None, password: str | None = None) -> str:
+        """A URL for ``username`` (None: the default user); TLS options go in
+        ``ssl_options`` (Celery's ``broker_use_ssl``), not in the URL."""
+        scheme = "rediss" if self.tls is not None else "redis"
+        auth = ""
+        if password is not None:
+            auth = f"{quote(username or '', safe='')}:{quote(password, safe='')}@"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
+
+    def ssl_options(self, *, client_cert: bool | None = None) -> dict[str, str]:
+        """``broker_use_ssl`` for this server: the CA required, and the client
+        certificate when the server asks for one (or ``client_cert``)."""
+        if self.tls is None:
+            return {}
+        options = {"ssl_cert_reqs": "required", "ssl_ca_certs": str(self.tls.ca)}
+        if self.client_certs if client_cert is None else client_cert:
+            options.update(
+                ssl_certfile=str(self.tls.client_cert), ssl_keyfile=str(self.tls.client_key)
+            )
+        return options
+
+    def url_with_ssl(self, username: str | None = None, password: str | None = None) -> str:
+        """:meth:`url_as` with the TLS options in its query, as redis-py reads them."""
+        url = self.url_as(username, password)
+        options = self.ssl_options()
+        return f"{url}?{urlencode(options)}" if options else url
+
+    def client(self, username: str | None = None, password: str | None = None) -> Any:
+        """A redis-py client (the default user with its password, unless given)."""
+        import redis
+
+        if username is None and password is None:
+            password = self.password
+        return redis.Redis.from_url(self.url_with_ssl(username, password))
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         args = [
@@ -88,6 +142,18 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
+        if self.tls is not None:
+            tls = self.tls
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port)]
+            args += [
+                "--tls-cert-file", str(tls.server_cert), "--tls-key-file", str(tls.server_key),
+                "--tls-ca-cert-file", str(tls.ca),
+                "--tls-auth-clients", "yes" if self.client_certs else "no",
+            ]  # fmt: skip
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        for rule in self.users:
+            args += ["--user", *rule.split()]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -101,10 +167,16 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout}s")
 
     def ping(self) -> bool:
+        """Whether the server answers (a refusal for want of a password is an answer)."""
+        if self.tls is not None:
+            try:
+                return bool(self.client().ping())
+            except Exception:  # noqa: BLE001 - not up yet (refused, handshake, loading)
+                return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -4,6 +4,7 @@ Configured from the environment so that the same module serves plain Celery
 and celery-fair side by side:
 
 ``CELERY_FAIR_BROKER``   broker URL
+``CELERY_FAIR_BROKER_SSL``  ``broker_use_ssl``, as JSON (``{"ssl_cert_reqs": "required", ...}``)
 ``CELERY_FAIR``          "1" to install celery-fair, "0" for plain Celery
 ``CELERY_FAIR_COST``     the ``fair_cost`` setting
 ``CELERY_FAIR_WEIGHTS``  the ``fair_weights`` setting, as ``p0=4,p1=8``
@@ -38,6 +39,7 @@ and celery-fair side by side:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -54,6 +56,8 @@ app.conf.update(
     worker_redirect_stdouts=False,
     broker_connection_retry_on_startup=True,
 )
+if os.environ.get("CELERY_FAIR_BROKER_SSL"):
+    app.conf.broker_use_ssl = json.loads(os.environ["CELERY_FAIR_BROKER_SSL"])
 if os.environ.get("CELERY_FAIR_COST"):
     app.conf.fair_cost = os.environ["CELERY_FAIR_COST"]
 if os.environ.get("CELERY_FAIR_TELEMETRY_DIR"):

@@ -423,10 +423,11 @@ class AtomicFetch:
         client_id = listener.client_id if listener is not None else None
         self.tracking = False
         if client_id is not None:
-            conn.send_command("CLIENT", "TRACKING", "OFF")
-            conn.read_response()
-            conn.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", client_id, "NOLOOP")
             try:
+                # An ACL may refuse the command (NoPermissionError, a ResponseError).
+                conn.send_command("CLIENT", "TRACKING", "OFF")
+                conn.read_response()
+                conn.send_command("CLIENT", "TRACKING", "ON", "REDIRECT", client_id, "NOLOOP")
                 conn.read_response()
                 self.tracking = True
             except ResponseError as exc:

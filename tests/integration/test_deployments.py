@@ -1,0 +1,128 @@
+"""Brokers as deployments run them: TLS, a password, an ACL user with only what is needed.
+
+Each case runs real ``celery worker`` processes with Celery's defaults against
+a real ``redis-server`` set up that way, through every connection celery-fair
+opens (the fetch and its invalidation listener, the keyed publish, remote
+control, the CLI): DWRR shares between two plain queues, a keyed queue with a
+per-key concurrency limit, and ``celery-fair keys`` reading the backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.harness.harness import WorkerProcess
+from bench.harness.keys import keyed_app, most_at_once, publish_by_key
+from bench.harness.redis import RedisServer
+from bench.harness.tls import Certificates, make_certificates
+from bench.showcase.ledger import Ledger
+
+pytestmark = [pytest.mark.integration]
+
+#: The ACL of docs/operations.md ("Security"): every command but the
+#: dangerous ones, on every key and pub/sub channel.
+APP_ACL = "app on >app-secret ~* &* +@all -@dangerous"
+
+PLAIN = {"hi": 120, "lo": 120}
+KEYED = "jobs"
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+def _server(case: str, certs: Certificates) -> RedisServer:
+    if case == "tls+password":
+        return RedisServer(tls=certs, password="s3cret")
+    if case == "tls+client-cert":
+        return RedisServer(tls=certs, client_certs=True, password="s3cret")
+    if case == "acl-no-tracking":  # a provider that refuses client-side tracking
+        return RedisServer(users=[APP_ACL + " -client|tracking", "default off"])
+    return RedisServer(users=[APP_ACL, "default off"])  # the ACL user only
+
+
+@pytest.fixture(params=["tls+password", "tls+client-cert", "acl-user", "acl-no-tracking"])
+def broker(request: pytest.FixtureRequest, certificates: Certificates) -> Iterator[dict[str, Any]]:
+    with _server(request.param, certificates) as server:
+        acl = request.param.startswith("acl")
+        user, password = ("app", "app-secret") if acl else (None, None)
+        if user is None:
+            url, ledger = server.url, server.url_with_ssl(password=server.password)
+        else:
+            url = ledger = server.url_as(user, password)
+        yield {
+            "case": request.param, "server": server, "url": url, "ledger": ledger,
+            "ssl": server.ssl_options(), "client": server.client(user, password),
+        }  # fmt: skip
+
+
+def _producer(broker: dict[str, Any]) -> Any:
+    app = keyed_app(broker["url"], {KEYED: "tenant_id"})
+    if broker["ssl"]:
+        app.conf.broker_use_ssl = broker["ssl"]
+    return app
+
+
+def test_shares_keys_and_limits_through_every_connection(broker: dict[str, Any]) -> None:
+    producer = _producer(broker)
+    ledger = Ledger(broker["ledger"])
+    try:
+        with producer.producer_or_acquire() as pub:
+            for i in range(max(PLAIN.values())):
+                for queue, n in PLAIN.items():
+                    if i < n:
+                        producer.send_task("ledger", kwargs={"ms": 5}, queue=queue, producer=pub)
+        publish_by_key(producer, KEYED, {"t1": 20, "t2": 20, "t3": 20}, ms=20)
+    finally:
+        producer.close()
+    env = {
+        "CELERY_FAIR_KEYS": f"{KEYED}=tenant_id",
+        "CELERY_FAIR_KEY_CONCURRENCY": "*=1",
+        "CELERY_FAIR_LEDGER": broker["ledger"],
+        "CELERY_FAIR_BROKER_SSL": json.dumps(broker["ssl"]) if broker["ssl"] else "",
+    }
+    backlog = _cli(broker, "keys", "backlog", KEYED)  # the CLI's own connection
+    assert backlog.returncode == 0, backlog.stderr[-2000:]
+    assert "60" in backlog.stdout and "t1" in backlog.stdout, backlog.stdout
+    scrape = _cli(broker, "exporter", "--queues", ",".join([*PLAIN, KEYED]), "--once")
+    assert scrape.returncode == 0, scrape.stderr[-2000:]
+    assert 'celery_fair_queue_backlog{queue="jobs"} 60.0' in scrape.stdout, scrape.stdout[-3000:]
+    args = ["--fair-weights", "hi=4,lo=1"]
+    total = sum(PLAIN.values()) + 60
+    with WorkerProcess(broker["url"], [*PLAIN, KEYED], env=env, extra_args=args) as worker:
+        assert ledger.wait_for(total, timeout=120, alive=[worker]), worker.log()[-4000:]
+        log = worker.log()
+    assert "CRITICAL" not in log and "Traceback" not in log, log[-4000:]
+    refused = log.count("refused client tracking")
+    # Refused: the fallback (polling) is said once, and the rest holds.
+    assert refused == (1 if broker["case"] == "acl-no-tracking" else 0), log[-4000:]
+    entries = sorted(ledger.entries(), key=lambda e: e.started)
+    assert len({e.id for e in entries}) == total  # every task once
+    # Shares while both plain queues were backlogged: the first 100 of theirs.
+    first = [e.queue for e in entries if e.queue in PLAIN][:100]
+    assert 74 <= first.count("hi") <= 86, first.count("hi")
+    most = most_at_once(e for e in entries if e.queue == KEYED)
+    assert set(most) == {"t1", "t2", "t3"} and max(most.values()) == 1, most
+
+
+def _cli(broker: dict[str, Any], command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``celery-fair COMMAND`` with the workload app (its broker and TLS from the environment)."""
+    env = {
+        **os.environ,
+        "CELERY_FAIR_BROKER": broker["url"],
+        "CELERY_FAIR_BROKER_SSL": json.dumps(broker["ssl"]) if broker["ssl"] else "",
+    }
+    cli = Path(sys.executable).with_name("celery-fair")
+    return subprocess.run(
+        [str(cli), command, "-A", "bench.harness.workload", *args],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
