@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from bench.harness.redis import free_port
+from bench.harness.tls import Certificates
 
 __all__ = ("RabbitMQServer",)
 
@@ -58,6 +59,9 @@ class RabbitMQServer:
     queues and persistent messages survive it, as with a broker restarted by
     an operator.  ``restart(kill=True)`` simulates a crash (SIGKILL).
 
+    ``tls``: also an ``amqps`` listener (``tls_port``) with these certificates,
+    the client's certificate verified when it presents one.
+
     Use as a context manager, or call :meth:`start` and :meth:`close`.
     """
 
@@ -68,6 +72,7 @@ class RabbitMQServer:
         plugins: Sequence[str] = DEFAULT_PLUGINS,
         bin_dir: str | os.PathLike[str] | None = None,
         management: bool = False,
+        tls: Certificates | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir is not None else DEBIAN_BIN_DIR
         self.server_script = self.bin_dir / "rabbitmq-server"
@@ -86,6 +91,8 @@ class RabbitMQServer:
         #: The management plugin's HTTP API on loopback (``management_url``), when asked for.
         self.management_port = free_port() if management else None
         self.plugins = tuple(plugins) + (("rabbitmq_management",) if management else ())
+        self.tls = tls
+        self.tls_port = free_port() if tls is not None else None
         self.nodename = f"rabbit-{self.port}@localhost"
         self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-rabbitmq-"))
         self.log_dir = self.dir / "log"
@@ -107,6 +114,23 @@ class RabbitMQServer:
         """The AMQP URL of the default vhost, as user ``guest``."""
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
 
+    @property
+    def tls_url(self) -> str:
+        """The ``amqps`` URL of the default vhost (only with ``tls``)."""
+        if self.tls_port is None:
+            raise RuntimeError("this node was started without tls")
+        return f"amqps://guest:guest@127.0.0.1:{self.tls_port}//"
+
+    def ssl_options(self, *, client_cert: bool = False) -> dict[str, Any]:
+        """Celery's ``broker_use_ssl`` for the ``amqps`` listener: the CA required
+        (``cert_reqs`` 2 is ``ssl.CERT_REQUIRED``), and a client certificate if asked."""
+        if self.tls is None:
+            raise RuntimeError("this node was started without tls")
+        options: dict[str, Any] = {"ca_certs": str(self.tls.ca), "cert_reqs": 2}
+        if client_cert:
+            options.update(certfile=str(self.tls.client_cert), keyfile=str(self.tls.client_key))
+        return options
+
     # -- set-up ---------------------------------------------------------------
 
     @staticmethod
@@ -126,6 +150,21 @@ class RabbitMQServer:
         conf = "loopback_users.guest = true\nlog.console = false\nlog.file.level = info\n"
         if self.management_port is not None:
             conf += f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.management_port}\n"
+        if self.tls is not None:
+            # Copies the node's user can read (a test's temporary directory is private).
+            certs = etc / "tls"
+            certs.mkdir()
+            for name, source in (("ca.pem", self.tls.ca), ("cert.pem", self.tls.server_cert),
+                                 ("key.pem", self.tls.server_key)):  # fmt: skip
+                shutil.copyfile(source, certs / name)
+            conf += (
+                f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
+                f"ssl_options.cacertfile = {certs / 'ca.pem'}\n"
+                f"ssl_options.certfile = {certs / 'cert.pem'}\n"
+                f"ssl_options.keyfile = {certs / 'key.pem'}\n"
+                "ssl_options.verify = verify_peer\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
         (etc / "rabbitmq.conf").write_text(conf)
         (etc / "rabbitmq-env.conf").write_text("")
         (etc / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")

@@ -76,11 +76,7 @@ def test_shares_keys_and_limits_through_every_connection(broker: dict[str, Any])
     producer = _producer(broker)
     ledger = Ledger(broker["ledger"])
     try:
-        with producer.producer_or_acquire() as pub:
-            for i in range(max(PLAIN.values())):
-                for queue, n in PLAIN.items():
-                    if i < n:
-                        producer.send_task("ledger", kwargs={"ms": 5}, queue=queue, producer=pub)
+        _publish_plain(producer)
         publish_by_key(producer, KEYED, {"t1": 20, "t2": 20, "t3": 20}, ms=20)
     finally:
         producer.close()
@@ -114,6 +110,15 @@ def test_shares_keys_and_limits_through_every_connection(broker: dict[str, Any])
     assert set(most) == {"t1", "t2", "t3"} and max(most.values()) == 1, most
 
 
+def _publish_plain(app: Any) -> None:
+    """The tasks of the two weighted queues, interleaved (publish order favours neither)."""
+    with app.producer_or_acquire() as pub:
+        for i in range(max(PLAIN.values())):
+            for queue, n in PLAIN.items():
+                if i < n:
+                    app.send_task("ledger", kwargs={"ms": 5}, queue=queue, producer=pub)
+
+
 def _cli(broker: dict[str, Any], command: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``celery-fair COMMAND`` with the workload app (its broker and TLS from the environment)."""
     env = {
@@ -126,3 +131,32 @@ def _cli(broker: dict[str, Any], command: str, *args: str) -> subprocess.Complet
         [str(cli), command, "-A", "bench.harness.workload", *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+@pytest.mark.rabbitmq
+def test_shares_over_amqps_with_a_client_certificate(
+    certificates: Certificates, redis_url: str
+) -> None:
+    """RabbitMQ's ``amqps`` listener, the CA required and a client certificate:
+    the worker (Celery's defaults) and the producer through ``broker_use_ssl``."""
+    from bench.harness.rabbitmq import RabbitMQServer
+
+    ledger = Ledger(redis_url)
+    with RabbitMQServer(tls=certificates) as server:
+        ssl = server.ssl_options(client_cert=True)
+        app = keyed_app(server.tls_url, {}, broker_use_ssl=ssl)
+        try:
+            _publish_plain(app)
+        finally:
+            app.close()
+        env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_BROKER_SSL": json.dumps(ssl)}
+        args = ["--fair-weights", "hi=4,lo=1"]
+        total = sum(PLAIN.values())
+        with WorkerProcess(server.tls_url, list(PLAIN), env=env, extra_args=args) as worker:
+            assert ledger.wait_for(total, timeout=120, alive=[worker]), worker.log()[-4000:]
+            log = worker.log()
+    assert "CRITICAL" not in log and "Traceback" not in log, log[-4000:]
+    entries = sorted(ledger.entries(), key=lambda e: e.started)
+    assert len({e.id for e in entries}) == total
+    first = [e.queue for e in entries][:100]
+    assert 74 <= first.count("hi") <= 86, first.count("hi")
