@@ -242,7 +242,9 @@ def _markdown(data: dict[str, Any]) -> str:
         "# What one Redis carries: broker CPU per task by fetch path",
         "",
         f"Reproduce: `python -m bench.redis_capacity --reps {a['reps']} --servers "
-        f"{a['servers']}` ({env['when']}, redis-py {env['redis']}, {env['cpus']} CPUs; "
+        f"{a['servers']}"
+        + ("" if a["paths"] == ",".join(PATHS) else f" --paths {a['paths']}")
+        + f"` ({env['when']}, redis-py {env['redis']}, {env['cpus']} CPUs; "
         + ", ".join(f"{k} {v}" for k, v in data["versions"].items())
         + f"). {a['clients']} load clients, {a['tasks']:,} tasks per path and run, a backlog "
         f"of {a['backlog']:,} messages (or one per key) kept for the whole run. "
@@ -267,9 +269,10 @@ def _markdown(data: dict[str, Any]) -> str:
             cpu = summary([r["cpu_us_per_task"] for r in reps])["median"]
             calls = summary([r["script_calls_per_task"] for r in reps])["median"]
             busy = summary([r["broker_busy"] for r in reps])["median"]
+            against = f"{cpu / base:.2f}x" if base == base else "-"  # NaN: BRPOP not run
             lines.append(
                 f"| {path} | {_cell([r['cpu_us_per_task'] for r in reps], '.1f')} "
-                f"| {cpu / base:.2f}x | {_cell([r['commands_us_per_task'] for r in reps], '.1f')} "
+                f"| {against} | {_cell([r['commands_us_per_task'] for r in reps], '.1f')} "
                 f"| {_cell([r['script_us_per_call'] for r in reps], '.1f')} ({calls:.0f}) "
                 f"| {1e6 / cpu:,.0f} | {_cell([r['tasks_per_s'] for r in reps], ',.0f')} "
                 f"({busy:.0%}) |"
