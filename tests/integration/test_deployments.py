@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,30 @@ def test_shares_over_amqps_with_a_client_certificate(
     assert len({e.id for e in entries}) == total
     first = [e.queue for e in entries][:100]
     assert 74 <= first.count("hi") <= 86, first.count("hi")
+
+
+def test_a_wrong_ca_or_a_plain_url_is_said_at_start_not_a_silent_hang(
+    certificates: Certificates, tmp_path: Path
+) -> None:
+    """The worker names the failure within seconds and keeps retrying (Celery's
+    connection retry), for a CA that did not sign the server's certificate and
+    for a ``redis://`` URL against a port that speaks TLS."""
+    other = make_certificates(tmp_path / "other", name="another")
+    with RedisServer(tls=certificates, password="s3cret") as server:
+        wrong_ca = {"ssl_cert_reqs": "required", "ssl_ca_certs": str(other.ca)}
+        cases = [
+            (server.url, wrong_ca, "CERTIFICATE_VERIFY_FAILED"),
+            (server.url.replace("rediss://", "redis://"), None, "Connection reset by peer"),
+        ]
+        for url, ssl, said in cases:
+            env = {"CELERY_FAIR_BROKER_SSL": json.dumps(ssl) if ssl else ""}
+            worker = WorkerProcess(url, ["q"], env=env).start()
+            try:
+                deadline = time.monotonic() + 30
+                while f"Cannot connect to {url.split('://')[0]}" not in worker.log():
+                    assert time.monotonic() < deadline, worker.log()[-3000:]
+                    assert worker.proc is not None and worker.proc.poll() is None
+                    time.sleep(0.1)
+                assert said in worker.log(), worker.log()[-3000:]
+            finally:
+                worker.kill()
