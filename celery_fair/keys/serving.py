@@ -50,13 +50,6 @@ MAX_PENDING_CHARGES = 10_000
 #: is a small part of a task and the slot is better left to other workers.
 LOOKAHEAD_BELOW = 0.1
 
-#: Seconds. While a limited queue's tasks take less than this on average, the
-#: worker keeps one task ahead per pool slot, not one in all: a task this short
-#: takes about as long as the fetch of the next (a round trip and the worker's
-#: own handling of the reply), so every slot may be waiting for one at once.
-#: Each task ahead holds its key's slot for at most about this long.
-ONE_PER_SLOT_BELOW = 0.01
-
 
 @dataclass(frozen=True)
 class KeyStatistics:
@@ -120,7 +113,7 @@ class KeyedServing:
         self.released = self.release_errors = 0
         self._tags: dict[Any, str] = {}
         #: Pool slots of this worker: limited tasks fetched and not finished stay
-        #: below, plus some ahead while the queue's tasks are short (:meth:`capacity`).
+        #: below, plus one while the queue's tasks are short (:data:`LOOKAHEAD_BELOW`).
         self.slots = max(1, slots)
         self._in_flight: dict[str, int] = {}
         self._runtimes: dict[str, Ewma] = {}
@@ -298,13 +291,10 @@ class KeyedServing:
         return not self.limited or self._in_flight.get(queue, 0) < self.capacity(queue)
 
     def capacity(self, queue: str) -> int:
-        """Tasks of limited ``queue`` this worker holds at most: its pool slots, plus
-        one while the queue's tasks are short, one per slot while they are very short."""
+        """Tasks of limited ``queue`` this worker holds at most: pool slots, +1 if short."""
         estimate = self._runtimes.get(queue)
         mean = None if estimate is None else estimate.value
-        if mean is None or mean >= LOOKAHEAD_BELOW:
-            return self.slots
-        return 2 * self.slots if mean < ONE_PER_SLOT_BELOW else self.slots + 1
+        return self.slots + 1 if mean is not None and mean < LOOKAHEAD_BELOW else self.slots
 
     def reset(self) -> None:
         """A new channel: the previous one's messages went back to the broker."""
