@@ -190,7 +190,6 @@ class AtomicFetch:
         keys: list[str] = []
         if self.mode == _FETCH:
             keys, words, watched = self._entries(queues)
-        keyed = self.keyed
         if keys:
             malformed = [self._malformed_key(key) for key in keys]  # cached per key
             argv = fetch_args(
@@ -213,8 +212,8 @@ class AtomicFetch:
                 *keys, *malformed, *self._unacked, *watched, *argv,
             )  # fmt: skip
             return
-        if keyed is not None:
-            keyed.flush_releases()  # no fetch now to carry them
+        if self.keyed is not None:
+            self.keyed.flush_releases()  # no fetch now to carry them
         if self.mode == _FETCH and self._released_here and not self._released_elsewhere:
             # Every queue is keyed and at this worker's capacity (per-key limits),
             # and slots are freed on this thread: the loop calls this again after
