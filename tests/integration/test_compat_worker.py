@@ -12,7 +12,7 @@ import pytest
 import redis as redis_lib
 
 from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import RedisSentinel, RedisServer
+from bench.harness.redis import RedisSentinel, RedisServer, server_kind
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -112,3 +112,9 @@ def test_a_semaphore_without_its_waiters_stops_the_worker_at_start(redis_url: st
     assert status != 0, log[-3000:]
     assert "celery-fair cannot run with celery " in log and "_waiting" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_the_harness_runs_the_server_asked_for(redis_server: RedisServer) -> None:
+    """The matrix's Valkey session really runs Valkey (``CELERY_FAIR_TEST_SERVER``)."""
+    info = redis_server.client().info("server")
+    assert ("valkey_version" in info) == (server_kind() == "valkey"), info
