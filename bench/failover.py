@@ -8,7 +8,8 @@ tasks (20 ms) through ``sentinel://`` at a steady rate over 20 tenants.  Ten
 times: the current primary is SIGKILLed, the sentinel promotes the replica,
 the killed server is started again on its data and port (the sentinel makes
 it the new primary's replica), and the next failover waits for it to be in
-sync.
+sync.  A worker that exits is started again at once, as a supervisor
+(systemd's ``Restart=``, Kubernetes) would, and counted.
 
 Modes, alternating within each repetition:
 
@@ -51,6 +52,8 @@ TENANTS = [f"t{i}" for i in range(20)]
 LIMIT = 2
 MODES = ("plain", "fair")
 MASTER = "fair-master"
+#: The logs of workers that exited during the current run.
+EXITED: list[str] = []
 
 
 def _wait(condition: Any, timeout: float) -> bool:
@@ -99,6 +102,21 @@ class Producer(threading.Thread):
         self.app.close()
 
 
+def _supervise(workers: list[WorkerProcess], count: list[int] | None = None) -> int:
+    """Start again each worker that exited (its log kept in ``EXITED``); how many."""
+    n = 0
+    for i, worker in enumerate(workers):
+        if worker.proc is not None and worker.proc.poll() is not None:
+            EXITED.append(worker.log())
+            workers[i] = WorkerProcess(
+                worker.broker_url, worker.queues, fair=worker.fair, env=worker.env
+            ).start()
+            n += 1
+    if count is not None:
+        count[0] += n
+    return n
+
+
 def _current(servers: dict[int, RedisServer], sentinel: RedisSentinel) -> RedisServer | None:
     port = sentinel.master_port()
     return servers.get(port) if port is not None else None
@@ -114,6 +132,8 @@ def _in_sync(server: RedisServer) -> bool:
 
 def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str, Any]:
     fair = mode == "fair"
+    EXITED.clear()
+    exited_logs = EXITED
     ledger = Ledger(ledger_url)
     ledger.reset()
     with (
@@ -145,6 +165,8 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
             ]
             producer = Producer(sentinel.url, fair, rate)
             recoveries: list[float | None] = []
+            restarts: list[int] = [0]
+            restarted = 0
             checks: list[list[str]] = []
             producer.start()
             try:
@@ -158,8 +180,15 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     promoted = _wait(
                         lambda p=primary: _current(servers, sentinel) not in (None, p), 30
                     )
+                    # A worker that exited is started again, as systemd's Restart= or
+                    # Kubernetes would; the restarts are counted.
+                    restarted += _supervise(workers)
                     recovered = _wait(
-                        lambda t=killed_at: any(e.started > t for e in ledger.entries()), 60
+                        lambda t=killed_at: (
+                            _supervise(workers, restarts) >= 0
+                            and any(e.started > t for e in ledger.entries())
+                        ),
+                        60,
                     )
                     later = [e.started for e in ledger.entries() if e.started > killed_at]
                     recoveries.append(min(later) - killed_at if recovered and later else None)
@@ -172,7 +201,13 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
             finally:
                 producer.stop()
             accepted = producer.accepted
-            _wait(lambda: accepted <= {e.id for e in ledger.entries()}, 90)
+            _wait(
+                lambda: (
+                    _supervise(workers, restarts) >= 0
+                    and accepted <= {e.id for e in ledger.entries()}
+                ),
+                90,
+            )
             final: dict[str, Any] = {}
             current = _current(servers, sentinel)
             if fair and current is not None:
@@ -180,11 +215,8 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                 _wait(lambda: not keyed_consistency(client, QUEUE)["leases"], 10)
                 final = keyed_consistency(client, QUEUE)
             alive = sum(1 for w in workers if w.proc is not None and w.proc.poll() is None)
-            logs = [w.log() for w in workers]
-            exits = [
-                log[-1500:] for w, log in zip(workers, logs, strict=True)
-                if w.proc is None or w.proc.poll() is not None
-            ]  # fmt: skip
+            logs = [w.log() for w in workers] + exited_logs
+            exits = [log[-1500:] for log in exited_logs]
             for w in workers:
                 w.stop()
     entries = ledger.entries()
@@ -204,6 +236,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
         "problems_sample": [p for c in checks for p in c][:5],
         "final": final,
         "workers_alive": alive,
+        "worker_restarts": restarts[0] + restarted,
         "lost_state_warnings": sum(log.count("lost its state") for log in logs),
         "tracebacks": sum(log.count("Traceback") for log in logs),
         "exited_worker_log_tail": exits[:1],
@@ -249,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| mode | run | accepted | refused at publish | lost | duplicates "
         "| recovery median / max (s) | not recovered | most of a tenant at once "
-        "| keyed-state problems after failovers | leases held at the end | workers alive "
-        "| 'lost its state' warnings |",
+        "| keyed-state problems after failovers | leases held at the end "
+        "| workers that exited (started again) | 'lost its state' warnings |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode in modes:
@@ -265,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {mode} | {i} | {r['accepted']} | {r['refused']} | {r['lost']} "
                 f"| {r['duplicates']} | {rec} | {r['not_recovered']} | {r['most_at_once']} "
                 f"| {r['problems_after_failovers'] if mode == 'fair' else '-'} "
-                f"| {final.get('leases', '-') if final else '-'} | {r['workers_alive']}/2 "
+                f"| {final.get('leases', '-') if final else '-'} | {r['worker_restarts']} "
                 f"| {r['lost_state_warnings']} |"
             )
     lines.append("")
