@@ -20,7 +20,8 @@ Modes, alternating within each repetition:
 
 Measured per run: tasks the producer had published (accepted) that never
 ran (lost), tasks run twice (late acks: at least once), the time from each
-kill to the first task that starts after it, the most tasks of one tenant at
+kill to the start of the first task published after it (the producer and a
+worker both on the new primary), the most tasks of one tenant at
 once (fair), and after each failover and at the end the keyed state checked
 (no key with messages out of line, running counts equal to leases, no key
 set aside at its limit without the leases to bring it back).
@@ -75,7 +76,8 @@ class Producer(threading.Thread):
             url, {QUEUE: "tenant_id"} if fair else {}, broker_transport_options=options
         )
         self.rate = rate
-        self.accepted: set[str] = set()
+        #: Task id -> when its publish returned (accepted by the broker).
+        self.accepted: dict[str, float] = {}
         self.refused = 0
         self.halt = threading.Event()
 
@@ -88,7 +90,7 @@ class Producer(threading.Thread):
                 self.app.send_task(
                     "ledger", kwargs={"ms": 20, "tenant_id": tenant}, queue=QUEUE, task_id=task_id
                 )
-                self.accepted.add(task_id)
+                self.accepted[task_id] = time.time()
             except Exception:  # noqa: BLE001 - a publish refused during the failover
                 self.refused += 1
             i += 1
@@ -100,6 +102,21 @@ class Producer(threading.Thread):
         self.halt.set()
         self.join(timeout=60)
         self.app.close()
+
+
+class Seen:
+    """The ledger's entries read so far; :meth:`update` reads only the new ones."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.entries: list[Any] = []
+        self.ids: set[str] = set()
+
+    def update(self) -> Seen:
+        new = self.ledger.entries(len(self.entries))
+        self.entries += new
+        self.ids.update(e.id for e in new)
+        return self
 
 
 def _supervise(workers: list[WorkerProcess], count: list[int] | None = None) -> int:
@@ -136,6 +153,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
     exited_logs = EXITED
     ledger = Ledger(ledger_url)
     ledger.reset()
+    seen = Seen(ledger)
     with (
         RedisServer(appendonly=True) as first,
         RedisServer(appendonly=True, replica_of=first.port) as second,
@@ -183,15 +201,21 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     # A worker that exited is started again, as systemd's Restart= or
                     # Kubernetes would; the restarts are counted.
                     restarted += _supervise(workers)
+
+                    # Recovered: a task published after the kill has run (the
+                    # producer and a worker both reach the new primary).  Tasks a
+                    # worker had prefetched before the kill do not count.
+                    def first_new(t: float = killed_at) -> float | None:
+                        late = {i for i, at in list(producer.accepted.items()) if at > t}
+                        starts = [e.started for e in seen.update().entries if e.id in late]
+                        return min(starts) if starts else None
+
                     recovered = _wait(
-                        lambda t=killed_at: (
-                            _supervise(workers, restarts) >= 0
-                            and any(e.started > t for e in ledger.entries())
-                        ),
+                        lambda: _supervise(workers, restarts) >= 0 and first_new() is not None,
                         60,
                     )
-                    later = [e.started for e in ledger.entries() if e.started > killed_at]
-                    recoveries.append(min(later) - killed_at if recovered and later else None)
+                    first = first_new() if recovered else None
+                    recoveries.append(first - killed_at if first is not None else None)
                     primary.start()  # on its data: the sentinel makes it a replica
                     _wait(lambda p=primary: _in_sync(p), 60)
                     if promoted:
@@ -200,12 +224,9 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                             checks.append(keyed_consistency(now.client(), QUEUE)["problems"])
             finally:
                 producer.stop()
-            accepted = producer.accepted
+            accepted = set(producer.accepted)
             _wait(
-                lambda: (
-                    _supervise(workers, restarts) >= 0
-                    and accepted <= {e.id for e in ledger.entries()}
-                ),
+                lambda: _supervise(workers, restarts) >= 0 and accepted <= seen.update().ids,
                 90,
             )
             final: dict[str, Any] = {}

@@ -63,10 +63,10 @@ class Ledger:
         raw = self.client.hgetall("ledger:tenants")
         return {k.decode(): int(v) for k, v in raw.items()}  # type: ignore[union-attr]
 
-    def entries(self) -> list[Entry]:
-        """Every run recorded, in the order they were recorded."""
+    def entries(self, start: int = 0) -> list[Entry]:
+        """Every run recorded (from the ``start``-th on), in the order they were recorded."""
         out = []
-        for raw in self.client.lrange("ledger", 0, -1):
+        for raw in self.client.lrange("ledger", start, -1):
             e: dict[str, Any] = json.loads(raw)
             out.append(
                 Entry(

