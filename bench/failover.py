@@ -206,7 +206,8 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     # producer and a worker both reach the new primary).  Tasks a
                     # worker had prefetched before the kill do not count.
                     def first_new(t: float = killed_at) -> float | None:
-                        late = {i for i, at in list(producer.accepted.items()) if at > t}
+                        # A copy: the producer's thread adds to it (dict.copy holds the GIL).
+                        late = {i for i, at in producer.accepted.copy().items() if at > t}
                         starts = [e.started for e in seen.update().entries if e.id in late]
                         return min(starts) if starts else None
 
@@ -222,6 +223,10 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                         now = _current(servers, sentinel)
                         if fair and now is not None:
                             checks.append(keyed_consistency(now.client(), QUEUE)["problems"])
+            except BaseException:
+                for w in workers:  # a failed run leaves no worker behind
+                    w.stop(timeout=10)
+                raise
             finally:
                 producer.stop()
             accepted = set(producer.accepted)
