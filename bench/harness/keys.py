@@ -114,7 +114,9 @@ def keyed_consistency(client: Any, queue: str, sep: str = "\x06\x16") -> dict[st
     * a key set aside at its concurrency limit has that many leases, or it
       would never be put back in line.
 
-    Reads with SCAN: for tests and benchmarks, not for a loaded production Redis.
+    The key lists are found with SCAN, then everything is read in one
+    transaction: a consistent snapshot even under load.  For tests and
+    benchmarks, not for a loaded production Redis.
     """
     from celery_fair.keys.layout import KeyedNames
 
@@ -124,20 +126,31 @@ def keyed_consistency(client: Any, queue: str, sep: str = "\x06\x16") -> dict[st
         return value.decode() if isinstance(value, bytes) else str(value)
 
     prefix = names.key_list("")
-    waiting: dict[str, int] = {}
-    for raw in client.scan_iter(match=prefix + "*", count=1000):
-        key = text(raw)[len(prefix) :]
-        if sep not in key:  # a two-level key's user lists are not checked here
-            waiting[key] = int(client.llen(raw))
-    in_line = {text(k) for k in client.zrange(names.active, 0, -1)}
-    aside = {text(k) for k in client.smembers(names.at_limit)}
-    sleeping = {text(k) for k in client.zrange(names.sleep, 0, -1)}
-    paused = {text(k) for k in client.smembers(names.paused)}
-    lease_keys = {text(t): text(k) for t, k in client.hgetall(names.lease_keys).items()}
-    expiries = {text(t) for t in client.zrange(names.leases, 0, -1)}
-    running = {text(k): int(v) for k, v in client.hgetall(names.running).items()}
-    limits = {text(f): text(v) for f, v in client.hgetall(names.limits_conf).items()}
-    limits.update({text(f): text(v) for f, v in client.hgetall(names.limits_live).items()})
+    lists = [
+        raw for raw in client.scan_iter(match=prefix + "*", count=1000)
+        if sep not in text(raw)[len(prefix) :]  # a two-level key's user lists: not checked
+    ]  # fmt: skip
+    # One snapshot (MULTI/EXEC runs between two scripts): read one by one under
+    # load, a fetch or a release would fall between the reads.
+    pipe = client.pipeline(transaction=True)
+    for raw in lists:
+        pipe.llen(raw)
+    pipe.zrange(names.active, 0, -1).smembers(names.at_limit).zrange(names.sleep, 0, -1)
+    pipe.smembers(names.paused).hgetall(names.lease_keys).zrange(names.leases, 0, -1)
+    pipe.hgetall(names.running).hgetall(names.limits_conf).hgetall(names.limits_live)
+    *lengths, active, at_limit, sleep, paused_, leased, expiring, counts, conf, live = (
+        pipe.execute()
+    )
+    waiting = {text(raw)[len(prefix) :]: int(n) for raw, n in zip(lists, lengths, strict=True)}
+    in_line = {text(k) for k in active}
+    aside = {text(k) for k in at_limit}
+    sleeping = {text(k) for k in sleep}
+    paused = {text(k) for k in paused_}
+    lease_keys = {text(t): text(k) for t, k in leased.items()}
+    expiries = {text(t) for t in expiring}
+    running = {text(k): int(v) for k, v in counts.items()}
+    limits = {text(f): text(v) for f, v in conf.items()}
+    limits.update({text(f): text(v) for f, v in live.items()})
     problems: list[str] = []
     for key, n in sorted(waiting.items()):
         if n and key not in in_line | aside | sleeping | paused:
