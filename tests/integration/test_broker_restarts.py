@@ -79,7 +79,11 @@ def test_after_a_restart_with_aof_every_task_runs_and_nothing_is_stranded(
     entries = ledger.entries()
     most = most_at_once(entries)
     assert set(most) == set(KEYS) and max(most.values()) == 1, most
-    assert "Traceback" not in log.split("Connection to broker lost")[0], log[-4000:]
+    # Kombu may log a late ack that failed while the broker was away (with its
+    # traceback); nothing may stop the worker, and celery-fair logs no error.
+    assert "Unrecoverable error" not in log and "ERROR/MainProcess] celery-fair" not in log, (
+        log[-4000:]
+    )
     # Each connection says what it found: at start, and again after the restart.
     assert f"keyed queue '{QUEUE}' found again on the broker" in log, log[-4000:]
     assert "lost its state" not in log, log[-4000:]
