@@ -81,9 +81,9 @@ def test_after_a_restart_with_aof_every_task_runs_and_nothing_is_stranded(
     assert set(most) == set(KEYS) and max(most.values()) == 1, most
     # Kombu may log a late ack that failed while the broker was away (with its
     # traceback); nothing may stop the worker, and celery-fair logs no error.
-    assert "Unrecoverable error" not in log and "ERROR/MainProcess] celery-fair" not in log, (
-        log[-4000:]
-    )
+    assert "Unrecoverable error" not in log and "ERROR/MainProcess] celery-fair" not in log, log[
+        -4000:
+    ]
     # Each connection says what it found: at start, and again after the restart.
     assert f"keyed queue '{QUEUE}' found again on the broker" in log, log[-4000:]
     assert "lost its state" not in log, log[-4000:]
