@@ -242,7 +242,8 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                 final = keyed_consistency(client, QUEUE)
             alive = sum(1 for w in workers if w.proc is not None and w.proc.poll() is None)
             logs = [w.log() for w in workers] + exited_logs
-            exits = [log[-1500:] for log in exited_logs]
+            # Why each worker exited: its log's last line (the exception), no paths.
+            exits = sorted({log.strip().splitlines()[-1] for log in exited_logs if log.strip()})
             for w in workers:
                 w.stop()
     entries = ledger.entries()
@@ -265,7 +266,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
         "worker_restarts": restarts[0] + restarted,
         "lost_state_warnings": sum(log.count("lost its state") for log in logs),
         "tracebacks": sum(log.count("Traceback") for log in logs),
-        "exited_worker_log_tail": exits[:1],
+        "exit_reasons": exits,
     }
 
 
