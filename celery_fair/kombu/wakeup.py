@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .. import compat
 
 __all__ = ("INVALIDATE_CHANNEL", "InvalidationListener")
@@ -39,6 +41,9 @@ INVALIDATE_CHANNEL = "__redis__:invalidate"
 
 #: How often the listener checks whether it should stop (seconds).
 STOP_CHECK = 1.0
+#: Seconds between attempts when the server refuses the subscription (an ACL
+#: without the channel): the fetch polls meanwhile; an ACL changed later is found.
+REFUSED_RETRY = 60.0
 
 
 class InvalidationListener:
@@ -67,6 +72,8 @@ class InvalidationListener:
         self.generation = 0
         self.invalidations = 0
         self.reconnects = 0
+        #: The server refused ``CLIENT ID`` or ``SUBSCRIBE`` (said once, retried slowly).
+        self.refused = False
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._conn: Any = None
@@ -101,7 +108,7 @@ class InvalidationListener:
                 self._conn, self.client_id = conn, client_id
                 self.generation += 1
                 self._ready.set()
-                backoff = 0.1
+                backoff, self.refused = 0.1, False
                 # Whatever the fetch connection was told before is lost with
                 # the old listener: let it look again, and redirect anew.
                 self.on_invalidate()
@@ -110,6 +117,17 @@ class InvalidationListener:
                         conn.read_response()
                         self.invalidations += 1
                         self.on_invalidate()
+            except ResponseError as exc:
+                # An ACL refused the command (NoPermissionError is a ResponseError):
+                # said once; the fetch polls; retried slowly, quietly.
+                if not self.refused and not self._stopping():
+                    logger.warning(
+                        "celery-fair: Redis refused the invalidation listener (%s); idle "
+                        "fetches poll instead (allow the channel %s to wake them at once)",
+                        exc, INVALIDATE_CHANNEL,
+                    )  # fmt: skip
+                self.refused = True
+                backoff = REFUSED_RETRY / 2  # doubled below, capped at REFUSED_RETRY
             except Exception as exc:  # noqa: BLE001 - reconnect whatever it was
                 if not self._stopping():
                     self.reconnects += 1
@@ -124,4 +142,4 @@ class InvalidationListener:
                     conn.disconnect()
                 self._ready.set()
             self._stop.wait(backoff)
-            backoff = min(2 * backoff, 2.0)
+            backoff = min(2 * backoff, REFUSED_RETRY if self.refused else 2.0)

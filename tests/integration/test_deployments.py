@@ -48,6 +48,8 @@ def _server(case: str, certs: Certificates) -> RedisServer:
         return RedisServer(tls=certs, client_certs=True, password="s3cret")
     if case == "acl-no-tracking":  # a provider that refuses client-side tracking
         return RedisServer(users=[APP_ACL + " -client|tracking", "default off"])
+    if case == "acl-no-invalidations":  # Kombu's PSUBSCRIBE, but no SUBSCRIBE
+        return RedisServer(users=[APP_ACL + " -subscribe", "default off"])
     return RedisServer(users=[APP_ACL, "default off"])  # the ACL user only
 
 
@@ -58,6 +60,7 @@ CASES = [
     "tls+client-cert",
     pytest.param("acl-user", marks=pytest.mark.deployment),
     pytest.param("acl-no-tracking", marks=pytest.mark.deployment),
+    pytest.param("acl-no-invalidations", marks=pytest.mark.deployment),
 ]
 
 
@@ -110,8 +113,10 @@ def test_shares_keys_and_limits_through_every_connection(broker: dict[str, Any])
         log = worker.log()
     assert "CRITICAL" not in log and "Traceback" not in log, log[-4000:]
     refused = log.count("refused client tracking")
+    unsubscribed = log.count("refused the invalidation listener")
     # Refused: the fallback (polling) is said once, and the rest holds.
     assert refused == (1 if broker["case"] == "acl-no-tracking" else 0), log[-4000:]
+    assert unsubscribed == (1 if broker["case"] == "acl-no-invalidations" else 0), log[-4000:]
     entries = sorted(ledger.entries(), key=lambda e: e.started)
     assert len({e.id for e in entries}) == total  # every task once
     # Shares while both plain queues were backlogged: the first 100 of theirs.
