@@ -41,7 +41,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from bench.harness.harness import WorkerProcess
+from bench.harness.harness import WorkerProcess, poll_until
 from bench.harness.keys import keyed_app, keyed_consistency, most_at_once
 from bench.harness.redis import RedisSentinel, RedisServer
 from bench.showcase.ledger import Ledger
@@ -55,15 +55,6 @@ MODES = ("plain", "fair")
 MASTER = "fair-master"
 #: The logs of workers that exited during the current run.
 EXITED: list[str] = []
-
-
-def _wait(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 class Producer(threading.Thread):
@@ -159,10 +150,10 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
         RedisServer(appendonly=True, replica_of=first.port) as second,
     ):
         servers = {first.port: first, second.port: second}
-        assert _wait(lambda: _in_sync(second), 30), "the replica did not sync"
+        assert poll_until(lambda: _in_sync(second), 30), "the replica did not sync"
         with RedisSentinel(first, master_name=MASTER, down_after_ms=1000) as sentinel:
             # The sentinel must know the replica before the first failover.
-            assert _wait(
+            assert poll_until(
                 lambda: bool(sentinel_client(sentinel).sentinel_slaves(MASTER)),
                 30,
             ), "the sentinel found no replica"
@@ -195,7 +186,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     assert primary is not None, "the sentinel names no known primary"
                     killed_at = time.time()
                     primary.stop(kill=True)
-                    promoted = _wait(
+                    promoted = poll_until(
                         lambda p=primary: _current(servers, sentinel) not in (None, p), 30
                     )
                     # A worker that exited is started again, as systemd's Restart= or
@@ -211,14 +202,14 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                         starts = [e.started for e in seen.update().entries if e.id in late]
                         return min(starts) if starts else None
 
-                    recovered = _wait(
+                    recovered = poll_until(
                         lambda: _supervise(workers, restarts) >= 0 and first_new() is not None,
                         60,
                     )
                     first = first_new() if recovered else None
                     recoveries.append(first - killed_at if first is not None else None)
                     primary.start()  # on its data: the sentinel makes it a replica
-                    _wait(lambda p=primary: _in_sync(p), 60)
+                    poll_until(lambda p=primary: _in_sync(p), 60)
                     if promoted:
                         now = _current(servers, sentinel)
                         if fair and now is not None:
@@ -230,7 +221,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
             finally:
                 producer.stop()
             accepted = set(producer.accepted)
-            _wait(
+            poll_until(
                 lambda: _supervise(workers, restarts) >= 0 and accepted <= seen.update().ids,
                 90,
             )
@@ -238,7 +229,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
             current = _current(servers, sentinel)
             if fair and current is not None:
                 client = current.client()
-                _wait(lambda: not keyed_consistency(client, QUEUE)["leases"], 10)
+                poll_until(lambda: not keyed_consistency(client, QUEUE)["leases"], 10)
                 final = keyed_consistency(client, QUEUE)
             alive = sum(1 for w in workers if w.proc is not None and w.proc.poll() is None)
             logs = [w.log() for w in workers] + exited_logs

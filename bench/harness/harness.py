@@ -23,9 +23,19 @@ from pathlib import Path
 
 from .brokers import broker_for
 
-__all__ = ("RunResult", "WorkerProcess", "fill_queues", "run_backlogged")
+__all__ = ("RunResult", "WorkerProcess", "fill_queues", "poll_until", "run_backlogged")
 
 WORKLOAD = "bench.harness.workload"
+
+
+def poll_until(condition: Callable[[], object], timeout: float, every: float = 0.05) -> bool:
+    """Poll ``condition`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def fill_queues(

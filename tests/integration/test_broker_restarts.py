@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.harness import WorkerProcess
+from bench.harness.harness import WorkerProcess, poll_until
 from bench.harness.keys import keyed_app, keyed_consistency, most_at_once, publish_by_key
 from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
@@ -39,13 +39,16 @@ ENV = {
 }
 
 
-def _wait(condition: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+def _settled(client: Any) -> dict[str, Any]:
+    """The keyed queue's state once consistent with no lease held (asserted, 30 s at most)."""
+    state: dict[str, Any] = {}
+
+    def settled() -> bool:
+        state.update(keyed_consistency(client, QUEUE))
+        return not state["problems"] and state["leases"] == 0
+
+    assert poll_until(settled, 30), state
+    return state
 
 
 def test_after_a_restart_with_aof_every_task_runs_and_nothing_is_stranded(
@@ -61,17 +64,10 @@ def test_after_a_restart_with_aof_every_task_runs_and_nothing_is_stranded(
             broker.restart(kill=True)  # SIGKILL: what was fsynced is what comes back
             publish_by_key(producer, QUEUE, dict.fromkeys(KEYS, 3), ms=100)
             # 60 tasks, some run twice (at least once: a task running at the kill).
-            assert _wait(lambda: len({e.id for e in ledger.entries()}) >= 60, 120), worker.log()[
-                -4000:
-            ]
+            ran = lambda: len({e.id for e in ledger.entries()}) >= 60  # noqa: E731
+            assert poll_until(ran, 120), worker.log()[-4000:]
             client = broker.client()
-            state: dict[str, Any] = {}
-
-            def settled() -> bool:
-                state.update(keyed_consistency(client, QUEUE))
-                return not state["problems"] and state["leases"] == 0
-
-            assert _wait(settled, 30), state
+            state = _settled(client)
             assert state["waiting"] == 0 and state["running"] == 0, state
             assert worker.proc is not None and worker.proc.poll() is None
             log = worker.log()
@@ -100,20 +96,14 @@ def test_after_a_restart_that_lost_the_data_the_worker_says_so_and_goes_on(
         with WorkerProcess(broker.url, [QUEUE], concurrency=4, env=env) as worker:
             assert ledger.wait_for(8, timeout=60, alive=[worker]), worker.log()[-4000:]
             broker.restart(kill=True)
-            assert _wait(lambda: "lost its state" in worker.log(), 60), worker.log()[-4000:]
+            assert poll_until(lambda: "lost its state" in worker.log(), 60), worker.log()[-4000:]
             before = {e.id for e in ledger.entries()}
             publish_by_key(producer, QUEUE, dict.fromkeys(KEYS, 5), ms=100)
-            assert _wait(lambda: len({e.id for e in ledger.entries()} - before) >= 20, 60), (
+            assert poll_until(lambda: len({e.id for e in ledger.entries()} - before) >= 20, 60), (
                 worker.log()[-4000:]
             )
             client = broker.client()
-            state: dict[str, Any] = {}
-
-            def settled() -> bool:
-                state.update(keyed_consistency(client, QUEUE))
-                return not state["problems"] and state["leases"] == 0
-
-            assert _wait(settled, 30), state
+            _settled(client)
             # Idle now: a worker that spins would send thousands of commands.
             client.config_resetstat()
             time.sleep(3)  # a measuring window, not a wait for a condition
