@@ -53,8 +53,6 @@ TENANTS = [f"t{i}" for i in range(20)]
 LIMIT = 2
 MODES = ("plain", "fair")
 MASTER = "fair-master"
-#: The logs of workers that exited during the current run.
-EXITED: list[str] = []
 
 
 class Producer(threading.Thread):
@@ -110,19 +108,23 @@ class Seen:
         return self
 
 
-def _supervise(workers: list[WorkerProcess], count: list[int] | None = None) -> int:
-    """Start again each worker that exited (its log kept in ``EXITED``); how many."""
-    n = 0
-    for i, worker in enumerate(workers):
-        if worker.proc is not None and worker.proc.poll() is not None:
-            EXITED.append(worker.log())
-            workers[i] = WorkerProcess(
-                worker.broker_url, worker.queues, fair=worker.fair, env=worker.env
-            ).start()
-            n += 1
-    if count is not None:
-        count[0] += n
-    return n
+class Supervisor:
+    """Starts again each worker that exits, as systemd's ``Restart=`` or Kubernetes
+    would; keeps the exited workers' logs and counts the restarts."""
+
+    def __init__(self, workers: list[WorkerProcess]) -> None:
+        self.workers = workers
+        self.exited_logs: list[str] = []
+
+    def check(self) -> bool:
+        """Restart the workers that exited; always True (for use inside a poll)."""
+        for i, worker in enumerate(self.workers):
+            if worker.proc is not None and worker.proc.poll() is not None:
+                self.exited_logs.append(worker.log())
+                self.workers[i] = WorkerProcess(
+                    worker.broker_url, worker.queues, fair=worker.fair, env=worker.env
+                ).start()
+        return True
 
 
 def _current(servers: dict[int, RedisServer], sentinel: RedisSentinel) -> RedisServer | None:
@@ -140,8 +142,6 @@ def _in_sync(server: RedisServer) -> bool:
 
 def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str, Any]:
     fair = mode == "fair"
-    EXITED.clear()
-    exited_logs = EXITED
     ledger = Ledger(ledger_url)
     ledger.reset()
     seen = Seen(ledger)
@@ -154,7 +154,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
         with RedisSentinel(first, master_name=MASTER, down_after_ms=1000) as sentinel:
             # The sentinel must know the replica before the first failover.
             assert poll_until(
-                lambda: bool(sentinel_client(sentinel).sentinel_slaves(MASTER)),
+                lambda: bool(sentinel.client().sentinel_slaves(MASTER)),
                 30,
             ), "the sentinel found no replica"
             env = {
@@ -169,13 +169,12 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     "CELERY_FAIR_KEY_CONCURRENCY": f"*={LIMIT}",
                     "CELERY_FAIR_KEY_LEASE_TTL": "120",
                 }
-            workers = [
-                WorkerProcess(sentinel.url, [QUEUE], fair=fair, env=env).start() for _ in range(2)
-            ]
+            supervisor = Supervisor(
+                [WorkerProcess(sentinel.url, [QUEUE], fair=fair, env=env).start() for _ in range(2)]
+            )
+            workers = supervisor.workers
             producer = Producer(sentinel.url, fair, rate)
             recoveries: list[float | None] = []
-            restarts: list[int] = [0]
-            restarted = 0
             checks: list[list[str]] = []
             producer.start()
             try:
@@ -189,9 +188,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                     promoted = poll_until(
                         lambda p=primary: _current(servers, sentinel) not in (None, p), 30
                     )
-                    # A worker that exited is started again, as systemd's Restart= or
-                    # Kubernetes would; the restarts are counted.
-                    restarted += _supervise(workers)
+                    supervisor.check()
 
                     # Recovered: a task published after the kill has run (the
                     # producer and a worker both reach the new primary).  Tasks a
@@ -203,7 +200,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                         return min(starts) if starts else None
 
                     recovered = poll_until(
-                        lambda: _supervise(workers, restarts) >= 0 and first_new() is not None,
+                        lambda: supervisor.check() and first_new() is not None,
                         60,
                     )
                     first = first_new() if recovered else None
@@ -222,7 +219,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                 producer.stop()
             accepted = set(producer.accepted)
             poll_until(
-                lambda: _supervise(workers, restarts) >= 0 and accepted <= seen.update().ids,
+                lambda: supervisor.check() and accepted <= seen.update().ids,
                 90,
             )
             final: dict[str, Any] = {}
@@ -232,6 +229,7 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
                 poll_until(lambda: not keyed_consistency(client, QUEUE)["leases"], 10)
                 final = keyed_consistency(client, QUEUE)
             alive = sum(1 for w in workers if w.proc is not None and w.proc.poll() is None)
+            exited_logs = supervisor.exited_logs
             logs = [w.log() for w in workers] + exited_logs
             # Why each worker exited: its log's last line (the exception), no paths.
             exits = sorted({log.strip().splitlines()[-1] for log in exited_logs if log.strip()})
@@ -254,17 +252,11 @@ def one_run(mode: str, failovers: int, rate: float, ledger_url: str) -> dict[str
         "problems_sample": [p for c in checks for p in c][:5],
         "final": final,
         "workers_alive": alive,
-        "worker_restarts": restarts[0] + restarted,
+        "worker_restarts": len(exited_logs),
         "lost_state_warnings": sum(log.count("lost its state") for log in logs),
         "tracebacks": sum(log.count("Traceback") for log in logs),
         "exit_reasons": exits,
     }
-
-
-def sentinel_client(sentinel: RedisSentinel) -> Any:
-    import redis
-
-    return redis.Redis(port=sentinel.port)
 
 
 def main(argv: list[str] | None = None) -> int:

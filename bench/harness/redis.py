@@ -323,12 +323,18 @@ class RedisSentinel:
         self.stop()
         raise RuntimeError(f"the sentinel did not report its master in {timeout}s")
 
+    def client(self) -> Any:
+        """A redis-py client of the sentinel itself (``SENTINEL ...`` commands)."""
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=1.0)
+
     def master_port(self) -> int | None:
         """The port of the master the sentinel names now (None: it does not answer)."""
         import redis
 
         try:
-            with redis.Redis(port=self.port, socket_timeout=1.0) as client:
+            with self.client() as client:
                 found = client.sentinel_get_master_addr_by_name(self.master_name)
         except redis.RedisError:
             return None
