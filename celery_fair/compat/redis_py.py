@@ -19,10 +19,11 @@ def plain_connection(pool: Any) -> Any:
     ``connection_kwargs`` (Sentinel pools put themselves there, so it reaches
     the current master).  RESP2 because a RESP3 connection receives
     invalidations as push messages that redis-py's parsers route elsewhere.
+    Never of Kombu's own connection class (see :func:`_outside_kombu`).
     """
     # redis-py 8's maintenance notifications need RESP3: not for this connection.
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if not k.startswith("maint_")}
-    cls = pool.connection_class
+    cls = _outside_kombu(pool.connection_class)
     master = getattr(pool, "get_master_address", None)
     if callable(master):
         # A Sentinel pool: how its own connections learn the master's address
@@ -38,3 +39,20 @@ def plain_connection(pool: Any) -> Any:
     if "protocol" in kwargs or _names_parameter(cls, "protocol"):  # redis-py >= 5
         kwargs["protocol"] = 2
     return cls(**kwargs)
+
+
+def _outside_kombu(cls: type) -> type:
+    """The nearest class of ``cls``'s lineage that is not Kombu's.
+
+    Kombu's channel gives the pool of its event-loop client a subclass whose
+    ``disconnect()`` tells the channel: Kombu before 5.7 then clears the
+    channel's in-flight fetch and takes its poller off the worker's event
+    loop for good (``Transport.register_with_event_loop``, ``_on_disconnect``
+    removes ``on_poll_start`` from ``loop.on_tick``).  A connection of
+    celery-fair's own that closes (a listener refused by an ACL, or one that
+    reconnects) must not stop the worker's consuming.
+    """
+    for base in cls.__mro__:
+        if not base.__module__.startswith("kombu."):
+            return base
+    return cls

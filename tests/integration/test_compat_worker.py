@@ -76,6 +76,35 @@ def test_the_atomic_fetch_works_through_sentinel(
     assert "celery-fair: DWRR fetch order" in log
 
 
+def test_a_listener_connection_closed_by_the_server_does_not_stop_the_fetch(
+    redis_url: str,
+) -> None:
+    # A proxy or an operator (CLIENT KILL) closes the invalidation listener's
+    # connection. It reconnects on its own; the fetch goes on meanwhile. With
+    # Kombu < 5.7, a connection of Kombu's own class closing took the Redis
+    # poll off the worker's event loop: the worker stayed up and fetched nothing.
+    client = redis_lib.Redis.from_url(redis_url)
+    filled = dict.fromkeys(WEIGHTS, 1500)
+    fill_queues(redis_url, filled, task="work")
+    with WorkerProcess(
+        redis_url, list(WEIGHTS), extra_args=["--fair-weights", WEIGHT_ARG]
+    ) as worker:
+        consume(worker, client, filled, 200)
+        listeners = [c for c in client.client_list() if int(c.get("sub", 0)) > 0]
+        assert len(listeners) == 1, listeners  # the invalidation listener, subscribed
+        client.client_kill_filter(_id=listeners[0]["id"])
+        before = consume(worker, client, filled, 0)
+        after = consume(worker, client, filled, sum(before.values()) + 1200)
+        served = {q: after[q] - before[q] for q in WEIGHTS}
+        # Idle, then new work: the listener is back and wakes the fetch.
+        consume(worker, client, filled, sum(filled.values()))
+        fill_queues(redis_url, {"ca": 20}, task="work")
+        consume(worker, client, {"ca": 20}, 20)
+        log = worker.log()
+    assert served["cb"] / sum(served.values()) == pytest.approx(0.75, abs=0.03), served
+    assert log.count("invalidation listener lost its connection") == 1, log[-3000:]
+
+
 def test_a_changed_fetch_signature_falls_back_to_kombus_fetch_and_keeps_the_shares(
     redis_url: str,
 ) -> None:

@@ -371,3 +371,34 @@ def test_hard_timeouts_are_followed_only_where_celery_sends_no_task_failure() ->
     sends = "task_failure" in Request.on_timeout.__code__.co_names  # Celery >= 5.7
     assert compat.can_follow_hard_timeouts(probe) is not sends
     assert probe.missing == {}
+
+
+class _PoolLike:
+    """A redis-py pool's public parts, as :func:`compat.plain_connection` reads them."""
+
+    def __init__(self, connection_class: type) -> None:
+        self.connection_class = connection_class
+        self.connection_kwargs = {"host": "127.0.0.1", "port": 6379, "db": 0}
+
+
+def test_a_listener_connection_is_never_of_kombus_class_that_tells_its_poller() -> None:
+    import redis
+
+    disconnects: list[Any] = []
+
+    class KombuAsyncConnection(redis.Connection):  # as Kombu's _connparams defines it
+        def disconnect(self, *args: Any) -> None:
+            super().disconnect(*args)
+            disconnects.append(self)  # Kombu < 5.7: takes its poll off the loop
+
+    KombuAsyncConnection.__module__ = "kombu.transport.redis"
+    conn = compat.plain_connection(_PoolLike(KombuAsyncConnection))
+    assert type(conn) is redis.Connection
+    conn.disconnect()
+    assert disconnects == []
+
+    class UserConnection(redis.Connection):  # a user's own class is kept
+        pass
+
+    assert type(compat.plain_connection(_PoolLike(UserConnection))) is UserConnection
+
