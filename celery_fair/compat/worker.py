@@ -107,6 +107,26 @@ def delivery_tag(request: Any) -> Any:
     return getattr(message, "delivery_tag", None)
 
 
+#: The first Celery whose prefork pool reports the tasks that were running when
+#: the broker connection was lost (celery#8541, fixed in 5.6.3).
+POOL_REPORTS_RUNNING_FROM = (5, 6, 3)
+
+
+def pool_forgets_running_tasks(pool: Any) -> bool:
+    """Whether the pool never reports the finish of tasks running at a connection loss.
+
+    Celery's prefork pool before 5.6.3: at every connection loss the consumer
+    calls ``AsynPool.flush``, which clears the pool's job cache when no write
+    is under way; the results that come afterwards find no job, and no
+    request's ``on_success``/``on_failure`` runs (celery#8541).
+    """
+    if type(pool).__module__ != "celery.concurrency.prefork":
+        return False
+    from celery import VERSION
+
+    return tuple(VERSION[:3]) < POOL_REPORTS_RUNNING_FROM
+
+
 def runs_inline(pool: Any) -> bool:
     """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
     return type(pool).__module__ == "celery.concurrency.solo"

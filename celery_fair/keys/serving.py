@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 COUNTED_KEYS = 1024
 
 _RUNNING, _FINISHED, _SETTLED = "running", "finished", "settled"
+_UNKNOWN: tuple[str | None, str | None] = (None, None)
 
 #: Corrections kept while no fetch runs to carry them (oldest dropped first).
 MAX_PENDING_CHARGES = 10_000
@@ -122,7 +123,8 @@ class KeyedServing:
         #: under them): sent again at the next connection (``resend_releases``).
         self._unsent: list[tuple[str, str]] = []
         self.released = self.release_errors = 0
-        self._tags: dict[Any, str] = {}
+        #: Delivery tag -> (what happened first, its queue), from dispatch to finish.
+        self._tags: dict[Any, tuple[str, str | None]] = {}
         #: Pool slots of this worker: limited tasks fetched and not finished stay
         #: below, plus one while the queue's tasks are short (:data:`LOOKAHEAD_BELOW`).
         self.slots = max(1, slots)
@@ -189,11 +191,11 @@ class KeyedServing:
     # So: the slot is freed at completion, or at an ack of a task never
     # dispatched; ``_tags`` remembers which of the two happened first.
 
-    def lease_dispatched(self, delivery_tag: Any) -> None:
-        """A task of a limited key was handed to the pool."""
+    def lease_dispatched(self, queue: str | None, delivery_tag: Any) -> None:
+        """A task of ``queue`` (a limited key's) was handed to the pool."""
         if self.limited and delivery_tag:
             with self._lock:
-                self._tags[delivery_tag] = _RUNNING
+                self._tags[delivery_tag] = (_RUNNING, queue)
 
     def lease_finished(
         self, queue: str | None, delivery_tag: Any, runtime: float | None = None
@@ -204,9 +206,9 @@ class KeyedServing:
         with self._lock:
             if runtime is not None and queue in self.queues:
                 self._runtimes.setdefault(queue, Ewma()).update(max(0.0, runtime))
-            state = self._tags.pop(delivery_tag, None)
+            state, _ = self._tags.pop(delivery_tag, _UNKNOWN)
             if state == _RUNNING:
-                self._tags[delivery_tag] = _FINISHED  # its ack is still to come
+                self._tags[delivery_tag] = (_FINISHED, queue)  # its ack is still to come
         self.release(queue, delivery_tag)
 
     def lease_settled(self, queue: str | None, delivery_tag: Any) -> None:
@@ -214,9 +216,9 @@ class KeyedServing:
         if not self.limited or not delivery_tag:
             return
         with self._lock:
-            state = self._tags.pop(delivery_tag, None)
+            state, _ = self._tags.pop(delivery_tag, _UNKNOWN)
             if state == _RUNNING:
-                self._tags[delivery_tag] = _SETTLED  # it runs: freed when it finishes
+                self._tags[delivery_tag] = (_SETTLED, queue)  # it runs: freed when it finishes
                 return
         if state is None:
             self.release(queue, delivery_tag)
@@ -333,18 +335,30 @@ class KeyedServing:
         mean = None if estimate is None else estimate.value
         return self.slots + 1 if mean is not None and mean < LOOKAHEAD_BELOW else self.slots
 
-    def reset(self) -> None:
+    def reset(self, running_unreported: bool = False) -> int:
         """A new channel: the previous one's messages went back to the broker.
 
         Releases carried by a fetch whose reply never came, or still waiting
-        for a fetch, go to :meth:`resend_releases`.
+        for a fetch, go to :meth:`resend_releases`.  ``running_unreported``:
+        the pool will not report the finish of the tasks running now (see
+        :func:`celery_fair.compat.pool_forgets_running_tasks`), so their slots
+        go with those releases, rather than stay held until their leases
+        expire.  Returns how many such running tasks there were.
         """
         with self._lock:
             self._in_flight.clear()
+            running = [
+                (queue, str(tag))
+                for tag, (state, queue) in self._tags.items()
+                if state != _FINISHED and queue is not None and queue in self.queues
+            ]
             self._tags.clear()
             self._unsent.extend(self._carried + self._releases)
+            if running_unreported:
+                self._unsent.extend(running)
             self._carried, self._releases = [], []
             del self._unsent[:-MAX_UNSENT_RELEASES]
+        return len(running) if running_unreported else 0
 
     def served(self, queue: str, key: str) -> None:
         """The fetch served ``key`` of ``queue``."""

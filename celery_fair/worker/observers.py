@@ -125,7 +125,7 @@ class KeyLeases(TaskObserver):
 
     def before(self, task: DispatchedTask) -> None:
         task.tag = compat.delivery_tag(task.request)
-        self.keyed.lease_dispatched(task.tag)
+        self.keyed.lease_dispatched(task.queue, task.tag)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
         self.keyed.lease_finished(task.queue, task.tag, runtime)

@@ -75,6 +75,9 @@ class FairService:
         self.gate: FairGate | None = None
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
+        #: The pool never reports tasks running at a connection loss (set at start,
+        #: see :func:`celery_fair.compat.pool_forgets_running_tasks`).
+        self.pool_forgets_running = False
         self.attachment = Attachment()
         self.tracker = TaskTracker(self, hostname=hostname)
         codel = settings.codel_options
@@ -149,7 +152,16 @@ class FairService:
         attachment = self.attachment
         attachment.channel = channel
         if attachment.keyed is not None:
-            attachment.keyed.reset()
+            unreported = attachment.keyed.reset(running_unreported=self.pool_forgets_running)
+            if unreported:
+                logger.warning(
+                    "celery-fair: %d task(s) of limited keys were running when the broker "
+                    "connection was lost, and this Celery's prefork pool will not report "
+                    "their finish (fixed in Celery 5.6.3); their key slots are freed now "
+                    "rather than when their leases expire, so those keys may run over "
+                    "their limits until these tasks end",
+                    unreported,
+                )
         if self.settings.atomic_fetch and compat.is_redis_channel(channel):
             self.keys.adopt_backlogs(channel, [q.name for q in queues])
         attachment.cycle = cycle = install_on_channel(

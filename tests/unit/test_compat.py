@@ -402,3 +402,16 @@ def test_a_listener_connection_is_never_of_kombus_class_that_tells_its_poller() 
 
     assert type(compat.plain_connection(_PoolLike(UserConnection))) is UserConnection
 
+
+def test_prefork_before_celery_5_6_3_forgets_the_tasks_running_at_a_connection_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import celery
+
+    prefork = type("TaskPool", (), {"__module__": "celery.concurrency.prefork"})()
+    threads = type("TaskPool", (), {"__module__": "celery.concurrency.thread"})()
+    monkeypatch.setattr(celery, "VERSION", (5, 3, 6, "", ""))
+    assert compat.pool_forgets_running_tasks(prefork)
+    assert not compat.pool_forgets_running_tasks(threads)
+    monkeypatch.setattr(celery, "VERSION", (5, 6, 3, "", ""))
+    assert not compat.pool_forgets_running_tasks(prefork)

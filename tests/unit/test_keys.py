@@ -292,7 +292,7 @@ def _limited(sent: list[tuple[str, str]], wakes: list[bool] | None = None) -> Ke
 def test_a_slot_is_freed_when_the_task_finishes_not_at_an_early_ack() -> None:
     sent: list[tuple[str, str]] = []
     serving = _limited(sent)
-    serving.lease_dispatched("t1")
+    serving.lease_dispatched("jobs", "t1")
     serving.lease_settled("jobs", "t1")  # early ack: the pool accepted it, it still runs
     assert sent == []
     serving.lease_finished("jobs", "t1")
@@ -303,7 +303,7 @@ def test_a_slot_is_freed_when_the_task_finishes_not_at_an_early_ack() -> None:
 def test_a_late_ack_after_the_finish_does_not_release_twice() -> None:
     sent: list[tuple[str, str]] = []
     serving = _limited(sent)
-    serving.lease_dispatched("t1")
+    serving.lease_dispatched("jobs", "t1")
     serving.lease_finished("jobs", "t1")
     serving.lease_settled("jobs", "t1")  # acks_late: the ack follows the finish
     assert sent == [("jobs", "t1")] and serving._tags == {}
@@ -325,7 +325,7 @@ def test_a_full_worker_wakes_its_fetch_with_the_release_in_one_round_trip() -> N
     serving.on_room = lambda: rooms.append(1)
     serving.served("jobs", "k")  # one pool slot (slots=1): now full
     assert not serving.has_room("jobs")
-    serving.lease_dispatched("t1")
+    serving.lease_dispatched("jobs", "t1")
     serving.lease_finished("jobs", "t1")
     assert sent == [("jobs", "t1")] and wakes == [True]
     assert rooms == []  # the wake-up rode on the release
@@ -341,7 +341,7 @@ def test_a_release_rides_on_the_next_fetch_when_one_follows() -> None:
     follows = [True]
     serving.will_fetch = lambda: follows[0]
     serving.served("jobs", "k")  # full
-    serving.lease_dispatched("t1")
+    serving.lease_dispatched("jobs", "t1")
     serving.lease_finished("jobs", "t1")
     assert sent == [] and wakes == []  # no round trip of its own, no wake-up
     assert serving.has_room("jobs")  # the worker may fetch again: that fetch carries it
@@ -361,14 +361,14 @@ def test_a_worker_fetches_one_task_ahead_only_while_tasks_are_short() -> None:
     serving = _limited([])  # one pool slot
     serving.served("jobs", "k")
     assert serving.capacity("jobs") == 1 and not serving.has_room("jobs")  # nothing measured
-    serving.lease_dispatched("t1")
+    serving.lease_dispatched("jobs", "t1")
     serving.lease_finished("jobs", "t1", runtime=LOOKAHEAD_BELOW / 10)
     assert serving.capacity("jobs") == 2  # short tasks: one more than the pool
     serving.served("jobs", "k")
     serving.served("jobs", "k")
     assert not serving.has_room("jobs")  # one running, one waiting with its lease
     for i in range(30):  # the tasks grow long: the average passes the bound
-        serving.lease_dispatched(f"long-{i}")
+        serving.lease_dispatched("jobs", f"long-{i}")
         serving.lease_finished("jobs", f"long-{i}", runtime=LOOKAHEAD_BELOW * 10)
         serving.served("jobs", "k")
     assert serving.capacity("jobs") == 1
@@ -414,6 +414,31 @@ def test_releases_lost_with_the_connection_are_sent_again_at_the_next_one() -> N
     assert serving.resend_releases() == 3
     assert sorted(tag for _, tag in sent) == ["carried", "failed", "waiting"]
     assert serving.statistics().unsent_releases == 0 and serving.resend_releases() == 0
+
+
+def test_tasks_running_at_a_connection_loss_free_their_slots_when_the_pool_forgets_them() -> None:
+    # Celery < 5.6.3's prefork pool never reports tasks running at a connection
+    # loss: their slots go with the next connection's releases, not at lease expiry.
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.lease_dispatched("jobs", "running")
+    serving.lease_dispatched("jobs", "acked-early")
+    serving.lease_settled("jobs", "acked-early")  # early ack: it still runs
+    serving.lease_dispatched("jobs", "done")
+    serving.lease_finished("jobs", "done")  # released already; its late ack is to come
+    sent.clear()
+    assert serving.reset(running_unreported=True) == 2
+    assert serving.resend_releases() == 2
+    assert sorted(tag for _, tag in sent) == ["acked-early", "running"]
+
+
+def test_tasks_running_at_a_connection_loss_keep_their_slots_when_the_pool_reports_them() -> None:
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.lease_dispatched("jobs", "running")
+    assert serving.reset() == 0 and serving.resend_releases() == 0
+    serving.lease_finished("jobs", "running")  # the pool reports it on the new channel
+    assert sent == [("jobs", "running")]
 
 
 def test_a_fetch_that_answered_ran_its_releases() -> None:

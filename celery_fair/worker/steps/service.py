@@ -42,3 +42,4 @@ class FairWorkerStep(bootsteps.Step):
     def create(self, w: Any) -> None:
         with one_line_errors():
             compat.probe_worker(w, w.fair.probe)
+        w.fair.pool_forgets_running = compat.pool_forgets_running_tasks(getattr(w, "pool", None))
