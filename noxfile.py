@@ -34,8 +34,9 @@ SETS: dict[str, tuple[str, str, str]] = {
     "5.7": ("5.7.0", "5.7.0", "8.1.0"),
 }
 
-#: The set the Valkey session runs in, and the oldest set.
+#: The set the Valkey session runs in (and CI's ``make test`` environment holds).
 NEWEST = "5.7"
+#: The oldest supported set, which CI runs besides ``make test``.
 OLDEST = "5.3"
 
 POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")

@@ -345,20 +345,20 @@ class KeyedServing:
         go with those releases, rather than stay held until their leases
         expire.  Returns how many such running tasks there were.
         """
+        running: list[tuple[str, str]] = []
         with self._lock:
-            self._in_flight.clear()
-            running = [
-                (queue, str(tag))
-                for tag, (state, queue) in self._tags.items()
-                if state != _FINISHED and queue is not None and queue in self.queues
-            ]
-            self._tags.clear()
-            self._unsent.extend(self._carried + self._releases)
             if running_unreported:
-                self._unsent.extend(running)
+                running = [
+                    (queue, str(tag))
+                    for tag, (state, queue) in self._tags.items()
+                    if state != _FINISHED and queue is not None and queue in self.queues
+                ]
+            self._in_flight.clear()
+            self._tags.clear()
+            self._unsent.extend(self._carried + self._releases + running)
             self._carried, self._releases = [], []
             del self._unsent[:-MAX_UNSENT_RELEASES]
-        return len(running) if running_unreported else 0
+        return len(running)
 
     def served(self, queue: str, key: str) -> None:
         """The fetch served ``key`` of ``queue``."""

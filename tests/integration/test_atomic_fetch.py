@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from queue import Empty
 from typing import Any
 
-import kombu
 import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import RedisServer
+from bench.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 from celery_fair.kombu.cycle import install_on_channel
 from celery_fair.scheduling.scheduler import FairScheduler
 
@@ -108,12 +107,8 @@ def ran_ids(ledger: redis_lib.Redis) -> set[str]:
     return {json.loads(e)["id"] for e in ledger.lrange("ledger", 0, -1)}
 
 
-#: Kombu before 5.4 can leave a worker that reconnected after a broker restart
-#: without polling Redis again (celery#9054, fixed by kombu#2007): its
-#: ``_on_disconnect`` takes the poll off the event loop.  Plain Celery 5.3 stalled
-#: there in 6 of 6 runs with mingle on.  The first worker is then killed without
-#: waiting for progress; the second must still run every task.
-KOMBU_REPOLLS_AFTER_RESTART = kombu.VERSION >= (5, 4)
+# Without KOMBU_REPOLLS_AFTER_RESTART the first worker below is killed without
+# waiting for progress; the second must still run every task.
 
 
 def test_broker_killed_mid_fetch_then_worker_killed_loses_nothing(redis_url: str) -> None:
