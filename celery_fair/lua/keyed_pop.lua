@@ -92,7 +92,8 @@ local function pop_level(base, lb, est, limited, now, paused)
       held = true
     elseif limited then
       -- At its concurrency limit: set aside until one of its tasks finishes.
-      local c = limit(base, 'c', key)
+      local c
+      c, rate = limits(base, key, 'c', 'r')
       if c and (tonumber(redis.call('HGET', kname(base, N.RUNNING), key)) or 0) >= c then
         redis.call('ZREM', active, key)
         keep_tag(last, key, tag)
@@ -101,7 +102,6 @@ local function pop_level(base, lb, est, limited, now, paused)
         held = true
       else
         -- Out of tokens: set aside until the bucket holds one again.
-        rate = limit(base, 'r', key)
         if rate then
           bucket = kname(base, N.BUCKET) .. key
           local burst = math.max(1, rate)

@@ -119,14 +119,23 @@ local function user_start_tag(lb, key, user)
   return vt
 end
 
--- Per-key limits: the live value, else the configured one, for the key or '*'.
-local function limit(base, kind, key)
-  local live, conf = kname(base, N.LIMITS_LIVE), kname(base, N.LIMITS_CONF)
-  local v = redis.call('HGET', live, kind .. ':' .. key)
-  if not v then v = redis.call('HGET', conf, kind .. ':' .. key) end
-  if not v then v = redis.call('HGET', live, kind .. ':*') end
-  if not v then v = redis.call('HGET', conf, kind .. ':*') end
-  return tonumber(v)
+-- Per-key limits of each kind asked ('c' concurrency, 'r' rate), in order: the
+-- live value, else the configured one, for the key or '*'.  One HMGET per hash
+-- whatever the kinds: the fetch asks for both at every limited key it serves.
+local function limits(base, key, ...)
+  local kinds, fields = {...}, {}
+  for _, kind in ipairs(kinds) do
+    fields[#fields + 1] = kind .. ':' .. key
+    fields[#fields + 1] = kind .. ':*'
+  end
+  local live = redis.call('HMGET', kname(base, N.LIMITS_LIVE), unpack(fields))
+  local conf = redis.call('HMGET', kname(base, N.LIMITS_CONF), unpack(fields))
+  local out = {}
+  for i = 1, #kinds do
+    local own, any = 2 * i - 1, 2 * i
+    out[i] = tonumber(live[own] or conf[own] or live[any] or conf[any])
+  end
+  return unpack(out, 1, #kinds)
 end
 
 -- The broker's clock (seconds): every worker agrees on it.
@@ -217,7 +226,7 @@ local function release(base, id, now)
   local running = kname(base, N.RUNNING)
   local n = redis.call('HINCRBY', running, key, -1)
   if n <= 0 then redis.call('HDEL', running, key) end
-  local c = limit(base, 'c', key)
+  local c = limits(base, key, 'c')
   if not c or n < c then unpark(base, key, now) end
   return 1
 end

@@ -17,7 +17,7 @@ import pytest
 import redis as redis_lib
 
 from celery_fair.keys import scripts, store
-from celery_fair.keys.layout import KeyedNames
+from celery_fair.keys.layout import BUCKET, KeyedNames
 from celery_fair.keys.store import enqueue_args, release_args
 from celery_fair.parked import NOT_A_MESSAGE, decode_record
 
@@ -170,6 +170,24 @@ def test_a_concurrency_limit_sets_a_key_aside_until_its_lease_is_released(
     assert client.scard(NAMES.at_limit) == 0 and client.hget(NAMES.running, "a") is None
     assert served(client, 1, word) == ["a"]
     assert scripts.RELEASE(client, *release_args(SEP, [(Q, "no-such-tag")])) == 0
+
+
+def test_a_keys_own_limit_comes_before_the_default_and_a_live_one_before_the_configured(
+    client: redis_lib.Redis,
+) -> None:
+    # The order: the key's live limit, its configured one, the live "*", the configured "*".
+    client.hset(NAMES.limits_conf, mapping={"c:a": "4", "c:b": "3", "c:*": "6"})
+    client.hset(NAMES.limits_live, mapping={"c:a": "2", "c:*": "1"})
+    client.hset(NAMES.limits_conf, "r:d", "2")  # d: the live "*" concurrency, its own rate
+    for i in range(6):
+        for key in ("a", "b", "c", "d"):
+            enqueue(client, key, message(key, i))
+    word = "L1:30"
+    order = served(client, 7, word)
+    assert isinstance(fetch(client, word), int)  # every key at its limit now
+    assert {k: order.count(k) for k in "abcd"} == {"a": 2, "b": 3, "c": 1, "d": 1}
+    assert client.smembers(NAMES.at_limit) == {b"a", b"b", b"c", b"d"}
+    assert client.hget(f"{Q}{SEP}{BUCKET}d", "t") is not None  # its rate was read too
 
 
 def test_a_release_carried_by_the_fetch_frees_the_slot_before_the_pop(
