@@ -139,14 +139,18 @@ def compute(
     ``exact_windows`` (up to 64; past them a pass estimates them), Jain's
     index over keys is estimated from the buckets, and the noisy-window
     rules look inside the buckets they flag.
+
+    The usage pass also counts the records with values out of range
+    (:mod:`~celery_fair.analytics.transforms.validation`). With any, two
+    passes more: their count per file and rule (``bad_values``), and the
+    usage again without them; every later figure reads the telemetry without
+    them too.
     """
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
 
     with _stage(timings, "span"):
         raw = read_telemetry(spark, path)
-        # One pass: the span, and the count of values out of range
-        # (transforms.validation); per file only when there are some.
         span_row = raw.select(
             F.count(F.lit(1)).alias("records"),
             F.min(F.coalesce("finished", "started", "received")).alias("first"),
@@ -155,12 +159,9 @@ def compute(
             # hashing one column costs less than two.
             F.approx_count_distinct("fair_key", 0.05).alias("keys"),
             F.count("priority").alias("prioritized"),
-            *T.screens(),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
-        bad = T.found(span_row)
-        out["bad_values"] = _bad_values(raw.transform(T.bad_value_counts).collect()) if bad else []
         records, first, last = span_row["records"], span_row["first"], span_row["last"]
         span = (last - first) if records else 0.0
         window = window_seconds or auto_window(span)
@@ -173,30 +174,41 @@ def compute(
             key_buckets=key_buckets if many else None,
         )
 
-    if out["bad_values"]:
-        raw = raw.transform(T.exclude_bad_values)
-    tasks = raw.transform(T.normalize, window)
     parallelism = spark.sparkContext.defaultParallelism
-    grain: KeyGrain
-    if many:
-        grain = BucketedKeys(
-            spark,
-            window=window,
-            rules=rules,
-            parallelism=parallelism,
-            buckets=key_buckets,
-            spread=T.Windows.spanning(first, last, window),
-            exact_windows=exact_windows,
-            parts=KEY_PARTS_PER_CORE * parallelism,
-            conf=lambda: _session_conf(spark, KEY_PASS_CONF),
-        )
-    else:
-        grain = ExactKeys(window, rules, parallelism)
+
+    def key_grain() -> KeyGrain:
+        if many:
+            return BucketedKeys(
+                spark,
+                window=window,
+                rules=rules,
+                parallelism=parallelism,
+                buckets=key_buckets,
+                spread=T.Windows.spanning(first, last, window),
+                exact_windows=exact_windows,
+                parts=KEY_PARTS_PER_CORE * parallelism,
+                conf=lambda: _session_conf(spark, KEY_PASS_CONF),
+            )
+        return ExactKeys(window, rules, parallelism)
+
     with _stage(timings, "usage"):
         # The usage table is windows x keys (or buckets) rows, read by a dozen
         # small jobs: kept in the shuffle's partitions (200 by default on a
         # cluster) each of them would run 200 tiny tasks; one per core suffices.
+        tasks = raw.transform(T.normalize, window)
+        grain = key_grain()
         usage = grain.usage(tasks)
+        # Values out of range (transforms.validation), counted in the same pass:
+        # then counted per file, and the usage computed again without them.
+        bad = usage.agg(F.sum("bad_records")).first()
+        out["bad_values"] = []
+        if bad is not None and bad[0]:
+            out["bad_values"] = _bad_values(raw.transform(T.bad_value_counts).collect())
+            usage.unpersist()
+            grain.release()
+            tasks = raw.transform(T.exclude_bad_values).transform(T.normalize, window)
+            grain = key_grain()
+            usage = grain.usage(tasks)
 
     # The tables below are computed from the small usage table: a dozen jobs
     # whose cost is Spark's per-job overhead. Adaptive execution re-plans

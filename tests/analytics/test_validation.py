@@ -37,8 +37,9 @@ def _good(n: int, key: str, start: float = 1_800_000_000.0) -> list[TaskRecord]:
     ]
 
 
+@pytest.mark.parametrize("exact_keys", [20_000, 0], ids=["exact-keys", "bucketed-keys"])
 def test_bad_values_are_counted_per_file_and_column_and_left_out(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, exact_keys: int
 ) -> None:
     data = tmp_path / "telemetry"
     data.mkdir()
@@ -53,7 +54,9 @@ def test_bad_values_are_counted_per_file_and_column_and_left_out(
     )
     pq.write_table(records_to_table(a), data / "part-good.parquet")
     pq.write_table(records_to_table(odd), data / "part-odd.parquet")
-    report = build_report(compute(spark, str(data)))
+    # exact_keys=0: the many-keys pass (transforms.keys_and_buckets) divides by
+    # the key weight too.
+    report = build_report(compute(spark, str(data), exact_keys=exact_keys))
     bad = {(Path(x["file"]).name, x["column"]): x["count"] for x in report["meta"]["bad_values"]}
     assert bad == {
         ("part-odd.parquet", "key_weight"): 40,

@@ -77,18 +77,16 @@ from .tasks import (
 )
 from .validation import (
     RULES,
+    any_bad,
     bad_value_counts,
     exclude_bad_values,
-    found,
     rule_counts,
-    screens,
 )
 
 __all__ = (
     "RULES",
+    "any_bad",
     "bad_value_counts",
-    "found",
-    "screens",
     "exclude_bad_values",
     "rule_counts",
     "BUCKET",

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .tasks import NO_KEY, USAGE_FIGURES, Windows, _outcome_code, _usage_sums, window_start
+from .tasks import (
+    NO_KEY,
+    USAGE_FIGURES,
+    Windows,
+    _outcome_code,
+    _usage_sums,
+    ratio,
+    window_start,
+)  # fmt: skip
 
 #: Prefix of the bucket labels :func:`keys_and_buckets` puts in place of keys.
 BUCKET = "(bucket) "
@@ -38,7 +46,7 @@ def key_bucket(buckets: int) -> Column:
 #: shuffle; the outcome figures count ``outcome_code``.
 _SHUFFLED = (
     "queue", "fair_key", "key_bucket", "outcome_code", "cost", "in_flight", "busy",
-    "left_at", "weight", "key_held", "key_weight", "key_paused",
+    "left_at", "weight", "key_held", "key_weight", "key_paused", "bad",
 )  # fmt: skip
 
 
@@ -99,7 +107,9 @@ def keys_and_buckets(
     )
 
     # The hash again after the shuffle, rather than one more shuffled column.
-    x = F.col("cost") / F.coalesce("key_weight", F.lit(1.0))
+    # ratio(): a weight of 0 (telemetry out of range, computed again without
+    # it) must not end the pass with a division by zero.
+    x = ratio(F.col("cost"), F.coalesce("key_weight", F.lit(1.0)))
     pair = _key_hash()
 
     def signed(j: int) -> Column:

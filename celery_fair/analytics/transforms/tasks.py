@@ -10,6 +10,8 @@ from pyspark.sql import functions as F
 
 from celery_fair.telemetry.schema import OUTCOMES
 
+from .validation import any_bad
+
 #: Outcomes of tasks that ran on the pool (and were charged).
 RAN: tuple[str, ...] = ("success", "failure", "retry")
 NO_KEY = "(none)"
@@ -74,7 +76,8 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     on the pool (0 for tasks that never ran). ``window`` is the start of the
     ``window_seconds`` bucket holding the time the task left the worker.
     ``priority`` is the message's Celery priority (null without one, and in
-    records before schema 3).
+    records before schema 3). ``bad``: the record has a value out of range
+    (:mod:`.validation`), counted in the usage table's ``bad_records``.
 
     Only the columns the report reads are kept, so Spark reads no others
     from the files.
@@ -105,6 +108,7 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         left_at.alias("left_at"),
         window_start(left_at, window_seconds).alias("window"),
         F.col("priority"),
+        any_bad().alias("bad"),
     )
 
 
@@ -136,7 +140,7 @@ def _code_of(outcome: str) -> int:
 USAGE_FIGURES = (
     "records", "served_tasks", "served_cost", "in_flight", "busy", "codel_requeues",
     "codel_rejects", "failures", "retries", "revoked", "last_at", "weight", "key_held",
-    "key_weight", "key_paused",
+    "key_weight", "key_paused", "bad_records",
 )  # fmt: skip
 
 
@@ -179,6 +183,7 @@ def _usage_sums(coded: bool = False) -> list[Column]:
         F.sum("key_held").alias("key_held"),
         F.max_by("key_weight", "left_at").alias("key_weight"),
         F.sum("key_paused").alias("key_paused"),
+        F.sum(F.col("bad").cast("long")).alias("bad_records"),
     ]
 
 
@@ -191,7 +196,9 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     rows) instead of each scanning the data again. ``weight`` is the group's
     latest target weight, with ``last_at`` the time it was seen, and
     ``key_weight`` the key's; ``key_held`` the seconds the key spent set
-    aside by its per-key limits, ``key_paused`` the seconds it was paused.
+    aside by its per-key limits, ``key_paused`` the seconds it was paused;
+    ``bad_records`` the records with a value out of range (see
+    :mod:`.validation`).
     """
     return (
         tasks.groupBy("window", "queue", "fair_key")
