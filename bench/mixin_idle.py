@@ -34,6 +34,7 @@ from kombu.message import Message
 from kombu.mixins import ConsumerMixin
 
 from bench.harness.brokers import publish_plain
+from bench.harness.harness import process_cpu
 from celery_fair.kombu import FairConsumerMixin
 
 from .common import environment, summary, write
@@ -154,9 +155,15 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.0005)
 
 
-def shares_run(variant: str, url: str, handled: int = HANDLED) -> dict[str, Any]:
+def shares_run(
+    variant: str,
+    url: str,
+    handled: int = HANDLED,
+    broker_cpu: Callable[[], float | None] = lambda: None,
+) -> dict[str, Any]:
     names = fresh_names()
     publish_plain(url, dict.fromkeys(names, int(PUBLISHED_SHARE * handled)))
+    before = broker_cpu()
     counts: Counter[str] = Counter()
     stamps: list[float] = []
     cpu: list[float] = []  # the consumer thread's CPU time at the first and last message
@@ -175,6 +182,7 @@ def shares_run(variant: str, url: str, handled: int = HANDLED) -> dict[str, Any]
         with running(consumer) as thread:
             while thread.is_alive() and counts.total() < handled:
                 time.sleep(0.01)
+        after = broker_cpu()
     finally:
         delete(url, names)
     # Throughput from the first to the last handled message: no set-up or stop.
@@ -190,37 +198,43 @@ def shares_run(variant: str, url: str, handled: int = HANDLED) -> dict[str, Any]
         # The consumer's own cost, apart from the broker's share of the two cores
         # (on this machine the broker runs beside it): steadier than the rate.
         "cpu_us_per_message": (cpu[-1] - cpu[0]) / (len(stamps) - 1) * 1e6,
+        # The broker's, from the consumer's start to its stop (None: in memory).
+        "broker_cpu_us_per_message": (
+            None if before is None or after is None else (after - before) / handled * 1e6
+        ),
     }
 
 
 @contextlib.contextmanager
-def broker(kind: str) -> Iterator[str]:
+def broker(kind: str) -> Iterator[tuple[str, Callable[[], float | None]]]:
+    """The broker's URL, and a function giving its process's CPU seconds (None: no process)."""
     if kind == "memory":
-        yield "memory://"
+        yield "memory://", lambda: None
         return
     if kind == "redis":
         from bench.harness.redis import RedisServer
 
         with RedisServer() as server:
-            yield server.url
+            proc = server.proc
+            yield server.url, lambda: None if proc is None else process_cpu(proc.pid)
         return
     from bench.harness.rabbitmq import RabbitMQServer
 
-    with RabbitMQServer() as server:
-        yield server.url
+    with RabbitMQServer() as rabbit:
+        yield rabbit.url, lambda: None if rabbit.pid is None else process_cpu(rabbit.pid)
 
 
 def measure(kind: str, duration: float, reps: int, handled: int = HANDLED) -> dict[str, Any]:
     idle: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     shares: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    with broker(kind) as url:
+    with broker(kind) as (url, broker_cpu):
         for rep in range(reps):
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 idle[variant].append(idle_run(variant, url, duration))
                 print(kind, variant, "idle", idle[variant][-1], flush=True)
             for variant in order:
-                shares[variant].append(shares_run(variant, url, handled))
+                shares[variant].append(shares_run(variant, url, handled, broker_cpu))
                 print(kind, variant, "shares", shares[variant][-1], flush=True)
     result: dict[str, Any] = {"runs": {"idle": idle, "shares": shares}}
     for variant in VARIANTS:
@@ -236,11 +250,21 @@ def measure(kind: str, duration: float, reps: int, handled: int = HANDLED) -> di
             "max_deviation_pp": summary([r["max_deviation_pp"] for r in shares[variant]]),
             "messages_per_s": summary([r["messages_per_s"] for r in shares[variant]]),
             "cpu_us_per_message": summary([r["cpu_us_per_message"] for r in shares[variant]]),
+            "broker_cpu_us_per_message": _summary_or_none(
+                [r["broker_cpu_us_per_message"] for r in shares[variant]]
+            ),
         }
     return result
 
 
-def _cell(s: dict[str, float], fmt: str = "{:.2f}") -> str:
+def _summary_or_none(values: list[float | None]) -> dict[str, float] | None:
+    known = [v for v in values if v is not None]
+    return summary(known) if known else None
+
+
+def _cell(s: dict[str, float] | None, fmt: str = "{:.2f}") -> str:
+    if s is None:
+        return "-"
     return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}, {fmt.format(s['max'])}]"
 
 
@@ -282,8 +306,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"{args['handled']:,} handled",
         "",
         "| transport | variant | shares % | max deviation (pp) | messages/s "
-        "| consumer CPU µs/message |",
-        "|---|---|---|---:|---:|---:|",
+        "| consumer CPU µs/message | broker CPU µs/message |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
     for kind, result in data["transports"].items():
         for variant in VARIANTS:
@@ -292,14 +316,16 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(
                 f"| {kind} | {variant} | {measured} | {_cell(r['max_deviation_pp'])} "
                 f"| {_cell(r['messages_per_s'], '{:.0f}')} "
-                f"| {_cell(r['cpu_us_per_message'], '{:.1f}')} |"
+                f"| {_cell(r['cpu_us_per_message'], '{:.1f}')} "
+                f"| {_cell(r.get('broker_cpu_us_per_message'), '{:.1f}')} |"
             )
     lines += [
         "",
         "Wake-up latency is from just before a publish (on an open connection) to the handler",
         "starting; messages/s runs from the first to the last handled message, and the",
         "consumer's CPU per message is its thread's CPU time over the same span (the",
-        "broker shares the machine's cores, so the rate moves with the broker's load). Kombu's",
+        "broker shares the machine's cores, so the rate moves with the broker's load); the",
+        "broker's is its process's CPU time from the consumer's start to its stop. Kombu's",
         "in-memory transport has no sockets: its `drain_events` polls once per",
         "`polling_interval` (1 s), hence its latency; Redis (BRPOP) and AMQP (pushed",
         "deliveries) wake the blocked consumer at once.",

@@ -262,7 +262,7 @@ def run_backlogged(
         broker.purge(counts)
 
 
-def _process_cpu(pid: int) -> float | None:
+def process_cpu(pid: int) -> float | None:
     """User + system CPU seconds of one process (Linux ``/proc``), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -277,7 +277,7 @@ def _main_cpu(workers: Sequence[WorkerProcess]) -> float | None:
     """User + system CPU seconds of the workers' main processes."""
     total = 0.0
     for worker in workers:
-        cpu = None if worker.proc is None else _process_cpu(worker.proc.pid)
+        cpu = None if worker.proc is None else process_cpu(worker.proc.pid)
         if cpu is None:
             return None
         total += cpu
@@ -296,7 +296,7 @@ def _pool_cpu(workers: Sequence[WorkerProcess]) -> dict[int, float]:
         except OSError:
             continue
         for child in map(int, children):
-            cpu = _process_cpu(child)
+            cpu = process_cpu(child)
             if cpu is not None:
                 found[child] = cpu
     return found

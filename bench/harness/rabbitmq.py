@@ -410,6 +410,14 @@ class RabbitMQServer:
                 parts.append(f"--- {name} ---\n{text}")
         return "\n".join(parts) or "(no log output)"
 
+    @property
+    def pid(self) -> int | None:
+        """The node's process id (from its pid file), None before the node wrote it."""
+        try:
+            return int((self.dir / "mnesia" / f"{self.nodename}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def __enter__(self) -> RabbitMQServer:
         return self.start()
 
