@@ -6,8 +6,9 @@ run time would lower a key's served work.  The report must not end on such a
 value, nor let it corrupt a figure.  :data:`RULES` names each check.
 :func:`any_bad` marks a record with any bad value; ``normalize`` carries the
 mark and the usage table counts it (``bad_records``), so clean telemetry is
-screened in the pass that reads those columns anyway (a pass of its own cost
-half a bare scan: 1.8 s at 10M records).  Only when there are some,
+screened in the pass that reads those columns anyway (screening them in the
+first pass, which otherwise reads five columns, added 1.8 s at 10M records,
+where a bare scan of every column took 4-5 s).  Only when there are some,
 :func:`bad_value_counts` counts them per file and rule, and
 :func:`exclude_bad_values` sets each bad value to null (the figures that read
 it treat it as unknown) and drops records whose outcome is unknown (every
