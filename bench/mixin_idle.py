@@ -12,7 +12,11 @@ variants alternate within every repetition.
 3. Shares: four queues weighted 1:2:3:4, each pre-filled so that all stay
    backlogged, 2000 messages handled; the share of each queue.
 
-    python -m bench.mixin_idle [--duration 5] [--reps 3] [--no-rabbitmq]
+    python -m bench.mixin_idle [--duration 5] [--reps 3] [--no-rabbitmq] [--only rabbitmq]
+        [--pin-broker]
+
+``--pin-broker`` runs the broker's threads on CPU 0 and this process on CPU 1,
+as if the broker had a machine of its own (results in ``mixin_idle_pinned``).
 
 Writes ``bench/results/mixin_idle.json`` and ``bench/results/mixin_idle.md``.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import resource
 import threading
 import time
@@ -205,8 +210,17 @@ def shares_run(
     }
 
 
+def _pin(pid: int | None) -> None:
+    """The broker's threads on CPU 0, this process on CPU 1 (``--pin-broker``)."""
+    if pid is None:
+        raise RuntimeError("the broker's process is not known: cannot pin it")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {0})
+    os.sched_setaffinity(0, {1})
+
+
 @contextlib.contextmanager
-def broker(kind: str) -> Iterator[tuple[str, Callable[[], float | None]]]:
+def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], float | None]]]:
     """The broker's URL, and a function giving its process's CPU seconds (None: no process)."""
     if kind == "memory":
         yield "memory://", lambda: None
@@ -216,18 +230,24 @@ def broker(kind: str) -> Iterator[tuple[str, Callable[[], float | None]]]:
 
         with RedisServer() as server:
             proc = server.proc
+            if pin:
+                _pin(None if proc is None else proc.pid)
             yield server.url, lambda: None if proc is None else process_cpu(proc.pid)
         return
     from bench.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as rabbit:
+        if pin:
+            _pin(rabbit.pid)
         yield rabbit.url, lambda: None if rabbit.pid is None else process_cpu(rabbit.pid)
 
 
-def measure(kind: str, duration: float, reps: int, handled: int = HANDLED) -> dict[str, Any]:
+def measure(
+    kind: str, duration: float, reps: int, handled: int = HANDLED, pin: bool = False
+) -> dict[str, Any]:
     idle: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     shares: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    with broker(kind) as (url, broker_cpu):
+    with broker(kind, pin) as (url, broker_cpu):
         for rep in range(reps):
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
             for variant in order:
@@ -274,8 +294,16 @@ def markdown(data: dict[str, Any]) -> str:
         "# FairConsumerMixin: idle CPU, wake-up and shares per transport",
         "",
         f"`python -m bench.mixin_idle --duration {args['duration']} --reps {args['reps']} "
-        f"--handled {args['handled']}`, "
-        f"Python {env['python']}, Kombu {env['kombu']}, {env['cpus']} CPUs, {env['when']}.",
+        f"--handled {args['handled']}"
+        + (f" --only {args['only']}" if args.get("only") else "")
+        + (" --pin-broker" if args.get("pin_broker") else "")
+        + "`, "
+        + (
+            "the broker's threads on CPU 0 and the consumers on CPU 1, "
+            if args.get("pin_broker")
+            else ""
+        )  # fmt: skip
+        + f"Python {env['python']}, Kombu {env['kombu']}, {env['cpus']} CPUs, {env['when']}.",
         "`fair` is FairConsumerMixin; `plain` is Kombu's ConsumerMixin on the same queues,",
         f"one consumer with `prefetch_count={WINDOW}`, alternated with it in each repetition.",
         f"Fair's window is {WINDOW} in all, split by weight (on RabbitMQ plain's applies to",
@@ -342,16 +370,26 @@ def main(argv: list[str] | None = None) -> None:
         "--handled", type=int, default=HANDLED, help="messages handled per shares run"
     )
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ")
+    parser.add_argument("--only", choices=("memory", "redis", "rabbitmq"), help="one transport")
+    parser.add_argument(
+        "--pin-broker", action="store_true", help="the broker on CPU 0, the consumers on CPU 1"
+    )
     args = parser.parse_args(argv)
     kinds = ["memory", "redis"] + ([] if args.no_rabbitmq else ["rabbitmq"])
+    if args.only:
+        kinds = [args.only]
     data: dict[str, Any] = {
         "environment": environment(),
-        "arguments": {"duration": args.duration, "reps": args.reps, "handled": args.handled},
-        "transports": {
-            kind: measure(kind, args.duration, args.reps, args.handled) for kind in kinds
+        "arguments": {
+            "duration": args.duration, "reps": args.reps, "handled": args.handled,
+            "pin_broker": args.pin_broker, "only": args.only,
         },
-    }
-    write("mixin_idle", data, markdown(data))
+        "transports": {
+            kind: measure(kind, args.duration, args.reps, args.handled, args.pin_broker)
+            for kind in kinds
+        },
+    }  # fmt: skip
+    write("mixin_idle_pinned" if args.pin_broker else "mixin_idle", data, markdown(data))
 
 
 if __name__ == "__main__":
