@@ -37,7 +37,11 @@ class KeyGrain(Protocol):
     """What differs between counting keys exactly and in buckets."""
 
     def usage(self, tasks: DataFrame) -> DataFrame:
-        """The usage table, cached (the tables below read it a dozen times)."""
+        """The usage table, cached (the tables below read it a dozen times).
+
+        Possibly not computed yet: the pipeline's first job over it (the
+        count of records out of range) fills the cache.
+        """
 
     def keys(self, usage: DataFrame) -> DataFrame:
         """A row per queue and key over the report, with its share."""
@@ -60,9 +64,7 @@ class ExactKeys:
         self._keys: DataFrame | None = None
 
     def usage(self, tasks: DataFrame) -> DataFrame:
-        usage = tasks.transform(T.usage_by_window).coalesce(self.parallelism).cache()
-        usage.count()
-        return usage
+        return tasks.transform(T.usage_by_window).coalesce(self.parallelism).cache()
 
     def keys(self, usage: DataFrame) -> DataFrame:
         self._keys = usage.transform(T.key_shares).cache()

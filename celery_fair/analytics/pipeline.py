@@ -198,8 +198,9 @@ def compute(
         tasks = raw.transform(T.normalize, window)
         grain = key_grain()
         usage = grain.usage(tasks)
-        # Values out of range (transforms.validation), counted in the same pass:
-        # then counted per file, and the usage computed again without them.
+        # Values out of range (transforms.validation), counted in the same pass
+        # (this job fills the usage cache): then counted per file, and the
+        # usage computed again without them.
         bad = usage.agg(F.sum("bad_records")).first()
         out["bad_values"] = []
         if bad is not None and bad[0]:
