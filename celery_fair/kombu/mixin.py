@@ -309,6 +309,10 @@ class FairConsumerMixin(ConsumerMixin):
         self._in_hand: Message | None = None
         #: Below this many buffered messages a queue's window is refilled.
         self._low_water = {name: max(1, size // 2) for name, size in self._windows.items()}
+        #: Some buffer is below its low water mark: collect before the next
+        #: choice (see _collect_due).  Only a take can lower a buffer, so this
+        #: is set by the take and recomputed by each collect.
+        self._short = True
         #: Redis only: each queue's window fill, and the queues found empty since
         #: their last delivery (not asked again).
         self._takes: list[Take] = []
@@ -444,13 +448,14 @@ class FairConsumerMixin(ConsumerMixin):
             while not self.should_stop and (limit is None or handled < limit):
                 self.on_iteration()
                 if self._round:
-                    if self._running_low():
+                    if self._collect_due():
                         self._collect(conn)
                     self._dispatch_one()
                     handled += 1
                     idle = 0.0
                     yield
                     continue
+                self._short = True  # whatever arrives, collect the rest with it
                 try:
                     conn.drain_events(timeout=interval)
                 except TimeoutError:  # socket.timeout
@@ -463,15 +468,18 @@ class FairConsumerMixin(ConsumerMixin):
                     if not self.should_stop:
                         raise
 
-    def _running_low(self) -> bool:
+    def _collect_due(self) -> bool:
         # Collect only when a queue's buffer is below half its window: DWRR's
         # choice changes only when a queue it would serve has nothing buffered,
         # and a look at the connection that finds nothing costs as much as a
         # small handler (a read that times out).  Messages left unread wait in
         # order, the broker's window bounding them.  With CoDel the buffer is
         # kept full: its sojourn times are the signal of a standing queue.
-        if self._codel is not None:
-            return True
+        # Kept as a flag, not counted per message: counting every buffer cost
+        # more per message than the choice itself.
+        return self._short or self._codel is not None
+
+    def _below_low_water(self) -> bool:
         counts = self._round.counts()
         return any(counts.get(name, 0) < low for name, low in self._low_water.items())
 
@@ -487,6 +495,7 @@ class FairConsumerMixin(ConsumerMixin):
                 conn.drain_events(timeout=0)
             except TimeoutError:  # socket.timeout
                 break
+        self._short = self._below_low_water()
 
     def _fill_windows(self) -> None:
         # Kombu's Redis transport has one BRPOP in flight per channel, and its
@@ -524,7 +533,9 @@ class FairConsumerMixin(ConsumerMixin):
         if taken is None:
             return
         name, (body, message, _received) = taken
-        started = self._clock()
+        if self._round.count(name) < self._low_water[name]:
+            self._short = True
+        started = self._clock() if self._costs.runtime else 0.0
         try:
             self.handle(name, body, message)
         except Exception as exc:
@@ -631,6 +642,7 @@ class FairConsumerMixin(ConsumerMixin):
             self._round.clear()
             self._round.forget_pending()
             self._in_hand = None
+            self._short = True
         if self._codel is not None:
             self._codel.reset()  # the broker has the buffered messages again
 

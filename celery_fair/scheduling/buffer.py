@@ -184,6 +184,11 @@ class FairBuffer(Generic[T]):
         """Buffered tasks per queue."""
         return {queue: len(items) for queue, items in self._items.items()}
 
+    def count(self, queue: str) -> int:
+        """Buffered tasks of ``queue``."""
+        items = self._items.get(queue)
+        return 0 if items is None else len(items)
+
     def __len__(self) -> int:
         return self._size
 

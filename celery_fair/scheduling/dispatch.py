@@ -78,6 +78,10 @@ class DispatchRound(Generic[T]):
         """Buffered messages per queue."""
         return self.buffer.counts()
 
+    def count(self, queue: str) -> int:
+        """Buffered messages of ``queue``."""
+        return self.buffer.count(queue)
+
     def statistics(self) -> DRRStatistics:
         return self.buffer.drr.statistics()
 
