@@ -238,6 +238,16 @@ class FairConsumerMixin(ConsumerMixin):
       ``"reject"`` (reject without requeue: dead-lettered where the queue has
       a dead-letter exchange, dropped otherwise).  A message already sent back
       ``codel_max_requeues`` times (default 3) is handled here instead.
+    * ``ack_batch``: on AMQP, acknowledge a queue's handled messages this
+      many at a time, with one ``basic.ack`` carrying ``multiple`` (default
+      1: each message when its handler returns).  Fewer frames for the
+      consumer and the broker to process; the price is that a consumer that
+      dies, or loses its connection, has its last unacknowledged handled
+      messages (fewer than ``ack_batch`` per queue) redelivered.  A batch is
+      at most half its queue's window, so the window keeps refilling, and
+      is sent before the consumer waits for deliveries and when it stops.
+      Kombu's virtual transports (Redis, in memory) ignore ``multiple``:
+      there each message is acknowledged when its handler returns.
     * ``stop_check_interval``: the longest time an idle consumer takes to
       notice :attr:`should_stop` (seconds, default 1).
     * ``clock``: the clock that times handlers and sojourns (``time.monotonic``).
@@ -259,6 +269,7 @@ class FairConsumerMixin(ConsumerMixin):
         codel_interval: float | None = None,
         codel_action: CoDelAction = "requeue",
         codel_max_requeues: int = 3,
+        ack_batch: int = 1,
         stop_check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         accept: Iterable[str] | None = None,
@@ -291,6 +302,7 @@ class FairConsumerMixin(ConsumerMixin):
             raise ValueError(f"FairConsumerMixin option {exc}") from None
         self.codel_action: CoDelAction = codel_action
         self.codel_max_requeues = codel_max_requeues
+        self.ack_batch = _positive_int("ack_batch", ack_batch)
         self.stop_check_interval = _positive_number("stop_check_interval", stop_check_interval)
         if not callable(clock):
             raise _option_error("clock", clock, "must be callable")
@@ -313,6 +325,10 @@ class FairConsumerMixin(ConsumerMixin):
         #: choice (see _collect_due).  Only a take can lower a buffer, so this
         #: is set by the take and recomputed by each collect.
         self._short = True
+        #: AMQP with ack_batch > 1: each queue's batch size, and its last handled
+        #: message not yet acknowledged with the count of them (see _acknowledge).
+        self._batches: dict[str, int] = {}
+        self._unacked: dict[str, tuple[Message, int]] = {}
         #: Redis only: each queue's window fill, and the queues found empty since
         #: their last delivery (not asked again).
         self._takes: list[Take] = []
@@ -368,6 +384,8 @@ class FairConsumerMixin(ConsumerMixin):
                 stack.callback(self._quietly, conn, channels[name].close)
                 self._hold_fetch_while_dropping(channels[name])
             stack.callback(self._requeue_buffered, conn)
+            stack.callback(self._quietly, conn, self._flush_acks)
+            self._batches = self._ack_batches(conn)
             consumers = []
             for name, queue in self._queues.items():
                 consumer = KombuConsumer(
@@ -456,6 +474,7 @@ class FairConsumerMixin(ConsumerMixin):
                     yield
                     continue
                 self._short = True  # whatever arrives, collect the rest with it
+                self._flush_acks()  # the broker refills only acknowledged slots
                 try:
                     conn.drain_events(timeout=interval)
                 except TimeoutError:  # socket.timeout
@@ -542,7 +561,7 @@ class FairConsumerMixin(ConsumerMixin):
             self._handler_failed(name, message, exc)
         else:
             if not message.acknowledged:
-                message.ack()
+                self._acknowledge(name, message)
             self._acked[name] += 1
         finally:
             if self._costs.runtime:
@@ -552,6 +571,40 @@ class FairConsumerMixin(ConsumerMixin):
                     self._costs.observe(name, runtime)
         # Left set if the handler raised a BaseException: shutdown requeues it.
         self._in_hand = None
+
+    def _ack_batches(self, conn: Connection) -> dict[str, int]:
+        if self.ack_batch == 1:
+            return {}
+        if conn.transport.driver_type != "amqp":
+            logger.info(
+                "FairConsumerMixin option ack_batch=%d: the %r transport ignores basic.ack's "
+                "multiple flag, so each message is acknowledged when its handler returns",
+                self.ack_batch,
+                conn.transport.driver_type,
+            )
+            return {}
+        return {name: min(self.ack_batch, low) for name, low in self._low_water.items()}
+
+    def _acknowledge(self, name: str, message: Message) -> None:
+        # AMQP's basic.ack with multiple acknowledges every delivery on the
+        # channel up to this one.  Each queue has a channel of its own and its
+        # buffer is FIFO, so every earlier delivery of that channel has been
+        # handled, rejected or sent back already: none is acknowledged early.
+        batch = self._batches.get(name, 1)
+        if batch == 1:
+            message.ack()
+            return
+        _, count = self._unacked.get(name, (message, 0))
+        if count + 1 < batch:
+            self._unacked[name] = (message, count + 1)
+            return
+        self._unacked.pop(name, None)
+        message.ack(multiple=True)
+
+    def _flush_acks(self) -> None:
+        while self._unacked:
+            _, (message, _count) = self._unacked.popitem()
+            message.ack(multiple=True)
 
     def _next_admitted(self) -> tuple[str, tuple[Any, Message, float]] | None:
         """The next buffered message in DWRR order that CoDel lets run.
@@ -643,6 +696,7 @@ class FairConsumerMixin(ConsumerMixin):
             self._round.forget_pending()
             self._in_hand = None
             self._short = True
+            self._unacked.clear()  # the broker redelivers them
         if self._codel is not None:
             self._codel.reset()  # the broker has the buffered messages again
 

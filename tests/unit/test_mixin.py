@@ -385,6 +385,8 @@ def test_queues_may_be_kombu_queues_or_pairs() -> None:
         ({"runtime_quantum": -1}, "runtime_quantum=-1"),
         ({"on_error": "ignore"}, "on_error='ignore'"),
         ({"stop_check_interval": 0}, "stop_check_interval=0"),
+        ({"ack_batch": 0}, "ack_batch=0"),
+        ({"ack_batch": 1.5}, "ack_batch=1.5"),
         ({"clock": 3}, "clock=3"),
         ({"handler": None}, "handler=None"),
         ({"handler": "print"}, "handler='print'"),
