@@ -10,10 +10,20 @@ variants alternate within every repetition.
 2. Wake-up: while idle, one message is published and the time until the
    handler runs is taken (a few samples; informational, absolute times).
 3. Shares: four queues weighted 1:2:3:4, each pre-filled so that all stay
-   backlogged, 2000 messages handled; the share of each queue.
+   backlogged, 20,000 messages handled; the share of each queue and the rate.
+   ``--shares-reps`` repetitions (the rate moves from run to run on a shared
+   machine, so more of them, and the ratio to plain within each repetition).
+   On RabbitMQ a third variant acknowledges 16 messages per ``basic.ack``
+   (``ack_batch=16``).
 
-    python -m bench.mixin_idle [--duration 5] [--reps 3] [--no-rabbitmq] [--only rabbitmq]
-        [--pin-broker]
+Both mixins may hold the same number of unacknowledged messages: plain's
+``prefetch_count`` applies to each of its consumer's queues on RabbitMQ
+(``basic.qos`` with ``global=False`` is per ``basic.consume``) and to its
+channel on the virtual transports, so fair's window is ``WINDOW`` times the
+queues on RabbitMQ and ``WINDOW`` elsewhere.
+
+    python -m bench.mixin_idle [--duration 5] [--reps 3] [--shares-reps 9] [--no-rabbitmq]
+        [--only rabbitmq] [--pin-broker]
 
 ``--pin-broker`` runs the broker's threads on CPU 0 and this process on CPU 1,
 as if the broker had a machine of its own (results in ``mixin_idle_pinned``).
@@ -54,6 +64,9 @@ HANDLED = 20_000
 #: heaviest queue (weight 4) gives 40%, so every queue stays backlogged.
 PUBLISHED_SHARE = 0.6
 VARIANTS = ("fair", "plain")
+#: Shares runs: on RabbitMQ also the mixin acknowledging ACK_BATCH messages per frame.
+ACK_BATCH = 16
+BATCHED = "fair ack_batch=16"
 
 Handler = Callable[[str, Any, Message], None]
 
@@ -61,9 +74,13 @@ Handler = Callable[[str, Any, Message], None]
 class Fair(FairConsumerMixin):
     """The mixin under test, with a readiness signal."""
 
-    def __init__(self, url: str, names: list[str], handler: Handler) -> None:
+    def __init__(self, url: str, names: list[str], handler: Handler, ack_batch: int = 1) -> None:
         super().__init__(
-            Connection(url), dict(zip(names, WEIGHTS, strict=True)), handler=handler, window=WINDOW
+            Connection(url),
+            dict(zip(names, WEIGHTS, strict=True)),
+            handler=handler,
+            window=fair_window(url),
+            ack_batch=ack_batch,
         )
         self.ready = threading.Event()
 
@@ -92,8 +109,15 @@ class Plain(ConsumerMixin):  # type: ignore[misc]
         self.ready.set()
 
 
+def fair_window(url: str) -> int:
+    """As many unacknowledged messages as plain may hold (see the module's docstring)."""
+    return WINDOW * len(WEIGHTS) if url.startswith("amqp") else WINDOW
+
+
 def make(variant: str, url: str, names: list[str], handler: Handler) -> Any:
-    return (Fair if variant == "fair" else Plain)(url, names, handler)
+    if variant == "plain":
+        return Plain(url, names, handler)
+    return Fair(url, names, handler, ACK_BATCH if variant == BATCHED else 1)
 
 
 @contextlib.contextmanager
@@ -242,33 +266,51 @@ def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], flo
         yield rabbit.url, lambda: None if rabbit.pid is None else process_cpu(rabbit.pid)
 
 
+def share_variants(kind: str) -> tuple[str, ...]:
+    return (*VARIANTS, BATCHED) if kind == "rabbitmq" else VARIANTS
+
+
 def measure(
-    kind: str, duration: float, reps: int, handled: int = HANDLED, pin: bool = False
+    kind: str,
+    duration: float,
+    reps: int,
+    handled: int = HANDLED,
+    pin: bool = False,
+    shares_reps: int = 9,
 ) -> dict[str, Any]:
     idle: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
-    shares: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    variants = share_variants(kind)
+    shares: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with broker(kind, pin) as (url, broker_cpu):
         for rep in range(reps):
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 idle[variant].append(idle_run(variant, url, duration))
                 print(kind, variant, "idle", idle[variant][-1], flush=True)
-            for variant in order:
+        for rep in range(shares_reps):
+            # Each variant first, middle and last in turn.
+            turn = rep % len(variants)
+            for variant in variants[turn:] + variants[:turn]:
                 shares[variant].append(shares_run(variant, url, handled, broker_cpu))
                 print(kind, variant, "shares", shares[variant][-1], flush=True)
     result: dict[str, Any] = {"runs": {"idle": idle, "shares": shares}}
-    for variant in VARIANTS:
+    for variant in variants:
+        idled = idle.get(variant, [])
+        rates = [r["messages_per_s"] for r in shares[variant]]
+        plain = [r["messages_per_s"] for r in shares["plain"]]
         result[variant] = {
-            "cpu_ms_per_s": summary([r["cpu_ms_per_s"] for r in idle[variant]]),
-            "voluntary_switches_per_s": summary(
-                [r["voluntary_switches_per_s"] for r in idle[variant]]
+            "cpu_ms_per_s": _summary_or_none([r["cpu_ms_per_s"] for r in idled]),
+            "voluntary_switches_per_s": _summary_or_none(
+                [r["voluntary_switches_per_s"] for r in idled]
             ),
-            "wake_latency_ms": summary([x for r in idle[variant] for x in r["wake_latency_ms"]]),
+            "wake_latency_ms": _summary_or_none([x for r in idled for x in r["wake_latency_ms"]]),
+            # Against plain in the same repetition, run next to it.
+            "rate_to_plain": summary([a / b for a, b in zip(rates, plain, strict=True)]),
             "shares": [
                 summary([r["shares"][i] for r in shares[variant]]) for i in range(len(WEIGHTS))
             ],
             "max_deviation_pp": summary([r["max_deviation_pp"] for r in shares[variant]]),
-            "messages_per_s": summary([r["messages_per_s"] for r in shares[variant]]),
+            "messages_per_s": summary(rates),
             "cpu_us_per_message": summary([r["cpu_us_per_message"] for r in shares[variant]]),
             "broker_cpu_us_per_message": _summary_or_none(
                 [r["broker_cpu_us_per_message"] for r in shares[variant]]
@@ -294,7 +336,7 @@ def markdown(data: dict[str, Any]) -> str:
         "# FairConsumerMixin: idle CPU, wake-up and shares per transport",
         "",
         f"`python -m bench.mixin_idle --duration {args['duration']} --reps {args['reps']} "
-        f"--handled {args['handled']}"
+        f"--shares-reps {args['shares_reps']} --handled {args['handled']}"
         + (f" --only {args['only']}" if args.get("only") else "")
         + (" --pin-broker" if args.get("pin_broker") else "")
         + "`, "
@@ -306,8 +348,11 @@ def markdown(data: dict[str, Any]) -> str:
         + f"Python {env['python']}, Kombu {env['kombu']}, {env['cpus']} CPUs, {env['when']}.",
         "`fair` is FairConsumerMixin; `plain` is Kombu's ConsumerMixin on the same queues,",
         f"one consumer with `prefetch_count={WINDOW}`, alternated with it in each repetition.",
-        f"Fair's window is {WINDOW} in all, split by weight (on RabbitMQ plain's applies to",
-        "each queue's consumer: `basic.qos` with `global=False`).",
+        "Both may hold as many unacknowledged messages: plain's prefetch count applies to",
+        "each queue it consumes on RabbitMQ (`basic.qos` with `global=False`) and to its",
+        "channel on the virtual transports, so fair's window, split by weight, is",
+        f"{WINDOW * len(WEIGHTS)} on RabbitMQ and {WINDOW} elsewhere.",
+        f"`{BATCHED}` (RabbitMQ only) acknowledges {ACK_BATCH} messages per `basic.ack`.",
         "Medians of the repetitions, with [min, max].",
         "",
         f"## Idle: four empty queues, {args['duration']} s per repetition",
@@ -331,19 +376,22 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "",
         f"## Shares: weights 1:2:3:4 (target {target} %), all backlogged, "
-        f"{args['handled']:,} handled",
+        f"{args['handled']:,} handled, {args['shares_reps']} repetitions",
         "",
-        "| transport | variant | shares % | max deviation (pp) | messages/s "
+        "Rate to plain: each repetition's rate over plain's in the same repetition.",
+        "",
+        "| transport | variant | shares % | max deviation (pp) | messages/s | rate to plain "
         "| consumer CPU µs/message | broker CPU µs/message |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for kind, result in data["transports"].items():
-        for variant in VARIANTS:
+        for variant in share_variants(kind):
             r = result[variant]
             measured = " / ".join(f"{100 * s['median']:.1f}" for s in r["shares"])
             lines.append(
                 f"| {kind} | {variant} | {measured} | {_cell(r['max_deviation_pp'])} "
                 f"| {_cell(r['messages_per_s'], '{:.0f}')} "
+                f"| {_cell(r['rate_to_plain'])} "
                 f"| {_cell(r['cpu_us_per_message'], '{:.1f}')} "
                 f"| {_cell(r.get('broker_cpu_us_per_message'), '{:.1f}')} |"
             )
@@ -369,6 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--handled", type=int, default=HANDLED, help="messages handled per shares run"
     )
+    parser.add_argument("--shares-reps", type=int, default=9, help="repetitions of the shares runs")
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ")
     parser.add_argument("--only", choices=("memory", "redis", "rabbitmq"), help="one transport")
     parser.add_argument(
@@ -382,10 +431,13 @@ def main(argv: list[str] | None = None) -> None:
         "environment": environment(),
         "arguments": {
             "duration": args.duration, "reps": args.reps, "handled": args.handled,
+            "shares_reps": args.shares_reps,
             "pin_broker": args.pin_broker, "only": args.only,
         },
         "transports": {
-            kind: measure(kind, args.duration, args.reps, args.handled, args.pin_broker)
+            kind: measure(
+                kind, args.duration, args.reps, args.handled, args.pin_broker, args.shares_reps
+            )
             for kind in kinds
         },
     }  # fmt: skip
