@@ -1,13 +1,20 @@
-"""One DWRR article cell at several git revisions, in turn, to place a throughput change.
+"""A benchmark at several git revisions, in turn, to place a change of speed.
 
 A single run per revision cannot say whether a revision is slower: on two cores the
-spread between repetitions of the same cell reaches 30%.  This runs the cell at each
-revision in rotation (A B C, B C A, ...), every run with plain Celery and celery-fair
-one after the other (``bench.dwrr_article --reps 1``), so a drift of the machine's
-speed falls on every revision alike, and compares the medians and each run's
-fair/plain ratio.
+spread between repetitions of the same cell reaches 30%.  This runs the benchmark at
+each revision in rotation (A B C, B C A, ...), so a drift of the machine's speed falls
+on every revision alike, and compares the medians and each round's ratio to the first
+revision.  Two benchmarks:
+
+* ``--bench dwrr`` (default): one DWRR article cell, each run with plain Celery and
+  celery-fair one after the other (``bench.dwrr_article --reps 1``); the ratio is each
+  run's fair/plain.
+* ``--bench analytics``: the Spark report on the tenant-shaped telemetry
+  (``bench.analytics --shape tenants``, one repetition per size of ``--sizes``); the
+  figure is each run's rate past start-up, over the first revision's in the same round.
 
     python -m bench.revisions 3b1ec81 HEAD --reps 6 [--pool threads] [--task-us 0]
+    python -m bench.revisions d33092b HEAD --bench analytics --reps 4
 
 Each revision is checked out in a temporary ``git worktree`` (removed at the end)
 and runs with the interpreter running this module.
@@ -38,6 +45,8 @@ def _git(*args: str) -> str:
 
 
 def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+    if args.bench == "analytics":
+        return _analytics_run(tree, args)
     cmd = [
         sys.executable, "-m", "bench.dwrr_article", "--broker", args.broker,
         "--reps", "1", "--pools", args.pool, "--task-us", str(args.task_us),
@@ -52,6 +61,35 @@ def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         "fair": case["fair"]["throughput"]["median"],
         "p9_over_p0": case["fair"]["p9_over_p0"]["median"],
     }
+
+
+def _analytics_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One ``bench.analytics`` run: the rate past start-up, each size's time and stages."""
+    sizes = args.sizes.split(",")
+    cmd = [
+        sys.executable, "-m", "bench.analytics", "--shape", "tenants", "--sizes", args.sizes,
+        "--reps", ",".join("1" for _ in sizes), "--name", RUN_NAME,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=3600)
+    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    res = {"past_start_up": float(data["past_start_up"] or "nan")}
+    for size in data["sizes"]:
+        n = size["records"]
+        res[f"total {n}"] = size["total_seconds"]["median"]
+        for stage, times in size["stages"].items():
+            res[f"{stage} {n}"] = times["median"]
+    return res
+
+
+def _line(commit: str, res: dict[str, float], first: dict[str, float] | None) -> str:
+    if "past_start_up" not in res:
+        return (
+            f"{commit} plain {res['plain']:6.0f} fair {res['fair']:6.0f}"
+            f" tasks/s  fair/plain {res['fair'] / res['plain']:.1%}"
+        )
+    ratio = "" if first is None else f"  x{res['past_start_up'] / first['past_start_up']:.2f}"
+    return f"{commit} past start-up {res['past_start_up']:10,.0f} events/s{ratio}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,14 +107,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for commit in turn:
                     res = _one_run(trees[commit], args)
                     runs[commit].append(res)
-                    print(
-                        f"rep {rep} {commit} plain {res['plain']:6.0f} fair {res['fair']:6.0f}"
-                        f" tasks/s  fair/plain {res['fair'] / res['plain']:.1%}",
-                        flush=True,
-                    )
+                    first = runs[order[0]][rep] if len(runs[order[0]]) > rep else None
+                    print(f"rep {rep} {_line(commit, res, first)}", flush=True)
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+    if args.bench == "analytics":
+        return _analytics_results(args, commits, runs)
     cases = {}
     for commit, reps in runs.items():
         cases[commit] = {
@@ -89,8 +126,71 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
 
 
+def _analytics_results(
+    args: argparse.Namespace, commits: dict[str, str], runs: dict[str, list[dict[str, float]]]
+) -> dict[str, Any]:
+    base = runs[next(iter(runs))]
+    cases = {
+        commit: {
+            "figures": {k: summary([r[k] for r in reps]) for k in reps[0]},
+            # Round by round: a revision's rate over the first revision's.
+            "ratio": summary(
+                [r["past_start_up"] / b["past_start_up"] for r, b in zip(reps, base, strict=True)]
+            ),
+            "runs": reps,
+        }
+        for commit, reps in runs.items()
+    }
+    return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
+
+
+def _analytics_markdown(results: dict[str, Any]) -> str:
+    p = results["params"]
+    sizes = [int(n) for n in p["sizes"].split(",")]
+    first = next(iter(results["cases"]))
+    lines = [
+        "# The Spark report at several revisions",
+        "",
+        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench analytics "
+        f"--reps {p['reps']} --sizes {p['sizes']}` ({results['env']['when']}; revisions in "
+        "rotation, each run `python -m bench.analytics --shape tenants` with one repetition "
+        "per size). Medians over the runs of a revision, [min, max].",
+        "",
+        f"| revision | past start-up, events/s | over {first}'s in the same round | "
+        + " | ".join(f"{n:,} records, s" for n in sizes)
+        + " |",
+        "|---|---|---|" + "---|" * len(sizes),
+    ]
+    for commit, c in results["cases"].items():
+        f, r = c["figures"], c["ratio"]
+        lines.append(
+            f"| {commit} | {f['past_start_up']['median']:,.0f} "
+            f"[{f['past_start_up']['min']:,.0f}, {f['past_start_up']['max']:,.0f}] "
+            f"| {r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}] | "
+            + " | ".join(f"{f[f'total {n}']['median']:.1f}" for n in sizes)
+            + " |"
+        )
+    stages = sorted({k.split()[0] for k in c["figures"] if " " in k} - {"total"})
+    lines += [
+        "",
+        f"Stages at {sizes[-1]:,} records, medians in seconds:",
+        "",
+        "| revision | " + " | ".join(stages) + " |",
+        "|---|" + "---|" * len(stages),
+    ]
+    for commit, c in results["cases"].items():
+        lines.append(
+            f"| {commit} | "
+            + " | ".join(f"{c['figures'][f'{s} {sizes[-1]}']['median']:.1f}" for s in stages)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: dict[str, Any]) -> str:
     p = results["params"]
+    if p.get("bench") == "analytics":
+        return _analytics_markdown(results)
     lines = [
         f"# The DWRR article's {p['pool']}/"
         f"{'noop' if p['task_us'] == 0 else str(p['task_us']) + 'us'} cell at several revisions",
@@ -121,10 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default="threads")
     parser.add_argument("--task-us", type=int, default=0)
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
-    parser.add_argument("--name", default="revisions")
+    parser.add_argument("--bench", choices=["dwrr", "analytics"], default="dwrr")
+    parser.add_argument(
+        "--sizes", default="1000000,4000000,10000000", help="records, with --bench analytics"
+    )
+    parser.add_argument("--name", default=None, help="result file (revisions, revisions_analytics)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps must be at least 1, got {args.reps}")
+    if args.name is None:
+        args.name = "revisions" if args.bench == "dwrr" else "revisions_analytics"
     results = run(args)
     write(args.name, results, markdown(results))
     return 0
