@@ -26,7 +26,7 @@ from collections.abc import Collection
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-__all__ = ("ALPHA", "HISTOGRAM_GRAIN", "METRICS", "MIN_VALUE", "latency_histograms", "quantiles")
+__all__ = ("ALPHA", "METRICS", "MIN_VALUE", "latency_histograms", "quantiles")
 
 #: The relative error of every quantile value.
 ALPHA = 0.01
@@ -44,10 +44,6 @@ METRICS: dict[str, tuple[float, ...]] = {
     "runtime": (0.5, 0.99),
     "transfer": (0.05,),
 }
-
-
-#: The columns naming one row of ``latency_histograms`` (besides metric and bucket).
-HISTOGRAM_GRAIN = ("queue", "fair_key")
 
 
 def _name(metric: str, q: float) -> str:
@@ -149,17 +145,18 @@ def quantiles(histograms: DataFrame, by: tuple[str, ...] = ("queue",)) -> DataFr
     """Per ``by`` group, from ``latency_histograms`` rows: one column per METRICS quantile.
 
     With ``by=("queue",)`` a queue's keys are summed; with ``("queue",
-    "fair_key")`` only the named keys get a row, from their rows as they are:
-    ``histograms`` must hold one row per (queue, fair_key, metric, bucket),
-    as ``latency_histograms`` gives them. A quantile of a metric with no
-    value in the group is null.
+    "fair_key")`` only the named keys get a row. A quantile of a metric with
+    no value in the group is null.
     """
     rows = histograms.where(F.col("fair_key").isNotNull()) if "fair_key" in by else histograms
-    # A key's rows are already one per bucket: merging them would shuffle the
+    # The running count goes row by row in bucket order, so a bucket spread
+    # over several rows gives the same first bucket to reach a rank: rows are
+    # merged only where that shrinks what the window sorts (a queue's keys).
+    # A key's rows are one per bucket already, and merging them shuffled the
     # whole table for nothing (10M tasks, 614,000 rows: 1.1 s of 2.7).
     merged = (
         rows
-        if set(by) == set(HISTOGRAM_GRAIN)
+        if "fair_key" in by
         else rows.groupBy(*by, "metric", "bucket").agg(F.sum("count").alias("count"))
     )
     group = Window.partitionBy(*by, "metric")

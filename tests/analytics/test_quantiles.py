@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from celery_fair.analytics import transforms as T
 from celery_fair.analytics.pipeline import spark_ddl
@@ -117,3 +118,18 @@ def test_pairs_from_the_usage_table_give_the_same_histograms(spark: SparkSession
     assert counted[("a", None, "wait")] == 100  # z is hidden: counted under the null key
     assert counted[("b", None, "wait")] == 50
     assert {r["metric"] for r in by_usage} == set(METRICS)
+
+
+def test_a_bucket_over_several_rows_gives_the_same_quantiles(spark: SparkSession) -> None:
+    # quantiles() merges rows of one bucket only where keys fold into their queue:
+    # the running count must find the same bucket when a bucket's count is split.
+    rng = np.random.default_rng(21)
+    rows = [("a", "x", float(w)) for w in rng.exponential(0.02, 400)]
+    rows += [("a", "y", float(w)) for w in rng.exponential(0.3, 300)]
+    hist = tasks_with(spark, rows).transform(latency_histograms, {"x", "y"}).cache()
+    low = hist.withColumn("count", F.floor(F.col("count") / 2))
+    split = low.unionByName(hist.withColumn("count", F.col("count") - F.floor(F.col("count") / 2)))
+    assert split.count() == 2 * hist.count()
+    for by in (("queue",), ("queue", "fair_key")):
+        whole = sorted(map(repr, hist.transform(quantiles, by).collect()))
+        assert whole == sorted(map(repr, split.transform(quantiles, by).collect())), by
