@@ -153,7 +153,7 @@ def quantiles(histograms: DataFrame, by: tuple[str, ...] = ("queue",)) -> DataFr
     # over several rows gives the same first bucket to reach a rank: rows are
     # merged only where that shrinks what the window sorts (a queue's keys).
     # A key's rows are one per bucket already, and merging them shuffled the
-    # whole table for nothing (10M tasks, 614,000 rows: 1.1 s of 2.7).
+    # whole table for nothing (10M tasks, 614,000 rows: 3.0 s against 1.8).
     merged = (
         rows
         if "fair_key" in by
