@@ -170,7 +170,8 @@ def _analytics_markdown(results: dict[str, Any]) -> str:
             + " | ".join(f"{f[f'total {n}']['median']:.1f}" for n in sizes)
             + " |"
         )
-    stages = sorted({k.split()[0] for k in c["figures"] if " " in k} - {"total"})
+    figures = results["cases"][first]["figures"]
+    stages = sorted({k.split()[0] for k in figures if " " in k} - {"total"})
     lines += [
         "",
         f"Stages at {sizes[-1]:,} records, medians in seconds:",

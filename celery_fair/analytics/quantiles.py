@@ -148,17 +148,15 @@ def quantiles(histograms: DataFrame, by: tuple[str, ...] = ("queue",)) -> DataFr
     "fair_key")`` only the named keys get a row. A quantile of a metric with
     no value in the group is null.
     """
-    rows = histograms.where(F.col("fair_key").isNotNull()) if "fair_key" in by else histograms
     # The running count goes row by row in bucket order, so a bucket spread
     # over several rows gives the same first bucket to reach a rank: rows are
     # merged only where that shrinks what the window sorts (a queue's keys).
     # A key's rows are one per bucket already, and merging them shuffled the
     # whole table for nothing (10M tasks, 614,000 rows: 3.0 s against 1.8).
-    merged = (
-        rows
-        if "fair_key" in by
-        else rows.groupBy(*by, "metric", "bucket").agg(F.sum("count").alias("count"))
-    )
+    if "fair_key" in by:
+        merged = histograms.where(F.col("fair_key").isNotNull())
+    else:
+        merged = histograms.groupBy(*by, "metric", "bucket").agg(F.sum("count").alias("count"))
     group = Window.partitionBy(*by, "metric")
     running = group.orderBy("bucket").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     ranked = merged.select(
