@@ -17,7 +17,12 @@ revision.  Two benchmarks:
     python -m bench.revisions d33092b HEAD --bench analytics --reps 4
 
 Each revision is checked out in a temporary ``git worktree`` (removed at the end)
-and runs with the interpreter running this module.
+and runs with the interpreter running this module.  ``--bench-at REV`` runs the
+benchmark of one revision (its ``bench/`` directory) against every revision's package,
+so that code from before a benchmark, or one of its options, existed can be measured
+with it (the package's API that the benchmark calls must exist there):
+
+    python -m bench.revisions 32f68c4 HEAD --bench analytics --bench-at HEAD --reps 3
 """
 
 from __future__ import annotations
@@ -95,11 +100,16 @@ def _line(commit: str, res: dict[str, float], first: dict[str, float] | None) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     commits = {rev: _git("rev-parse", "--short", rev) for rev in args.revisions}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in commits.values()}
+    # Resolved here: inside a worktree, HEAD would name the worktree's revision.
+    bench_at = _git("rev-parse", "--short", args.bench_at) if args.bench_at else None
+    args.bench_at = bench_at  # the results name the commit
     with tempfile.TemporaryDirectory(prefix="celery-fair-revisions-") as tmp:
         trees = {}
         for commit in runs:
             trees[commit] = Path(tmp) / commit
             _git("worktree", "add", "--detach", str(trees[commit]), commit)
+            if bench_at:
+                _git("-C", str(trees[commit]), "checkout", bench_at, "--", "bench")
         try:
             order = list(runs)
             for rep in range(args.reps):
@@ -152,9 +162,12 @@ def _analytics_markdown(results: dict[str, Any]) -> str:
         "# The Spark report at several revisions",
         "",
         f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench analytics "
-        f"--reps {p['reps']} --sizes {p['sizes']}` ({results['env']['when']}; revisions in "
-        "rotation, each run `python -m bench.analytics --shape tenants` with one repetition "
-        "per size). Medians over the runs of a revision, [min, max].",
+        f"--reps {p['reps']} --sizes {p['sizes']}"
+        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
+        + f"` ({results['env']['when']}; revisions in rotation, each run "
+        "`python -m bench.analytics --shape tenants` with one repetition per size"
+        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
+        + "). Medians over the runs of a revision, [min, max].",
         "",
         f"| revision | past start-up, events/s | over {first}'s in the same round | "
         + " | ".join(f"{n:,} records, s" for n in sizes)
@@ -225,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", choices=["dwrr", "analytics"], default="dwrr")
     parser.add_argument(
         "--sizes", default="1000000,4000000,10000000", help="records, with --bench analytics"
+    )
+    parser.add_argument(
+        "--bench-at", default=None, help="run this revision's bench/ against every revision"
     )
     parser.add_argument("--name", default=None, help="result file (revisions, revisions_analytics)")
     args = parser.parse_args(argv)
