@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -286,8 +287,10 @@ def main() -> None:
         if args.cluster:
             cluster = stack.enter_context(StandaloneCluster(cores=1, memory="1g"))
             master, conf = cluster.url, {"spark.executor.memory": "512m"}
-            # The driver binds to loopback too, where the cluster can reach it.
+            # The driver and its UI bind to loopback too, where the cluster can reach
+            # them (a local master gets the same from session()).
             conf["spark.driver.host"] = "127.0.0.1"
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         spark = session(master, args.driver_memory, conf)
         spark.sparkContext.setLogLevel("ERROR")
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="celery-fair-bench-"))

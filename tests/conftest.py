@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from bench.harness.redis import RedisServer
+
+# Spark's driver and web UI, in the tests and in the commands they start, listen
+# on loopback only (without it Spark binds the UI to every interface).
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 @pytest.fixture(scope="session")

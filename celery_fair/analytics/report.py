@@ -36,6 +36,8 @@ from celery_fair.analytics.noisy import (  # noqa: E402
 __all__ = ("build_report", "format_summary", "register", "run", "session")
 
 DEFAULT_MASTER = "local[*]"
+#: Where a local report's Spark listens (see ``session``).
+LOOPBACK = "127.0.0.1"
 
 
 def register(subparsers: Any) -> None:
@@ -131,7 +133,8 @@ def session(
 
     Under ``spark-submit`` the master and the settings are spark-submit's;
     ``master`` and ``conf``, when given, still win (``driver_memory`` cannot:
-    the driver's JVM is already running).
+    the driver's JVM is already running). With a ``local`` master the driver
+    and the web UI listen on 127.0.0.1 unless ``SPARK_LOCAL_IP`` says otherwise.
     """
     from pyspark.sql import SparkSession
 
@@ -147,6 +150,12 @@ def session(
         # The aggregates are per window and key: a few thousand rows. Spark's
         # default of 200 shuffle partitions is made for clusters.
         builder = builder.config("spark.sql.shuffle.partitions", "8")
+        # A local Spark serves this process only: its driver and web UI listen
+        # on loopback. Without SPARK_LOCAL_IP Spark binds the driver to the
+        # host name's address and the UI to every interface (WebUI.bind); the
+        # JVM reads it at launch, so it is set before the session starts. A
+        # value the user set wins.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     builder = builder.config("spark.sql.session.timeZone", "UTC").config(
         "spark.ui.showConsoleProgress", "false"
     )

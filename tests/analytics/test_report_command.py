@@ -1,0 +1,62 @@
+"""`celery-fair report` as a user runs it, on telemetry shaped like a multi-tenant deployment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.harness.synthetic import tenant_spec, write_synthetic
+
+#: Spark's warning for a window function over the whole data set, which moves
+#: every row to one partition: it does not scale out on a cluster.
+UNPARTITIONED = "No Partition Defined for Window operation"
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 queues serving the same 2,000 tenants, one with 40% of every queue's tasks."""
+    path = tmp_path_factory.mktemp("tenants")
+    write_synthetic(tenant_spec(50_000), path)
+    return path
+
+
+def test_the_report_uses_no_window_without_a_partition(tenants: Path, tmp_path: Path) -> None:
+    """Spark's default log level (WARN) names every window over all rows; none is logged."""
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery_fair.cli", "report", str(tenants), "--out", str(out),
+         "--no-charts", "--master", "local[2]"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARN" in proc.stderr  # Spark's warnings are shown, so the check can see one
+    assert UNPARTITIONED not in proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert sorted(report["queues"]) == [f"q{i}" for i in range(8)]
+
+
+def test_a_local_report_listens_on_loopback_only() -> None:
+    """Without SPARK_LOCAL_IP the local Spark (driver, block manager, UI) binds 127.0.0.1 only."""
+    script = (
+        "import json, psutil\n"
+        "from celery_fair.analytics.report import session\n"
+        "spark = session('local[1]')\n"
+        "spark.range(3).count()\n"
+        "jvms = psutil.Process().children(recursive=True)\n"
+        "print(json.dumps(sorted({c.laddr.ip for p in jvms\n"
+        "    for c in p.net_connections(kind='inet') if c.status == psutil.CONN_LISTEN})))\n"
+        "spark.stop()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    addresses = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert addresses  # the driver listens somewhere
+    assert set(addresses) <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
