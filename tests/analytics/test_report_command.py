@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.synthetic import tenant_spec, write_synthetic
+from tests.report_command import run_report
 
 #: Spark's warning for a window function over the whole data set, which moves
 #: every row to one partition: it does not scale out on a cluster.
@@ -27,16 +28,9 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_report_uses_no_window_without_a_partition(tenants: Path, tmp_path: Path) -> None:
     """Spark's default log level (WARN) names every window over all rows; none is logged."""
-    out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_fair.cli", "report", str(tenants), "--out", str(out),
-         "--no-charts", "--master", "local[2]"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, report = run_report(tenants, tmp_path / "report", "--master", "local[2]")
     assert "WARN" in proc.stderr  # Spark's warnings are shown, so the check can see one
     assert UNPARTITIONED not in proc.stderr
-    report = json.loads((out / "report.json").read_text())
     assert sorted(report["queues"]) == [f"q{i}" for i in range(8)]
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from bench.harness.harness import run_backlogged
+from tests.report_command import run_report
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +40,7 @@ def test_worker_telemetry_feeds_the_report(redis_url: str, tmp_path: Path) -> No
     assert first["target_weight"] in (1.0, 3.0) and first["runtime"] > 0
     assert first["hostname"] and first["pid"]
 
-    out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "celery_fair.cli", "report", str(telemetry), "--out", str(out),
-         "--no-charts", "--master", "local[1]"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
+    _, report = run_report(telemetry, tmp_path / "report", "--master", "local[1]")
     for queue, weight in WEIGHTS.items():
         row = report["queues"][queue]
         assert row["target_share"] == pytest.approx(weight / 4)
