@@ -277,7 +277,7 @@ def main() -> None:
     from contextlib import ExitStack
 
     from bench.harness.spark_cluster import StandaloneCluster
-    from celery_fair.analytics.report import session
+    from celery_fair.analytics.report import LOOPBACK, session
 
     writer = bench_writer()
     print(f"writer: {writer['ns_per_record_call']['median']:.0f} ns per record()")
@@ -289,8 +289,8 @@ def main() -> None:
             master, conf = cluster.url, {"spark.executor.memory": "512m"}
             # The driver and its UI bind to loopback too, where the cluster can reach
             # them (a local master gets the same from session()).
-            conf["spark.driver.host"] = "127.0.0.1"
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            conf["spark.driver.host"] = LOOPBACK
+            os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         spark = session(master, args.driver_memory, conf)
         spark.sparkContext.setLogLevel("ERROR")
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="celery-fair-bench-"))
