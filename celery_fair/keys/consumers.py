@@ -47,11 +47,26 @@ def plain_consumers(
 def ask_plain_consumers(
     app: Any, keyed: Collection[str], *, timeout: float = 2.0
 ) -> dict[str, list[str]]:
-    """Ask the cluster by remote control: workers consuming a keyed queue without celery-fair."""
-    active = app.control.inspect(timeout=timeout).active_queues() or {}
-    stats: dict[str, Any] = {}
-    for reply in app.control.broadcast("fair_stats", reply=True, timeout=timeout) or ():
-        stats.update(reply)
+    """Ask the cluster by remote control: workers consuming a keyed queue without celery-fair.
+
+    The replies are collected on a connection of this call's own, closed
+    before it returns, never on one of the app's pool.  On Redis the
+    collection ends with a poll of the reply queue in flight; a pooled
+    connection would keep it, and every prefork child forked later closes
+    the pool's connections (Kombu's after-fork cleanup), reading that poll's
+    reply from the socket it shares with its parent: the first child takes
+    it, each later one waits for ever, and the worker stops running tasks
+    once ``--max-tasks-per-child`` or autoscale forks again (issue #49).
+    """
+    with app.connection_for_read() as connection:
+        control = app.control
+        active = control.inspect(timeout=timeout, connection=connection).active_queues() or {}
+        stats: dict[str, Any] = {}
+        replies = control.broadcast(
+            "fair_stats", reply=True, timeout=timeout, connection=connection
+        )
+        for reply in replies or ():
+            stats.update(reply)
     return plain_consumers(active, stats, keyed)
 
 
