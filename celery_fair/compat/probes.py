@@ -154,6 +154,14 @@ CAPABILITIES: dict[str, Capability] = {
             "such a task has no telemetry record",
         ),
         Capability(
+            "celery.worker.state_requests",
+            "the stall watchdog: the tasks a worker reserved and those its pool started "
+            "(celery.worker.state.reserved_requests/active_requests) and the pool's size "
+            "(TaskPool.num_processes or limit)",
+            "no stall watchdog: a task that waits while a pool process is free is not "
+            "logged, counted or repaired",
+        ),
+        Capability(
             "celery.consumer.qos",
             "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
             "fair_prefetch='auto' keeps Celery's fixed window on Redis",

@@ -26,6 +26,13 @@ def probe_worker(worker: Any, probe: Probe) -> None:
             probe.missing_capability(
                 "celery.worker.semaphore", "LaxBoundedSemaphore." + "/".join(lacking)
             )
+    from celery.worker import state
+
+    lacking = _lacks(state, ("reserved_requests", "active_requests"))
+    if pool_processes(getattr(worker, "pool", None)) is None:
+        lacking.append("TaskPool.num_processes/limit")
+    if lacking:
+        probe.missing_capability("celery.worker.state_requests", "/".join(lacking))
     if "__slots__" in vars(Request) and "_request_dict" not in Request.__slots__:
         probe.missing_capability("celery.request.headers", "Request._request_dict")
 
@@ -125,6 +132,32 @@ def pool_forgets_running_tasks(pool: Any) -> bool:
     from celery import VERSION
 
     return tuple(VERSION[:3]) < POOL_REPORTS_RUNNING_FROM
+
+
+def worker_requests() -> tuple[list[Any], list[Any]]:
+    """The tasks this worker has reserved (received, not finished) and those a pool
+    process started (``celery.worker.state``'s ``reserved_requests`` and
+    ``active_requests``), copied.
+
+    The sets are weak and, with ``-P threads``, changed by the pool's threads:
+    a copy that meets a change raises RuntimeError (the caller looks again later).
+    """
+    from celery.worker import state
+
+    return list(state.reserved_requests), list(state.active_requests)
+
+
+def pool_processes(pool: Any) -> int | None:
+    """How many tasks the pool runs at once now (prefork: its processes, which
+    ``--autoscale`` grows and shrinks); None if the pool does not say."""
+    for name in ("num_processes", "limit"):
+        try:
+            value = getattr(pool, name, None)
+        except AttributeError:  # prefork's num_processes before the pool started
+            value = None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def runs_inline(pool: Any) -> bool:

@@ -44,6 +44,19 @@ def plain_consumers(
     return found
 
 
+def _fair_stats(
+    control: Any, connection: Any, timeout: float, destination: list[str] | None = None
+) -> dict[str, Any]:
+    """Each answering worker's ``fair_stats`` reply, by worker name."""
+    stats: dict[str, Any] = {}
+    replies = control.broadcast(
+        "fair_stats", reply=True, timeout=timeout, connection=connection, destination=destination
+    )
+    for reply in replies or ():
+        stats.update(reply)
+    return stats
+
+
 def ask_plain_consumers(
     app: Any, keyed: Collection[str], *, timeout: float = 2.0
 ) -> dict[str, list[str]]:
@@ -56,17 +69,17 @@ def ask_plain_consumers(
     the pool's connections (Kombu's after-fork cleanup), reading that poll's
     reply from the socket it shares with its parent: the first child takes
     it, each later one waits for ever, and the worker stops running tasks
-    once ``--max-tasks-per-child`` or autoscale forks again (issue #49).
+    once ``--max-tasks-per-child`` or autoscale forks again.
     """
     with app.connection_for_read() as connection:
         control = app.control
         active = control.inspect(timeout=timeout, connection=connection).active_queues() or {}
-        stats: dict[str, Any] = {}
-        replies = control.broadcast(
-            "fair_stats", reply=True, timeout=timeout, connection=connection
-        )
-        for reply in replies or ():
-            stats.update(reply)
+        stats = _fair_stats(control, connection, timeout)
+        # A worker busy starting may answer a round late: the silent ones are
+        # asked once more before they count as plain.
+        silent = [w for w in plain_consumers(active, stats, keyed) if w not in stats]
+        if silent:
+            stats.update(_fair_stats(control, connection, timeout, destination=silent))
     return plain_consumers(active, stats, keyed)
 
 

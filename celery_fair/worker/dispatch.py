@@ -29,8 +29,10 @@ from .roles import SchedulingService
 __all__ = (
     "BUSY_DRAIN",
     "FairGate",
+    "buffered_requests",
     "hold_during_drain",
     "install_on_semaphore",
+    "release_waiters",
     "wake_while_busy",
 )
 
@@ -110,6 +112,36 @@ def _send_back_paused(
                 dispatch.put(queue, item, key, level, user)
 
 
+def _semaphore_request(entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+    return entry[1][0]
+
+
+def _gate_request(entry: tuple[Any, Any]) -> Any:
+    return entry[1]
+
+
+def buffered_requests(service: SchedulingService, *, gated: bool) -> list[Any]:
+    """The requests waiting in the dispatch buffer for a slot: the gate's (``gated``)
+    or the prefork semaphore's."""
+    request_of: Callable[[Any], Any] = _gate_request if gated else _semaphore_request
+    with service.lock:
+        return [request_of(entry) for entry in service.scheduler.dispatch]
+
+
+def release_waiters(semaphore: Any, service: SchedulingService, slots: int) -> int:
+    """Repair a prefork worker's count: let up to ``slots`` buffered tasks go to the pool.
+
+    For pool processes that are free while the semaphore counts them busy (a
+    release that never came).  ``release`` hands a waiter the slot without
+    counting it again.  Returns how many went.
+    """
+    given = 0
+    while given < slots and len(service.scheduler.dispatch):
+        semaphore.release()
+        given += 1
+    return given
+
+
 def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
     """Make a ``LaxBoundedSemaphore`` release its waiters in DWRR order."""
     lock = service.lock
@@ -119,7 +151,7 @@ def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
             _wait(service, entry[1], entry)
 
     def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        entry = _next_admitted(service, lambda e: e[1][0])
+        entry = _next_admitted(service, _semaphore_request)
         if entry is None:
             raise IndexError("no task is waiting")
         return entry
@@ -155,6 +187,19 @@ class FairGate:
             self.free = min(self.slots, self.free + 1)
         self.pump()
 
+    def repair(self, free: int) -> int:
+        """The pool has ``free`` slots with nothing on its way to them: count at least
+        that many free (a release that never came), and start waiting tasks.
+
+        Returns how many slots the gate had lost.
+        """
+        with self._lock:
+            lost = max(0, min(self.slots, free) - self.free)
+            self.free += lost
+        if lost:
+            self.pump()
+        return lost
+
     def hold(self) -> None:
         self._held = True
 
@@ -174,7 +219,7 @@ class FairGate:
                     if self.free <= 0:
                         return
                     self.free -= 1
-                entry = _next_admitted(self.service, lambda e: e[1])
+                entry = _next_admitted(self.service, _gate_request)
                 if entry is None:
                     with self._lock:
                         self.free += 1

@@ -229,6 +229,23 @@ class FairCollector:
                 cumulative.append((bound, float(running)))
             sojourn.add_metric([w, queue], cumulative, metered.sojourn_sum[queue])
         yield sojourn
+        stalls = CounterMetricFamily(
+            f"{PREFIX}_stalls",
+            "Tasks found waiting while a pool process was free for fair_stall_after seconds, "
+            "by where they waited (buffer: celery-fair's; pool: taken, not started).",
+            labels=["worker", "place"],
+        )
+        stalled = snapshot.stalls
+        for place in ("buffer", "pool"):
+            stalls.add_metric([w, place], float(stalled.stalls.get(place, 0)))
+        yield stalls
+        repaired = CounterMetricFamily(
+            f"{PREFIX}_stall_repaired_slots",
+            "Pool slots the stall watchdog gave back (the worker's count had lost them).",
+            labels=["worker"],
+        )
+        repaired.add_metric([w], float(stalled.repaired))
+        yield repaired
         if snapshot.keys is not None:
             yield from self._keys(snapshot.keys)
 

@@ -21,6 +21,7 @@ from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
+from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
 from .dispatch import FairGate
 from .keyed_admin import KeyedAdmin
@@ -79,6 +80,8 @@ class FairService:
         #: see :func:`celery_fair.compat.pool_forgets_running_tasks`).
         self.pool_forgets_running = False
         self.attachment = Attachment()
+        #: Tasks that wait while a pool process is free (see :mod:`.watchdog`).
+        self.stalls = StallWatch(settings.stall_after)
         self.tracker = TaskTracker(self, hostname=hostname)
         codel = settings.codel_options
         self.shedder: Shedder | None = None
@@ -328,6 +331,7 @@ class FairService:
             compat_fallbacks=dict(self.probe.missing),
             keys=keyed.statistics() if keyed is not None else None,
             bad_input=self.quarantine.statistics(),
+            stalls=self.stalls.statistics(),
         )
 
     def statistics(self) -> dict[str, object]:
@@ -348,6 +352,7 @@ class WorkerStatistics:
     compat_fallbacks: Mapping[str, str]
     keys: KeyStatistics | None
     bad_input: QuarantineStatistics
+    stalls: StallStatistics
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly nested data: the scheduler's fields at the top level."""
@@ -365,4 +370,5 @@ class WorkerStatistics:
         stats["compat_fallbacks"] = dict(self.compat_fallbacks)
         stats["keys"] = asdict(self.keys) if self.keys is not None else None
         stats["bad_input"] = asdict(self.bad_input)
+        stats["stalls"] = asdict(self.stalls)
         return stats

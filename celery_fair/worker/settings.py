@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "fair_priority_weights": {},
     "fair_unknown_task_delay": 10.0,
     "fair_unknown_task_max_returns": 30,
+    "fair_stall_after": 10.0,
 }
 
 
@@ -278,6 +279,8 @@ class FairSettings:
     unknown_task_delay: float = 10.0
     #: ... and is parked after this many returns (0: parked at once).
     unknown_task_max_returns: int = 30
+    #: A task waiting this long (s) while a pool process is free is a stall.
+    stall_after: float = 10.0
 
     @property
     def codel(self) -> bool:
@@ -371,6 +374,7 @@ class FairSettings:
                 "fair_unknown_task_delay", None, get("fair_unknown_task_delay")
             ),
             unknown_task_max_returns=max_returns,
+            stall_after=_positive("fair_stall_after", None, get("fair_stall_after")),
             keys=keys,
             key_limits=limits,
             key_max_backlog=caps,

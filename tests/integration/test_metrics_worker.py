@@ -29,6 +29,8 @@ FAMILIES = (
     "celery_fair_codel_rejected",
     "celery_fair_codel_dropping",
     "celery_fair_sojourn_seconds",
+    "celery_fair_stalls",
+    "celery_fair_stall_repaired_slots",
     "celery_fair_process_resident_memory_bytes",
 )
 

@@ -23,6 +23,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis as redis_lib
@@ -136,3 +137,41 @@ def test_children_forked_after_the_keyed_check_start_and_run_everything(
     runs = Counter(e["pid"] for e in entries if e["worker"] == node and e["started"] > second)
     assert len(runs) >= 20 and max(runs.values()) <= MAX_TASKS, runs
     assert redis_lib.Redis.from_url(env["CELERY_FAIR_BROKER"]).hlen("unacked") == 0
+
+
+def test_the_watchdog_reports_tasks_the_pool_took_and_never_started(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Pool processes that never come up: the tasks the pool took are stalls, logged and
+    counted; they run once the processes do."""
+    flag = tmp_path / "hang"
+    env = {"STALL_FLAG": str(flag), "STALL_LEDGER": redis_url}
+    worker = WorkerProcess(
+        redis_url, ["hi", "lo"], concurrency=2, app="tests.integration.stall_app", env=env,
+        extra_args=[*FLAGS, "--max-tasks-per-child=1"],
+    )  # fmt: skip
+    producer = Celery("stall-producer", broker=redis_url, set_as_current=False)
+    record = producer.signature("stall.record")
+    ledger = redis_lib.Redis.from_url(redis_url)
+    with running(worker):
+        wait_until(lambda: " ready." in worker.log(), "the worker", [worker])
+        record.clone((0,)).apply_async(queue="hi")
+        wait_until(lambda: ledger.llen("ran") == 1, "the first task", [worker])
+        # Its child exits after that task; the ones forked from now on hang.
+        flag.touch()
+        for i in range(1, 4):
+            record.clone((i,)).apply_async(queue="hi" if i % 2 else "lo")
+        wait_until(lambda: "celery-fair: stall: task" in worker.log(), "a stall", [worker])
+        with producer.connection_for_write() as connection:
+            [replies] = producer.control.broadcast(
+                "fair_stats", reply=True, timeout=5, limit=1, connection=connection
+            )
+        [reply] = replies.values()
+        assert reply["stalls"]["stalls"].get("pool", 0) >= 1, reply["stalls"]
+        assert reply["stalls"]["repaired"] == 0  # nothing of celery-fair's to repair
+        line = next(x for x in worker.log().splitlines() if "celery-fair: stall: task" in x)
+        assert "WARNING" in line and "the pool took it and has not started it" in line
+        flag.unlink()
+        wait_until(lambda: ledger.llen("ran") == 4, "every task, once the pool is up", [worker])
+    assert sorted(int(v) for v in ledger.lrange("ran", 0, -1)) == [0, 1, 2, 3]
+    producer.close()

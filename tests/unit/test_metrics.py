@@ -235,6 +235,7 @@ def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
     assert samples[("celery_fair_codel_requeued_total", (("queue", "a"), ("worker", "w@h")))] == 2
     assert samples[("celery_fair_codel_rejected_total", (("queue", "b"), ("worker", "w@h")))] == 1
     assert samples[("celery_fair_codel_dropping", (("worker", "w@h"),))] == 0
+    assert samples[("celery_fair_stalls_total", (("place", "pool"), ("worker", "w@h")))] == 0
     deficits = {k for k in samples if k[0] == "celery_fair_deficit"}
     assert {dict(labels)["queue"] for _, labels in deficits} == {"a", "b"}
 
@@ -247,7 +248,7 @@ def test_fair_stats_keeps_its_fields() -> None:
     assert set(stats) >= {
         "cost", "weights", "held", "credit", "cost_estimate", "fetched", "waiting", "drr",
         "dispatch", "prefetch_windows", "codel", "atomic_fetch", "compat_fallbacks", "keys",
-        "bad_input",
+        "bad_input", "stalls",
     }  # fmt: skip
     assert set(stats["drr"]["queues"]["b"]) >= {"quantum", "deficit"}  # type: ignore[index]
     assert stats["bad_input"] == {"parked": {}, "returned": 0, "returning": 0, "errors": 0}

@@ -18,7 +18,9 @@ Consumer blueprint, at every (re)connection:
 * :class:`FairConsumerStep` (``celery_fair.consumer``): the fetch order or
   per-queue windows on the task channel, bad input kept;
 * :class:`FairKeysStep` (``celery_fair.keys``): plain consumers of keyed
-  queues warned about, keyed backlogs adopted.
+  queues warned about, keyed backlogs adopted;
+* :class:`FairWatchdogStep` (``celery_fair.watchdog``): tasks that wait while
+  a pool process is free, logged, counted and repaired.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .keys import FairKeysStep
 from .metrics import FairMetricsStep
 from .service import FairWorkerStep
 from .telemetry import FairTelemetryStep
+from .watchdog import FairWatchdogStep
 
 __all__ = (
     "CONSUMER_STEPS",
@@ -39,6 +42,7 @@ __all__ = (
     "FairKeysStep",
     "FairMetricsStep",
     "FairTelemetryStep",
+    "FairWatchdogStep",
     "FairWorkerStep",
     "StartError",
 )
@@ -46,4 +50,4 @@ __all__ = (
 #: What :func:`celery_fair.install` adds to ``app.steps["worker"]``.
 WORKER_STEPS = (FairWorkerStep, FairTelemetryStep, FairMetricsStep, FairDispatchStep)
 #: What :func:`celery_fair.install` adds to ``app.steps["consumer"]``.
-CONSUMER_STEPS = (FairConsumerStep, FairKeysStep)
+CONSUMER_STEPS = (FairConsumerStep, FairKeysStep, FairWatchdogStep)

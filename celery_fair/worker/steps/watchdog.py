@@ -1,0 +1,51 @@
+"""The stall watchdog on the consumer's timer (see :mod:`celery_fair.worker.watchdog`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import bootsteps
+
+from ..service import FairService
+from ..watchdog import LOOK_EVERY, PoolWatchdog
+
+__all__ = ("FairWatchdogStep",)
+
+
+class FairWatchdogStep(bootsteps.StartStopStep):
+    """Looks at the pool every :data:`~celery_fair.worker.watchdog.LOOK_EVERY` seconds.
+
+    On the consumer's timer: with prefork that is the event loop's thread, the
+    one that acquires and releases the pool's semaphore, so a repair never
+    races them.  Without the capability (``celery.worker.state_requests``)
+    the step does nothing; the probe at start said so.
+    """
+
+    name = "celery_fair.watchdog"
+    requires = ("celery_fair.worker.steps.consumer:FairConsumerStep",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        service: FairService | None = getattr(c.controller, "fair", None)
+        self.enabled = service is not None
+        self._timer: Any = None
+
+    def start(self, c: Any) -> None:
+        service: FairService = c.controller.fair
+        if self._timer is not None or not service.probe.has("celery.worker.state_requests"):
+            return
+        w = c.controller
+        gate = service.gate
+        watchdog = PoolWatchdog(
+            service,
+            service.stalls,
+            w.pool,
+            semaphore=getattr(w, "semaphore", None) if gate is None else None,
+            gate=gate,
+        )
+        self._timer = c.timer.call_repeatedly(LOOK_EVERY, watchdog.look)
+
+    def stop(self, c: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,109 @@
+"""The stall watchdog: the worker's count of free pool slots checked against the pool.
+
+Celery and celery-fair count free slots by callbacks (the prefork
+semaphore's releases, the gate's), and a callback can be lost.  Every
+:data:`LOOK_EVERY` seconds, on the consumer's timer, the watchdog reads what
+the pool really holds (Celery's reserved and started tasks, the pool's size,
+which ``--autoscale`` moves) and hands it to a
+:class:`~celery_fair.scheduling.stalls.StallWatch`.  A task that has waited
+``fair_stall_after`` seconds while a process was free is logged once, with
+what the worker knows, and counted (``inspect fair_stats`` ``stalls``,
+``celery_fair_stalls_total``).  If it waits in celery-fair's buffer and
+processes are free with nothing on its way to them, the count is repaired:
+the lost slots are given back and the buffered tasks start.  A task the
+pool has taken and not started (a child that never came up) cannot be
+repaired from the worker's side; it is reported all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import compat
+from ..scheduling.stalls import Stall, StallWatch
+from .dispatch import FairGate, buffered_requests, release_waiters
+from .roles import SchedulingService
+
+__all__ = ("LOOK_EVERY", "PoolWatchdog")
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at the pool.
+LOOK_EVERY = 1.0
+
+
+class PoolWatchdog:
+    """Looks at one worker's pool and repairs its free-slot count when it drifted."""
+
+    def __init__(
+        self,
+        service: SchedulingService,
+        watch: StallWatch,
+        pool: Any,
+        *,
+        semaphore: Any = None,
+        gate: FairGate | None = None,
+    ) -> None:
+        self.service = service
+        self.watch = watch
+        self.pool = pool
+        self.semaphore = semaphore
+        self.gate = gate
+
+    def look(self) -> list[Stall]:
+        """One look: the stalls found now (each logged once), after any repair."""
+        try:
+            reserved, active = compat.worker_requests()
+        except RuntimeError:  # changed by a pool thread while copied: look next time
+            return []
+        size = self.gate.slots if self.gate is not None else compat.pool_processes(self.pool)
+        if size is None:
+            return []
+        buffered = {id(r) for r in buffered_requests(self.service, gated=self.gate is not None)}
+        started = {id(r) for r in active}
+        waiting: dict[Any, str] = {}
+        requests: dict[Any, Any] = {}
+        for request in reserved:
+            if id(request) in started:
+                continue
+            key = getattr(request, "id", None) or id(request)
+            waiting[key] = "buffer" if id(request) in buffered else "pool"
+            requests[key] = request
+        free = size - len(active)
+        stalls = self.watch.look(self.service.clock(), waiting, free, size)
+        if not stalls:
+            return stalls
+        # Processes free with no task on its way to them: slots the count lost.
+        room = free - sum(1 for place in waiting.values() if place == "pool")
+        given = 0
+        if room > 0 and any(s.place == "buffer" for s in stalls):
+            if self.gate is not None:
+                given = self.gate.repair(room)
+            elif self.semaphore is not None:
+                given = release_waiters(self.semaphore, self.service, room)
+            self.watch.repaired(given)
+        for stall in stalls:
+            self._log(stall, requests.get(stall.task), given, len(buffered))
+        return stalls
+
+    def _log(self, stall: Stall, request: Any, given: int, buffered: int) -> None:
+        queue = self.service.queue_of(request) if request is not None else None
+        if stall.place == "buffer":
+            outcome = (
+                f"gave the pool back {given} slot(s) its count had lost"
+                if given
+                else "no slot to give back"
+            )
+        else:
+            outcome = (
+                "the pool took it and has not started it (a pool process that never came "
+                "up?); it runs when the pool does"
+            )
+        logger.warning(
+            "celery-fair: stall: task %s (%s) of queue %s waited %.1f s in the %s while "
+            "%d of %d pool process(es) were free; %d task(s) in celery-fair's buffer; %s",
+            stall.task, getattr(request, "name", "?"), queue, stall.waited,
+            "worker's buffer" if stall.place == "buffer" else "pool", stall.free, stall.size,
+            buffered, outcome,
+        )  # fmt: skip
