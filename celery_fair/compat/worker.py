@@ -134,17 +134,18 @@ def pool_forgets_running_tasks(pool: Any) -> bool:
     return tuple(VERSION[:3]) < POOL_REPORTS_RUNNING_FROM
 
 
-def worker_requests() -> tuple[list[Any], list[Any]]:
-    """The tasks this worker has reserved (received, not finished) and those a pool
-    process started (``celery.worker.state``'s ``reserved_requests`` and
-    ``active_requests``), copied.
+def worker_requests() -> tuple[list[Any], list[Any], list[Any]]:
+    """This worker's tasks, from ``celery.worker.state``: those it reserved (received,
+    not finished), those a pool process started, and every one it knows (with
+    Celery >= 5.7 the ones waiting for an ETA too), copied.
 
     The sets are weak and, with ``-P threads``, changed by the pool's threads:
     a copy that meets a change raises RuntimeError (the caller looks again later).
     """
     from celery.worker import state
 
-    return list(state.reserved_requests), list(state.active_requests)
+    known = list(state.requests.values()) if hasattr(state, "requests") else []
+    return list(state.reserved_requests), list(state.active_requests), known
 
 
 def pool_processes(pool: Any) -> int | None:

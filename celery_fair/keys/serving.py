@@ -335,6 +335,27 @@ class KeyedServing:
         mean = None if estimate is None else estimate.value
         return self.slots + 1 if mean is not None and mean < LOOKAHEAD_BELOW else self.slots
 
+    def held(self, queue: str) -> int:
+        """Tasks of limited ``queue`` this worker counts as holding a key slot."""
+        with self._lock:
+            return self._in_flight.get(queue, 0)
+
+    def recount(self, queue: str, held: int) -> int:
+        """This worker holds ``held`` tasks of ``queue``, fewer than it counts: a release
+        was lost.  Count those; the fetch may take more of ``queue`` at once.
+
+        The leases on the broker are not touched: the one whose release was lost
+        expires after ``lease_ttl``.  Returns how many the count had too many.
+        """
+        with self._lock:
+            extra = self._in_flight.get(queue, 0) - max(0, held)
+            if extra <= 0:
+                return 0
+            self._in_flight[queue] = max(0, held)
+        if self.on_room is not None:
+            self.on_room()
+        return extra
+
     def reset(self, running_unreported: bool = False) -> int:
         """A new channel: the previous one's messages went back to the broker.
 

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-__all__ = ("Stall", "StallStatistics", "StallWatch")
+__all__ = ("BUFFER", "LEASES", "PLACES", "POOL", "Stall", "StallStatistics", "StallWatch")
+
+#: Where a task waits: in celery-fair's buffer, before the pool; handed to the
+#: pool and not started; or (not a task) a keyed queue's fetch held back by a
+#: count of key slots the worker does not hold.
+BUFFER, POOL, LEASES = "buffer", "pool", "leases"
+PLACES = (BUFFER, POOL, LEASES)
 
 
 @dataclass(frozen=True)
@@ -28,8 +34,7 @@ class Stall:
     """One task found waiting while a pool process was free."""
 
     task: Hashable
-    #: Where it waited: ``"buffer"`` (celery-fair's, before the pool) or
-    #: ``"pool"`` (handed to the pool, not started).
+    #: Where it waited: one of :data:`PLACES`.
     place: str
     #: Seconds it has waited with a process free.
     waited: float

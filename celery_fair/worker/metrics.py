@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import FairConfigError
+from ..scheduling.stalls import PLACES
 
 if TYPE_CHECKING:
     from ..keys.serving import KeyStatistics
@@ -232,11 +233,12 @@ class FairCollector:
         stalls = CounterMetricFamily(
             f"{PREFIX}_stalls",
             "Tasks found waiting while a pool process was free for fair_stall_after seconds, "
-            "by where they waited (buffer: celery-fair's; pool: taken, not started).",
+            "by where they waited (buffer: celery-fair's; pool: taken, not started; leases: "
+            "a keyed queue's fetch held by a count of key slots the worker does not hold).",
             labels=["worker", "place"],
         )
         stalled = snapshot.stalls
-        for place in ("buffer", "pool"):
+        for place in PLACES:
             stalls.add_metric([w, place], float(stalled.stalls.get(place, 0)))
         yield stalls
         repaired = CounterMetricFamily(

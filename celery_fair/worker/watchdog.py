@@ -13,6 +13,12 @@ processes are free with nothing on its way to them, the count is repaired:
 the lost slots are given back and the buffered tasks start.  A task the
 pool has taken and not started (a child that never came up) cannot be
 repaired from the worker's side; it is reported all the same.
+
+Keyed queues with per-key limits have a count of their own: the tasks that
+hold a key slot here, which stops the fetch at the pool's size.  If it stays
+above the tasks of that queue the worker knows of while a process is free,
+a release was lost; the count is set to what the worker holds and the fetch
+woken (place ``leases``).  The lease on the broker expires by itself.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import logging
 from typing import Any
 
 from .. import compat
-from ..scheduling.stalls import Stall, StallWatch
+from ..scheduling.stalls import BUFFER, LEASES, POOL, Stall, StallWatch
 from .dispatch import FairGate, buffered_requests, release_waiters
 from .roles import SchedulingService
 
@@ -54,7 +60,7 @@ class PoolWatchdog:
     def look(self) -> list[Stall]:
         """One look: the stalls found now (each logged once), after any repair."""
         try:
-            reserved, active = compat.worker_requests()
+            reserved, active, known = compat.worker_requests()
         except RuntimeError:  # changed by a pool thread while copied: look next time
             return []
         size = self.gate.slots if self.gate is not None else compat.pool_processes(self.pool)
@@ -68,28 +74,73 @@ class PoolWatchdog:
             if id(request) in started:
                 continue
             key = getattr(request, "id", None) or id(request)
-            waiting[key] = "buffer" if id(request) in buffered else "pool"
+            waiting[key] = BUFFER if id(request) in buffered else POOL
             requests[key] = request
         free = size - len(active)
+        leases = self._lease_drift(reserved, known)
+        waiting.update({(LEASES, queue): LEASES for queue in leases})
         stalls = self.watch.look(self.service.clock(), waiting, free, size)
         if not stalls:
             return stalls
+        found = {stall.task: stall for stall in stalls}
+        for queue, counts in leases.items():
+            stall = found.get((LEASES, queue))
+            if stall is not None:
+                self._log_leases(stall, queue, counts, self._recount(queue, counts))
+        stalls_of_tasks = [s for s in stalls if s.place != LEASES]
         # Processes free with no task on its way to them: slots the count lost.
-        room = free - sum(1 for place in waiting.values() if place == "pool")
+        room = free - sum(1 for place in waiting.values() if place == POOL)
         given = 0
-        if room > 0 and any(s.place == "buffer" for s in stalls):
+        if room > 0 and any(s.place == BUFFER for s in stalls_of_tasks):
             if self.gate is not None:
                 given = self.gate.repair(room)
             elif self.semaphore is not None:
                 given = release_waiters(self.semaphore, self.service, room)
             self.watch.repaired(given)
-        for stall in stalls:
+        for stall in stalls_of_tasks:
             self._log(stall, requests.get(stall.task), given, len(buffered))
         return stalls
 
+    def _lease_drift(self, reserved: list[Any], known: list[Any]) -> dict[str, tuple[int, int]]:
+        """Keyed queues with per-key limits whose count of tasks holding a key slot here
+        is above what this worker holds, and that fetch nothing for it: ``queue ->
+        (counted, held)``."""
+        keyed = self.service.keyed
+        if keyed is None or not keyed.limited:
+            return {}
+        held: dict[str, int] = {}
+        seen: set[int] = set()
+        for request in (*reserved, *known):
+            if id(request) in seen:
+                continue
+            seen.add(id(request))
+            queue = self.service.queue_of(request)
+            if queue in keyed.queues:
+                held[queue] = held.get(queue, 0) + 1
+        drift = {}
+        for queue in keyed.queues:
+            counted = keyed.held(queue)
+            if counted > held.get(queue, 0) and not keyed.has_room(queue):
+                drift[queue] = (counted, held.get(queue, 0))
+        return drift
+
+    def _recount(self, queue: str, counts: tuple[int, int]) -> int:
+        keyed = self.service.keyed
+        given = keyed.recount(queue, counts[1]) if keyed is not None else 0
+        self.watch.repaired(given)
+        return given
+
+    def _log_leases(self, stall: Stall, queue: str, counts: tuple[int, int], given: int) -> None:
+        logger.warning(
+            "celery-fair: stall: keyed queue %s: this worker counted %d task(s) holding key "
+            "slots and holds %d, so it fetched none of %s for %.1f s while %d of %d pool "
+            "process(es) were free; the count is repaired (%d slot(s) back)",
+            queue, counts[0], counts[1], queue, stall.waited, stall.free, stall.size, given,
+        )  # fmt: skip
+
     def _log(self, stall: Stall, request: Any, given: int, buffered: int) -> None:
         queue = self.service.queue_of(request) if request is not None else None
-        if stall.place == "buffer":
+        if stall.place == BUFFER:
             outcome = (
                 f"gave the pool back {given} slot(s) its count had lost"
                 if given
@@ -104,6 +155,6 @@ class PoolWatchdog:
             "celery-fair: stall: task %s (%s) of queue %s waited %.1f s in the %s while "
             "%d of %d pool process(es) were free; %d task(s) in celery-fair's buffer; %s",
             stall.task, getattr(request, "name", "?"), queue, stall.waited,
-            "worker's buffer" if stall.place == "buffer" else "pool", stall.free, stall.size,
+            "worker's buffer" if stall.place == BUFFER else "pool", stall.free, stall.size,
             buffered, outcome,
         )  # fmt: skip

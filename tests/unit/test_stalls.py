@@ -206,3 +206,44 @@ def test_a_gate_that_lost_a_slot_is_repaired(tracked: list[Request]) -> None:
     assert stall.place == "buffer"
     assert ran == ["a-0", "a-1"]
     assert service.stalls.statistics().repaired == 1
+
+
+def test_a_lost_key_slot_release_is_recounted(
+    tracked: list[Request], caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_fair.keys.limits import KeyLimits
+
+    clock = Clock()
+    settings = FairSettings(
+        weights={"jobs": 1}, keys={"jobs": "tenant_id"},
+        key_limits=KeyLimits(concurrency={"*": 1}), stall_after=10.0,
+    )  # fmt: skip
+    service = FairService(settings, concurrency=2, clock=clock)
+    service._map_queues([Queue("jobs")])
+    keyed = service.keyed
+    assert keyed is not None
+    woken: list[bool] = []
+    keyed.on_room = lambda: woken.append(True)
+    # Two tasks fetched (each holds its key's slot) and one still here; the
+    # other finished but its release was lost.
+    keyed.served("jobs", "t1")
+    keyed.served("jobs", "t2")
+    request = Request("jobs", 0)
+    tracked.append(request)
+    state.task_reserved(request)
+    state.task_accepted(request)
+    assert not keyed.has_room("jobs")  # the fetch takes no more of jobs
+    watchdog = PoolWatchdog(service, service.stalls, Pool(2), semaphore=LaxBoundedSemaphore(2))
+    assert watchdog.look() == []
+    clock.now = 10.0
+    with caplog.at_level(logging.WARNING, logger="celery_fair.worker.watchdog"):
+        [stall] = watchdog.look()
+    assert stall.place == "leases" and stall.task == ("leases", "jobs")
+    assert keyed.held("jobs") == 1 and keyed.has_room("jobs") and woken == [True]
+    assert service.stalls.statistics().repaired == 1
+    assert (
+        "keyed queue jobs: this worker counted 2 task(s) holding key slots and holds 1"
+        in (caplog.messages[0])
+    )
+    clock.now = 30.0
+    assert watchdog.look() == []  # repaired: nothing more to report
