@@ -23,7 +23,9 @@ Configured from the environment (like ``bench.harness.workload``):
 Every run of a task appends one JSON entry to the ledger: the task id and name,
 its value, the attempt (``retries``), the queue it came from, the worker and
 the process that ran it, its tenant and ETA, and when it started and finished.
-The hash ``ledger:queues`` counts the runs per queue.
+The hash ``ledger:queues`` counts the runs per queue.  ``prod.churn`` also notes each
+start, before it sleeps, in the list ``ledger:starts``: a run killed mid-task (a hard
+time limit, a SIGKILLed pool process, a revoke with terminate) leaves a start and no run.
 """
 
 from __future__ import annotations
@@ -79,6 +81,29 @@ def _record(task: Any, value: object, tenant_id: str | None, started: float) -> 
     pipe.execute()
 
 
+def _record_start(task: Any, tenant_id: str | None, started: float) -> None:
+    """Note that a run of ``task`` started (``ledger:starts``), before it does its work."""
+    url = os.environ.get("PRODUCTION_LEDGER")
+    if not url:
+        return
+    client = _LEDGER_CLIENTS.get(url)
+    if client is None:
+        import redis
+
+        client = _LEDGER_CLIENTS[url] = redis.Redis.from_url(url)
+    request = task.request
+    delivery = getattr(request, "delivery_info", None) or {}
+    entry = {
+        "id": request.id,
+        "queue": delivery.get("routing_key"),
+        "worker": request.hostname,
+        "pid": os.getpid(),
+        "tenant": tenant_id,
+        "started": started,
+    }
+    client.rpush("ledger:starts", json.dumps(entry))
+
+
 def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") -> Celery:
     """The project's app, configured from ``env``."""
     app = Celery(name, set_as_current=False)
@@ -118,6 +143,16 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
     def record(self: Any, value: object, ms: float = 0.0, tenant_id: str | None = None) -> object:
         """Sleep ``ms``, record the run, return ``value``."""
         started = time.time()
+        if ms:
+            time.sleep(ms / 1000.0)
+        _record(self, value, tenant_id, started)
+        return value
+
+    @app.task(name="prod.churn", bind=True, shared=False)
+    def churn(self: Any, value: object, ms: float = 0.0, tenant_id: str | None = None) -> object:
+        """``record``, with its start noted first: a run killed while it sleeps is seen."""
+        started = time.time()
+        _record_start(self, tenant_id, started)
         if ms:
             time.sleep(ms / 1000.0)
         _record(self, value, tenant_id, started)
