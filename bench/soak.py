@@ -13,10 +13,15 @@ time after the weight change, and without the restart's outage), and, for the
 whole run, how many published tasks never ran or ran twice.
 
     python -m bench.soak [--minutes 4.5] [--name soak] [--plain]
+    python -m bench.soak --churn [--tasks 100000] [--reps 1] [--only redis|rabbitmq]
 
 ``--plain`` runs the same load and restart with plain Celery (no weights:
 its shares are reported, not checked), to compare the lost and duplicate
 counts with what Kombu's Redis transport itself gives.
+
+``--churn`` runs the churn soak of :mod:`bench.churn` instead (pool processes
+replaced, killed, time-limited and revoked under a backlog, on Redis and on
+RabbitMQ, celery-fair and plain Celery in turns): ``bench/results/churn.json``.
 """
 
 from __future__ import annotations
@@ -185,7 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=4.5, help="length of the load phases")
     parser.add_argument("--name", default=None, help="result file name in bench/results/")
     parser.add_argument("--plain", action="store_true", help="plain Celery, for comparison")
+    parser.add_argument("--churn", action="store_true", help="the churn soak (bench.churn)")
+    parser.add_argument("--tasks", type=int, default=100_000, help="--churn: tasks per run")
+    parser.add_argument("--reps", type=int, default=1, help="--churn: repetitions per variant")
+    parser.add_argument("--only", choices=("redis", "rabbitmq"), help="--churn: one broker")
     args = parser.parse_args(argv)
+    if args.churn:
+        from . import churn
+
+        command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
+        return churn.main(args.tasks, args.reps, args.only, args.name or "churn", command)
     name = args.name or ("soak_plain" if args.plain else "soak")
     phase_s = args.minutes * 60 / len(PHASES)
     if phase_s < 4 * SETTLE:

@@ -1,0 +1,1009 @@
+"""Churn soak (#49, "Nothing stranded"): pool processes replaced, killed, time-limited
+and revoked under a backlog, and every task accounted for.
+
+Two ``celery worker`` processes of :mod:`tests.integration.production_app`, started
+as deployments start them: Celery's defaults (mingle, gossip, heartbeat) plus
+``-E -O fair``, late acks with a prefetch multiplier of 1, a Redis result backend
+(on the broker's own Redis when the broker is Redis), ``visibility_timeout`` 3600 on
+Redis.  Worker ``b`` replaces its pool children every ``--max-tasks-per-child``
+tasks; worker ``a`` runs ``--autoscale 3,1``, growing in each wave of tasks and
+shrinking in the pause after it.  Both have a hard ``--time-limit``.
+
+The queues are ``hi`` and ``lo`` (weights 4:1) and, on Redis, ``jobs``, keyed by
+tenant (``fair_keys``; RabbitMQ has no keyed queue).  The tasks (``prod.churn``, 2 ms)
+are published in waves; a share sleeps 300 ms (the targets of the revokes), a share
+sleeps beyond a hard time limit (half the worker's ``--time-limit``, half a
+``time_limit`` of their own), a share has a countdown.  While the waves run, a churn
+thread SIGKILLs a random pool process of a random worker every ``kill_every``
+seconds and revokes, with ``terminate=True``, running slow tasks and a task still
+waiting.
+
+Then every published task is accounted for, per Celery's at-least-once rules: it
+ran once and succeeded, or its result says why not: ``TimeLimitExceeded`` (a hard
+time limit), ``WorkerLostError`` (a pool process killed under it: with late acks
+and ``task_reject_on_worker_lost`` off, Celery marks it failed and acknowledges
+it), ``REVOKED``.  A task with no such result and no run is **lost** (stranded:
+where it is, is reported); a task that started twice is a duplicate, explained
+when an earlier run's process was one the churn killed.  The run ends with
+nothing on the broker (Redis: no message waiting and the ``unacked`` hash empty
+while the workers still run; RabbitMQ: no message ready or unacknowledged), the
+shares hold while ``hi`` and ``lo`` are both backlogged, and no worker logs a
+stall (``celery-fair: stall``, the worker's watchdog).
+
+    python -m bench.soak --churn [--tasks 100000] [--reps 1] [--only redis|rabbitmq]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import redis as redis_lib
+
+from bench.harness.brokers import AmqpBroker, _glob_escape
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
+
+__all__ = ("Churn", "account", "log_lines", "run_churn", "wave_shares")
+
+APP = "tests.integration.production_app"
+TASK = "prod.churn"
+#: The deployment flags of both workers, besides Celery's defaults.
+FLAGS = ("-E", "-O", "fair")
+WEIGHTS = {"hi": 4, "lo": 1}
+#: Redis only: a queue keyed by tenant (weight 1, the default).
+KEYED = "jobs"
+#: Tasks published per queue, in proportion: hi and lo equal, so that with 4:1 hi
+#: runs dry first and the window where both are backlogged is most of a wave.
+MIX = {"hi": 2, "lo": 2, KEYED: 1}
+VISIBILITY = 3600
+#: Milliseconds a task sleeps: quick, slow (revoked while it runs), over a time limit.
+MS, SLOW_MS, OVER_MS = 2, 300, 4000
+#: The workers' hard ``--time-limit`` (s), and the ``time_limit`` of half the over tasks.
+WORKER_TIME_LIMIT, TASK_TIME_LIMIT = 1.5, 0.4
+#: Countdowns (s) of the countdown tasks.
+COUNTDOWNS = (1, 2, 3)
+#: Celery's autoscaler shrinks a pool only after 30 s without a task received
+#: (``AUTOSCALE_KEEPALIVE``); 2 s makes it shrink in the pause between waves.
+KEEPALIVE = 2.0
+#: Runs skipped at the start of a wave, and before the first queue ran dry, for the shares.
+WARMUP, TAIL = 20, 20
+#: Seconds from a kill to the WorkerLostError result of a job sent to the process.
+KILL_SLACK = 3.0
+#: A worker's log: what the churn causes, and what is a bug.
+STALL = "celery-fair: stall"
+UP_TIMEOUT = "Timed out waiting for UP message"
+EXPECTED_ERRORS = (
+    "Hard time limit",
+    "WorkerLostError",
+    "exited with 'signal 9 (SIGKILL)'",
+    "exited with 'signal 15 (SIGTERM)'",
+    "Terminated",
+    "TimeLimitExceeded",
+    "Worker exited prematurely",
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One task to publish."""
+
+    queue: str
+    kind: str  # quick, slow, over-worker, over-task, countdown
+    tenant: str
+
+
+def plan(tasks: int, waves: int, rng: random.Random, *, queues: Sequence[str], tenants: int,
+         slow: float, over: float, countdown: float) -> list[list[Spec]]:  # fmt: skip
+    """The tasks of each wave, the queues interleaved at random in ``MIX``'s proportions."""
+    weights = [MIX[q] for q in queues]
+    per_wave = [tasks // waves + (1 if w < tasks % waves else 0) for w in range(waves)]
+    out = []
+    for n in per_wave:
+        total = sum(weights)
+        counts = [n * w // total for w in weights]
+        counts[0] += n - sum(counts)
+        order = [q for q, c in zip(queues, counts, strict=True) for _ in range(c)]
+        rng.shuffle(order)
+        wave = []
+        for q in order:
+            r = rng.random()
+            kind = (
+                "slow" if r < slow
+                else ("over-worker" if rng.random() < 0.5 else "over-task") if r < slow + over
+                else "countdown" if r < slow + over + countdown
+                else "quick"
+            )  # fmt: skip
+            wave.append(Spec(q, kind, f"t{rng.randrange(tenants)}"))
+        out.append(wave)
+    return out
+
+
+@dataclass
+class Published:
+    id: str
+    spec: Spec
+    wave: int
+    at: float
+
+
+def publish(producer: Any, specs: Sequence[Spec], wave: int, rng: random.Random,
+            sink: Callable[[Published], None]) -> None:  # fmt: skip
+    """``prod.churn(value, ms, tenant)``, positionally, as users call it."""
+    task = producer.tasks[TASK]
+    with producer.producer_or_acquire() as conn:
+        for spec in specs:
+            options: dict[str, Any] = {}
+            ms: float = MS
+            if spec.kind == "slow":
+                ms = SLOW_MS
+            elif spec.kind.startswith("over"):
+                ms = OVER_MS
+                if spec.kind == "over-task":
+                    options["time_limit"] = TASK_TIME_LIMIT
+            elif spec.kind == "countdown":
+                options["countdown"] = rng.choice(COUNTDOWNS)
+            result = task.apply_async(
+                (spec.queue, ms, spec.tenant), queue=spec.queue, producer=conn, **options
+            )
+            sink(Published(result.id, spec, wave, time.time()))
+
+
+def pool_children(pid: int) -> list[int]:
+    """The pool processes of a worker's main process (Linux ``/proc``)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@dataclass
+class Churn:
+    """Kills a random pool process every ``kill_every`` s, revokes every ``revoke_every`` s.
+
+    Only processes this run started are signalled: the children of the two
+    workers' main processes, by pid.  A revoke takes up to two slow tasks that
+    started in the last 150 ms (still running: they sleep 300 ms) and one task
+    published but not started yet (waiting on the broker or reserved by a worker).
+    """
+
+    workers: dict[str, WorkerProcess]  # by node name
+    control: Any  # a Celery app: control.revoke
+    ledger: redis_lib.Redis
+    kill_every: float
+    revoke_every: float
+    rng: random.Random
+    published: list[Published] = field(default_factory=list)
+    kills: list[dict[str, Any]] = field(default_factory=list)
+    revokes: list[dict[str, Any]] = field(default_factory=list)
+    #: Pool processes seen, per worker: polled every 0.1 s.
+    seen: dict[str, set[int]] = field(default_factory=dict)
+    started: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _read: int = 0
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="churn", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        now = time.monotonic()
+        next_kill, next_revoke = now + self.kill_every, now + self.revoke_every
+        while not self.stop.wait(0.1):
+            try:
+                self._look()
+                now = time.monotonic()
+                if now >= next_kill:
+                    next_kill = now + self.kill_every
+                    self._kill()
+                if now >= next_revoke:
+                    next_revoke = now + self.revoke_every
+                    self._revoke()
+            except Exception as exc:  # noqa: BLE001 - reported in the record, the run goes on
+                self.errors.append(repr(exc))
+
+    def _look(self) -> None:
+        for node, worker in self.workers.items():
+            if worker.proc is not None:
+                self.seen.setdefault(node, set()).update(pool_children(worker.proc.pid))
+        for raw in self.ledger.lrange("ledger:starts", self._read, -1):  # type: ignore[union-attr]
+            self._read += 1
+            entry = json.loads(raw)
+            self.started.setdefault(entry["id"], entry)
+
+    def _kill(self) -> None:
+        nodes = [n for n, w in self.workers.items() if w.proc is not None]
+        if not nodes:
+            return
+        node = self.rng.choice(nodes)
+        proc = self.workers[node].proc
+        children = pool_children(proc.pid) if proc is not None else []
+        if not children:
+            return
+        pid = self.rng.choice(children)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            self.kills.append({"at": time.time(), "worker": node, "pid": pid})
+
+    def _revoke(self) -> None:
+        now = time.time()
+        running = [
+            e["id"] for e in list(self.started.values())[-2000:]
+            if now - e["started"] < 0.15 and e["id"] in self._slow()
+        ]  # fmt: skip
+        ids = self.rng.sample(running, min(2, len(running)))
+        recent = self.published[-5000:]
+        waiting = [p.id for p in recent if p.id not in self.started and p.spec.kind == "quick"]
+        if waiting:
+            ids.append(self.rng.choice(waiting))
+        if ids:
+            self.control.control.revoke(ids, terminate=True)
+            for tid in ids:
+                self.revokes.append({"at": now, "id": tid, "running": tid in running})
+
+    def _slow(self) -> set[str]:
+        return {p.id for p in self.published[-5000:] if p.spec.kind == "slow"}
+
+
+# -- the broker ---------------------------------------------------------------------
+
+
+def redis_waiting(client: redis_lib.Redis, queues: Iterable[str]) -> int:
+    """Messages waiting in the queues' lists: Kombu's own, priority levels and fair keys."""
+    total = 0
+    for q in queues:
+        names = [q.encode(), *client.scan_iter(match=_glob_escape(q) + "\x06\x16*", count=1000)]
+        for name in names:
+            if client.type(name) == b"list":
+                total += int(client.llen(name))  # type: ignore[arg-type]
+    return total
+
+
+def rabbitmq_counts(server: Any, queues: Sequence[str]) -> dict[str, tuple[int, int]] | None:
+    """``(ready, unacknowledged)`` per queue, from ``rabbitmqctl`` (None: it failed)."""
+    done = server.ctl(
+        "rabbitmqctl", "list_queues", "-q", "--no-table-headers",
+        "name", "messages_ready", "messages_unacknowledged",
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None
+    out = {}
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in queues:
+            out[parts[0]] = (int(parts[1]), int(parts[2]))
+    return out
+
+
+@dataclass
+class Broker:
+    """The queues on either broker: what waits, what is held unacknowledged."""
+
+    kind: str
+    url: str
+    queues: Sequence[str]
+    rabbitmq: Any = None
+
+    def waiting(self) -> int:
+        if self.kind == "redis":
+            return redis_waiting(redis_lib.Redis.from_url(self.url), self.queues)
+        with contextlib.suppress(Exception):  # a queue not declared yet
+            return sum(AmqpBroker(self.url).lengths(self.queues).values())
+        return -1
+
+    def left(self) -> dict[str, int | None]:
+        """Messages waiting, and messages delivered but not acknowledged."""
+        if self.kind == "redis":
+            client = redis_lib.Redis.from_url(self.url)
+            return {"waiting": self.waiting(), "unacked": int(client.hlen("unacked"))}  # type: ignore[arg-type]
+        counts = rabbitmq_counts(self.rabbitmq, self.queues) if self.rabbitmq else None
+        if counts is None:
+            return {"waiting": self.waiting(), "unacked": None}
+        return {"waiting": sum(r for r, _ in counts.values()),
+                "unacked": sum(u for _, u in counts.values())}  # fmt: skip
+
+    def locate(self, ids: set[str]) -> dict[str, list[str]]:
+        """Redis: where tasks with no outcome are (a queue, ``unacked``, nowhere)."""
+        if self.kind != "redis" or not ids:
+            return {"unknown": sorted(ids)} if ids else {}
+        client = redis_lib.Redis.from_url(self.url)
+        queued: set[str] = set()
+        for q in self.queues:
+            names = [q.encode(), *client.scan_iter(match=_glob_escape(q) + "\x06\x16*")]
+            for name in names:
+                if client.type(name) == b"list":
+                    for raw in client.lrange(name, 0, -1):  # type: ignore[union-attr]
+                        queued.add(json.loads(raw)["headers"]["id"])
+        unacked = {
+            json.loads(raw)[0]["headers"]["id"]
+            for raw in client.hvals("unacked")  # type: ignore[union-attr]
+        }
+        found: dict[str, list[str]] = {"queued": [], "unacked": [], "nowhere": []}
+        for tid in sorted(ids):
+            found["queued" if tid in queued else "unacked" if tid in unacked else "nowhere"].append(
+                tid
+            )
+        return found
+
+    def purge(self) -> None:
+        if self.kind == "rabbitmq":
+            AmqpBroker(self.url).purge(self.queues)
+
+
+# -- accounting ---------------------------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """A task's stored result."""
+
+    status: str
+    exc: str | None  # the exception's type, for FAILURE and REVOKED
+    message: str | None
+    done: float  # date_done, as a timestamp
+
+
+def outcomes(backend: str, ids: Iterable[str]) -> dict[str, Outcome]:
+    """Each task's stored result; tasks without one are left out."""
+    client = redis_lib.Redis.from_url(backend)
+    ids = list(ids)
+    out = {}
+    for start in range(0, len(ids), 2000):
+        chunk = ids[start : start + 2000]
+        for tid, raw in zip(chunk, client.mget([f"celery-task-meta-{t}" for t in chunk]),
+                            strict=True):  # fmt: skip
+            if raw is None:
+                continue
+            meta = json.loads(raw)
+            result = meta.get("result")
+            exc, message = (
+                (result.get("exc_type"), str(result.get("exc_message")))
+                if isinstance(result, dict) else (None, None)
+            )  # fmt: skip
+            done = datetime.fromisoformat(meta["date_done"]) if meta.get("date_done") else None
+            if done is not None and done.tzinfo is None:
+                done = done.replace(tzinfo=timezone.utc)
+            out[tid] = Outcome(meta["status"], exc, message, done.timestamp() if done else 0.0)
+    return out
+
+
+TERMINAL = ("SUCCESS", "FAILURE", "REVOKED")
+
+
+def account(
+    published: Sequence[Published],
+    starts: Sequence[dict[str, Any]],
+    runs: Sequence[dict[str, Any]],
+    results: dict[str, Outcome],
+    kills: Sequence[dict[str, Any]],
+    revoked: set[str],
+) -> dict[str, Any]:
+    """Every task: ran once, or accounted for by a kill, a time limit or a revoke.
+
+    A ``WorkerLostError`` is the churn's when the task's run started in a process
+    the churn killed, or, for a task whose process died before its run noted its
+    start (the job was on its way to the process), when the error names SIGKILL and
+    the churn killed a process in the ``KILL_SLACK`` seconds before the result.
+    """
+    started: dict[str, list[dict[str, Any]]] = {}
+    for s in starts:
+        started.setdefault(s["id"], []).append(s)
+    ran = Counter(r["id"] for r in runs)
+    killed_pids = {(k["worker"], k["pid"]) for k in kills}
+    kill_times = sorted(k["at"] for k in kills)
+
+    def kill_before(done: float) -> bool:
+        i = bisect_right(kill_times, done)
+        return i > 0 and done - kill_times[i - 1] <= KILL_SLACK
+
+    kinds = {p.id: p.spec.kind for p in published}
+    counts: Counter[str] = Counter()
+    unexplained: list[dict[str, Any]] = []
+    duplicates: Counter[str] = Counter()
+    lost: set[str] = set()
+
+    def odd(tid: str, why: str) -> None:
+        counts[f"unexplained {why}"] += 1
+        if len(unexplained) < 20:
+            unexplained.append({"id": tid, "why": why, "kind": kinds[tid],
+                                "result": results.get(tid), "runs": ran[tid],
+                                "starts": started.get(tid, [])})  # fmt: skip
+
+    for p in published:
+        tid, kind = p.id, p.spec.kind
+        outcome = results.get(tid)
+        status, exc = (outcome.status, outcome.exc) if outcome else (None, None)
+        starts_of = sorted(started.get(tid, []), key=lambda s: s["started"])
+        by_kill = any((s["worker"], s["pid"]) in killed_pids for s in starts_of)
+        if len(starts_of) > 1:
+            earlier = starts_of[:-1]
+            if all((s["worker"], s["pid"]) in killed_pids for s in earlier):
+                duplicates["after a kill"] += len(earlier)
+            else:
+                duplicates["unexplained"] += len(earlier)
+                odd(tid, "duplicate")
+        if ran[tid] > 1:
+            counts["completed more than once"] += 1
+        if status == "SUCCESS":
+            counts["succeeded"] += 1
+            if ran[tid] == 0:
+                odd(tid, "success without a run")
+            if kind.startswith("over"):
+                odd(tid, "over task not stopped by its time limit")
+        elif status == "FAILURE" and exc == "TimeLimitExceeded":
+            counts["time limit"] += 1
+            if not kind.startswith("over"):
+                odd(tid, "time limit of a task within its limit")
+        elif status == "FAILURE" and exc == "WorkerLostError":
+            counts["killed (WorkerLostError)"] += 1
+            assert outcome is not None
+            if by_kill:
+                counts["killed while running"] += 1
+            elif "SIGKILL" in str(outcome.message) and kill_before(outcome.done):
+                counts["killed before its run started"] += 1
+            else:
+                odd(tid, "WorkerLostError without a kill")
+        elif status == "REVOKED":
+            counts["revoked"] += 1
+            if tid not in revoked:
+                odd(tid, "revoked, not by the churn")
+            if starts_of:
+                counts["revoked while running"] += 1
+        elif status is not None:
+            odd(tid, f"{status} {exc}")
+        elif ran[tid] or starts_of:
+            odd(tid, "started, no result")
+        else:
+            lost.add(tid)
+    odd_count = sum(n for k, n in counts.items() if k.startswith("unexplained"))
+    return {"outcomes": dict(counts), "duplicates": dict(duplicates), "lost": sorted(lost),
+            "unexplained": unexplained, "unexplained_count": odd_count}  # fmt: skip
+
+
+def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]],
+                waves: int) -> dict[str, Any]:  # fmt: skip
+    """hi:lo over each wave while both were backlogged, and over every wave together.
+
+    Starts (first start of each task; countdown tasks left out: a worker holds
+    them until their ETA) from the ``WARMUP``-th of the wave until ``TAIL``
+    starts before the moment the first of hi and lo had started its last task.
+    """
+    first: dict[str, float] = {}
+    for s in starts:
+        first[s["id"]] = min(first.get(s["id"], s["started"]), s["started"])
+    per_wave = []
+    total: Counter[str] = Counter()
+    for w in range(waves):
+        rows = sorted(
+            (first[p.id], p.spec.queue) for p in published
+            if p.wave == w and p.spec.kind != "countdown" and p.id in first
+        )  # fmt: skip
+        ends = [max((t for t, q in rows if q == queue), default=0.0) for queue in WEIGHTS]
+        dry = min(ends)
+        window = [q for t, q in rows if t < dry][WARMUP:-TAIL] if rows else []
+        counts = Counter(q for q in window if q in WEIGHTS)
+        total.update(counts)
+        per_wave.append({"counts": dict(counts), "ratio": _ratio(counts)})
+    return {"waves": per_wave, "counts": dict(total), "ratio": _ratio(total)}
+
+
+def _ratio(counts: Counter[str]) -> float | None:
+    return counts["hi"] / counts["lo"] if counts["lo"] else None
+
+
+def log_lines(log: str) -> dict[str, Any]:
+    """What a worker's log says: stalls, UP timeouts, the churn's errors and any other.
+
+    A traceback belongs to the log record before it: it is unexpected only when
+    that record is.
+    """
+    bad: list[str] = []
+    record = ""
+    for line in log.splitlines():
+        if line.startswith("["):
+            record = line
+            if any(b in line for b in ("CRITICAL/", "ERROR/")) and not _expected(line):
+                bad.append(line)
+        elif line.startswith("Traceback") and not _expected(record):
+            bad.append(f"{line} (after: {record[:200]})")
+    lines = log.splitlines()
+    return {
+        "stalls": sum(STALL in line for line in lines),
+        "stall_lines": [line for line in lines if STALL in line][:10],
+        "up_timeouts": sum(UP_TIMEOUT in line for line in lines),
+        "time_limit_lines": sum("Hard time limit" in line for line in lines),
+        "killed_lines": sum("exited with 'signal 9 (SIGKILL)'" in line for line in lines),
+        "worker_lost_lines": sum("raised error: WorkerLostError" in line for line in lines),
+        "scaling_up": sum("Scaling up" in line for line in lines),
+        "scaling_down": sum("Scaling down" in line for line in lines),
+        "celery_fair_warnings": sum("WARNING/" in ln and "celery-fair" in ln for ln in lines),
+        "other_errors": len(bad),
+        "other_error_lines": bad[:10],
+    }
+
+
+def _expected(line: str) -> bool:
+    return any(e in line for e in EXPECTED_ERRORS)
+
+
+# -- the run ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _servers(kind: str, redis_server: RedisServer | None, rabbitmq_server: Any) -> Iterator[
+    tuple[str, str, str, Any]
+]:  # fmt: skip
+    """``(broker, backend, ledger, rabbitmq)`` URLs, starting the servers not given.
+
+    A given Redis: the broker in db 0 (Redis), the results in db 1, the ledger in db 2.
+    """
+    with contextlib.ExitStack() as stack:
+        if redis_server is None:
+            redis_server = stack.enter_context(RedisServer())
+        base = redis_server.url.rsplit("/", 1)[0]
+        if kind == "redis":
+            yield f"{base}/0", f"{base}/1", f"{base}/2", None
+            return
+        if rabbitmq_server is None:
+            from bench.harness.rabbitmq import RabbitMQServer
+
+            rabbitmq_server = stack.enter_context(RabbitMQServer())
+        yield rabbitmq_server.url, f"{base}/1", f"{base}/2", rabbitmq_server
+
+
+def _node(worker: WorkerProcess) -> str:
+    return f"{worker.name}@{socket.gethostname()}"
+
+
+def _alive(workers: Iterable[WorkerProcess]) -> None:
+    for w in workers:
+        if w.proc is None or w.proc.poll() is not None:
+            raise RuntimeError(f"{w.name} exited early:\n{w.log()[-4000:]}")
+
+
+def _wait(check: Callable[[], bool], workers: Sequence[WorkerProcess], timeout: float,
+          every: float = 0.2) -> bool:  # fmt: skip
+    """Poll ``check`` until it holds (True) or ``timeout`` s pass (False).
+
+    Fails if a worker exits."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        _alive(workers)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+def _drain(queues: Broker, workers: Sequence[WorkerProcess], started: Callable[[], int],
+           quiet: float, deadline: float, report: Callable[[], None]) -> bool:  # fmt: skip
+    """Wait until nothing waits on the broker (every task fetched), reporting every 10 s.
+
+    False when no task started for ``quiet`` s with tasks waiting (the workers stalled),
+    or at the deadline.
+    """
+    last = moved = time.monotonic()
+    count = started()
+    while queues.waiting() != 0:
+        _alive(workers)
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        if started() != count:
+            count, moved = started(), now
+        elif now - moved > quiet:
+            return False
+        if now - last > 10:
+            last = now
+            report()
+        time.sleep(0.5)
+    return True
+
+
+def _settle(backend: str, pending: set[str], workers: Sequence[WorkerProcess], quiet: float,
+            deadline: float) -> set[str]:  # fmt: skip
+    """Wait until every task has a result stored, or none has for ``quiet`` s: what is left."""
+    moved = time.monotonic()
+    while pending:
+        _alive(workers)
+        done = {t for t, o in outcomes(backend, pending).items() if o.status in TERMINAL}
+        if done:
+            pending = pending - done
+            moved = time.monotonic()
+        elif time.monotonic() - moved > quiet or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    return pending
+
+
+def run_churn(
+    broker: str,
+    tasks: int,
+    fair: bool,
+    *,
+    waves: int = 4,
+    max_tasks_per_child: int = 100,
+    kill_every: float = 2.0,
+    revoke_every: float = 2.0,
+    slow_share: float = 0.003,
+    over_share: float = 0.002,
+    countdown_share: float = 0.02,
+    tenants: int = 8,
+    quiet: float = 20.0,
+    timeout: float | None = None,
+    seed: int = 49,
+    redis_server: RedisServer | None = None,
+    rabbitmq_server: Any = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run one churn soak on ``broker`` ("redis" or "rabbitmq") and return its record.
+
+    ``fair``: celery-fair (``celery_fair.install``), else plain Celery with the same
+    settings and flags.  Servers not given are started (and stopped) here; a given
+    Redis lends databases 0 (the broker), 1 (results) and 2 (the ledger): the
+    ledger's keys are deleted first.  ``quiet``: seconds with no task newly
+    accounted for after which the rest counts as lost.  ``timeout``: the whole run.
+    """
+    if broker not in ("redis", "rabbitmq"):
+        raise ValueError(f"broker must be redis or rabbitmq, not {broker!r}")
+    from tests.integration.production_app import make_app
+
+    timeout = timeout if timeout is not None else 300.0 + tasks / 40
+    deadline = time.monotonic() + timeout
+    rng = random.Random(seed)
+    queues = [*WEIGHTS, KEYED] if broker == "redis" else [*WEIGHTS]
+    specs = plan(tasks, waves, rng, queues=queues, tenants=tenants, slow=slow_share,
+                 over=over_share, countdown=countdown_share)  # fmt: skip
+    began = time.time()
+    with _servers(broker, redis_server, rabbitmq_server) as (url, backend, ledger_url, rabbit):
+        ledger = redis_lib.Redis.from_url(ledger_url)
+        ledger.delete("ledger", "ledger:starts", "ledger:queues")
+        queue_state = Broker(broker, url, queues, rabbit)
+        queue_state.purge()
+        env = {
+            "CELERY_FAIR_BROKER": url,
+            "CELERY_FAIR": "1" if fair else "0",
+            "PRODUCTION_BACKEND": backend,
+            "PRODUCTION_LEDGER": ledger_url,
+            "PRODUCTION_WEIGHTS": ",".join(f"{q}={w}" for q, w in WEIGHTS.items()),
+        }
+        if broker == "redis":
+            env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
+            env["PRODUCTION_VISIBILITY"] = str(VISIBILITY)
+        # The producer stores no results: Celery's Redis backend would subscribe
+        # to every task's result channel.  The workers store them (db 1).
+        producer = make_app({**env, "PRODUCTION_BACKEND": ""}, name="churn-producer")
+        control = make_app({**env, "PRODUCTION_BACKEND": ""}, name="churn-control")
+        limit = f"--time-limit={WORKER_TIME_LIMIT}"
+        b = WorkerProcess(
+            url, queues, concurrency=2, fair=fair, app=APP, env=env,
+            name=f"churnb-{uuid.uuid4().hex[:6]}",
+            extra_args=[*FLAGS, limit, f"--max-tasks-per-child={max_tasks_per_child}"],
+        )  # fmt: skip
+        a = WorkerProcess(
+            url, queues, concurrency=3, fair=fair, app=APP, name=f"churna-{uuid.uuid4().hex[:6]}",
+            env={**env, "AUTOSCALE_KEEPALIVE": str(KEEPALIVE)},  # see KEEPALIVE
+            extra_args=[*FLAGS, limit, "--autoscale=3,1"],
+        )  # fmt: skip
+        workers = [b, a]
+        churn = Churn({_node(w): w for w in workers}, control, ledger, kill_every,
+                      revoke_every, random.Random(seed + 1))  # fmt: skip
+        published = churn.published
+        record: dict[str, Any] = {}
+        exits: dict[str, int | None] = {}
+        try:
+            for w in workers:
+                w.start()
+            ok = _wait(lambda: all(f"{_node(w)} ready." in w.log() for w in workers), workers, 90)
+            if not ok:
+                raise RuntimeError(
+                    "workers not ready:\n" + "\n".join(w.log()[-3000:] for w in workers)
+                )
+            progress(f"{broker} {'celery-fair' if fair else 'plain'}: workers ready, "
+                     f"{tasks} tasks in {waves} waves")  # fmt: skip
+            churn.start()
+            stalled = 0  # the wave after which nothing started any more
+
+            def started() -> int:
+                return int(ledger.llen("ledger:starts"))  # type: ignore[arg-type]
+
+            def report(i: int) -> None:
+                progress(
+                    f"  wave {i + 1}/{waves}: {len(published)} published, {started()} started, "
+                    f"{len(churn.kills)} kills, {len(churn.revokes)} revokes"
+                )
+
+            t_waves = time.monotonic()
+            for i, wave in enumerate(specs):
+                shrinks = log_lines(a.log())["scaling_down"]
+                publish(producer, wave, i, rng, published.append)
+                drained = _drain(queue_state, workers, started, quiet, deadline,
+                                 lambda i=i: report(i))  # fmt: skip
+                if not drained:
+                    stalled = i + 1
+                    progress(f"  wave {i + 1}: nothing started for {quiet:g} s: stalled")
+                    break
+                if i < waves - 1:  # the pause: worker a shrinks
+                    _wait(lambda n=shrinks: log_lines(a.log())["scaling_down"] > n,
+                          workers, KEEPALIVE + 12)  # fmt: skip
+            waves_s = time.monotonic() - t_waves
+            pending = _settle(backend, {p.id for p in published}, workers, quiet, deadline)
+            accounted_s = time.monotonic() - t_waves
+            churn.join()
+            # While the workers still run: nothing waits, nothing is held (an ack may lag).
+            first_left = queue_state.left()
+            left_running = dict(first_left)
+
+            def empty() -> bool:
+                left_running.update(queue_state.left())
+                return not any(left_running.values())
+
+            _wait(empty, workers, 15, every=0.5)
+            where = queue_state.locate(pending)
+            for w in workers:
+                exits[w.name] = w.stop(timeout=60)
+            left_stopped = queue_state.left()
+            starts = [json.loads(r) for r in ledger.lrange("ledger:starts", 0, -1)]  # type: ignore[union-attr]
+            runs = [json.loads(r) for r in ledger.lrange("ledger", 0, -1)]  # type: ignore[union-attr]
+            results = outcomes(backend, [p.id for p in published])
+            revoked = {r["id"] for r in churn.revokes}
+            books = account(published, starts, runs, results, churn.kills, revoked)
+            logs = {"b": log_lines(b.log()), "a": log_lines(a.log())}
+            pids = {
+                name: sorted({s["pid"] for s in starts if s["worker"] == _node(w)})
+                for name, w in (("b", b), ("a", a))
+            }
+            per_child_b = Counter(s["pid"] for s in starts if s["worker"] == _node(b))
+            seen = {name: len(churn.seen.get(_node(w), set())) for name, w in (("b", b), ("a", a))}
+            record = {
+                "broker": broker,
+                "variant": "celery-fair" if fair else "plain",
+                "tasks": len(published),
+                "kinds": dict(Counter(p.spec.kind for p in published)),
+                "queues": dict(Counter(p.spec.queue for p in published)),
+                "starts": len(starts),
+                "runs": len(runs),
+                "lost": len(books["lost"]),
+                "lost_where": {k: len(v) for k, v in where.items()},
+                "lost_ids": books["lost"][:20],
+                "outcomes": books["outcomes"],
+                "duplicates": books["duplicates"],
+                "unexplained": books["unexplained_count"],
+                "unexplained_examples": books["unexplained"],
+                "kills": len(churn.kills),
+                "kill_log": churn.kills,
+                "revoke_log": churn.revokes,
+                "time_limits": books["outcomes"].get("time limit", 0),
+                "killed_tasks": books["outcomes"].get("killed (WorkerLostError)", 0),
+                "revokes": len(churn.revokes),
+                "revokes_running": sum(r["running"] for r in churn.revokes),
+                "revoked": books["outcomes"].get("revoked", 0),
+                "pool_pids_ran": {k: len(v) for k, v in pids.items()},
+                "pool_pids_seen": seen,
+                # Processes beyond the most a worker has at once (b 2, a 3).
+                "child_replacements": max(0, len(pids["b"]) - 2) + max(0, len(pids["a"]) - 3),
+                "runs_per_child_b_max": max(per_child_b.values(), default=0),
+                "shares": wave_shares(published, starts, waves),
+                "stalls": logs["b"]["stalls"] + logs["a"]["stalls"],
+                "stalled_in_wave": stalled,
+                "up_timeouts": logs["b"]["up_timeouts"] + logs["a"]["up_timeouts"],
+                "logs": logs,
+                "left_running_first": first_left,
+                "left_running": left_running,
+                "left_after_stop": left_stopped,
+                "exit_codes": exits,
+                "churn_errors": churn.errors[:10],
+                "waves_seconds": waves_s,
+                "accounted_seconds": accounted_s,
+                "params": {
+                    "waves": waves,
+                    "max_tasks_per_child": max_tasks_per_child,
+                    "kill_every": kill_every,
+                    "revoke_every": revoke_every,
+                    "slow_share": slow_share,
+                    "over_share": over_share,
+                    "countdown_share": countdown_share,
+                    "tenants": tenants,
+                    "quiet": quiet,
+                    "ms": MS,
+                    "slow_ms": SLOW_MS,
+                    "over_ms": OVER_MS,
+                    "worker_time_limit": WORKER_TIME_LIMIT,
+                    "task_time_limit": TASK_TIME_LIMIT,
+                    "weights": WEIGHTS,
+                    "keyed": KEYED if broker == "redis" else None,
+                    "visibility_timeout": VISIBILITY if broker == "redis" else None,
+                    "autoscale_keepalive": KEEPALIVE,
+                    "seed": seed,
+                },  # fmt: skip
+            }
+        finally:
+            churn.join()
+            for w in workers:
+                w.stop(timeout=60)
+            producer.close()
+            control.close()
+            with contextlib.suppress(Exception):
+                queue_state.purge()
+            with contextlib.suppress(Exception):
+                ledger.delete("ledger", "ledger:starts", "ledger:queues")
+            with contextlib.suppress(Exception):
+                client = redis_lib.Redis.from_url(backend)
+                ids = [f"celery-task-meta-{p.id}" for p in published]
+                for start in range(0, len(ids), 5000):
+                    client.delete(*ids[start : start + 5000])
+            for w in workers:
+                if w.log_path is not None:
+                    record.setdefault("log_files", {})[w.name] = str(w.log_path)
+    record["wall_seconds"] = time.time() - began
+    return record
+
+
+# -- the benchmark: python -m bench.soak --churn --------------------------------------
+
+BROKERS = ("redis", "rabbitmq")
+#: The table's columns: (header, how a record gives it).
+COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("tasks", lambda r: r["tasks"]),
+    ("runs", lambda r: r["runs"]),
+    ("lost", lambda r: r["lost"]),
+    ("duplicates (explained)", lambda r: _duplicates(r)),
+    ("unexplained outcomes", lambda r: r["unexplained"]),
+    ("child replacements", lambda r: r["child_replacements"]),
+    ("kills (tasks killed)", lambda r: f"{r['kills']} ({r['killed_tasks']})"),
+    ("time limits", lambda r: r["time_limits"]),
+    ("revokes (revoked; running)", lambda r: _revokes(r)),
+    ("hi:lo", lambda r: _fmt(r["shares"]["ratio"])),
+    ("stalls", lambda r: r["stalls"]),
+    ("left on broker", lambda r: _left(r)),
+    ("wall s", lambda r: f"{r['wall_seconds']:.0f}"),
+)
+
+
+def _duplicates(r: dict[str, Any]) -> str:
+    d = r["duplicates"]
+    return f"{sum(d.values())} ({d.get('after a kill', 0)})"
+
+
+def _revokes(r: dict[str, Any]) -> str:
+    return f"{r['revokes']} ({r['revoked']}; {r['outcomes'].get('revoked while running', 0)})"
+
+
+def _left(r: dict[str, Any]) -> str:
+    left = r["left_running"]
+    return f"{left['waiting']} + {left['unacked']} unacked"
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def render(records: Sequence[dict[str, Any]], summary: dict[str, Any], command: str,
+           env: dict[str, Any]) -> str:  # fmt: skip
+    """The result file's Markdown: one row per run, then medians over repetitions."""
+    first = records[0]["params"] if records else {}
+    lines = [
+        "# Churn soak: nothing stranded (#49)",
+        "",
+        f"Reproduce: `{command}` ({env['when']}; commit {env.get('commit', '?')}"
+        f"{' with changes to celery_fair not committed' if env.get('package_modified') else ''}; "
+        f"Celery {env['celery']}, Kombu "
+        f"{env['kombu']}, {env['cpus']} CPUs).  Two workers of "
+        "`tests.integration.production_app` with Celery's defaults plus `-E -O fair`, "
+        f"`--time-limit={WORKER_TIME_LIMIT:g}`: one with "
+        f"`--max-tasks-per-child={first.get('max_tasks_per_child')}` (2 processes), one "
+        "with `--autoscale=3,1` (`AUTOSCALE_KEEPALIVE=2`: it shrinks in the pauses "
+        "between waves); late acks, prefetch multiplier 1, a Redis result backend, "
+        f"Redis `visibility_timeout` {VISIBILITY}.  Queues hi:lo weighted 4:1 and, on "
+        f"Redis, `{KEYED}` keyed by tenant ({first.get('tenants')} tenants).  Tasks of "
+        f"{MS} ms in {first.get('waves')} waves; {first.get('slow_share', 0):.1%} sleep "
+        f"{SLOW_MS} ms (revoked with terminate while they run), "
+        f"{first.get('over_share', 0):.1%} sleep {OVER_MS} ms past a hard time limit "
+        f"(half the worker's, half `time_limit={TASK_TIME_LIMIT:g}`), "
+        f"{first.get('countdown_share', 0):.0%} have a countdown.  A random pool process "
+        f"SIGKILLed every {first.get('kill_every', 0):g} s; every "
+        f"{first.get('revoke_every', 0):g} s up to two running slow tasks and one task "
+        "not started yet revoked with `terminate=True`.",
+        "",
+        "A task either ran once and succeeded or its result says why not: a hard time "
+        "limit (`TimeLimitExceeded`), a pool process killed under it (`WorkerLostError`: "
+        "with late acks Celery marks it failed and acknowledges it, "
+        "`task_reject_on_worker_lost` being off), a revoke.  **lost**: no run and no "
+        "such result when nothing moved for the quiet period; *unexplained outcomes*: "
+        "a result the churn does not account for.  hi:lo: starts while both queues "
+        "were backlogged (countdown tasks left out), every wave together.  *left on "
+        "broker*: messages waiting + unacknowledged once every task was accounted for, "
+        "the workers still running.  stalls: `celery-fair: stall` lines in the logs.",
+        "",
+        "| broker | variant | " + " | ".join(h for h, _ in COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for r in records:
+        cells = " | ".join(str(get(r)) for _, get in COLUMNS)
+        lines.append(f"| {r['broker']} | {r['variant']} | {cells} |")
+    if any(s["wall_seconds"]["n"] > 1 for s in summary.values()):
+        lines += ["", "Over the repetitions: median [min, max].", "",
+                  "| broker | variant | lost | hi:lo | child replacements | wall s |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for key, s in summary.items():
+            broker, variant = key.split("/")
+            lines.append(
+                f"| {broker} | {variant} | " + " | ".join(
+                    f"{s[m]['median']:.3g} [{s[m]['min']:.3g}, {s[m]['max']:.3g}]"
+                    for m in ("lost", "ratio", "child_replacements", "wall_seconds")
+                ) + " |"
+            )  # fmt: skip
+    odd = [r for r in records if r["unexplained"] or r["lost"] or r["stalls"]]
+    for r in odd:
+        lines += ["", f"{r['broker']} {r['variant']}: lost {r['lost']} "
+                  f"(where: {r['lost_where']}), unexplained {r['unexplained']}: "
+                  f"{json.dumps(r['unexplained_examples'][:3])[:1500]}"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _revision() -> dict[str, Any]:
+    """The commit measured, and whether the package had changes not committed yet."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "package_modified": bool(git("status", "--porcelain", "celery_fair"))}  # fmt: skip
+
+
+def main(tasks: int, reps: int, only: str | None, name: str, command: str) -> int:
+    """``python -m bench.soak --churn``: celery-fair and plain Celery in turns, per broker."""
+    from .common import environment, summary, write
+
+    records: list[dict[str, Any]] = []
+    for broker in BROKERS if only is None else (only,):
+        for rep in range(reps):
+            for fair in (True, False):
+                print(f"== {broker} {'celery-fair' if fair else 'plain'} rep {rep + 1}/{reps}",
+                      flush=True)  # fmt: skip
+                record = run_churn(broker, tasks, fair,
+                                   progress=lambda m: print(m, flush=True))  # fmt: skip
+                records.append(record)
+                print(render([record], {}, command, environment()), flush=True)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(f"{r['broker']}/{r['variant']}", []).append(r)
+    stats = {
+        key: {
+            "lost": summary([r["lost"] for r in rs]),
+            "ratio": summary([r["shares"]["ratio"] or float("nan") for r in rs]),
+            "child_replacements": summary([r["child_replacements"] for r in rs]),
+            "wall_seconds": summary([r["wall_seconds"] for r in rs]),
+        }
+        for key, rs in groups.items()
+    }
+    env = {**environment(), **_revision()}
+    data = {"env": env, "command": command, "tasks": tasks, "reps": reps,
+            "runs": records, "summary": stats}  # fmt: skip
+    write(name, data, render(records, stats, command, env))
+    bad = [r for r in records if r["variant"] == "celery-fair" and (r["lost"] or r["stalls"])]
+    return 1 if bad else 0
