@@ -42,7 +42,7 @@ RATIO = (2.5, 6.5)
 def _churn(broker: str, redis_server: RedisServer, rabbitmq_server: Any = None) -> dict[str, Any]:
     return run_churn(
         broker, TASKS, True, waves=2, max_tasks_per_child=MAX_TASKS, kill_every=1.0,
-        revoke_every=1.0, slow_share=0.01, over_share=0.005, quiet=20.0, timeout=240.0,
+        revoke_every=1.0, slow_share=0.01, over_share=0.005, quiet=20.0, timeout=120.0,
         redis_server=redis_server, rabbitmq_server=rabbitmq_server, progress=lambda _: None,
     )  # fmt: skip
 
