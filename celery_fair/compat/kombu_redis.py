@@ -66,8 +66,11 @@ def probe_redis_channel(channel: Any, probe: Probe) -> None:
             "kombu.redis.requeue_front", "Channel._q_for_pri/_get_message_priority"
         )
     qos = getattr(channel, "qos", None)
-    if not callable(getattr(qos, "_remove_from_indices", None)):
-        probe.missing_capability("kombu.redis.unacked_indices", "QoS._remove_from_indices")
+    lacking = [
+        n for n in ("_remove_from_indices", "restore_by_tag") if not callable(getattr(qos, n, None))
+    ]
+    if lacking:
+        probe.missing_capability("kombu.redis.unacked_indices", "QoS." + "/".join(lacking))
     probe_virtual_qos(qos, probe)
     connection = getattr(client, "connection", None)
     if connection is not None and not hasattr(connection, "_sock"):
@@ -327,6 +330,25 @@ def message_priority(channel: Any, payload: Any) -> int:
 def raw_payload(message: Any) -> Any:
     """The payload a Kombu virtual-transport message was decoded from, or None."""
     return getattr(message, "_raw", None)
+
+
+def remove_unacked_outside_transaction(qos: Any, delivery_tag: Any) -> None:
+    """A Redis QoS's ``_remove_from_indices`` (``ZREM`` + ``HDEL``) without ``MULTI``:
+    a Redis at its ``maxmemory`` refuses every command queued in a transaction,
+    but runs these two, which only free memory."""
+    with qos.channel.conn_or_acquire() as client:
+        qos._remove_from_indices(delivery_tag, client.pipeline(transaction=False)).execute()
+
+
+def forget_delivered(qos: Any, delivery_tag: Any) -> None:
+    """Drop a delivered message from a virtual QoS's memory only (the virtual ``ack``)."""
+    VirtualQoS.ack(qos, delivery_tag)  # type: ignore[no-untyped-call]
+
+
+def restore_unacked_message(qos: Any, delivery_tag: Any) -> None:
+    """Put a message recorded as unacknowledged back at the head of its queue
+    (a Redis QoS's ``restore_by_tag``; a message already restored is left alone)."""
+    qos.restore_by_tag(delivery_tag, leftmost=True)
 
 
 def remove_from_unacked(qos: Any) -> Callable[[Any], Any] | None:

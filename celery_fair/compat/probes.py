@@ -72,8 +72,10 @@ CAPABILITIES: dict[str, Capability] = {
         ),
         Capability(
             "kombu.redis.unacked_indices",
-            "acknowledging a late ack through the live channel (QoS._remove_from_indices)",
-            "the message is left to the visibility timeout (a duplicate run, not a loss)",
+            "acknowledging a late ack through the live channel, and settling messages while "
+            "the broker is full (QoS._remove_from_indices/restore_by_tag)",
+            "the message is left to the visibility timeout (a duplicate run, not a loss); "
+            "a full broker's refusal of an acknowledgement stops the worker, as in plain Celery",
         ),
         Capability(
             "kombu.redis.publish_hooks",

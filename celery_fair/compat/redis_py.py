@@ -7,6 +7,23 @@ from typing import Any
 from .probes import _names_parameter
 
 
+def broker_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Redis at its ``maxmemory`` refusing a command (``OOM ...``,
+    or a transaction Redis discarded for it)."""
+    from redis.exceptions import ExecAbortError, ResponseError
+
+    seen: BaseException | None = exc
+    for _ in range(3):  # the OOM reply may be the cause of an EXECABORT
+        if seen is None:
+            return False
+        if isinstance(seen, ResponseError) and not isinstance(seen, ExecAbortError):
+            text = str(seen)
+            if "maxmemory" in text or text.startswith("OOM"):
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def socket_of(connection: Any) -> Any:
     """The socket of a redis-py connection (None when disconnected)."""
     return getattr(connection, "_sock", None)

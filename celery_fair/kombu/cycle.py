@@ -21,6 +21,7 @@ from .. import compat
 from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
 from .atomic import AtomicFetch, install_atomic_fetch, park_undecodable
+from .full import FullBroker
 
 __all__ = ("DWRRCycle", "FairQoS", "connection_errors", "install_on_channel")
 
@@ -136,8 +137,11 @@ class FairQoS:
         fetch: AtomicFetch | None,
         limited: KeyedServing | None,
         live_channel: Callable[[], Any] | None,
+        full: FullBroker | None = None,
     ) -> None:
         self.channel = channel
+        self.qos = qos
+        self.full = full
         self.ledger = ledger
         self.fetch = fetch
         self.limited = limited
@@ -163,18 +167,29 @@ class FairQoS:
         self.ledger.release(delivery_tag)
 
     def ack(self, delivery_tag: Any) -> Any:
-        """Kombu: acknowledge; through the live channel if this one was closed."""
+        """Kombu: acknowledge; through the live channel if this one was closed, outside a
+        transaction if the broker is full."""
         self._settle(delivery_tag)
+        full = self.full
         try:
-            return self._ack(delivery_tag)
+            result = self._ack(delivery_tag)
         except self.errors as exc:
             if not channel_closed(self.channel):
                 raise
             _ack_elsewhere(self.channel, self.live_channel, delivery_tag, exc)
             return None
+        except Exception as exc:
+            if full is None or not compat.broker_full(exc):
+                raise
+            full.acknowledge(self.qos, delivery_tag, exc)
+            return None
+        if full is not None:
+            full.retry()
+        return result
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> Any:
-        """Kombu: reject; on a closed channel the visibility timeout redelivers."""
+        """Kombu: reject; on a closed channel the visibility timeout redelivers; a requeue
+        a full broker refuses waits in the unacknowledged record."""
         self._settle(delivery_tag)
         try:
             return self._reject(delivery_tag, requeue=requeue)
@@ -186,6 +201,14 @@ class FairQoS:
                 "timeout will redeliver it",
                 delivery_tag, exc,
             )  # fmt: skip
+            return None
+        except Exception as exc:
+            if self.full is None or not compat.broker_full(exc):
+                raise
+            if requeue:
+                self.full.requeue_later(self.qos, delivery_tag, exc)
+            else:  # Kombu's reject without requeue is its ack: made here already
+                self.full.acknowledge(self.qos, delivery_tag, exc)
             return None
 
     def restore_unacked(self, *args: Any, **kwargs: Any) -> Any:
@@ -205,6 +228,11 @@ class FairQoS:
                 exc,
             )
             return None
+        except Exception as exc:
+            if self.full is None or not compat.broker_full(exc):
+                raise
+            self.full.restores_left_to_timeout(exc)  # they stay in the unacked index
+            return None
 
 
 def install_on_channel(
@@ -216,6 +244,7 @@ def install_on_channel(
     live_channel: Callable[[], Any] | None = None,
     probe: compat.Probe | None = None,
     keyed: KeyedServing | None = None,
+    full: FullBroker | None = None,
 ) -> DWRRCycle | None:
     """Make a polling Kombu channel fetch in DWRR order.
 
@@ -235,6 +264,9 @@ def install_on_channel(
     by every channel, so the acknowledgement is made through the live one;
     if that fails too, the message stays unacknowledged and the visibility
     timeout redelivers it (a duplicate run, never a loss).
+
+    ``full`` (Redis) settles messages while the broker is at its ``maxmemory``
+    instead of stopping the worker (see :mod:`celery_fair.kombu.full`).
 
     The channel's private parts are probed first (``probe``, see
     :mod:`celery_fair.compat`): without the fetch hooks the atomic fetch
@@ -267,6 +299,7 @@ def install_on_channel(
         fetch=fetch,
         limited=keyed if keyed is not None and keyed.limited else None,
         live_channel=live_channel,
+        full=full if redis and probe.has("kombu.redis.unacked_indices") else None,
     )
     compat.wrap_virtual_qos(qos, fair_qos)
     if fetch is None and redis and probe.has("kombu.redis.parse_response"):

@@ -19,6 +19,7 @@ from ..keys.layout import level_rank
 from ..keys.serving import KeyedServing, KeyStatistics, served_header, served_level, served_user
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
+from ..kombu.full import FullBroker, FullBrokerStatistics
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
@@ -82,6 +83,8 @@ class FairService:
         self.attachment = Attachment()
         #: Tasks that wait while a pool process is free (see :mod:`.watchdog`).
         self.stalls = StallWatch(settings.stall_after)
+        #: What the worker did because its broker was full (Redis at maxmemory).
+        self.full = FullBroker(clock)
         self.tracker = TaskTracker(self, hostname=hostname)
         codel = settings.codel_options
         self.shedder: Shedder | None = None
@@ -175,6 +178,7 @@ class FairService:
             live_channel=lambda: attachment.channel,
             probe=self.probe,
             keyed=attachment.keyed,
+            full=self.full,
         )
         if self.settings.keys:
             self.keys.publish_settings(channel)
@@ -332,6 +336,7 @@ class FairService:
             keys=keyed.statistics() if keyed is not None else None,
             bad_input=self.quarantine.statistics(),
             stalls=self.stalls.statistics(),
+            broker_full=self.full.statistics(),
         )
 
     def statistics(self) -> dict[str, object]:
@@ -353,6 +358,7 @@ class WorkerStatistics:
     keys: KeyStatistics | None
     bad_input: QuarantineStatistics
     stalls: StallStatistics
+    broker_full: FullBrokerStatistics
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly nested data: the scheduler's fields at the top level."""
@@ -371,4 +377,5 @@ class WorkerStatistics:
         stats["keys"] = asdict(self.keys) if self.keys is not None else None
         stats["bad_input"] = asdict(self.bad_input)
         stats["stalls"] = asdict(self.stalls)
+        stats["broker_full"] = asdict(self.broker_full)
         return stats

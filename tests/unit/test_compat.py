@@ -33,6 +33,7 @@ class FakeQoS:
         return True
 
     def _remove_from_indices(self, tag: Any) -> Any: ...
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None: ...
 
 
 class FakeConnection:

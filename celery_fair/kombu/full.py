@@ -1,0 +1,149 @@
+"""A Redis at its ``maxmemory``: the worker settles what it holds instead of stopping.
+
+With ``maxmemory`` and the ``noeviction`` policy (what Celery's docs and managed
+Redis services expect of a broker), a full Redis refuses every command that
+may grow memory, and every command queued inside ``MULTI`` (Redis's
+``processCommand``: a transaction's queue may grow without bound).  Kombu
+acknowledges a message by removing its unacknowledged record (``ZREM`` and
+``HDEL``) in ``MULTI``/``EXEC``: refused, the error leaves Kombu's event loop
+and the worker exits, so the one thing that frees memory, running the
+backlog, stops for every tenant.  ``ZREM`` and ``HDEL`` alone only free
+memory and Redis runs them when full: :class:`FullBroker` is what the
+worker's QoS (:class:`~celery_fair.kombu.cycle.FairQoS`) falls back on.
+
+* an acknowledgement (or a reject without requeue) removes the record
+  outside a transaction;
+* a requeue cannot be done (``LPUSH`` grows memory): the message stays in the
+  unacknowledged record, where nothing loses it, and is put back when Redis
+  accepts it again: tried at the following settlements, backing off from
+  :data:`RETRY_FIRST` to :data:`RETRY_MAX` seconds (and in any case the
+  visibility timeout restores it);
+* each kind is logged once (WARNING) and counted (``inspect fair_stats``
+  ``broker_full``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import monotonic
+from typing import Any
+
+from .. import compat
+
+__all__ = ("RETRY_FIRST", "RETRY_MAX", "FullBroker", "FullBrokerStatistics")
+
+logger = logging.getLogger(__name__)
+
+#: Seconds before a requeue refused by a full broker is tried again, doubling up to RETRY_MAX.
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0
+
+
+@dataclass(frozen=True)
+class FullBrokerStatistics:
+    """What a worker did because its broker was full."""
+
+    #: Acknowledgements (and rejects without requeue) made outside a transaction.
+    acks: int
+    #: Requeues the broker refused, and how many of them were put back later.
+    requeues_refused: int
+    requeued_later: int
+    #: Refused requeues still waiting in the unacknowledged record.
+    requeues_waiting: int
+    #: Channel closes whose held messages were left to the visibility timeout.
+    restores_left: int
+
+
+class FullBroker:
+    """One worker's fallbacks for a full Redis, shared by its channels."""
+
+    def __init__(self, clock: Callable[[], float] = monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._said: set[str] = set()
+        self.acks = self.requeues_refused = self.requeued_later = self.restores_left = 0
+        #: Requeues to try again: (the QoS, the delivery tag).
+        self._waiting: list[tuple[Any, Any]] = []
+        self._next_try = 0.0
+        self._backoff = RETRY_FIRST
+
+    def acknowledge(self, qos: Any, delivery_tag: Any, exc: Exception) -> None:
+        """The acknowledgement of ``delivery_tag`` was refused: remove its record outside
+        a transaction, and forget the message in memory."""
+        compat.remove_unacked_outside_transaction(qos, delivery_tag)
+        compat.forget_delivered(qos, delivery_tag)
+        with self._lock:
+            self.acks += 1
+        self._say("ack", "acknowledgements are made outside a transaction", exc)
+
+    def requeue_later(self, qos: Any, delivery_tag: Any, exc: Exception) -> None:
+        """The requeue of ``delivery_tag`` was refused: it stays in the unacknowledged
+        record (nothing is lost) and is put back when the broker accepts it."""
+        compat.forget_delivered(qos, delivery_tag)
+        with self._lock:
+            self.requeues_refused += 1
+            if not self._waiting:
+                self._next_try = self.clock() + self._backoff
+            self._waiting.append((qos, delivery_tag))
+        self._say(
+            "requeue",
+            "messages sent back stay in the unacknowledged record and are put back when it "
+            "accepts them (or by the visibility timeout)",
+            exc,
+        )
+
+    def restores_left_to_timeout(self, exc: Exception) -> None:
+        """A channel closed and could not put its held messages back."""
+        with self._lock:
+            self.restores_left += 1
+        self._say(
+            "restore",
+            "a closing channel's messages stay in the unacknowledged record for the "
+            "visibility timeout",
+            exc,
+        )
+
+    def retry(self) -> None:
+        """Put back the refused requeues if it is time to try again (at a settlement)."""
+        if not self._waiting or self.clock() < self._next_try:
+            return
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        left = []
+        for qos, tag in waiting:
+            try:
+                compat.restore_unacked_message(qos, tag)
+            except Exception as exc:  # noqa: BLE001 - kept and tried again, never lost
+                if not compat.broker_full(exc) and not isinstance(exc, OSError):
+                    logger.warning("celery-fair: could not requeue %s now (%r)", tag, exc)
+                left.append((qos, tag))
+        with self._lock:
+            self.requeued_later += len(waiting) - len(left)
+            self._waiting = left + self._waiting
+            if left:
+                self._backoff = min(self._backoff * 2, RETRY_MAX)
+            else:
+                self._backoff = RETRY_FIRST
+            self._next_try = self.clock() + self._backoff
+
+    def _say(self, kind: str, instead: str, exc: Exception) -> None:
+        with self._lock:
+            if kind in self._said:
+                return
+            self._said.add(kind)
+        logger.warning(
+            "celery-fair: the broker is full (%s): %s; the worker goes on draining its backlog",
+            exc, instead,
+        )  # fmt: skip
+
+    def statistics(self) -> FullBrokerStatistics:
+        with self._lock:
+            return FullBrokerStatistics(
+                acks=self.acks,
+                requeues_refused=self.requeues_refused,
+                requeued_later=self.requeued_later,
+                requeues_waiting=len(self._waiting),
+                restores_left=self.restores_left,
+            )

@@ -1,0 +1,161 @@
+"""A flood that fills Redis to its maxmemory: the worker stays up and drains it.
+
+A real Redis (or Valkey) with ``maxmemory`` and ``noeviction`` (the policy
+Celery's docs expect of a broker), one worker as deployments start it, and a
+producer that floods one queue with 4 KB tasks until the broker refuses.
+Once full, Redis refuses every command queued in ``MULTI``, Kombu's
+acknowledgement among them: a plain Celery worker exits ("Unrecoverable
+error: OutOfMemoryError") with the backlog on the broker (see
+``python -m bench.broker_full``).  With celery-fair the worker acknowledges
+outside a transaction, runs every accepted task once, and publishing works
+again without a hand.  The ledger lives on another Redis: the full one
+refuses its writes too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
+from tests.integration.production_app import make_app
+from tests.integration.test_production import APP, assert_clean, running, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
+
+#: Small enough to fill in seconds, large enough for the worker's own keys.
+MAXMEMORY = "24mb"
+PAD = "x" * 4000
+#: The flood goes on this long after the broker first refuses it (a tenant
+#: that keeps trying: the broker stays full while the worker drains), and
+#: stops by itself at FLOOD_MAX messages or FLOOD_SECONDS in all.
+FULL_FOR, FLOOD_MAX, FLOOD_SECONDS = 8.0, 40_000, 90.0
+
+
+@pytest.fixture
+def full_broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        client = server.client()
+        client.config_set("maxmemory", MAXMEMORY)
+        client.config_set("maxmemory-policy", "noeviction")
+        yield server
+
+
+def _flood(producer: object, kind: str) -> tuple[list[int], int]:
+    """Publish to ``flood`` until FULL_FOR seconds after the first refusal: the values
+    accepted, and how many publishes were refused."""
+    record = producer.tasks["prod.record"]  # type: ignore[attr-defined]
+    accepted: list[int] = []
+    refused = 0
+    start = time.monotonic()
+    stop = start + FLOOD_SECONDS
+    while len(accepted) < FLOOD_MAX and time.monotonic() < stop:
+        value = len(accepted) + refused
+        options: dict[str, object] = {"queue": "flood", "headers": {"pad": PAD}}
+        if kind == "priority":
+            options["priority"] = value % 10
+        kwargs = {"ms": 2, "tenant_id": f"t{value % 5}"} if kind == "keyed" else {"ms": 2}
+        try:
+            record.apply_async((value,), kwargs, retry=False, **options)
+        except Exception:  # the broker refused: full
+            if not refused:
+                stop = min(stop, time.monotonic() + FULL_FOR)
+            refused += 1
+            continue
+        accepted.append(value)
+    return accepted, refused
+
+
+@pytest.mark.parametrize("kind", ["weighted", "keyed", "priority"])
+def test_a_worker_drains_a_full_broker_and_publishing_recovers(
+    full_broker: RedisServer, redis_url: str, kind: str
+) -> None:
+    env = {
+        "CELERY_FAIR_BROKER": full_broker.url,
+        "PRODUCTION_LEDGER": redis_url,
+        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
+        # Celery's default early acks: each task is acknowledged as it starts,
+        # while the broker is still full (late acks come after the flood).
+        "PRODUCTION_ACKS_LATE": "0",
+    }
+    if kind == "keyed":
+        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    producer = make_app(env, name="full-producer")
+    worker = WorkerProcess(
+        full_broker.url, ["flood", "quiet"], concurrency=2, app=APP, env=env, extra_args=["-E"]
+    )
+    ledger = redis_lib.Redis.from_url(redis_url)
+    with running(worker):
+        wait_until(lambda: " ready." in worker.log(), "the worker", [worker])
+        accepted, refused = _flood(producer, kind)
+        used = full_broker.client().info("memory")
+        assert refused, f"the broker never filled: {used['used_memory_human']}"
+        wait_until(
+            lambda: ledger.llen("ledger") >= len(accepted),
+            lambda: f"{len(accepted)} runs (ran {ledger.llen('ledger')})",
+            [worker], timeout=240,
+        )  # fmt: skip
+        # Publishing works again without a hand: the backlog drained.
+        producer.tasks["prod.record"].apply_async((-1,), {"ms": 0}, queue="quiet", retry=False)
+        wait_until(lambda: ledger.llen("ledger") > len(accepted), "a task after", [worker])
+        log = worker.log()
+    runs = Counter(json.loads(raw)["value"] for raw in ledger.lrange("ledger", 0, -1))
+    assert set(runs) == {*accepted, -1} and max(runs.values()) == 1  # every accepted task, once
+    assert "celery-fair: the broker is full" in log, log[-3000:]
+    assert_clean(log, worker.name)
+    producer.close()
+
+
+def _set_full(client: redis_lib.Redis, full: bool) -> None:
+    """Put the broker's ``maxmemory`` below what it uses (every write refused), or back."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used // 2) if full else MAXMEMORY)
+
+
+def test_settling_while_full_acks_now_and_requeues_when_the_broker_accepts(
+    full_broker: RedisServer,
+) -> None:
+    from kombu import Connection
+
+    from celery_fair import compat
+    from celery_fair.kombu.full import RETRY_FIRST, FullBroker
+
+    now = [0.0]
+    full = FullBroker(clock=lambda: now[0])
+    client = full_broker.client()
+    with Connection(full_broker.url) as conn:
+        channel = conn.channel()
+        queue = conn.SimpleQueue("settle")
+        queue.put({"n": 1})
+        queue.put({"n": 2})
+        first, second = queue.get(timeout=5), queue.get(timeout=5)
+        qos = first.channel.qos
+        assert client.hlen("unacked") == 2
+        _set_full(client, True)
+        with pytest.raises(redis_lib.exceptions.ResponseError) as refused:
+            first.ack()  # Kombu's own acknowledgement: MULTI, refused
+        assert compat.broker_full(refused.value)
+        # The fallback removes the record outside a transaction, still full.
+        full.acknowledge(qos, first.delivery_tag, refused.value)
+        assert client.hlen("unacked") == 1 and client.zcard("unacked_index") == 1
+        # A requeue cannot be done while full: the message waits where it is.
+        full.requeue_later(qos, second.delivery_tag, refused.value)
+        now[0] = RETRY_FIRST
+        full.retry()
+        assert client.hlen("unacked") == 1 and client.llen("settle") == 0
+        assert full.statistics().requeues_waiting == 1
+        _set_full(client, False)  # the backlog drained
+        now[0] = 10 * RETRY_FIRST
+        full.retry()
+        assert client.hlen("unacked") == 0 and client.llen("settle") == 1
+        stats = full.statistics()
+        assert (stats.acks, stats.requeues_refused, stats.requeued_later) == (1, 1, 1)
+        assert queue.get(timeout=5).payload == {"n": 2}  # nothing lost
+        queue.close()
+        channel.close()
