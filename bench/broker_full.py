@@ -1,0 +1,149 @@
+"""A flood that fills Redis to its maxmemory: does the worker survive and drain it?
+
+Per round, one real Redis with ``maxmemory`` (40 MB by default) and
+``noeviction``, one ``celery worker -c 2`` with Celery's defaults (early acks,
+``-E``), and a producer that floods the queue ``flood`` with 4 KB tasks of
+10 ms, and keeps trying for ``--full-for`` seconds after the first refusal
+(a tenant that retries).  Then it waits for the worker to run what was
+accepted (or to exit), and tries one more publish.  The variants run in
+turns: plain Celery, celery-fair with weights, celery-fair with the flood
+queue keyed by tenant.  The ledger of runs lives on a second Redis.
+
+    python -m bench.broker_full [--reps 2] [--maxmemory 40mb] [--full-for 8]
+
+Results: ``bench/results/broker_full.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from bench.harness.harness import WorkerProcess
+from bench.harness.redis import RedisServer
+
+from .common import environment, write
+
+APP = "tests.integration.production_app"
+VARIANTS = ("plain", "fair", "keyed")
+PAD = "x" * 4000
+#: A round gives up waiting for the worker after this long.
+DRAIN_LIMIT = 240.0
+
+
+def one_round(variant: str, maxmemory: str, full_for: float) -> dict[str, Any]:
+    from tests.integration.production_app import make_app
+
+    with RedisServer() as broker, RedisServer() as ledger_server:
+        client = broker.client()
+        client.config_set("maxmemory", maxmemory)
+        client.config_set("maxmemory-policy", "noeviction")
+        env = {
+            "CELERY_FAIR_BROKER": broker.url,
+            "CELERY_FAIR": "0" if variant == "plain" else "1",
+            "PRODUCTION_LEDGER": ledger_server.url,
+            "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
+            "PRODUCTION_ACKS_LATE": "0",  # Celery's default early acks
+        }
+        if variant == "keyed":
+            env["PRODUCTION_KEYS"] = "flood=tenant_id"
+        producer = make_app(env, name=f"full-{variant}")
+        record = producer.tasks["prod.record"]
+        worker = WorkerProcess(
+            broker.url, ["flood", "quiet"], concurrency=2, app=APP, env=env,
+            fair=variant != "plain", extra_args=["-E"],
+        )  # fmt: skip
+        ledger = ledger_server.client()
+        with worker:
+            deadline = time.monotonic() + 60
+            while " ready." not in worker.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            accepted = refused = 0
+            stop = time.monotonic() + 120
+            while time.monotonic() < stop:
+                kwargs = {"ms": 10}
+                if variant == "keyed":
+                    kwargs["tenant_id"] = f"t{(accepted + refused) % 5}"
+                try:
+                    record.apply_async(
+                        (accepted,), kwargs, queue="flood", headers={"pad": PAD}, retry=False
+                    )
+                    accepted += 1
+                except Exception:  # refused: the broker is full
+                    if not refused:
+                        stop = min(stop, time.monotonic() + full_for)
+                    refused += 1
+            flood_end = time.monotonic()
+            deadline = flood_end + DRAIN_LIMIT
+            while time.monotonic() < deadline:
+                if ledger.llen("ledger") >= accepted or worker.proc.poll() is not None:  # type: ignore[union-attr]
+                    break
+                time.sleep(0.5)
+            alive = worker.proc is not None and worker.proc.poll() is None
+            ran = int(ledger.llen("ledger"))
+            drained = time.monotonic() - flood_end
+            try:
+                record.apply_async((-1,), {"ms": 0}, queue="quiet", retry=False)
+                recovered = True
+            except Exception:
+                recovered = False
+            used = int(client.info("memory")["used_memory"])
+            log = worker.log()
+        producer.close()
+    return {
+        "variant": variant,
+        "accepted": accepted,
+        "refused": refused,
+        "ran": ran,
+        "worker_alive": alive,
+        "publishing_recovered": recovered,
+        "drain_seconds": round(drained, 1),
+        "broker_used_after": used,
+        "critical": next((x[:160] for x in log.splitlines() if "CRITICAL" in x), None),
+        "full_logged": "celery-fair: the broker is full" in log,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--maxmemory", default="40mb")
+    parser.add_argument("--full-for", type=float, default=8.0)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    rounds = []
+    for rep in range(args.reps):
+        for variant in variants:
+            result = one_round(variant, args.maxmemory, args.full_for)
+            result["rep"] = rep
+            print(result, flush=True)
+            rounds.append(result)
+    lines = [
+        "# A flood that fills Redis to its maxmemory",
+        "",
+        f"`python -m bench.broker_full --reps {args.reps} --maxmemory {args.maxmemory} "
+        f"--full-for {args.full_for:g}`; one worker `-c 2`, Celery's defaults (early acks, "
+        "`-E`), 4 KB tasks of 10 ms; the producer keeps trying for "
+        f"{args.full_for:g} s after the first refusal. Variants in turns.",
+        "",
+        "| rep | variant | accepted | refused | ran | worker | publishing after | "
+        "drain s | logged |",
+        "|---|---|---:|---:|---:|---|---|---:|---|",
+    ]
+    for r in rounds:
+        worker = "up" if r["worker_alive"] else f"exited ({r['critical'] or 'no CRITICAL'})"
+        lines.append(
+            f"| {r['rep']} | {r['variant']} | {r['accepted']:,} | {r['refused']:,} | "
+            f"{r['ran']:,} | {worker} | {'ok' if r['publishing_recovered'] else 'refused'} | "
+            f"{r['drain_seconds']} | {'yes' if r['full_logged'] else 'no'} |"
+        )
+    env = environment()
+    lines += ["", f"{env['when']}, Celery {env['celery']}, Kombu {env['kombu']}, "
+              f"redis-py {env['redis']}, {env['cpus']} CPUs."]  # fmt: skip
+    write("broker_full", {"environment": env, "rounds": rounds}, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
