@@ -332,6 +332,36 @@ def raw_payload(message: Any) -> Any:
     return getattr(message, "_raw", None)
 
 
+def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
+    """Make every Redis QoS's ``restore_visible`` skip a round the broker refuses as full.
+
+    Kombu restores messages past their visibility timeout from the poller, the
+    first time when the worker connects, under a lock taken with ``SET NX``,
+    which a full Redis refuses: the worker exited at start.  The round is
+    skipped (``skipped(exc)``); Kombu tries again at its next poll.  The
+    class is wrapped, once per process.
+    """
+    from kombu.transport.redis import QoS
+
+    original = QoS.restore_visible
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    def restore_visible(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            from .redis_py import broker_full
+
+            if not broker_full(exc):
+                raise
+            skipped(exc)
+            return None
+
+    restore_visible.__wrapped__ = original  # type: ignore[attr-defined]
+    QoS.restore_visible = restore_visible  # type: ignore[method-assign]
+
+
 def remove_unacked_outside_transaction(qos: Any, delivery_tag: Any) -> None:
     """A Redis QoS's ``_remove_from_indices`` (``ZREM`` + ``HDEL``) without ``MULTI``:
     a Redis at its ``maxmemory`` refuses every command queued in a transaction,

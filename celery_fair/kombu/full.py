@@ -54,6 +54,8 @@ class FullBrokerStatistics:
     requeues_waiting: int
     #: Channel closes whose held messages were left to the visibility timeout.
     restores_left: int
+    #: Rounds of Kombu's restore of messages past their visibility timeout skipped.
+    restores_skipped: int
 
 
 class FullBroker:
@@ -64,6 +66,7 @@ class FullBroker:
         self._lock = threading.Lock()
         self._said: set[str] = set()
         self.acks = self.requeues_refused = self.requeued_later = self.restores_left = 0
+        self.restores_skipped = 0
         #: Requeues to try again: (the QoS, the delivery tag).
         self._waiting: list[tuple[Any, Any]] = []
         self._next_try = 0.0
@@ -102,6 +105,16 @@ class FullBroker:
             "restore",
             "a closing channel's messages stay in the unacknowledged record for the "
             "visibility timeout",
+            exc,
+        )
+
+    def restore_skipped(self, exc: Exception) -> None:
+        """Kombu's round of restoring messages past their visibility timeout was refused."""
+        with self._lock:
+            self.restores_skipped += 1
+        self._say(
+            "restore_visible",
+            "restoring messages past their visibility timeout waits for the next poll",
             exc,
         )
 
@@ -146,4 +159,5 @@ class FullBroker:
                 requeued_later=self.requeued_later,
                 requeues_waiting=len(self._waiting),
                 restores_left=self.restores_left,
+                restores_skipped=self.restores_skipped,
             )

@@ -174,3 +174,27 @@ def test_settling_while_full_acks_now_and_requeues_when_the_broker_accepts(
         assert queue.get(timeout=5).payload == {"n": 2}  # nothing lost
         queue.close()
         channel.close()
+
+
+def test_restoring_past_the_visibility_timeout_waits_while_full(
+    full_broker: RedisServer,
+) -> None:
+    """Kombu's restore round takes a lock with ``SET NX``, which a full Redis refuses: at a
+    worker's start that error stopped it.  The round is skipped and counted."""
+    from kombu import Connection
+
+    from celery_fair import compat
+    from celery_fair.kombu.full import FullBroker
+
+    full = FullBroker()
+    compat.skip_restores_while_full(full.restore_skipped)  # once per process, as a worker does
+    client = full_broker.client()
+    with Connection(full_broker.url) as conn:
+        channel = conn.channel()
+        _set_full(client, True)
+        channel.qos.restore_visible(interval=1)
+        assert full.statistics().restores_skipped == 1
+        _set_full(client, False)
+        channel.qos.restore_visible(interval=1)  # accepted again: a round of Kombu's own
+        assert full.statistics().restores_skipped == 1
+        channel.close()

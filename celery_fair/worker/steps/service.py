@@ -38,6 +38,9 @@ class FairWorkerStep(bootsteps.Step):
             w.fair = build(
                 w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)
             )
+            # Before the consumer connects: Kombu's Redis transport restores at its
+            # first poll (other transports never call it).
+            compat.skip_restores_while_full(w.fair.full.restore_skipped)
 
     def create(self, w: Any) -> None:
         with one_line_errors():
