@@ -106,13 +106,27 @@ def _service(clock: Clock) -> FairService:
     return service
 
 
+def _prefork(slots: int) -> tuple[Clock, FairService, LaxBoundedSemaphore]:
+    """A prefork worker's wait: Celery's semaphore with celery-fair's buffer."""
+    clock = Clock()
+    service = _service(clock)
+    semaphore = LaxBoundedSemaphore(slots)
+    install_on_semaphore(semaphore, service)
+    return clock, service, semaphore
+
+
+def _reserve(tracked: list[Request], n: int) -> Request:
+    """A task of queue ``a`` received by the worker (in Celery's worker state)."""
+    request = Request("a", n)
+    tracked.append(request)
+    state.task_reserved(request)
+    return request
+
+
 def test_a_lost_semaphore_release_is_repaired_and_logged(
     tracked: list[Request], caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
-    service = _service(clock)
-    semaphore = LaxBoundedSemaphore(2)
-    install_on_semaphore(semaphore, service)
+    clock, service, semaphore = _prefork(2)
     started: list[Request] = []
 
     def start(request: Request) -> None:
@@ -120,10 +134,7 @@ def test_a_lost_semaphore_release_is_repaired_and_logged(
         started.append(request)
 
     for i in range(3):
-        request = Request("a", i)
-        tracked.append(request)
-        state.task_reserved(request)
-        semaphore.acquire(start, request)
+        semaphore.acquire(start, _reserve(tracked, i))
     assert [r.id for r in started] == ["a-0", "a-1"]
     # Both finish, but the pool's releases are lost (a callback that never came).
     for request in started:
@@ -148,14 +159,8 @@ def test_a_lost_semaphore_release_is_repaired_and_logged(
 def test_a_task_the_pool_took_is_reported_not_repaired(
     tracked: list[Request], caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
-    service = _service(clock)
-    semaphore = LaxBoundedSemaphore(1)
-    install_on_semaphore(semaphore, service)
-    request = Request("a", 0)
-    tracked.append(request)
-    state.task_reserved(request)
-    semaphore.acquire(lambda r: None, request)  # handed to the pool, never started
+    clock, service, semaphore = _prefork(1)
+    semaphore.acquire(lambda r: None, _reserve(tracked, 0))  # handed to the pool, never started
     watchdog = PoolWatchdog(service, service.stalls, Pool(1), semaphore=semaphore)
     watchdog.look()
     clock.now = 10.0
@@ -168,15 +173,9 @@ def test_a_task_the_pool_took_is_reported_not_repaired(
 
 
 def test_a_busy_pool_is_no_stall(tracked: list[Request]) -> None:
-    clock = Clock()
-    service = _service(clock)
-    semaphore = LaxBoundedSemaphore(1)
-    install_on_semaphore(semaphore, service)
+    clock, service, semaphore = _prefork(1)
     for i in range(3):
-        request = Request("a", i)
-        tracked.append(request)
-        state.task_reserved(request)
-        semaphore.acquire(state.task_accepted, request)
+        semaphore.acquire(state.task_accepted, _reserve(tracked, i))
     watchdog = PoolWatchdog(service, service.stalls, Pool(1), semaphore=semaphore)
     for clock.now in (0.0, 30.0, 60.0):
         assert watchdog.look() == []
@@ -193,10 +192,7 @@ def test_a_gate_that_lost_a_slot_is_repaired(tracked: list[Request]) -> None:
         ran.append(request.id)
 
     for i in range(2):
-        request = Request("a", i)
-        tracked.append(request)
-        state.task_reserved(request)
-        gate.submit(run, request)
+        gate.submit(run, _reserve(tracked, i))
     assert ran == ["a-0"] and gate.free == 0
     state.task_ready(tracked[0])  # finished; the gate's release never came
     watchdog = PoolWatchdog(service, service.stalls, Pool(1), gate=gate)
