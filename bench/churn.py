@@ -22,7 +22,9 @@ Then every published task is accounted for, per Celery's at-least-once rules: it
 ran once and succeeded, or its result says why not: ``TimeLimitExceeded`` (a hard
 time limit), ``WorkerLostError`` (a pool process killed under it: with late acks
 and ``task_reject_on_worker_lost`` off, Celery marks it failed and acknowledges
-it), ``REVOKED``.  A task with no such result and no run is **lost** (stranded:
+it; a process killed as the task started, before the main process knew the job
+was on it, is not seen as holding the job: the task's hard time limit ends it, plain
+Celery as well), ``REVOKED``.  A task with no such result and no run is **lost** (stranded:
 where it is, is reported); a task that started twice is a duplicate, explained
 when an earlier run's process was one the churn killed.  The run ends with
 nothing on the broker (Redis: no message waiting and the ``unacked`` hash empty
@@ -84,6 +86,8 @@ KEEPALIVE = 2.0
 WARMUP, TAIL = 20, 20
 #: Seconds from a kill to the WorkerLostError result of a job sent to the process.
 KILL_SLACK = 3.0
+#: An outcome: a task whose process was killed as it started, ended by the hard time limit.
+KILLED_AS_STARTED = "killed as it started (ended by the time limit)"
 #: A worker's log: what the churn causes, and what is a bug.
 STALL = "celery-fair: stall"
 UP_TIMEOUT = "Timed out waiting for UP message"
@@ -411,6 +415,14 @@ def account(
     ran = Counter(r["id"] for r in runs)
     killed_pids = {(k["worker"], k["pid"]) for k in kills}
     kill_times = sorted(k["at"] for k in kills)
+    kills_of: dict[tuple[str, int], list[float]] = {}
+    for k in kills:
+        kills_of.setdefault((k["worker"], k["pid"]), []).append(k["at"])
+
+    def killed_between(start: dict[str, Any], done: float) -> bool:
+        """Whether the churn killed the process of this run after it started, before ``done``."""
+        times = kills_of.get((start["worker"], start["pid"]), [])
+        return any(start["started"] <= t <= done for t in times)
 
     def kill_before(done: float) -> bool:
         i = bisect_right(kill_times, done)
@@ -452,7 +464,15 @@ def account(
                 odd(tid, "over task not stopped by its time limit")
         elif status == "FAILURE" and exc == "TimeLimitExceeded":
             counts["time limit"] += 1
-            if not kind.startswith("over"):
+            assert outcome is not None
+            if kind.startswith("over"):
+                pass
+            elif any(killed_between(s, outcome.done) for s in starts_of):
+                # The process died as the task started, before the main process
+                # knew the job was on it: billiard does not mark the job lost, its
+                # hard time limit ends it (plain Celery as well).
+                counts[KILLED_AS_STARTED] += 1
+            else:
                 odd(tid, "time limit of a task within its limit")
         elif status == "FAILURE" and exc == "WorkerLostError":
             counts["killed (WorkerLostError)"] += 1
@@ -768,6 +788,7 @@ def run_churn(
             results = outcomes(backend, [p.id for p in published])
             revoked = {r["id"] for r in churn.revokes}
             books = account(published, starts, runs, results, churn.kills, revoked)
+            outcomes_ = Counter(books["outcomes"])
             logs = {"b": log_lines(b.log()), "a": log_lines(a.log())}
             pids = {
                 name: sorted({s["pid"] for s in starts if s["worker"] == _node(w)})
@@ -793,8 +814,10 @@ def run_churn(
                 "kills": len(churn.kills),
                 "kill_log": churn.kills,
                 "revoke_log": churn.revokes,
-                "time_limits": books["outcomes"].get("time limit", 0),
-                "killed_tasks": books["outcomes"].get("killed (WorkerLostError)", 0),
+                # Tasks over a time limit, and tasks whose process the churn killed.
+                "time_limits": outcomes_["time limit"] - outcomes_[KILLED_AS_STARTED],
+                "killed_tasks": outcomes_["killed (WorkerLostError)"]
+                + outcomes_[KILLED_AS_STARTED],
                 "revokes": len(churn.revokes),
                 "revokes_running": sum(r["running"] for r in churn.revokes),
                 "revoked": books["outcomes"].get("revoked", 0),
@@ -928,7 +951,9 @@ def render(records: Sequence[dict[str, Any]], summary: dict[str, Any], command: 
         "A task either ran once and succeeded or its result says why not: a hard time "
         "limit (`TimeLimitExceeded`), a pool process killed under it (`WorkerLostError`: "
         "with late acks Celery marks it failed and acknowledges it, "
-        "`task_reject_on_worker_lost` being off), a revoke.  **lost**: no run and no "
+        "`task_reject_on_worker_lost` being off; or, killed as its run started, before "
+        "the main process knew the job was on that process, its hard time limit: "
+        "counted with the kills, plain Celery as well), a revoke.  **lost**: no run and no "
         "such result when nothing moved for the quiet period; *unexplained outcomes*: "
         "a result the churn does not account for.  hi:lo: starts while both queues "
         "were backlogged (countdown tasks left out), every wave together.  *left on "
@@ -953,6 +978,9 @@ def render(records: Sequence[dict[str, Any]], summary: dict[str, Any], command: 
                     for m in ("lost", "ratio", "child_replacements", "wall_seconds")
                 ) + " |"
             )  # fmt: skip
+    for r in records:
+        if r.get("reaccounted"):
+            lines += ["", f"{r['broker']} {r['variant']}: {r['reaccounted']}"]
     odd = [r for r in records if r["unexplained"] or r["lost"] or r["stalls"]]
     for r in odd:
         lines += ["", f"{r['broker']} {r['variant']}: lost {r['lost']} "
