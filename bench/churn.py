@@ -1030,8 +1030,10 @@ def main(tasks: int, reps: int, only: str | None, name: str, command: str) -> in
         for key, rs in groups.items()
     }
     env = {**environment(), **_revision()}
+    # The workers' log files are this machine's temporary files: not in the results.
+    runs = [{k: v for k, v in r.items() if k != "log_files"} for r in records]
     data = {"env": env, "command": command, "tasks": tasks, "reps": reps,
-            "runs": records, "summary": stats}  # fmt: skip
+            "runs": runs, "summary": stats}  # fmt: skip
     write(name, data, render(records, stats, command, env))
     bad = [r for r in records if r["variant"] == "celery-fair" and (r["lost"] or r["stalls"])]
     return 1 if bad else 0
