@@ -51,15 +51,23 @@ def _pairs(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",") if part)
 
 
-def _record(task: Any, value: object, tenant_id: str | None, started: float) -> None:
+def _ledger() -> Any:
+    """This process's client of the ledger's Redis (``PRODUCTION_LEDGER``), or None."""
     url = os.environ.get("PRODUCTION_LEDGER")
     if not url:
-        return
+        return None
     client = _LEDGER_CLIENTS.get(url)
     if client is None:
         import redis
 
         client = _LEDGER_CLIENTS[url] = redis.Redis.from_url(url)
+    return client
+
+
+def _record(task: Any, value: object, tenant_id: str | None, started: float) -> None:
+    client = _ledger()
+    if client is None:
+        return
     request = task.request
     delivery = getattr(request, "delivery_info", None) or {}
     entry = {
@@ -83,14 +91,9 @@ def _record(task: Any, value: object, tenant_id: str | None, started: float) -> 
 
 def _record_start(task: Any, tenant_id: str | None, started: float) -> None:
     """Note that a run of ``task`` started (``ledger:starts``), before it does its work."""
-    url = os.environ.get("PRODUCTION_LEDGER")
-    if not url:
-        return
-    client = _LEDGER_CLIENTS.get(url)
+    client = _ledger()
     if client is None:
-        import redis
-
-        client = _LEDGER_CLIENTS[url] = redis.Redis.from_url(url)
+        return
     request = task.request
     delivery = getattr(request, "delivery_info", None) or {}
     entry = {
