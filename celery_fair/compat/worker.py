@@ -161,6 +161,20 @@ def pool_processes(pool: Any) -> int | None:
     return None
 
 
+def pool_pids(pool: Any) -> set[int] | None:
+    """The pids of a prefork pool's processes now (its public ``info``), or None for
+    other pools, whose tasks run in the worker's own process."""
+    if type(pool).__module__ != "celery.concurrency.prefork":
+        return None
+    try:
+        processes = pool.info.get("processes")
+    except (AttributeError, TypeError):  # not started yet, or stopped
+        return None
+    if not isinstance(processes, list):
+        return None
+    return {pid for pid in processes if isinstance(pid, int)}
+
+
 def runs_inline(pool: Any) -> bool:
     """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
     return type(pool).__module__ == "celery.concurrency.solo"

@@ -20,13 +20,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-__all__ = ("BUFFER", "LEASES", "PLACES", "POOL", "Stall", "StallStatistics", "StallWatch")
+__all__ = (
+    "BUFFER", "LEASES", "LOST", "PLACES", "POOL", "Stall", "StallStatistics", "StallWatch",
+)  # fmt: skip
 
 #: Where a task waits: in celery-fair's buffer, before the pool; handed to the
-#: pool and not started; or (not a task) a keyed queue's fetch held back by a
-#: count of key slots the worker does not hold.
-BUFFER, POOL, LEASES = "buffer", "pool", "leases"
-PLACES = (BUFFER, POOL, LEASES)
+#: pool and not started; counted as running on a pool process that is gone;
+#: or (not a task) a keyed queue's fetch held back by a count of key slots the
+#: worker does not hold.
+BUFFER, POOL, LOST, LEASES = "buffer", "pool", "lost", "leases"
+PLACES = (BUFFER, POOL, LOST, LEASES)
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,8 @@ class FairCollector:
         stalls = CounterMetricFamily(
             f"{PREFIX}_stalls",
             "Tasks found waiting while a pool process was free for fair_stall_after seconds, "
-            "by where they waited (buffer: celery-fair's; pool: taken, not started; leases: "
+            "by where they waited (buffer: celery-fair's; pool: taken, not started; lost: counted "
+            "running on a process that is gone; leases: "
             "a keyed queue's fetch held by a count of key slots the worker does not hold).",
             labels=["worker", "place"],
         )

@@ -14,6 +14,11 @@ the lost slots are given back and the buffered tasks start.  A task the
 pool has taken and not started (a child that never came up) cannot be
 repaired from the worker's side; it is reported all the same.
 
+A prefork task that Celery counts as running on a process that is gone
+(killed as the task started, before the main process learnt which process
+had it: billiard never reports it lost, and only its hard time limit ends
+it) is reported too (place ``lost``), and its slot counted free.
+
 Keyed queues with per-key limits have a count of their own: the tasks that
 hold a key slot here, which stops the fetch at the pool's size.  If it stays
 above the tasks of that queue the worker knows of while a process is free,
@@ -27,7 +32,7 @@ import logging
 from typing import Any
 
 from .. import compat
-from ..scheduling.stalls import BUFFER, LEASES, POOL, Stall, StallWatch
+from ..scheduling.stalls import BUFFER, LEASES, LOST, POOL, Stall, StallWatch
 from .dispatch import FairGate, buffered_requests, release_waiters
 from .roles import SchedulingService
 
@@ -76,7 +81,16 @@ class PoolWatchdog:
             key = getattr(request, "id", None) or id(request)
             waiting[key] = BUFFER if id(request) in buffered else POOL
             requests[key] = request
-        free = size - len(active)
+        # Started on a process that is gone, yet never reported lost: it holds no
+        # process, but Celery counts it running (and its slot busy) until its hard
+        # time limit, or for ever without one.
+        pids = compat.pool_pids(self.pool) if self.gate is None else None
+        ghosts = [] if not pids else [r for r in active if _on_gone_process(r, pids)]
+        for request in ghosts:
+            key = getattr(request, "id", None) or id(request)
+            waiting[key] = LOST
+            requests[key] = request
+        free = size - len(active) + len(ghosts)
         leases = self._lease_drift(reserved, known)
         waiting.update({(LEASES, queue): LEASES for queue in leases})
         stalls = self.watch.look(self.service.clock(), waiting, free, size)
@@ -140,6 +154,16 @@ class PoolWatchdog:
 
     def _log(self, stall: Stall, request: Any, given: int, buffered: int) -> None:
         queue = self.service.queue_of(request) if request is not None else None
+        if stall.place == LOST:
+            logger.warning(
+                "celery-fair: stall: task %s (%s) of queue %s started on pool process %s, "
+                "which is gone, and was never reported lost: Celery counts it running and "
+                "its slot busy until its hard time limit (none: until the worker restarts); "
+                "%d of %d pool process(es) free",
+                stall.task, getattr(request, "name", "?"), queue,
+                getattr(request, "worker_pid", "?"), stall.free, stall.size,
+            )  # fmt: skip
+            return
         if stall.place == BUFFER:
             outcome = (
                 f"gave the pool back {given} slot(s) its count had lost"
@@ -158,3 +182,8 @@ class PoolWatchdog:
             "worker's buffer" if stall.place == BUFFER else "pool", stall.free, stall.size,
             buffered, outcome,
         )  # fmt: skip
+
+
+def _on_gone_process(request: Any, pids: set[int]) -> bool:
+    pid = getattr(request, "worker_pid", None)
+    return isinstance(pid, int) and pid not in pids

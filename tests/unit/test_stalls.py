@@ -243,3 +243,43 @@ def test_a_lost_key_slot_release_is_recounted(
     )
     clock.now = 30.0
     assert watchdog.look() == []  # repaired: nothing more to report
+
+
+class PreforkPool:
+    """A prefork pool as the watchdog reads it: its size and its processes' pids."""
+
+    __module__ = "celery.concurrency.prefork"
+
+    def __init__(self, pids: list[int]) -> None:
+        self.num_processes = len(pids)
+        self.info = {"processes": pids}
+
+
+def test_a_task_counted_running_on_a_gone_process_is_reported_and_its_slot_given_back(
+    tracked: list[Request], caplog: pytest.LogCaptureFixture
+) -> None:
+    clock, service, semaphore = _prefork(1)
+    ran: list[str] = []
+
+    def start(request: Request) -> None:
+        state.task_accepted(request)
+        request.worker_pid = 111  # type: ignore[attr-defined]
+        ran.append(request.id)
+
+    semaphore.acquire(start, _reserve(tracked, 0))
+    semaphore.acquire(start, _reserve(tracked, 1))  # waits: the one slot is taken
+    # Process 111 was killed as the task started and the pool replaced it (222)
+    # without reporting the task lost: Celery still counts it running.
+    pool = PreforkPool([222])
+    watchdog = PoolWatchdog(service, service.stalls, pool, semaphore=semaphore)
+    watchdog.look()
+    clock.now = 10.0
+    with caplog.at_level(logging.WARNING, logger="celery_fair.worker.watchdog"):
+        stalls = watchdog.look()
+    assert sorted((s.task, s.place) for s in stalls) == [("a-0", "lost"), ("a-1", "buffer")]
+    assert ran == ["a-0", "a-1"]  # process 222 is free: the buffered task went to it
+    assert any("started on pool process 111, which is gone" in m for m in caplog.messages)
+    # On a live process the same task is simply running.
+    pool.info["processes"] = [111]
+    clock.now = 30.0
+    assert [s for s in watchdog.look() if s.place == "lost"] == []
