@@ -154,7 +154,7 @@ def pool_processes(pool: Any) -> int | None:
     for name in ("num_processes", "limit"):
         try:
             value = getattr(pool, name, None)
-        except AttributeError:  # prefork's num_processes before the pool started
+        except (AttributeError, TypeError):  # num_processes before the pool started
             value = None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value

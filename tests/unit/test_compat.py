@@ -416,3 +416,21 @@ def test_prefork_before_celery_5_6_3_forgets_the_tasks_running_at_a_connection_l
     assert not compat.pool_forgets_running_tasks(threads)
     monkeypatch.setattr(celery, "VERSION", (5, 6, 3, "", ""))
     assert not compat.pool_forgets_running_tasks(prefork)
+
+
+def test_a_pools_size_before_it_started_is_its_limit() -> None:
+    from celery_fair.compat import pool_processes
+
+    class GreenPoolNotStarted:
+        """Celery 5.3's gevent pool: ``num_processes`` is ``len(self._pool)``, None before
+        the pool starts."""
+
+        limit = 4
+        _pool = None
+
+        @property
+        def num_processes(self) -> int:
+            return len(self._pool)  # type: ignore[arg-type]
+
+    assert pool_processes(GreenPoolNotStarted()) == 4
+    assert pool_processes(object()) is None
