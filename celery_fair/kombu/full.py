@@ -64,9 +64,8 @@ class FullBroker:
     def __init__(self, clock: Callable[[], float] = monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._said: set[str] = set()
-        self.acks = self.requeues_refused = self.requeued_later = self.restores_left = 0
-        self.restores_skipped = 0
+        #: What was done instead, by the statistics field that counts it.
+        self._counts: dict[str, int] = {}
         #: Requeues to try again: (the QoS, the delivery tag).
         self._waiting: list[tuple[Any, Any]] = []
         self._next_try = 0.0
@@ -77,21 +76,18 @@ class FullBroker:
         a transaction, and forget the message in memory."""
         compat.remove_unacked_outside_transaction(qos, delivery_tag)
         compat.forget_delivered(qos, delivery_tag)
-        with self._lock:
-            self.acks += 1
-        self._say("ack", "acknowledgements are made outside a transaction", exc)
+        self._note("acks", "acknowledgements are made outside a transaction", exc)
 
     def requeue_later(self, qos: Any, delivery_tag: Any, exc: Exception) -> None:
         """The requeue of ``delivery_tag`` was refused: it stays in the unacknowledged
         record (nothing is lost) and is put back when the broker accepts it."""
         compat.forget_delivered(qos, delivery_tag)
         with self._lock:
-            self.requeues_refused += 1
             if not self._waiting:
                 self._next_try = self.clock() + self._backoff
             self._waiting.append((qos, delivery_tag))
-        self._say(
-            "requeue",
+        self._note(
+            "requeues_refused",
             "messages sent back stay in the unacknowledged record and are put back when it "
             "accepts them (or by the visibility timeout)",
             exc,
@@ -99,10 +95,8 @@ class FullBroker:
 
     def restores_left_to_timeout(self, exc: Exception) -> None:
         """A channel closed and could not put its held messages back."""
-        with self._lock:
-            self.restores_left += 1
-        self._say(
-            "restore",
+        self._note(
+            "restores_left",
             "a closing channel's messages stay in the unacknowledged record for the "
             "visibility timeout",
             exc,
@@ -110,10 +104,8 @@ class FullBroker:
 
     def restore_skipped(self, exc: Exception) -> None:
         """Kombu's round of restoring messages past their visibility timeout was refused."""
-        with self._lock:
-            self.restores_skipped += 1
-        self._say(
-            "restore_visible",
+        self._note(
+            "restores_skipped",
             "restoring messages past their visibility timeout waits for the next poll",
             exc,
         )
@@ -133,7 +125,9 @@ class FullBroker:
                     logger.warning("celery-fair: could not requeue %s now (%r)", tag, exc)
                 left.append((qos, tag))
         with self._lock:
-            self.requeued_later += len(waiting) - len(left)
+            self._counts["requeued_later"] = (
+                self._counts.get("requeued_later", 0) + len(waiting) - len(left)
+            )
             self._waiting = left + self._waiting
             if left:
                 self._backoff = min(self._backoff * 2, RETRY_MAX)
@@ -141,11 +135,13 @@ class FullBroker:
                 self._backoff = RETRY_FIRST
             self._next_try = self.clock() + self._backoff
 
-    def _say(self, kind: str, instead: str, exc: Exception) -> None:
+    def _note(self, counter: str, instead: str, exc: Exception) -> None:
+        """Count one more of ``counter``; the first time, say what is done instead."""
         with self._lock:
-            if kind in self._said:
-                return
-            self._said.add(kind)
+            first = counter not in self._counts
+            self._counts[counter] = self._counts.get(counter, 0) + 1
+        if not first:
+            return
         logger.warning(
             "celery-fair: the broker is full (%s): %s; the worker goes on draining its backlog",
             exc, instead,
@@ -153,11 +149,12 @@ class FullBroker:
 
     def statistics(self) -> FullBrokerStatistics:
         with self._lock:
+            counts = self._counts
             return FullBrokerStatistics(
-                acks=self.acks,
-                requeues_refused=self.requeues_refused,
-                requeued_later=self.requeued_later,
+                acks=counts.get("acks", 0),
+                requeues_refused=counts.get("requeues_refused", 0),
+                requeued_later=counts.get("requeued_later", 0),
                 requeues_waiting=len(self._waiting),
-                restores_left=self.restores_left,
-                restores_skipped=self.restores_skipped,
+                restores_left=counts.get("restores_left", 0),
+                restores_skipped=counts.get("restores_skipped", 0),
             )
