@@ -343,9 +343,9 @@ def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
     """
     from kombu.transport.redis import QoS
 
-    original = QoS.restore_visible
-    if getattr(original, "__wrapped__", None) is not None:
-        return
+    original = getattr(QoS, "restore_visible", None)
+    if not callable(original) or getattr(original, "__wrapped__", None) is not None:
+        return  # nothing to wrap (a Kombu without it restores nothing), or wrapped already
 
     def restore_visible(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
