@@ -349,7 +349,7 @@ def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
 
     def restore_visible(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+            return original(self, *args, **kwargs)
         except Exception as exc:
             from .redis_py import broker_full
 
