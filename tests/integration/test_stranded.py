@@ -52,6 +52,9 @@ MAX_TASKS = 3
 #: keyed-queue check has had its time (two remote-control rounds of 2 s each).
 FIRST, SECOND = 300, 1200
 CHECKED = 6.0
+#: Children of the churning worker that run tasks after the check when the stall
+#: is there: the two forked before it and the one that takes the stray reply.
+STALLED = 3
 MS = 2
 
 
@@ -131,11 +134,15 @@ def test_children_forked_after_the_keyed_check_start_and_run_everything(
         log = worker.log()
         assert "Timed out waiting for UP message" not in log, log[-4000:]
         assert_clean(log, worker.name)
-    # After the check, the worker replaced its children many times (each ran
-    # at most MAX_TASKS): every one of them started.
+    # After the check, the worker replaced its children again and again (each ran
+    # at most MAX_TASKS), and they started.  With the stall, at most the two
+    # children forked before the check and the one that read the stray reply ran
+    # anything; how many more there are depends on how the two workers share the
+    # work (on Celery 5.3 a fork is slower and the other worker takes most), so
+    # the bound is that, not a count of the whole run.
     node = f"{churn.name}@{socket.gethostname()}"
     runs = Counter(e["pid"] for e in entries if e["worker"] == node and e["started"] > second)
-    assert len(runs) >= 20 and max(runs.values()) <= MAX_TASKS, runs
+    assert len(runs) >= STALLED + 5 and max(runs.values()) <= MAX_TASKS, runs
     assert redis_lib.Redis.from_url(env["CELERY_FAIR_BROKER"]).hlen("unacked") == 0
 
 
