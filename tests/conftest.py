@@ -30,6 +30,21 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     redis.Redis.from_url(redis_server.url).flushdb()
 
 
+#: The ``maxmemory`` of :func:`full_broker`: small enough to fill in seconds,
+#: large enough for a worker's own keys.
+MAXMEMORY = "24mb"
+
+
+@pytest.fixture
+def full_broker() -> Iterator[RedisServer]:
+    """A Redis of its own with a small ``maxmemory`` and ``noeviction`` (a broker's policy)."""
+    with RedisServer() as server:
+        client = server.client()
+        client.config_set("maxmemory", MAXMEMORY)
+        client.config_set("maxmemory-policy", "noeviction")
+        yield server
+
+
 @pytest.fixture(scope="session")
 def rabbitmq_server() -> Iterator[object]:
     """A real RabbitMQ (consistent-hash plugin enabled), one per test session."""

@@ -72,6 +72,13 @@ def probe_redis_channel(channel: Any, probe: Probe) -> None:
     if lacking:
         probe.missing_capability("kombu.redis.unacked_indices", "QoS." + "/".join(lacking))
     probe_virtual_qos(qos, probe)
+    lacking = _lacks(channel, ("_size", "_queue_bind", "_delete", "_q_for_pri"))
+    if not isinstance(getattr(channel, "keyprefix_queue", None), str):
+        lacking.append("keyprefix_queue")
+    if not isinstance(getattr(channel, "sep", None), str):
+        lacking.append("sep")
+    if lacking:
+        probe.missing_capability("kombu.redis.declare_while_full", "Channel." + "/".join(lacking))
     connection = getattr(client, "connection", None)
     if connection is not None and not hasattr(connection, "_sock"):
         probe.missing_capability("redis.connection.socket", "Connection._sock")
@@ -136,27 +143,33 @@ def _wrapped_method(name: str, original: Any, hook: Callable[..., Any]) -> Any:
     return method
 
 
-def wrap_task_sender(app: Any, hook: Callable[..., Any]) -> None:
+def wrap_task_sender(app: Any, hook: Callable[..., Any], name: str = "keys") -> None:
     """Wrap ``app.amqp.send_task_message`` (every task the app sends goes through it).
 
     ``hook(original, producer, name, message, *args, **options)``.  Probed:
     it must take ``(producer, name, message)`` as Celery 5.3-5.7's does.
+    ``name`` tells celery-fair's hooks apart: each is put on once per app
+    (``install()`` called twice), and a hook put on later runs first.
     """
     amqp = app.amqp
     original = amqp.send_task_message
     if not _callable_with(original, "producer", "name", "message"):
         raise CompatibilityError(
-            f"celery-fair cannot run with {versions()}: fair_keys needs the app's task "
+            f"celery-fair cannot run with {versions()}: it needs the app's task "
             "sender (app.amqp.send_task_message(producer, name, message, ...)), which is "
             "not as expected"
         )
-    if getattr(original, "__wrapped__", None) is not None:
-        return  # install() called twice
+    wrapped = original
+    while wrapped is not None:
+        if getattr(wrapped, "_celery_fair_hook", None) == name:
+            return
+        wrapped = getattr(wrapped, "__wrapped__", None)
 
     def send_task_message(*args: Any, **kwargs: Any) -> Any:
         return hook(original, *args, **kwargs)
 
     send_task_message.__wrapped__ = original  # type: ignore[attr-defined]
+    send_task_message._celery_fair_hook = name  # type: ignore[attr-defined]
     amqp.send_task_message = send_task_message
 
 
@@ -360,6 +373,123 @@ def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
 
     restore_visible.__wrapped__ = original  # type: ignore[attr-defined]
     QoS.restore_visible = restore_visible  # type: ignore[method-assign]
+
+
+#: Marks celery-fair's wrappers of :func:`declare_while_full` (other wrappers,
+#: such as the keyed queues' ``_size``, may be there before them).
+_WHILE_FULL = "_celery_fair_while_full"
+
+
+def declare_while_full(
+    sized: Callable[[Exception], None],
+    bind_later: Callable[[Any, tuple[Any, ...], Exception], None],
+    refresh_skipped: Callable[[Exception], None],
+) -> None:
+    """Let a Redis channel declare queues when the broker is full (at start, remote control).
+
+    A Redis at its ``maxmemory`` refuses every command queued in ``MULTI``, and
+    every ``SADD``: Kombu's ``_size`` (a queue's length, read in a
+    transaction when a queue is declared) and ``_queue_bind`` (a binding, a
+    ``SADD``) failed and a worker started against a full broker exited, and so
+    did ``_delete`` (a reply queue's lists deleted in ``MULTI``).  ``_size``
+    is read, and ``_delete`` deletes, again outside a transaction
+    (``sized(exc)``); a binding
+    already there is left alone, and a missing one is handed to
+    ``bind_later(channel, args, exc)``, to be made again by
+    :func:`bind_queue_again` when the broker accepts it.  Where Kombu refreshes
+    expiring bindings, a refresh refused waits for the next
+    (``refresh_skipped(exc)``).  The class is wrapped, once per process.
+    """
+    from kombu.transport.redis import Channel
+
+    from .redis_py import broker_full
+
+    size, bind = getattr(Channel, "_size", None), getattr(Channel, "_queue_bind", None)
+    if callable(size) and not getattr(size, _WHILE_FULL, False):
+
+        def _size(self: Any, queue: str) -> int:
+            try:
+                return int(size(self, queue))
+            except Exception as exc:
+                if not broker_full(exc):
+                    raise
+                sized(exc)
+            with self.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                for pri in self.priority_steps:
+                    pipe.llen(self._q_for_pri(queue, pri))
+                return sum(n for n in pipe.execute() if isinstance(n, int))
+
+        _size.__wrapped__ = size  # type: ignore[attr-defined]
+        setattr(_size, _WHILE_FULL, True)
+        Channel._size = _size  # type: ignore[method-assign]
+
+    if callable(bind) and not getattr(bind, _WHILE_FULL, False):
+
+        def _queue_bind(self: Any, *args: Any) -> Any:
+            try:
+                return bind(self, *args)
+            except Exception as exc:
+                if not broker_full(exc) or len(args) != 4:
+                    raise
+                exchange, routing_key, pattern, queue = args
+                member = self.sep.join([routing_key or "", pattern or "", queue or ""])
+                with self.conn_or_acquire() as client:
+                    if client.sismember(self.keyprefix_queue % (exchange,), member):
+                        return None  # bound already (a worker's own queues, as a rule)
+                bind_later(self, args, exc)
+                return None
+
+        _queue_bind.__wrapped__ = bind  # type: ignore[attr-defined]
+        setattr(_queue_bind, _WHILE_FULL, True)
+        Channel._queue_bind = _queue_bind  # type: ignore[method-assign]
+
+    delete = getattr(Channel, "_delete", None)
+    if callable(delete) and not getattr(delete, _WHILE_FULL, False):
+
+        def _delete(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return delete(self, queue, *args, **kwargs)
+            except Exception as exc:
+                if not broker_full(exc):
+                    raise
+                sized(exc)
+            # Kombu removed the bindings (SREM, allowed when full) and then deletes
+            # the queue's lists in MULTI: DEL frees memory, so outside one it runs.
+            with self.conn_or_acquire(client=kwargs.get("client")) as client:
+                pipe = client.pipeline(transaction=False)
+                for pri in self.priority_steps:
+                    pipe.delete(self._q_for_pri(queue, pri))
+                pipe.execute()
+            return None
+
+        _delete.__wrapped__ = delete  # type: ignore[attr-defined]
+        setattr(_delete, _WHILE_FULL, True)
+        Channel._delete = _delete  # type: ignore[method-assign]
+
+    refresh = getattr(Channel, "maybe_refresh_binding_expiry", None)
+    if callable(refresh) and not getattr(refresh, _WHILE_FULL, False):
+        # Kombu releases with expiring bindings refresh them by script from the
+        # poller; refused when full, Kombu logs a traceback at every try.
+
+        def maybe_refresh_binding_expiry(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return refresh(self, *args, **kwargs)
+            except Exception as exc:
+                if not broker_full(exc):
+                    raise
+                refresh_skipped(exc)
+                return None
+
+        maybe_refresh_binding_expiry.__wrapped__ = refresh  # type: ignore[attr-defined]
+        setattr(maybe_refresh_binding_expiry, _WHILE_FULL, True)
+        Channel.maybe_refresh_binding_expiry = maybe_refresh_binding_expiry  # type: ignore[method-assign]
+
+
+def bind_queue_again(channel: Any, args: tuple[Any, ...]) -> None:
+    """Make a binding :func:`declare_while_full` left for later (Kombu's ``_queue_bind``)."""
+    bind = type(channel)._queue_bind
+    getattr(bind, "__wrapped__", bind)(channel, *args)
 
 
 def remove_unacked_outside_transaction(qos: Any, delivery_tag: Any) -> None:

@@ -78,6 +78,12 @@ CAPABILITIES: dict[str, Capability] = {
             "a full broker's refusal of an acknowledgement stops the worker, as in plain Celery",
         ),
         Capability(
+            "kombu.redis.declare_while_full",
+            "declaring queues while the broker is full: a worker's start, remote control "
+            "(Channel._size/_queue_bind/_delete/_q_for_pri, keyprefix_queue, sep)",
+            "a worker started against a full broker exits, as plain Celery does",
+        ),
+        Capability(
             "kombu.redis.publish_hooks",
             "keyed queues (fair_keys): publishing to a key's list, restoring to it, "
             "sizes and purges (Channel._put/_do_restore_message/_size/_purge/_has_queue/_lookup)",

@@ -56,6 +56,16 @@ class FullBrokerStatistics:
     restores_left: int
     #: Rounds of Kombu's restore of messages past their visibility timeout skipped.
     restores_skipped: int
+    #: Queue lengths read outside a transaction (queues declared while full).
+    sizes_outside: int = 0
+    #: Queue bindings the broker refused (remote control, events).
+    bindings_refused: int = 0
+    #: Keyed queues' settings the broker refused at start.
+    settings_refused: int = 0
+    #: Refused writes (bindings, settings) still to make.
+    writes_waiting: int = 0
+    #: Rounds of Kombu's refresh of expiring bindings skipped (Kombu releases with them).
+    refreshes_skipped: int = 0
 
 
 class FullBroker:
@@ -68,6 +78,8 @@ class FullBroker:
         self._counts: dict[str, int] = {}
         #: Requeues to try again: (the QoS, the delivery tag).
         self._waiting: list[tuple[Any, Any]] = []
+        #: Writes to make again when the broker accepts them (bindings, settings).
+        self._writes: list[Callable[[], Any]] = []
         self._next_try = 0.0
         self._backoff = RETRY_FIRST
 
@@ -110,12 +122,54 @@ class FullBroker:
             exc,
         )
 
+    def size_outside(self, exc: Exception) -> None:
+        """A queue's length was refused in a transaction and read outside one."""
+        self._note("sizes_outside", "queue lengths are read outside a transaction", exc)
+
+    def refresh_skipped(self, exc: Exception) -> None:
+        """Kombu's refresh of expiring queue bindings was refused."""
+        self._note("refreshes_skipped", "refreshing queue bindings waits for the next try", exc)
+
+    def bind_later(self, channel: Any, args: tuple[Any, ...], exc: Exception) -> None:
+        """A queue binding was refused: make it when the broker accepts it."""
+        self.later(
+            "bindings_refused",
+            "new queue bindings (remote control, events) are made when it accepts them",
+            lambda: compat.bind_queue_again(channel, args),
+            exc,
+        )
+
+    def later(self, counter: str, instead: str, write: Callable[[], Any], exc: Exception) -> None:
+        """A write the broker refused (``exc``): ``write()`` again when it accepts writes.
+
+        Tried at settlements with the requeues' back-off; dropped if it fails for
+        another reason than a full broker (its channel closed, its queue gone).
+        """
+        with self._lock:
+            if not self._waiting and not self._writes:
+                self._next_try = self.clock() + self._backoff
+            self._writes.append(write)
+        self._note(counter, instead, exc)
+
     def retry(self) -> None:
-        """Put back the refused requeues if it is time to try again (at a settlement)."""
-        if not self._waiting or self.clock() < self._next_try:
+        """Put back the refused requeues and make the refused bindings, if it is time
+        to try again (at a settlement)."""
+        if not (self._waiting or self._writes) or self.clock() < self._next_try:
             return
         with self._lock:
             waiting, self._waiting = self._waiting, []
+            writes, self._writes = self._writes, []
+        unbound = []
+        for write in writes:
+            try:
+                write()
+            except Exception as exc:  # noqa: BLE001 - kept while the broker is full
+                if compat.broker_full(exc):
+                    unbound.append(write)
+                else:  # a channel closed since: what it wrote for went with it
+                    logger.debug("celery-fair: a refused write is dropped (%r)", exc)
+        with self._lock:
+            self._writes = unbound + self._writes
         left = []
         for qos, tag in waiting:
             try:
@@ -129,7 +183,7 @@ class FullBroker:
                 self._counts.get("requeued_later", 0) + len(waiting) - len(left)
             )
             self._waiting = left + self._waiting
-            if left:
+            if left or unbound:
                 self._backoff = min(self._backoff * 2, RETRY_MAX)
             else:
                 self._backoff = RETRY_FIRST
@@ -157,4 +211,9 @@ class FullBroker:
                 requeues_waiting=len(self._waiting),
                 restores_left=counts.get("restores_left", 0),
                 restores_skipped=counts.get("restores_skipped", 0),
+                sizes_outside=counts.get("sizes_outside", 0),
+                bindings_refused=counts.get("bindings_refused", 0),
+                writes_waiting=len(self._writes),
+                refreshes_skipped=counts.get("refreshes_skipped", 0),
+                settings_refused=counts.get("settings_refused", 0),
             )

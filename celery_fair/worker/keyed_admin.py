@@ -115,29 +115,29 @@ class KeyedAdmin:
         except connection_errors(channel) as exc:
             logger.debug("celery-fair: keyed backlog check skipped (%r)", exc)
 
-    def publish_settings(self, channel: Any) -> None:
+    def publish_settings(
+        self, channel: Any, when_full: Callable[[Callable[[], None], Exception], None]
+    ) -> None:
         """Write the configured key weights and limits where the fetch script reads them.
 
         Called at every connection.  First it says what it found of each keyed
         queue on the broker; a queue this worker configured before and now
         finds unmarked lost its state (:class:`~celery_fair.keys.store.KeyedFound`).
         Key-slot releases that may have been lost with the last connection go
-        again.
+        again.  A full broker refuses the writes: ``when_full(write, exc)``
+        makes them later (the broker keeps what the last worker wrote until then).
         """
         if self.attachment.fetch is None:
             raise FairConfigError(
                 f"fair_keys={sorted(self.settings.keys)!r} needs the atomic fetch, which is "
                 f"not available here ({', '.join(self.probe.missing) or 'not a Redis channel'})"
             )
-        limits = self.settings.key_limits.as_fields()
-        with compat.redis_client(channel) as client:
-            for queue in self.settings.keys:
-                names = names_for(channel, queue)
-                self._say_found(queue, store.found(client, names))
-                store.write_configured_weights(client, names, self.settings.key_weights)
-                store.write_configured_limits(client, names, limits)
-                store.keyed_again(client, names)
-                store.mark_configured(client, names)
+        try:
+            self._write_settings(channel)
+        except Exception as exc:
+            if not compat.broker_full(exc):
+                raise
+            when_full(lambda: self._write_settings(channel), exc)
         keyed = self.attachment.keyed
         if keyed is not None and keyed.limited:
             keyed.send_releases = self.send_releases
@@ -148,6 +148,17 @@ class KeyedAdmin:
                     "had when the connection was lost",
                     sent,
                 )
+
+    def _write_settings(self, channel: Any) -> None:
+        limits = self.settings.key_limits.as_fields()
+        with compat.redis_client(channel) as client:
+            for queue in self.settings.keys:
+                names = names_for(channel, queue)
+                self._say_found(queue, store.found(client, names))
+                store.write_configured_weights(client, names, self.settings.key_weights)
+                store.write_configured_limits(client, names, limits)
+                store.keyed_again(client, names)
+                store.mark_configured(client, names)
 
     def _say_found(self, queue: str, found: store.KeyedFound) -> None:
         """Log what this connection found of keyed ``queue`` on the broker."""

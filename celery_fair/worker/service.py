@@ -181,7 +181,15 @@ class FairService:
             full=self.full,
         )
         if self.settings.keys:
-            self.keys.publish_settings(channel)
+            self.keys.publish_settings(
+                channel,
+                lambda write, exc: self.full.later(
+                    "settings_refused",
+                    "the keyed queues' settings are written when it accepts them",
+                    write,
+                    exc,
+                ),
+            )
         elif attachment.keyed is not None and attachment.fetch is None:
             logger.error(
                 "celery-fair: keyed messages wait on %s but this worker cannot serve them "

@@ -17,34 +17,23 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_lib
 
 from bench.harness.harness import WorkerProcess
 from bench.harness.redis import RedisServer
+from tests.conftest import MAXMEMORY
 from tests.integration.production_app import make_app
 from tests.integration.test_production import APP, assert_clean, running, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
-#: Small enough to fill in seconds, large enough for the worker's own keys.
-MAXMEMORY = "24mb"
 PAD = "x" * 4000
 #: The flood goes on this long after the broker first refuses it (a tenant
 #: that keeps trying: the broker stays full while the worker drains), and
 #: stops by itself at FLOOD_MAX messages or FLOOD_SECONDS in all.
 FULL_FOR, FLOOD_MAX, FLOOD_SECONDS = 8.0, 40_000, 90.0
-
-
-@pytest.fixture
-def full_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        client = server.client()
-        client.config_set("maxmemory", MAXMEMORY)
-        client.config_set("maxmemory-policy", "noeviction")
-        yield server
 
 
 def _set_full(client: redis_lib.Redis, full: bool) -> None:
@@ -198,3 +187,55 @@ def test_restoring_past_the_visibility_timeout_waits_while_full(
         channel.qos.restore_visible(interval=1)  # accepted again: a round of Kombu's own
         assert full.statistics().restores_skipped == 1
         channel.close()
+
+
+#: Tasks waiting when a worker starts against a broker already full.
+WAITING = 400
+
+
+@pytest.mark.parametrize("kind", ["plain", "weighted", "keyed"])
+def test_a_worker_started_against_a_full_broker_starts_and_drains_it(
+    full_broker: RedisServer, redis_url: str, kind: str
+) -> None:
+    """At start a worker declares its queues and, for remote control, mingle and gossip,
+    queues of its own: Kombu reads a queue's length in ``MULTI``, binds with ``SADD`` and
+    deletes a reply queue in ``MULTI``, all refused by a full Redis.  Plain Celery exits
+    (the premise, checked here); a celery-fair worker starts and drains the backlog."""
+    env = {
+        "CELERY_FAIR_BROKER": full_broker.url,
+        "CELERY_FAIR": "0" if kind == "plain" else "1",
+        "PRODUCTION_LEDGER": redis_url,
+        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
+        "PRODUCTION_ACKS_LATE": "0",  # Celery's default early acks
+    }
+    if kind == "keyed":
+        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    producer = make_app(env, name="start-full-producer")
+    record = producer.tasks["prod.record"]
+    for i in range(WAITING):
+        kwargs = {"ms": 1, "tenant_id": f"t{i % 5}"} if kind == "keyed" else {"ms": 1}
+        record.apply_async((i,), kwargs, queue="flood", headers={"pad": PAD})
+    client = full_broker.client()
+    _set_full(client, True)
+    worker = WorkerProcess(
+        full_broker.url, ["flood", "quiet"], concurrency=2, app=APP, env=env,
+        fair=kind != "plain", extra_args=["-E"],
+    )  # fmt: skip
+    ledger = redis_lib.Redis.from_url(redis_url)
+    with running(worker):
+        if kind == "plain":
+            assert worker.proc is not None
+            worker.proc.wait(timeout=60)  # it exits: subprocess.TimeoutExpired if not
+            assert "OutOfMemoryError" in worker.log()
+            producer.close()
+            return
+        wait_until(
+            lambda: ledger.llen("ledger") >= WAITING,
+            lambda: f"{WAITING} runs (ran {ledger.llen('ledger')})", [worker],
+        )  # fmt: skip
+        log = worker.log()
+    runs = Counter(json.loads(raw)["value"] for raw in ledger.lrange("ledger", 0, -1))
+    assert set(runs) == set(range(WAITING)) and max(runs.values()) == 1
+    assert "celery-fair: the broker is full" in log
+    assert_clean(log, worker.name)
+    producer.close()

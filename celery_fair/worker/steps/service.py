@@ -41,6 +41,9 @@ class FairWorkerStep(bootsteps.Step):
             # Before the consumer connects: Kombu's Redis transport restores at its
             # first poll (other transports never call it).
             compat.skip_restores_while_full(w.fair.full.restore_skipped)
+            # Queues declared at start and by remote control, while the broker is full.
+            full = w.fair.full
+            compat.declare_while_full(full.size_outside, full.bind_later, full.refresh_skipped)
 
     def create(self, w: Any) -> None:
         with one_line_errors():
