@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
+    "BrokerMemoryHigh": "celery_fair.errors",
     "ConsistentHashRouter": "celery_fair.routing.router",
     "DeficitRoundRobin": "celery_fair.scheduling.drr",
     "FairConfigError": "celery_fair.errors",
@@ -23,11 +24,13 @@ _EXPORTS: dict[str, str] = {
     "KeyBacklogFull": "celery_fair.errors",
     "HashRing": "celery_fair.routing.ring",
     "MissingRouteKeyError": "celery_fair.routing.router",
+    "PublishRefused": "celery_fair.errors",
     "declare_consistent_hash_exchange": "celery_fair.routing.rabbitmq",
     "install": "celery_fair.install",
 }
 
 __all__ = (
+    "BrokerMemoryHigh",
     "ConsistentHashRouter",
     "DeficitRoundRobin",
     "FairConfigError",
@@ -35,13 +38,14 @@ __all__ = (
     "HashRing",
     "KeyBacklogFull",
     "MissingRouteKeyError",
+    "PublishRefused",
     "__version__",
     "declare_consistent_hash_exchange",
     "install",
 )
 
 if TYPE_CHECKING:
-    from .errors import FairConfigError, KeyBacklogFull
+    from .errors import BrokerMemoryHigh, FairConfigError, KeyBacklogFull, PublishRefused
     from .install import install
     from .routing.rabbitmq import declare_consistent_hash_exchange
     from .routing.ring import HashRing

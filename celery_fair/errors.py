@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ("CompatibilityError", "FairConfigError", "KeyBacklogFull")
+__all__ = (
+    "BrokerMemoryHigh",
+    "CompatibilityError",
+    "FairConfigError",
+    "KeyBacklogFull",
+    "PublishRefused",
+)
 
 
 class FairConfigError(ValueError):
@@ -23,7 +29,16 @@ class CompatibilityError(FairConfigError):
     """
 
 
-class KeyBacklogFull(Exception):
+class PublishRefused(Exception):
+    """A publish refused by the producer: nothing was written.
+
+    The base of :class:`KeyBacklogFull` (a key's own cap) and
+    :class:`BrokerMemoryHigh` (admission before the broker fills): catch it
+    to retry later, shed the work or tell the user, whichever refused it.
+    """
+
+
+class KeyBacklogFull(PublishRefused):
     """A publish refused: the key already has its cap of messages waiting.
 
     Raised in the producer by ``apply_async`` for a keyed queue on Redis when
@@ -42,3 +57,40 @@ class KeyBacklogFull(Exception):
 
     def __reduce__(self) -> tuple[type, tuple[str, str, int, int]]:
         return type(self), (self.queue, self.key, self.cap, self.backlog)
+
+
+class BrokerMemoryHigh(PublishRefused):
+    """A publish refused because the broker is nearly full (``fair_broker_memory_high``).
+
+    Raised in the producer by ``apply_async`` on Redis when the broker's memory
+    is above ``fair_broker_memory_high`` of its ``maxmemory`` and the message's
+    backlog (its key's, in a keyed queue; ``key`` is then set, else its
+    queue's) is among the largest: at least ``ceiling`` messages waiting.
+    Above ``fair_broker_memory_hard`` the ceiling is 0: every publish is
+    refused.  ``used`` and ``maxmemory`` are the broker's, in bytes, as last
+    read.  Nothing was written.
+    """
+
+    def __init__(
+        self, queue: str, key: str | None, backlog: int, ceiling: int, used: int, maxmemory: int
+    ) -> None:
+        self.queue, self.key, self.backlog, self.ceiling = queue, key, backlog, ceiling
+        self.used, self.maxmemory = used, maxmemory
+        share = f"{used / maxmemory:.0%}" if maxmemory else "?"
+        whose = f"key {key!r} of queue {queue!r}" if key is not None else f"queue {queue!r}"
+        if ceiling == 0:
+            why = "over fair_broker_memory_hard: every publish is refused"
+        else:
+            why = (
+                f"over fair_broker_memory_high: {whose} has {backlog} messages waiting, "
+                f"among the largest backlogs (refused from {ceiling})"
+            )
+        super().__init__(
+            f"the broker uses {share} of its maxmemory ({used} of {maxmemory} bytes), "
+            f"{why}: the message for {whose} was not published"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None, int, int, int, int]]:
+        return type(self), (
+            self.queue, self.key, self.backlog, self.ceiling, self.used, self.maxmemory,
+        )  # fmt: skip

@@ -23,10 +23,14 @@ def install(app: Any) -> Any:
     from celery.signals import before_task_publish
 
     from .keys import publish as keys
+    from .kombu import admission
     from .worker import control  # noqa: F401  (registers the remote-control commands)
     from .worker.steps import CONSUMER_STEPS, WORKER_STEPS
 
     before_task_publish.connect(_stamp_published, weak=False, dispatch_uid="celery_fair.published")
+    # Admission before a Redis broker fills (fair_broker_memory_high); put on
+    # first, so that it runs after the keys are stamped.
+    admission.register_app(app)
     # Keyed queues (fair_keys): the key in a header, the message in its key's list.
     keys.register_app(app)
     app.steps["worker"].update(WORKER_STEPS)

@@ -8,6 +8,7 @@ never change their spelling.
 from __future__ import annotations
 
 __all__ = (
+    "ADMIT_HEADER",
     "AT_HEADER",
     "DISPATCHED_STAMP",
     "FROM_HEADER",
@@ -43,6 +44,12 @@ USER_HEADER = "fair_user"
 #: of the producer): Kombu's Redis ``_put`` passes it to the push script,
 #: which refuses the message when the key has this many waiting.
 MAX_BACKLOG_HEADER = "fair_max_backlog"
+#: Admission before the broker fills (``fair_broker_memory_high``), for a keyed
+#: message: ``[ceiling, used, maxmemory]``, the backlog from which its key is
+#: refused and the broker's memory it was judged on.  Kombu's Redis ``_put``
+#: takes it off the message and passes the ceiling to the push script, which
+#: compares it with the key's own backlog; it is never stored.
+ADMIT_HEADER = "fair_admit"
 
 # -- the worker ----------------------------------------------------------------
 

@@ -31,10 +31,10 @@ from typing import Any
 from kombu.utils.json import dumps as _dumps
 
 from .. import compat
-from ..errors import FairConfigError, KeyBacklogFull
+from ..errors import BrokerMemoryHigh, FairConfigError, KeyBacklogFull
 from ..grammar import as_positive_int, parse_pairs
 from ..routing.keys import KeySource, key_of, parse_key_spec
-from ..wire import KEY_HEADER, KEYED_HEADER, MAX_BACKLOG_HEADER, USER_HEADER
+from ..wire import ADMIT_HEADER, KEY_HEADER, KEYED_HEADER, MAX_BACKLOG_HEADER, USER_HEADER
 from . import store
 from .layout import KeyedNames
 
@@ -43,6 +43,7 @@ __all__ = (
     "parse_fair_keys",
     "parse_max_backlog",
     "register_app",
+    "take_admission",
     "wrap_kombu",
 )
 
@@ -178,7 +179,7 @@ def _stamping_sender(
 
     def send(original: Callable[..., Any], producer: Any, name: str, message: Any,
              *args: Any, **options: Any) -> Any:  # fmt: skip
-        queue = _queue_name(app, options)
+        queue = queue_name(app, options)
         source = keyed.get(queue) if queue is not None else None
         if queue is not None and source is not None:
             task = _task(app, name)
@@ -197,7 +198,7 @@ def _task(app: Any, name: str) -> Any:
         return None
 
 
-def _queue_name(app: Any, options: Mapping[str, Any]) -> str | None:
+def queue_name(app: Any, options: Mapping[str, Any]) -> str | None:
     """The queue a task is sent to, as Celery's sender resolves it."""
     queue = options.get("queue")
     if isinstance(queue, str):
@@ -338,15 +339,18 @@ def level_of(channel: Any, payload: Any) -> str:
 
 
 def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: Any) -> Any:
+    admit = take_admission(message)
     key = message_key(message, queue)
     if key is None:
         return original(channel, queue, message, **kwargs)
     names = names_for(channel, queue)
     level = level_of(channel, message)
     user, cap = message_user(message), message_cap(message)
+    ceiling = admit[0] if admit is not None else None
+    limit = min((c for c in (cap, ceiling) if c is not None), default=None)
     batch = kwargs.pop("_publish_batch", None)  # Kombu >= 5.7 batch publishing
     if batch is not None:
-        if cap is None:
+        if limit is None:
             args = store.enqueue_args(names, key, dumps(message), level=level, user=user)
             batch.add("eval", store.ENQUEUE.text, 0, *args)
             return None
@@ -354,10 +358,27 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
         # replies are never read, so its earlier messages go first, then this one alone.
         batch.flush()
     with compat.redis_client(channel) as client:
-        reply = store.enqueue(client, names, key, dumps(message), level=level, user=user, cap=cap)
+        reply = store.enqueue(
+            client, names, key, dumps(message), level=level, user=user, cap=limit
+        )  # fmt: skip
     full = store.refused(reply)
-    if full is not None:
+    if full is None:
+        return None
+    if cap is not None and full >= cap or admit is None:
         raise KeyBacklogFull(queue, key, cap or 0, full)
+    raise BrokerMemoryHigh(queue, key, full, *admit)
+
+
+def take_admission(message: Any) -> tuple[int, int, int] | None:
+    """Take :data:`ADMIT_HEADER` off a Kombu payload: ``(ceiling, used, maxmemory)``, or None."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    found = headers.pop(ADMIT_HEADER, None) if isinstance(headers, dict) else None
+    if (
+        isinstance(found, (list, tuple))
+        and len(found) == 3
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in found)
+    ):
+        return found[0], found[1], found[2]
     return None
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import FairConfigError
 from ..grammar import as_positive, as_positive_int, parse_pairs
 from ..keys.limits import KeyLimits
+from ..scheduling.admission import AdmissionLimits, parse_admission
 from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode
 from ..scheduling.shedding import CoDelOptions, check_codel
@@ -55,6 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "fair_unknown_task_delay": 10.0,
     "fair_unknown_task_max_returns": 30,
     "fair_stall_after": 10.0,
+    "fair_broker_memory_high": None,
+    "fair_broker_memory_hard": None,
 }
 
 
@@ -281,6 +284,8 @@ class FairSettings:
     unknown_task_max_returns: int = 30
     #: A task waiting this long (s) while a pool process is free is a stall.
     stall_after: float = 10.0
+    #: Producers: admission before the broker fills (``fair_broker_memory_*``); None: off.
+    admission: AdmissionLimits | None = None
 
     @property
     def codel(self) -> bool:
@@ -375,6 +380,9 @@ class FairSettings:
             ),
             unknown_task_max_returns=max_returns,
             stall_after=_positive("fair_stall_after", None, get("fair_stall_after")),
+            admission=parse_admission(
+                conf.get("fair_broker_memory_high"), conf.get("fair_broker_memory_hard")
+            ),
             keys=keys,
             key_limits=limits,
             key_max_backlog=caps,

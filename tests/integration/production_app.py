@@ -17,6 +17,7 @@ Configured from the environment (like ``bench.harness.workload``):
 ``PRODUCTION_KEYS``         the ``fair_keys`` setting, as ``queue=argument[,queue=argument]``
 ``PRODUCTION_KEY_WEIGHTS``  the ``fair_key_weights`` setting, as ``key=w,key=w``
 ``PRODUCTION_VISIBILITY``   ``broker_transport_options['visibility_timeout']`` (s, Redis)
+``PRODUCTION_MEMORY_HIGH``  the producer's ``fair_broker_memory_high`` (admission)
 ``PRODUCTION_BEAT``         a beat entry sends ``record("tick")`` every so many seconds
 ``PRODUCTION_BEAT_QUEUE``   ... to this queue
 
@@ -130,6 +131,8 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
         app.conf.fair_key_weights = {
             k: float(w) for k, w in _pairs(env["PRODUCTION_KEY_WEIGHTS"]).items()
         }
+    if env.get("PRODUCTION_MEMORY_HIGH"):
+        app.conf.fair_broker_memory_high = float(env["PRODUCTION_MEMORY_HIGH"])
     if env.get("PRODUCTION_BEAT"):
         app.conf.beat_schedule = {
             "tick": {
