@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..cli_options import add_broker_options, broker_connection
-from .readings import QueueReading, read_rabbitmq, read_redis
+from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")
 
@@ -44,8 +44,16 @@ class BrokerCollector:
     that an alert can fire on it.
     """
 
-    def __init__(self, read: Callable[[], list[QueueReading]], *, broker: str) -> None:
+    def __init__(
+        self,
+        read: Callable[[], list[QueueReading]],
+        *,
+        broker: str,
+        memory: Callable[[], BrokerMemory] | None = None,
+    ) -> None:
         self.read = read
+        #: The broker's memory (Redis): read with the queues, at each scrape.
+        self.memory = memory
         self.broker = broker
         self.errors = 0
         self._lock = threading.Lock()  # one read at a time: scrapes may overlap
@@ -78,9 +86,11 @@ class BrokerCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         started = time.perf_counter()
+        memory: BrokerMemory | None = None
         with self._lock:
             try:
                 readings: list[QueueReading] | None = self.read()
+                memory = self.memory() if self.memory is not None else None
             except Exception:  # noqa: BLE001 - a broker away is a figure, not a crash
                 logger.exception("celery-fair exporter: reading %s failed", self.broker)
                 self.errors += 1
@@ -104,6 +114,17 @@ class BrokerCollector:
         yield duration
         if readings is not None:
             yield from families(readings)
+        if memory is not None:
+            used = GaugeMetricFamily(
+                f"{PREFIX}_broker_memory_used_bytes", "Memory the broker (Redis) uses."
+            )
+            used.add_metric([], float(memory.used))
+            limit = GaugeMetricFamily(
+                f"{PREFIX}_broker_memory_max_bytes",
+                "The broker's maxmemory (Redis; 0: none): full, it refuses every write.",
+            )
+            limit.add_metric([], float(memory.maxmemory))
+            yield from (used, limit)
         counts = self.plain_consumers
         if counts is not None:
             plain = GaugeMetricFamily(
@@ -258,12 +279,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     connection = broker_connection(args)
     broker = connection.as_uri()
+    memory: Callable[[], BrokerMemory] | None = None  # Redis only
     if compat.is_redis_channel(connection.default_channel):
         channel = connection.default_channel
 
         def read() -> list[QueueReading]:
             return read_redis(channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit)
 
+        def read_memory() -> BrokerMemory:
+            return read_redis_memory(channel)
+
+        memory = read_memory
     else:
         management = _management(args.rabbitmq_api, connection) if args.rabbitmq_api else None
 
@@ -272,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             return read_rabbitmq(connection, queues, management=management)
 
     registry = CollectorRegistry(auto_describe=False)
-    collector = BrokerCollector(read, broker=broker)
+    collector = BrokerCollector(read, broker=broker, memory=memory)
     registry.register(collector)
     if app is not None and args.consumers_every > 0:
         keyed = list(app.conf.get("fair_keys") or {})

@@ -38,14 +38,17 @@ from .. import compat
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parked import PARKING_SUFFIX, cause_of, decode_record
+from ..scheduling.admission import BrokerMemory
 from ..wire import PUBLISHED_HEADER
 
 __all__ = (
+    "BrokerMemory",
     "KeyReading",
     "KeyedReading",
     "QueueReading",
     "read_rabbitmq",
     "read_redis",
+    "read_redis_memory",
 )
 
 #: Entries of Kombu's ``unacked`` hash read per round trip.
@@ -123,6 +126,13 @@ def _earliest(stamps: Sequence[float | None]) -> float | None:
 def _oldest(ages: Sequence[float | None]) -> float | None:
     known = [a for a in ages if a is not None]
     return max(known) if known else None
+
+
+def read_redis_memory(channel: Any) -> BrokerMemory:
+    """The memory the Redis of a Kombu channel uses, and its ``maxmemory`` (0: none)."""
+    with compat.redis_client(channel) as client:
+        info = client.info("memory")
+    return BrokerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
 
 
 def read_redis(

@@ -68,6 +68,11 @@ def test_the_exporter_tells_the_brokers_truth_without_any_worker(
     with ExporterProcess(redis_url, [KEYED, PLAIN]) as exporter:
         samples = exporter.scrape()
     assert value(samples, "celery_fair_exporter_up") == 1.0
+    # The broker's memory against its maxmemory (the CeleryFairBrokerMemoryHigh alert).
+    used = value(samples, "celery_fair_broker_memory_used_bytes")
+    assert used is not None and 0.5 < used / int(client.info("memory")["used_memory"]) < 2
+    maxmemory = int(client.config_get("maxmemory")["maxmemory"])
+    assert value(samples, "celery_fair_broker_memory_max_bytes") == maxmemory
     for queue, waiting in truth.items():
         assert value(samples, "celery_fair_queue_backlog", queue=queue) == waiting
         assert value(samples, "celery_fair_queue_unacked", queue=queue) == 0
