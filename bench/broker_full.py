@@ -4,10 +4,15 @@ Per round, one real Redis with ``maxmemory`` (40 MB by default) and
 ``noeviction``, one ``celery worker -c 2`` with Celery's defaults (early acks,
 ``-E``), and a producer that floods the queue ``flood`` with 4 KB tasks of
 10 ms, and keeps trying for ``--full-for`` seconds after the first refusal
-(a tenant that retries).  Then it waits for the worker to run what was
+(a tenant that retries), while a second producer publishes a task for a quiet
+tenant every 20 ms (to the queue ``quiet``; with a keyed queue, as one of four
+other keys of ``flood``).  Then it waits for the worker to run what was
 accepted (or to exit), and tries one more publish.  The variants run in
 turns: plain Celery, celery-fair with weights, celery-fair with the flood
-queue keyed by tenant.  The ledger of runs lives on a second Redis.
+queue keyed by tenant, and both of those with admission
+(``fair_broker_memory_high = 0.8``: the flood is refused from 80% of
+``maxmemory``, before the broker fills).  The ledger of runs lives on a
+second Redis.  ``CELERY_FAIR_TEST_SERVER=valkey`` runs it on Valkey.
 
     python -m bench.broker_full [--reps 2] [--maxmemory 40mb] [--full-for 8]
 
@@ -17,6 +22,7 @@ Results: ``bench/results/broker_full.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from typing import Any
 
@@ -26,8 +32,12 @@ from bench.harness.redis import RedisServer
 from .common import environment, write
 
 APP = "tests.integration.production_app"
-VARIANTS = ("plain", "fair", "keyed")
+VARIANTS = ("plain", "fair", "keyed", "admit", "admit-keyed")
 PAD = "x" * 4000
+#: ``fair_broker_memory_high`` of the admission variants.
+HIGH = 0.8
+#: The quiet tenants' producer publishes one task every QUIET_EVERY seconds.
+QUIET_EVERY = 0.02
 #: A round gives up waiting for the worker after this long.
 DRAIN_LIMIT = 240.0
 
@@ -46,10 +56,16 @@ def one_round(variant: str, maxmemory: str, full_for: float) -> dict[str, Any]:
             "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
             "PRODUCTION_ACKS_LATE": "0",  # Celery's default early acks
         }
-        if variant == "keyed":
+        keyed = variant.endswith("keyed")
+        if keyed:
             env["PRODUCTION_KEYS"] = "flood=tenant_id"
+        if variant.startswith("admit"):
+            env["PRODUCTION_MEMORY_HIGH"] = str(HIGH)
         producer = make_app(env, name=f"full-{variant}")
         record = producer.tasks["prod.record"]
+        quiet_app = make_app(env, name=f"quiet-{variant}")
+        quiet: dict[str, int] = {"accepted": 0, "refused": 0}
+        flooding = threading.Event()
         worker = WorkerProcess(
             broker.url, ["flood", "quiet"], concurrency=2, app=APP, env=env,
             fair=variant != "plain", extra_args=["-E"],
@@ -60,11 +76,16 @@ def one_round(variant: str, maxmemory: str, full_for: float) -> dict[str, Any]:
             while " ready." not in worker.log() and time.monotonic() < deadline:
                 time.sleep(0.1)
             accepted = refused = 0
+            flooding.set()
+            trickle = threading.Thread(
+                target=_quiet, args=(quiet_app, keyed, flooding, quiet), daemon=True
+            )
+            trickle.start()
             stop = time.monotonic() + 120
             while time.monotonic() < stop:
-                kwargs = {"ms": 10}
-                if variant == "keyed":
-                    kwargs["tenant_id"] = f"t{(accepted + refused) % 5}"
+                kwargs: dict[str, Any] = {"ms": 10}
+                if keyed:
+                    kwargs["tenant_id"] = "noisy"
                 try:
                     record.apply_async(
                         (accepted,), kwargs, queue="flood", headers={"pad": PAD}, retry=False
@@ -75,9 +96,12 @@ def one_round(variant: str, maxmemory: str, full_for: float) -> dict[str, Any]:
                         stop = min(stop, time.monotonic() + full_for)
                     refused += 1
             flood_end = time.monotonic()
+            flooding.clear()
+            trickle.join()
             deadline = flood_end + DRAIN_LIMIT
+            expected = accepted + quiet["accepted"]
             while time.monotonic() < deadline:
-                if ledger.llen("ledger") >= accepted or worker.proc.poll() is not None:  # type: ignore[union-attr]
+                if ledger.llen("ledger") >= expected or worker.proc.poll() is not None:  # type: ignore[union-attr]
                     break
                 time.sleep(0.5)
             alive = worker.proc is not None and worker.proc.poll() is None
@@ -88,21 +112,46 @@ def one_round(variant: str, maxmemory: str, full_for: float) -> dict[str, Any]:
                 recovered = True
             except Exception:
                 recovered = False
-            used = int(client.info("memory")["used_memory"])
+            memory = client.info("memory")
+            used, peak = int(memory["used_memory"]), int(memory["used_memory_peak"])
+            limit = int(client.config_get("maxmemory")["maxmemory"])
             log = worker.log()
         producer.close()
+        quiet_app.close()
     return {
         "variant": variant,
         "accepted": accepted,
         "refused": refused,
         "ran": ran,
+        "expected": accepted + quiet["accepted"],
         "worker_alive": alive,
         "publishing_recovered": recovered,
         "drain_seconds": round(drained, 1),
         "broker_used_after": used,
+        "broker_peak_of_max": round(peak / limit, 3),
+        "quiet_accepted": quiet["accepted"],
+        "quiet_refused": quiet["refused"],
         "critical": next((x[:160] for x in log.splitlines() if "CRITICAL" in x), None),
         "full_logged": "celery-fair: the broker is full" in log,
     }
+
+
+def _quiet(app: Any, keyed: bool, flooding: threading.Event, counts: dict[str, int]) -> None:
+    """Publish a quiet tenant's task every QUIET_EVERY seconds while the flood lasts."""
+    record = app.tasks["prod.record"]
+    n = 0
+    while flooding.is_set():
+        kwargs: dict[str, Any] = {"ms": 10}
+        queue = "quiet"
+        if keyed:
+            kwargs["tenant_id"], queue = f"q{n % 4}", "flood"
+        try:
+            record.apply_async((1_000_000 + n,), kwargs, queue=queue, retry=False)
+            counts["accepted"] += 1
+        except Exception:  # refused: by the broker, or by admission
+            counts["refused"] += 1
+        n += 1
+        time.sleep(QUIET_EVERY)  # a steady trickle
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,15 +177,18 @@ def main(argv: list[str] | None = None) -> None:
         "`-E`), 4 KB tasks of 10 ms; the producer keeps trying for "
         f"{args.full_for:g} s after the first refusal. Variants in turns.",
         "",
-        "| rep | variant | accepted | refused | ran | worker | publishing after | "
-        "drain s | logged |",
-        "|---|---|---:|---:|---:|---|---|---:|---|",
+        "| rep | variant | flood accepted | flood refused | quiet accepted | quiet refused | ran | "
+        "broker peak | worker | publishing after | drain s | logged |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for r in rounds:
         worker = "up" if r["worker_alive"] else f"exited ({r['critical'] or 'no CRITICAL'})"
         lines.append(
             f"| {r['rep']} | {r['variant']} | {r['accepted']:,} | {r['refused']:,} | "
-            f"{r['ran']:,} | {worker} | {'ok' if r['publishing_recovered'] else 'refused'} | "
+            f"{r['quiet_accepted']:,} | {r['quiet_refused']:,} | "
+            f"{r['ran']:,} of {r['expected']:,} | "
+            f"{r['broker_peak_of_max']:.0%} | {worker} | "
+            f"{'ok' if r['publishing_recovered'] else 'refused'} | "
             f"{r['drain_seconds']} | {'yes' if r['full_logged'] else 'no'} |"
         )
     env = environment()
