@@ -345,6 +345,11 @@ def raw_payload(message: Any) -> Any:
     return getattr(message, "_raw", None)
 
 
+#: Marks celery-fair's wrappers for a full broker (other wrappers, such as the
+#: keyed queues' ``_size``, may be there before them).
+_WHILE_FULL = "_celery_fair_while_full"
+
+
 def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
     """Make every Redis QoS's ``restore_visible`` skip a round the broker refuses as full.
 
@@ -356,28 +361,40 @@ def skip_restores_while_full(skipped: Callable[[Exception], None]) -> None:
     """
     from kombu.transport.redis import QoS
 
-    original = getattr(QoS, "restore_visible", None)
-    if not callable(original) or getattr(original, "__wrapped__", None) is not None:
-        return  # nothing to wrap (a Kombu without it restores nothing), or wrapped already
+    # (A Kombu without it restores nothing.)
+    _wrap_when_full(QoS, "restore_visible", lambda self, exc, *args, **kwargs: skipped(exc))
 
-    def restore_visible(self: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _wrap_when_full(cls: type, name: str, instead: Callable[..., Any]) -> None:
+    """Wrap method ``name`` of ``cls`` (once): a full broker's refusal of it runs
+    ``instead(self, exc, *args, **kwargs)`` and returns what that returns."""
+    from .redis_py import broker_full
+
+    original = getattr(cls, name, None)
+    if not callable(original) or getattr(original, _WHILE_FULL, False):
+        return
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return original(self, *args, **kwargs)
         except Exception as exc:
-            from .redis_py import broker_full
-
             if not broker_full(exc):
                 raise
-            skipped(exc)
-            return None
+            return instead(self, exc, *args, **kwargs)
 
-    restore_visible.__wrapped__ = original  # type: ignore[attr-defined]
-    QoS.restore_visible = restore_visible  # type: ignore[method-assign]
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(method, _WHILE_FULL, True)
+    setattr(cls, name, method)
 
 
-#: Marks celery-fair's wrappers of :func:`declare_while_full` (other wrappers,
-#: such as the keyed queues' ``_size``, may be there before them).
-_WHILE_FULL = "_celery_fair_while_full"
+def _each_priority(channel: Any, queue: str, command: str, client: Any = None) -> list[Any]:
+    """``command`` on each of ``queue``'s priority lists, in a pipeline without ``MULTI``."""
+    with channel.conn_or_acquire(client=client) as redis:
+        pipe = redis.pipeline(transaction=False)
+        for pri in channel.priority_steps:
+            getattr(pipe, command)(channel._q_for_pri(queue, pri))
+        replies: list[Any] = pipe.execute()
+    return replies
 
 
 def declare_while_full(
@@ -388,102 +405,46 @@ def declare_while_full(
     """Let a Redis channel declare queues when the broker is full (at start, remote control).
 
     A Redis at its ``maxmemory`` refuses every command queued in ``MULTI``, and
-    every ``SADD``: Kombu's ``_size`` (a queue's length, read in a
-    transaction when a queue is declared) and ``_queue_bind`` (a binding, a
-    ``SADD``) failed and a worker started against a full broker exited, and so
-    did ``_delete`` (a reply queue's lists deleted in ``MULTI``).  ``_size``
-    is read, and ``_delete`` deletes, again outside a transaction
-    (``sized(exc)``); a binding
-    already there is left alone, and a missing one is handed to
-    ``bind_later(channel, args, exc)``, to be made again by
-    :func:`bind_queue_again` when the broker accepts it.  Where Kombu refreshes
-    expiring bindings, a refresh refused waits for the next
+    every ``SADD``: Kombu's ``_size`` (a queue's length, read in a transaction
+    when a queue is declared), ``_queue_bind`` (a ``SADD``) and ``_delete`` (a
+    reply queue's lists deleted in a transaction) failed, and a worker started
+    against a full broker exited.  Lengths are read, and lists deleted, again
+    outside a transaction (``sized(exc)``); a binding already there is left
+    alone, and a missing one is handed to ``bind_later(channel, args, exc)``,
+    to be made by :func:`bind_queue_again` when the broker accepts it.  Where
+    Kombu refreshes expiring bindings, a refused refresh waits for the next
     (``refresh_skipped(exc)``).  The class is wrapped, once per process.
     """
     from kombu.transport.redis import Channel
 
-    from .redis_py import broker_full
+    def size(channel: Any, exc: Exception, queue: str) -> int:
+        sized(exc)
+        return sum(n for n in _each_priority(channel, queue, "llen") if isinstance(n, int))
 
-    size, bind = getattr(Channel, "_size", None), getattr(Channel, "_queue_bind", None)
-    if callable(size) and not getattr(size, _WHILE_FULL, False):
+    def delete(channel: Any, exc: Exception, queue: str, *args: Any, **kwargs: Any) -> None:
+        # Kombu removed the bindings (SREM, allowed when full) and then deletes the
+        # queue's lists in MULTI: DEL frees memory, so outside one Redis runs it.
+        sized(exc)
+        _each_priority(channel, queue, "delete", kwargs.get("client"))
 
-        def _size(self: Any, queue: str) -> int:
-            try:
-                return int(size(self, queue))
-            except Exception as exc:
-                if not broker_full(exc):
-                    raise
-                sized(exc)
-            with self.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-                for pri in self.priority_steps:
-                    pipe.llen(self._q_for_pri(queue, pri))
-                return sum(n for n in pipe.execute() if isinstance(n, int))
+    def bind(channel: Any, exc: Exception, *args: Any) -> None:
+        if len(args) != 4:
+            raise exc
+        exchange, routing_key, pattern, queue = args
+        member = channel.sep.join([routing_key or "", pattern or "", queue or ""])
+        with channel.conn_or_acquire() as client:
+            if client.sismember(channel.keyprefix_queue % (exchange,), member):
+                return  # bound already (a worker's own queues, as a rule)
+        bind_later(channel, args, exc)
 
-        _size.__wrapped__ = size  # type: ignore[attr-defined]
-        setattr(_size, _WHILE_FULL, True)
-        Channel._size = _size  # type: ignore[method-assign]
-
-    if callable(bind) and not getattr(bind, _WHILE_FULL, False):
-
-        def _queue_bind(self: Any, *args: Any) -> Any:
-            try:
-                return bind(self, *args)
-            except Exception as exc:
-                if not broker_full(exc) or len(args) != 4:
-                    raise
-                exchange, routing_key, pattern, queue = args
-                member = self.sep.join([routing_key or "", pattern or "", queue or ""])
-                with self.conn_or_acquire() as client:
-                    if client.sismember(self.keyprefix_queue % (exchange,), member):
-                        return None  # bound already (a worker's own queues, as a rule)
-                bind_later(self, args, exc)
-                return None
-
-        _queue_bind.__wrapped__ = bind  # type: ignore[attr-defined]
-        setattr(_queue_bind, _WHILE_FULL, True)
-        Channel._queue_bind = _queue_bind  # type: ignore[method-assign]
-
-    delete = getattr(Channel, "_delete", None)
-    if callable(delete) and not getattr(delete, _WHILE_FULL, False):
-
-        def _delete(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return delete(self, queue, *args, **kwargs)
-            except Exception as exc:
-                if not broker_full(exc):
-                    raise
-                sized(exc)
-            # Kombu removed the bindings (SREM, allowed when full) and then deletes
-            # the queue's lists in MULTI: DEL frees memory, so outside one it runs.
-            with self.conn_or_acquire(client=kwargs.get("client")) as client:
-                pipe = client.pipeline(transaction=False)
-                for pri in self.priority_steps:
-                    pipe.delete(self._q_for_pri(queue, pri))
-                pipe.execute()
-            return None
-
-        _delete.__wrapped__ = delete  # type: ignore[attr-defined]
-        setattr(_delete, _WHILE_FULL, True)
-        Channel._delete = _delete  # type: ignore[method-assign]
-
-    refresh = getattr(Channel, "maybe_refresh_binding_expiry", None)
-    if callable(refresh) and not getattr(refresh, _WHILE_FULL, False):
-        # Kombu releases with expiring bindings refresh them by script from the
-        # poller; refused when full, Kombu logs a traceback at every try.
-
-        def maybe_refresh_binding_expiry(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return refresh(self, *args, **kwargs)
-            except Exception as exc:
-                if not broker_full(exc):
-                    raise
-                refresh_skipped(exc)
-                return None
-
-        maybe_refresh_binding_expiry.__wrapped__ = refresh  # type: ignore[attr-defined]
-        setattr(maybe_refresh_binding_expiry, _WHILE_FULL, True)
-        Channel.maybe_refresh_binding_expiry = maybe_refresh_binding_expiry  # type: ignore[method-assign]
+    _wrap_when_full(Channel, "_size", size)
+    _wrap_when_full(Channel, "_delete", delete)
+    _wrap_when_full(Channel, "_queue_bind", bind)
+    # Kombu releases with expiring bindings refresh them by script from the
+    # poller; refused when full, Kombu logs a traceback at every try.
+    _wrap_when_full(
+        Channel, "maybe_refresh_binding_expiry", lambda self, exc, *a, **k: refresh_skipped(exc)
+    )
 
 
 def bind_queue_again(channel: Any, args: tuple[Any, ...]) -> None:

@@ -26,6 +26,7 @@ import celery_fair
 from bench.harness.harness import WorkerProcess
 from bench.harness.redis import RedisServer
 from tests.integration.production_app import make_app
+from tests.integration.test_broker_full import flood_env
 from tests.integration.test_production import APP, assert_clean, running, wait_until
 
 pytestmark = [pytest.mark.integration]
@@ -88,15 +89,7 @@ def _flood(producer: object, kind: str, outcome: Outcome) -> None:
 def test_the_flood_is_refused_first_and_the_broker_never_fills(
     full_broker: RedisServer, redis_url: str, kind: str
 ) -> None:
-    env = {
-        "CELERY_FAIR_BROKER": full_broker.url,
-        "PRODUCTION_LEDGER": redis_url,
-        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
-        "PRODUCTION_ACKS_LATE": "0",  # Celery's default early acks
-        "PRODUCTION_MEMORY_HIGH": str(HIGH),
-    }
-    if kind == "keyed":
-        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    env = flood_env(full_broker.url, redis_url, kind, PRODUCTION_MEMORY_HIGH=str(HIGH))
     flooder = make_app(env, name="flood-producer")
     quiet = make_app(env, name="quiet-producer")
     worker = WorkerProcess(

@@ -36,6 +36,24 @@ PAD = "x" * 4000
 FULL_FOR, FLOOD_MAX, FLOOD_SECONDS = 8.0, 40_000, 90.0
 
 
+def flood_env(broker: str, ledger: str, kind: str, **more: str) -> dict[str, str]:
+    """The production app's environment for a flood of the queue ``flood`` (``quiet``
+    beside it): ``kind`` "keyed" keys it by tenant, "plain" is Celery without celery-fair."""
+    env = {
+        "CELERY_FAIR_BROKER": broker,
+        "CELERY_FAIR": "0" if kind == "plain" else "1",
+        "PRODUCTION_LEDGER": ledger,
+        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
+        # Celery's default early acks: each task is acknowledged as it starts,
+        # while the broker is still full (late acks come after the flood).
+        "PRODUCTION_ACKS_LATE": "0",
+        **more,
+    }
+    if kind == "keyed":
+        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    return env
+
+
 def _set_full(client: redis_lib.Redis, full: bool) -> None:
     """Put the broker's ``maxmemory`` below what it uses (every write refused), or back."""
     used = int(client.info("memory")["used_memory"])
@@ -84,16 +102,7 @@ def _flood(producer: object, kind: str) -> tuple[list[int], int]:
 def test_a_worker_drains_a_full_broker_and_publishing_recovers(
     full_broker: RedisServer, redis_url: str, kind: str
 ) -> None:
-    env = {
-        "CELERY_FAIR_BROKER": full_broker.url,
-        "PRODUCTION_LEDGER": redis_url,
-        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
-        # Celery's default early acks: each task is acknowledged as it starts,
-        # while the broker is still full (late acks come after the flood).
-        "PRODUCTION_ACKS_LATE": "0",
-    }
-    if kind == "keyed":
-        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    env = flood_env(full_broker.url, redis_url, kind)
     producer = make_app(env, name="full-producer")
     worker = WorkerProcess(
         full_broker.url, ["flood", "quiet"], concurrency=2, app=APP, env=env, extra_args=["-E"]
@@ -201,15 +210,7 @@ def test_a_worker_started_against_a_full_broker_starts_and_drains_it(
     queues of its own: Kombu reads a queue's length in ``MULTI``, binds with ``SADD`` and
     deletes a reply queue in ``MULTI``, all refused by a full Redis.  Plain Celery exits
     (the premise, checked here); a celery-fair worker starts and drains the backlog."""
-    env = {
-        "CELERY_FAIR_BROKER": full_broker.url,
-        "CELERY_FAIR": "0" if kind == "plain" else "1",
-        "PRODUCTION_LEDGER": redis_url,
-        "PRODUCTION_WEIGHTS": "flood=1,quiet=1",
-        "PRODUCTION_ACKS_LATE": "0",  # Celery's default early acks
-    }
-    if kind == "keyed":
-        env["PRODUCTION_KEYS"] = "flood=tenant_id"
+    env = flood_env(full_broker.url, redis_url, kind)
     producer = make_app(env, name="start-full-producer")
     record = producer.tasks["prod.record"]
     for i in range(WAITING):
