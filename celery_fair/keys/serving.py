@@ -293,8 +293,12 @@ class KeyedServing:
         """Free these key slots in a round trip of their own; ``wake`` ends an idle fetch."""
         send = self.send_releases
         if send is None:
+            # No sender yet (before the first connection's settings are written):
+            # kept for it, which sends them with resend_releases, not dropped to
+            # wait for the leases' expiry.
             if wake and self.on_room is not None:
                 self.on_room()
+            self._keep_unsent(releases)
             return
         try:
             send(releases, wake)
@@ -303,8 +307,7 @@ class KeyedServing:
                 self.on_room()  # the fetch must not wait for its timeout as well
             with self._lock:
                 self.release_errors += len(releases)
-                self._unsent.extend(releases)
-                del self._unsent[:-MAX_UNSENT_RELEASES]
+            self._keep_unsent(releases)
             logger.warning(
                 "celery-fair: could not release the key slot of message(s) %s (%r); "
                 "sent again at the next connection",
@@ -313,6 +316,11 @@ class KeyedServing:
             return
         with self._lock:
             self.released += len(releases)
+
+    def _keep_unsent(self, releases: list[tuple[str, str]]) -> None:
+        with self._lock:
+            self._unsent.extend(releases)
+            del self._unsent[:-MAX_UNSENT_RELEASES]
 
     def adopt(self, queues: Iterable[str]) -> None:
         """Serve these queues as keyed too (a keyed backlog ``fair_keys`` does not name)."""

@@ -441,6 +441,18 @@ def test_tasks_running_at_a_connection_loss_keep_their_slots_when_the_pool_repor
     assert sent == [("jobs", "running")]
 
 
+def test_releases_before_a_sender_is_attached_wait_for_it() -> None:
+    # A task finished before the worker's first connection wrote its settings (and
+    # attached the sender): its slot is freed when the sender comes, not at lease expiry.
+    sent: list[tuple[str, str]] = []
+    serving = _limited(sent)
+    serving.send_releases = None
+    serving.lease_settled("jobs", "early")
+    assert sent == [] and serving.statistics().unsent_releases == 1
+    serving.send_releases = lambda releases, wake: sent.extend(releases)
+    assert serving.resend_releases() == 1 and sent == [("jobs", "early")]
+
+
 def test_a_fetch_that_answered_ran_its_releases() -> None:
     sent: list[tuple[str, str]] = []
     serving = _limited(sent)
