@@ -93,6 +93,7 @@ from .probes import (
 )
 from .redis_py import (
     broker_full,
+    not_permitted,
     plain_connection,
     socket_of,
 )
@@ -133,6 +134,7 @@ __all__ = (
     "begin_poll",
     "bound_queues",
     "broker_full",
+    "not_permitted",
     "brpop_timeout",
     "can_follow_hard_timeouts",
     "can_push_front",

@@ -24,6 +24,13 @@ def broker_full(exc: BaseException) -> bool:
     return False
 
 
+def not_permitted(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a command to this user (its ACL: ``NOPERM``)."""
+    from redis.exceptions import NoPermissionError
+
+    return isinstance(exc, NoPermissionError)
+
+
 def socket_of(connection: Any) -> Any:
     """The socket of a redis-py connection (None when disconnected)."""
     return getattr(connection, "_sock", None)

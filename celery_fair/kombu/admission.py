@@ -78,7 +78,7 @@ class BrokerGauge:
         self._reading: Reading | None = None
         self._known: set[str] = set()  # queues put in QUEUES by this process
         self._refusing = False
-        self._warned_unlimited = False
+        self._warned = False  # that nothing can be refused
 
     def reading(self, channel: Any, queue: str) -> Reading:
         """A reading that includes ``queue``, renewed if it is too old."""
@@ -118,7 +118,15 @@ class BrokerGauge:
             replies = pipe.execute(raise_on_error=False)
             info, members = replies[0], replies[-1]
             if isinstance(info, Exception):
-                raise info
+                if not compat.not_permitted(info):
+                    raise info
+                # An ACL without INFO (@dangerous): nothing can be judged, nothing refused.
+                self._warn_once(
+                    "celery-fair: fair_broker_memory_high is set but the broker refuses INFO "
+                    "to this user (%s): nothing is refused; allow it with +info",
+                    info,
+                )
+                return Reading(BrokerMemory(0, 0), at=now)
             if len(replies) == 3 and not isinstance(replies[1], Exception):
                 self._known.add(queue)
             memory = BrokerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
@@ -149,13 +157,17 @@ class BrokerGauge:
             largest = max(largest, sizes[name], *(int(score) for _, score in top or ()))
         return Reading(memory, sizes, largest, now)
 
+    def _warn_once(self, message: str, *args: Any) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.warning(message, *args)
+
     def _note(self, reading: Reading) -> None:
         """Log when refusals start and stop, and a broker without ``maxmemory`` once."""
         memory = reading.memory
         if memory.fraction is None:
-            if not self._warned_unlimited:
-                self._warned_unlimited = True
-                logger.warning(
+            if memory.used:  # (an INFO refused reads as nothing used: said already)
+                self._warn_once(
                     "celery-fair: fair_broker_memory_high is set but the broker has no "
                     "maxmemory: nothing is refused (set maxmemory, with the noeviction policy)"
                 )

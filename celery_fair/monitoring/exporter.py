@@ -60,6 +60,7 @@ class BrokerCollector:
         #: The last remote-control check: keyed queue -> workers consuming it without
         #: celery-fair (None: not checked).
         self.plain_consumers: dict[str, int] | None = None
+        self._memory_refused = False
 
     def check_consumers(self, app: Any, keyed: Sequence[str], every: float) -> threading.Thread:
         """Ask the workers every ``every`` s which consume a keyed queue without celery-fair."""
@@ -82,6 +83,26 @@ class BrokerCollector:
         thread.start()
         return thread
 
+    def _read_memory(self, read: Callable[[], BrokerMemory]) -> BrokerMemory | None:
+        """The broker's memory, or None: its ACL refuses ``INFO`` (said once), or it failed."""
+        from .. import compat
+
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - a figure missing, not a crash
+            if not compat.not_permitted(exc):
+                logger.exception("celery-fair exporter: reading %s's memory failed", self.broker)
+                self.errors += 1
+                return None
+            if not self._memory_refused:
+                self._memory_refused = True
+                logger.warning(
+                    "celery-fair exporter: the broker refuses INFO to this user (%s): no "
+                    "broker memory figures (allow it with +info)",
+                    exc,
+                )
+            return None
+
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -90,11 +111,12 @@ class BrokerCollector:
         with self._lock:
             try:
                 readings: list[QueueReading] | None = self.read()
-                memory = self.memory() if self.memory is not None else None
             except Exception:  # noqa: BLE001 - a broker away is a figure, not a crash
                 logger.exception("celery-fair exporter: reading %s failed", self.broker)
                 self.errors += 1
                 readings = None
+            if readings is not None and self.memory is not None:
+                memory = self._read_memory(self.memory)
         took = time.perf_counter() - started
         up = GaugeMetricFamily(
             f"{PREFIX}_exporter_up", "1 if the last read of the broker succeeded, else 0."

@@ -151,3 +151,26 @@ def test_a_bad_admission_setting_names_itself(full_broker: RedisServer) -> None:
     with pytest.raises(celery_fair.FairConfigError, match="fair_broker_memory_high=0.99"):
         app.tasks["prod.record"].apply_async((1,), retry=False)
     app.close()
+
+
+def test_a_broker_that_refuses_info_admits_everything_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The ACL user of docs/operations.md ("Security") has no INFO (@dangerous): admission
+    cannot judge, so it refuses nothing and says so once; publishing goes on."""
+    acl = "app on >app-secret ~* &* +@all -@dangerous"
+    with RedisServer(users=[acl, "default off"]) as server:
+        url = server.url_as("app", "app-secret")
+        env = flood_env(url, url, "keyed", PRODUCTION_MEMORY_HIGH=str(HIGH))
+        app = make_app(env, name="acl-producer")
+        record = app.tasks["prod.record"]
+        with caplog.at_level("WARNING", logger="celery_fair.kombu.admission"):
+            for i in range(20):
+                queue = "flood" if i % 2 else "quiet"
+                record.apply_async((i,), {"tenant_id": "t"}, queue=queue, retry=False)
+        said = [r for r in caplog.records if "refuses INFO" in r.getMessage()]
+        assert len(said) == 1 and "+info" in said[0].getMessage()
+        client = server.client("app", "app-secret")
+        assert client.llen("quiet") == 10
+        assert int(client.hget("flood\x06\x16fair.state", "backlog") or 0) == 10
+        app.close()
