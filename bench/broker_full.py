@@ -14,7 +14,7 @@ queue keyed by tenant, and both of those with admission
 ``maxmemory``, before the broker fills).  The ledger of runs lives on a
 second Redis.  ``CELERY_FAIR_TEST_SERVER=valkey`` runs it on Valkey.
 
-    python -m bench.broker_full [--reps 2] [--maxmemory 40mb] [--full-for 8]
+    python -m bench.broker_full [--reps 2] [--maxmemory 40mb] [--full-for 8] [--name N]
 
 Results: ``bench/results/broker_full.{json,md}``.
 """
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from bench.harness.redis import RedisServer, server_kind
 
 from .common import environment, write
 
@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maxmemory", default="40mb")
     parser.add_argument("--full-for", type=float, default=8.0)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--name", default="broker_full", help="results file name")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     rounds = []
@@ -175,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         f"`python -m bench.broker_full --reps {args.reps} --maxmemory {args.maxmemory} "
         f"--full-for {args.full_for:g}`; one worker `-c 2`, Celery's defaults (early acks, "
         "`-E`), 4 KB tasks of 10 ms; the producer keeps trying for "
-        f"{args.full_for:g} s after the first refusal. Variants in turns.",
+        f"{args.full_for:g} s after the first refusal. Variants in turns. "
+        f"Server: {server_kind()}.",
         "",
         "| rep | variant | flood accepted | flood refused | quiet accepted | quiet refused | ran | "
         "broker peak | worker | publishing after | drain s | logged |",
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     env = environment()
     lines += ["", f"{env['when']}, Celery {env['celery']}, Kombu {env['kombu']}, "
               f"redis-py {env['redis']}, {env['cpus']} CPUs."]  # fmt: skip
-    write("broker_full", {"environment": env, "rounds": rounds}, "\n".join(lines) + "\n")
+    write(args.name, {"environment": env, "rounds": rounds}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
