@@ -364,7 +364,7 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
     full = store.refused(reply)
     if full is None:
         return None
-    if cap is not None and full >= cap or admit is None:
+    if admit is None or (cap is not None and full >= cap):
         raise KeyBacklogFull(queue, key, cap or 0, full)
     raise BrokerMemoryHigh(queue, key, full, *admit)
 

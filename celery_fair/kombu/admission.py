@@ -76,7 +76,9 @@ class BrokerGauge:
         self._clock = clock
         self._lock = threading.Lock()
         self._reading: Reading | None = None
-        self._known: set[str] = set()  # queues put in QUEUES by this process
+        #: Queues this process published to, and those of them put in QUEUES.
+        self._seen: set[str] = set()
+        self._registered: set[str] = set()
         self._refusing = False
         self._warned = False  # that nothing can be refused
 
@@ -84,13 +86,13 @@ class BrokerGauge:
         """A reading that includes ``queue``, renewed if it is too old."""
         now = self._clock()
         current = self._reading
-        if current is not None and queue in self._known and now - current.at < self._every(current):
+        if current is not None and queue in self._seen and now - current.at < self._every(current):
             return current
         with self._lock:
             current = self._reading
             if (
                 current is None
-                or queue not in self._known
+                or queue not in self._seen
                 or now - current.at >= self._every(current)
             ):
                 current = self._read(channel, queue, now)
@@ -108,15 +110,19 @@ class BrokerGauge:
 
     def _read(self, channel: Any, queue: str, now: float) -> Reading:
         registry = compat.key_prefix(channel) + QUEUES
+        self._seen.add(queue)
+        unregistered = sorted(self._seen - self._registered)
         with compat.redis_client(channel) as client:
             pipe = client.pipeline(transaction=False)
             pipe.info("memory")
-            if queue not in self._known:
-                # Under maxmemory this write is refused: it is made again next time.
-                pipe.sadd(registry, queue)
+            if unregistered:
+                # Refused under maxmemory: made again at the next reading.
+                pipe.sadd(registry, *unregistered)
             pipe.smembers(registry)
             replies = pipe.execute(raise_on_error=False)
             info, members = replies[0], replies[-1]
+            if unregistered and not isinstance(replies[1], Exception):
+                self._registered.update(unregistered)
             if isinstance(info, Exception):
                 if not compat.not_permitted(info):
                     raise info
@@ -127,9 +133,7 @@ class BrokerGauge:
                     info,
                 )
                 return Reading(BrokerMemory(0, 0), at=now)
-            if len(replies) == 3 and not isinstance(replies[1], Exception):
-                self._known.add(queue)
-            memory = BrokerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+            memory = BrokerMemory.from_info(info)
             fraction = memory.fraction
             if fraction is None or fraction < self.limits.high:
                 return Reading(memory, at=now)

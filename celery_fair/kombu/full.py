@@ -159,17 +159,17 @@ class FullBroker:
         with self._lock:
             waiting, self._waiting = self._waiting, []
             writes, self._writes = self._writes, []
-        unbound = []
+        kept = []
         for write in writes:
             try:
                 write()
             except Exception as exc:  # noqa: BLE001 - kept while the broker is full
                 if compat.broker_full(exc):
-                    unbound.append(write)
+                    kept.append(write)
                 else:  # a channel closed since: what it wrote for went with it
                     logger.debug("celery-fair: a refused write is dropped (%r)", exc)
         with self._lock:
-            self._writes = unbound + self._writes
+            self._writes = kept + self._writes
         left = []
         for qos, tag in waiting:
             try:
@@ -183,7 +183,7 @@ class FullBroker:
                 self._counts.get("requeued_later", 0) + len(waiting) - len(left)
             )
             self._waiting = left + self._waiting
-            if left or unbound:
+            if left or kept:
                 self._backoff = min(self._backoff * 2, RETRY_MAX)
             else:
                 self._backoff = RETRY_FIRST

@@ -131,8 +131,7 @@ def _oldest(ages: Sequence[float | None]) -> float | None:
 def read_redis_memory(channel: Any) -> BrokerMemory:
     """The memory the Redis of a Kombu channel uses, and its ``maxmemory`` (0: none)."""
     with compat.redis_client(channel) as client:
-        info = client.info("memory")
-    return BrokerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+        return BrokerMemory.from_info(client.info("memory"))
 
 
 def read_redis(

@@ -24,10 +24,12 @@ the adapter reads the broker and keeps the readings
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FairConfigError
+from ..grammar import as_positive
 
 __all__ = (
     "DEFAULT_HARD",
@@ -57,6 +59,11 @@ class BrokerMemory:
 
     used: int
     maxmemory: int
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> BrokerMemory:
+        """From the fields of Redis' ``INFO memory`` reply."""
+        return cls(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
 
     @property
     def fraction(self) -> float | None:
@@ -99,20 +106,10 @@ def parse_admission(high: Any, hard: Any = None) -> AdmissionLimits | None:
 
 
 def _fraction(value: Any, setting: str) -> float:
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-    if (
-        isinstance(number, bool)
-        or not isinstance(number, (int, float))
-        or not 0 < number <= 1
-        or not math.isfinite(number)
-    ):
+    number = as_positive(value, text=True)
+    if number is None or number > 1:
         raise FairConfigError(
             f"{setting} must be a fraction of the broker's maxmemory, above 0 and at "
             f"most 1 (for example 0.8), got {value!r}"
         )
-    return float(number)
+    return number
