@@ -10,12 +10,24 @@ has one meaning everywhere.  Pure: no I/O, nothing above it imported.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .errors import FairConfigError
 
-__all__ = ("as_positive", "as_positive_int", "parse_pairs")
+__all__ = (
+    "as_positive",
+    "as_positive_int",
+    "boolean",
+    "integer",
+    "one_of",
+    "parse_pairs",
+    "positive",
+)
+
+#: Strings read as a boolean, as Celery reads its own (``celery.utils.serialization.strtobool``).
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
 
 
 def as_positive(value: object, *, text: bool = False) -> float | None:
@@ -101,3 +113,71 @@ def parse_pairs(
                 f"{setting}: {name_of} names must be non-empty strings, got {name!r}"
             )
     return dict(value)
+
+
+# The readers of settings: one coercion rule for every value.  A string is read
+# as the setting's type (``"4"``, ``"0.5"``, ``"true"``), as an environment
+# variable or a config file gives it; anything else is refused with the
+# setting's name and the value.
+
+
+def positive(setting: str, key: str | None = None) -> Callable[[Any], float]:
+    """A positive, finite number (``"0.5"`` too)."""
+
+    def read(value: Any) -> float:
+        number = as_positive(value, text=True)
+        if number is None:
+            where = f"{setting}[{key!r}]" if key is not None else setting
+            raise FairConfigError(f"{where} must be a positive number, got {value!r}")
+        return number
+
+    return read
+
+
+def integer(setting: str, *, at_least: int, none: bool = False) -> Callable[[Any], Any]:
+    """An integer of at least ``at_least`` (``"4"`` too; ``4.5``, ``4.0`` and ``True`` are
+    mistakes, not roundings); with ``none``, None too."""
+
+    def read(value: Any) -> int | None:
+        if value is None and none:
+            return None
+        number = None
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            number = int(value.strip())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        if number is None or number < at_least:
+            expected = "a positive integer" if at_least == 1 else f"an integer >= {at_least}"
+            raise FairConfigError(
+                f"{setting} must be {expected}{' or None' if none else ''}, got {value!r}"
+            )
+        return number
+
+    return read
+
+
+def boolean(setting: str) -> Callable[[Any], bool]:
+    """True or False; as text, ``"true"``/``"false"``, ``"yes"``/``"no"``, ``"on"``/``"off"``
+    or ``"1"``/``"0"``."""
+
+    def read(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise FairConfigError(f"{setting} must be True or False, got {value!r}")
+
+    return read
+
+
+def one_of(setting: str, choices: Collection[str]) -> Callable[[Any], Any]:
+    """One of ``choices``, exactly."""
+
+    def read(value: Any) -> Any:
+        if value not in choices:
+            raise FairConfigError(
+                f"{setting} must be one of {', '.join(map(repr, choices))}; got {value!r}"
+            )
+        return value
+
+    return read

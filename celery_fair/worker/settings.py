@@ -1,24 +1,27 @@
 """The ``fair_*`` settings: parsed and validated once, when the worker starts.
 
-Every error names the setting (or the command-line option) and the value.
+Each setting's default and its own check are in the table of
+:mod:`celery_fair.worker.options`; here they are read together, and the
+settings that depend on one another are checked as a group.  Every error
+names the setting (or the command-line option) and the value.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FairConfigError
-from ..grammar import as_positive, as_positive_int, parse_pairs
+from ..grammar import positive
 from ..keys.limits import KeyLimits
 from ..scheduling.admission import AdmissionLimits, parse_admission
 from ..scheduling.codel import CoDelAction
-from ..scheduling.cost import COST_MODES, CostMode
+from ..scheduling.cost import CostMode
 from ..scheduling.shedding import CoDelOptions, check_codel
+from .options import BY_NAME, DEFAULTS, parse_weights, unknown_settings
 
 __all__ = (
     "DEFAULTS",
@@ -27,79 +30,18 @@ __all__ = (
     "unknown_settings",
 )
 
-#: Every setting celery-fair reads, with its default.
-DEFAULTS: dict[str, Any] = {
-    "fair_weights": {},
-    "fair_default_weight": 1.0,
-    "fair_cost": "count",
-    "fair_runtime_quantum": 0.001,
-    "fair_credit": None,
-    "fair_prefetch": None,
-    "fair_prefetch_max": None,
-    "fair_telemetry_dir": None,
-    "fair_codel_target": None,
-    "fair_codel_interval": None,
-    "fair_codel_action": "requeue",
-    "fair_codel_max_requeues": 3,
-    "fair_atomic_fetch": True,
-    "fair_metrics_port": None,
-    "fair_metrics_addr": "127.0.0.1",
-    "fair_keys": {},
-    "fair_key_weights": {},
-    "fair_default_key_weight": 1.0,
-    "fair_key_concurrency": {},
-    "fair_key_rate_limit": {},
-    "fair_key_lease_ttl": None,
-    "fair_key_max_backlog": {},
-    "fair_priority": "strict",
-    "fair_priority_weights": {},
-    "fair_unknown_task_delay": 10.0,
-    "fair_unknown_task_max_returns": 30,
-    "fair_stall_after": 10.0,
-    "fair_broker_memory_high": None,
-    "fair_broker_memory_hard": None,
-}
+
+def _value(conf: Mapping[str, Any], name: str) -> Any:
+    """The setting's value in ``conf``, or its default when absent or None."""
+    value = conf.get(name)
+    return DEFAULTS[name] if value is None else value
 
 
-def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
-    """One message per ``fair_*`` setting celery-fair does not know, with the closest name.
-
-    A misspelt setting (``fair_costs``, ``CELERY_FAIR_WIEGHTS``) would be
-    ignored without a word.  Django-style names (``CELERY_`` namespace,
-    upper case) are checked too, and the suggestion keeps their style.
-    """
-    import difflib
-
-    messages = []
-    for name in list(conf.keys()):
-        if not isinstance(name, str):
-            continue
-        lowered = name.lower()
-        namespace = ""
-        if lowered.startswith("celery_fair_"):
-            namespace, lowered = name[: len("celery_")], lowered[len("celery_") :]
-        if not lowered.startswith("fair_") or lowered in DEFAULTS:
-            continue
-        close = difflib.get_close_matches(lowered, DEFAULTS, n=1, cutoff=0.6)
-        hint = ""
-        if close:
-            suggestion = close[0]
-            if name.isupper():
-                suggestion = suggestion.upper()
-            hint = f"; did you mean {namespace}{suggestion}?"
-        messages.append(f"celery-fair: unknown setting {name} (it is ignored){hint}")
-    return messages
-
-
-def _keys(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """``fair_keys``, checked."""
-    from ..keys.publish import parse_fair_keys
-
-    return dict(parse_fair_keys(conf.get("fair_keys")))
-
-
-#: ``fair_priority``: how a keyed queue's priority levels share the worker.
-PRIORITY_MODES = ("strict", "weighted")
+def _read(conf: Mapping[str, Any], name: str) -> Any:
+    """The setting's value, checked by its row of the table."""
+    read = BY_NAME[name].read
+    assert read is not None, name
+    return read(_value(conf, name))
 
 
 def _priority(conf: Mapping[str, Any]) -> dict[int, float] | None:
@@ -108,12 +50,7 @@ def _priority(conf: Mapping[str, Any]) -> dict[int, float] | None:
     None: strict priority (the first non-empty level is served); else the
     weights by Celery priority (empty: each level half the one before it).
     """
-    mode = conf.get("fair_priority")
-    mode = DEFAULTS["fair_priority"] if mode is None else mode
-    if mode not in PRIORITY_MODES:
-        raise FairConfigError(
-            f"fair_priority must be one of {', '.join(map(repr, PRIORITY_MODES))}, got {mode!r}"
-        )
+    mode = _read(conf, "fair_priority")
     raw = conf.get("fair_priority_weights")
     if mode == "strict":
         if raw:
@@ -137,7 +74,7 @@ def _priority(conf: Mapping[str, Any]) -> dict[int, float] | None:
     return weights
 
 
-def _key_limits(conf: Mapping[str, Any], get: Any) -> KeyLimits:
+def _key_limits(conf: Mapping[str, Any]) -> KeyLimits:
     """``fair_key_concurrency``, ``fair_key_rate_limit`` and the lease TTL, checked.
 
     The lease TTL defaults to the Redis ``visibility_timeout`` (Kombu's default
@@ -153,61 +90,21 @@ def _key_limits(conf: Mapping[str, Any], get: Any) -> KeyLimits:
     else:
         setting = "fair_key_lease_ttl"
     return KeyLimits(
-        concurrency=parse_concurrency(get("fair_key_concurrency")),
-        rates=parse_rates(get("fair_key_rate_limit")),
-        lease_ttl=_positive(setting, None, ttl),
+        concurrency=parse_concurrency(_value(conf, "fair_key_concurrency")),
+        rates=parse_rates(_value(conf, "fair_key_rate_limit")),
+        lease_ttl=positive(setting)(ttl),
     )
-
-
-def _positive(setting: str, key: str | None, value: Any) -> float:
-    where = f"{setting}[{key!r}]" if key is not None else setting
-    number = as_positive(value, text=True)
-    if number is None:
-        raise FairConfigError(f"{where} must be a positive number, got {value!r}")
-    return number
-
-
-def parse_weights(
-    value: Any, *, setting: str = "fair_weights", what: str = "QUEUE=WEIGHT"
-) -> dict[str, float]:
-    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
-
-    >>> parse_weights("p0=4, p1=8")
-    {'p0': 4.0, 'p1': 8.0}
-    """
-    return {
-        name: _positive(setting, name, weight)
-        for name, weight in parse_pairs(value, setting=setting, what=what).items()
-    }
-
-
-def _window(setting: str, value: Any) -> int:
-    window = as_positive_int(value)
-    if window is None:
-        raise FairConfigError(f"{setting} must be a positive integer, got {value!r}")
-    return window
-
-
-def _prefetch(value: Any) -> int | dict[str, int] | str | None:
-    """``fair_prefetch``: None, ``"auto"``, one window for every queue, or per queue."""
-    if value is None:
-        return None
-    if value == "auto":
-        return "auto"
-    if isinstance(value, Mapping):
-        return {str(q): _window(f"fair_prefetch[{q!r}]", w) for q, w in value.items()}
-    return _window("fair_prefetch", value)
 
 
 def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``fair_codel_*`` settings, checked by the one CoDel validator."""
-    action = conf.get("fair_codel_action") or "requeue"
-    max_requeues = conf.get("fair_codel_max_requeues")
-    if max_requeues is None:
-        max_requeues = 3
+    action = _value(conf, "fair_codel_action")
+    max_requeues = _value(conf, "fair_codel_max_requeues")
+    if isinstance(max_requeues, str) and max_requeues.strip().isdigit():
+        max_requeues = int(max_requeues)  # the one coercion rule: strings are read
     times = [conf.get("fair_codel_target"), conf.get("fair_codel_interval")]
     for i, value in enumerate(times):
-        if isinstance(value, str):  # from the command line or the environment
+        if isinstance(value, str):
             with contextlib.suppress(ValueError):
                 times[i] = float(value)
     try:
@@ -226,9 +123,7 @@ def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _metrics(conf: Mapping[str, Any]) -> dict[str, Any]:
     """``fair_metrics_port`` (None: off; 0: any free port) and ``fair_metrics_addr``."""
-    port, addr = conf.get("fair_metrics_port"), conf.get("fair_metrics_addr")
-    if addr is None:
-        addr = DEFAULTS["fair_metrics_addr"]
+    port, addr = conf.get("fair_metrics_port"), _value(conf, "fair_metrics_addr")
     if port is not None:
         if isinstance(port, str) and port.strip().isdigit():
             port = int(port)  # from an environment variable or a config file
@@ -253,24 +148,24 @@ class FairSettings:
     """The validated configuration of one worker."""
 
     weights: Mapping[str, float] = field(default_factory=dict)
-    default_weight: float = 1.0
-    cost: CostMode = "count"
-    runtime_quantum: float = 0.001
+    default_weight: float = DEFAULTS["fair_default_weight"]
+    cost: CostMode = DEFAULTS["fair_cost"]
+    runtime_quantum: float = DEFAULTS["fair_runtime_quantum"]
     credit: int | None = None
     prefetch: int | Mapping[str, int] | str | None = None
     prefetch_max: int | None = None
     telemetry_dir: str | None = None
     codel_target: float | None = None
     codel_interval: float | None = None
-    codel_action: CoDelAction = "requeue"
-    codel_max_requeues: int = 3
-    atomic_fetch: bool = True
+    codel_action: CoDelAction = DEFAULTS["fair_codel_action"]
+    codel_max_requeues: int = DEFAULTS["fair_codel_max_requeues"]
+    atomic_fetch: bool = DEFAULTS["fair_atomic_fetch"]
     metrics_port: int | None = None
-    metrics_addr: str = "127.0.0.1"
+    metrics_addr: str = DEFAULTS["fair_metrics_addr"]
     #: Keyed queues: queue -> where a message's key is (:mod:`celery_fair.keys`).
     keys: Mapping[str, Any] = field(default_factory=dict)
     key_weights: Mapping[str, float] = field(default_factory=dict)
-    default_key_weight: float = 1.0
+    default_key_weight: float = DEFAULTS["fair_default_key_weight"]
     #: Per-key concurrency and rate limits of the keyed queues.
     key_limits: KeyLimits = field(default_factory=KeyLimits)
     #: Backlog caps per key (``"*"``: every other key), applied by producers.
@@ -279,11 +174,11 @@ class FairSettings:
     #: (``fair_priority="strict"``); else weights by Celery priority ("weighted").
     priority_weights: Mapping[int, float] | None = None
     #: An unknown task waits this long (s) before it is sent back to its queue.
-    unknown_task_delay: float = 10.0
+    unknown_task_delay: float = DEFAULTS["fair_unknown_task_delay"]
     #: ... and is parked after this many returns (0: parked at once).
-    unknown_task_max_returns: int = 30
+    unknown_task_max_returns: int = DEFAULTS["fair_unknown_task_max_returns"]
     #: A task waiting this long (s) while a pool process is free is a stall.
-    stall_after: float = 10.0
+    stall_after: float = DEFAULTS["fair_stall_after"]
     #: Producers: admission before the broker fills (``fair_broker_memory_*``); None: off.
     admission: AdmissionLimits | None = None
 
@@ -312,29 +207,10 @@ class FairSettings:
         ``fair_weights`` when given.
         """
 
-        def get(name: str) -> Any:
-            value = conf.get(name)
-            return DEFAULTS[name] if value is None else value
-
+        read = {name: _read(conf, name) for name, option in BY_NAME.items() if option.read}
         if cli_weights is not None:
-            weights = parse_weights(cli_weights, setting="--fair-weights")
-        else:
-            weights = parse_weights(get("fair_weights"))
-        cost = get("fair_cost")
-        if cost not in COST_MODES:
-            raise FairConfigError(f"fair_cost must be one of {', '.join(COST_MODES)}; got {cost!r}")
-        credit = conf.get("fair_credit")
-        if credit is not None and as_positive_int(credit) is None:
-            raise FairConfigError(f"fair_credit must be a positive integer or None, got {credit!r}")
-        telemetry_dir = conf.get("fair_telemetry_dir")
-        if telemetry_dir is not None and (
-            not isinstance(telemetry_dir, (str, os.PathLike)) or not str(telemetry_dir)
-        ):
-            raise FairConfigError(
-                f"fair_telemetry_dir must be a directory path, got {telemetry_dir!r}"
-            )
-        codel = _codel(conf)
-        prefetch = _prefetch(conf.get("fair_prefetch"))
+            read["fair_weights"] = parse_weights(cli_weights, setting="--fair-weights")
+        prefetch = read["fair_prefetch"]
         if prefetch is not None and conf.get("worker_disable_prefetch"):
             # Celery >= 5.6 (Redis): the worker fetches only for a free slot,
             # so there is no window left to size.
@@ -343,69 +219,47 @@ class FairSettings:
                 "(the worker then fetches one task per free pool slot and has no prefetch "
                 "window); unset one of them"
             )
-        atomic = get("fair_atomic_fetch")
-        if not isinstance(atomic, bool):
-            raise FairConfigError(f"fair_atomic_fetch must be True or False, got {atomic!r}")
-        keys = _keys(conf)
+        keys, atomic = read["fair_keys"], read["fair_atomic_fetch"]
         if keys and not atomic:
             raise FairConfigError(
                 f"fair_keys={dict(conf.get('fair_keys') or {})!r} needs fair_atomic_fetch=True "
                 "(keyed queues are served by the atomic fetch script)"
             )
-        limits = _key_limits(conf, get)
+        limits = _key_limits(conf)
         if limits and not keys:
             raise FairConfigError(
                 "fair_key_concurrency / fair_key_rate_limit apply to keyed queues: set fair_keys "
                 f"too (got concurrency {dict(limits.concurrency)!r}, rates "
                 f"{dict(limits.rates)!r})"
             )
-        from ..keys.publish import parse_max_backlog
-
-        caps = parse_max_backlog(get("fair_key_max_backlog"))
+        caps = read["fair_key_max_backlog"]
         if caps and not keys:
             raise FairConfigError(
                 f"fair_key_max_backlog={caps!r} applies to keyed queues on Redis: set "
                 "fair_keys too (on RabbitMQ, keyed queues and their caps are refused)"
             )
-        max_returns = get("fair_unknown_task_max_returns")
-        if isinstance(max_returns, str) and max_returns.strip().isdigit():
-            max_returns = int(max_returns)  # from an environment variable or a config file
-        if isinstance(max_returns, bool) or not isinstance(max_returns, int) or max_returns < 0:
-            raise FairConfigError(
-                f"fair_unknown_task_max_returns must be an integer >= 0, got {max_returns!r}"
-            )
         return cls(
-            unknown_task_delay=_positive(
-                "fair_unknown_task_delay", None, get("fair_unknown_task_delay")
-            ),
-            unknown_task_max_returns=max_returns,
-            stall_after=_positive("fair_stall_after", None, get("fair_stall_after")),
-            admission=parse_admission(
-                conf.get("fair_broker_memory_high"), conf.get("fair_broker_memory_hard")
-            ),
-            keys=keys,
+            weights=read["fair_weights"],
+            default_weight=read["fair_default_weight"],
+            cost=read["fair_cost"],
+            runtime_quantum=read["fair_runtime_quantum"],
+            credit=read["fair_credit"],
+            prefetch=prefetch,
+            prefetch_max=read["fair_prefetch_max"],
+            telemetry_dir=read["fair_telemetry_dir"],
+            **_codel(conf),
+            atomic_fetch=atomic,
+            **_metrics(conf),
+            keys=dict(keys),
+            key_weights=read["fair_key_weights"],
+            default_key_weight=read["fair_default_key_weight"],
             key_limits=limits,
             key_max_backlog=caps,
             priority_weights=_priority(conf),
-            key_weights=parse_weights(
-                get("fair_key_weights"), setting="fair_key_weights", what="KEY=WEIGHT"
+            unknown_task_delay=read["fair_unknown_task_delay"],
+            unknown_task_max_returns=read["fair_unknown_task_max_returns"],
+            stall_after=read["fair_stall_after"],
+            admission=parse_admission(
+                conf.get("fair_broker_memory_high"), conf.get("fair_broker_memory_hard")
             ),
-            default_key_weight=_positive(
-                "fair_default_key_weight", None, get("fair_default_key_weight")
-            ),
-            atomic_fetch=atomic,
-            **codel,
-            **_metrics(conf),
-            telemetry_dir=None if telemetry_dir is None else os.fspath(telemetry_dir),
-            prefetch=prefetch,
-            prefetch_max=(
-                None
-                if conf.get("fair_prefetch_max") is None
-                else _window("fair_prefetch_max", conf.get("fair_prefetch_max"))
-            ),
-            weights=weights,
-            default_weight=_positive("fair_default_weight", None, get("fair_default_weight")),
-            cost=cost,
-            runtime_quantum=_positive("fair_runtime_quantum", None, get("fair_runtime_quantum")),
-            credit=credit,
         )

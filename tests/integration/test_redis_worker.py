@@ -100,7 +100,7 @@ def _wait_consumed(
         (["--fair-weights", "w1=abc"], {}, "--fair-weights['w1'] must be a positive number"),
         (["--fair-weights", "w1"], {}, "--fair-weights: expected QUEUE=WEIGHT"),
         ([], {"CELERY_FAIR_WEIGHTS": "w1=-3"}, "fair_weights['w1'] must be a positive number"),
-        ([], {"CELERY_FAIR_COST": "wallclock"}, "fair_cost must be one of count, runtime"),
+        ([], {"CELERY_FAIR_COST": "wallclock"}, "fair_cost must be one of 'count', 'runtime'"),
         (
             [],
             {"CELERY_FAIR_KEYS": "w1=args:0"},
