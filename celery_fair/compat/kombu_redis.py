@@ -143,13 +143,31 @@ def _wrapped_method(name: str, original: Any, hook: Callable[..., Any]) -> Any:
     return method
 
 
-def wrap_task_sender(app: Any, hook: Callable[..., Any], name: str = "keys") -> None:
+class _SenderHook:
+    """One named hook around ``app.amqp.send_task_message``; its hook can be replaced."""
+
+    def __init__(self, original: Callable[..., Any], hook: Callable[..., Any] | None, name: str):
+        #: ``inspect.signature`` follows it: a hook put on later probes the original's.
+        self.__wrapped__ = original
+        self.hook = hook
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.hook is None:  # taken off: the message goes on as Celery sends it
+            return self.__wrapped__(*args, **kwargs)
+        return self.hook(self.__wrapped__, *args, **kwargs)
+
+
+def wrap_task_sender(app: Any, hook: Callable[..., Any] | None, name: str = "keys") -> None:
     """Wrap ``app.amqp.send_task_message`` (every task the app sends goes through it).
 
     ``hook(original, producer, name, message, *args, **options)``.  Probed:
     it must take ``(producer, name, message)`` as Celery 5.3-5.7's does.
-    ``name`` tells celery-fair's hooks apart: each is put on once per app
-    (``install()`` called twice), and a hook put on later runs first.
+    ``name`` tells celery-fair's hooks apart: each is put on once per app, a
+    hook put on later runs first, and registering a name again replaces its
+    hook in place (``install()`` called again, or the worker reading
+    ``fair_keys`` set after ``install``): the settings in force are the last
+    ones read.  ``hook=None`` takes a hook of that name off.
     """
     amqp = app.amqp
     original = amqp.send_task_message
@@ -161,16 +179,12 @@ def wrap_task_sender(app: Any, hook: Callable[..., Any], name: str = "keys") -> 
         )
     wrapped = original
     while wrapped is not None:
-        if getattr(wrapped, "_celery_fair_hook", None) == name:
+        if isinstance(wrapped, _SenderHook) and wrapped.name == name:
+            wrapped.hook = hook
             return
         wrapped = getattr(wrapped, "__wrapped__", None)
-
-    def send_task_message(*args: Any, **kwargs: Any) -> Any:
-        return hook(original, *args, **kwargs)
-
-    send_task_message.__wrapped__ = original  # type: ignore[attr-defined]
-    send_task_message._celery_fair_hook = name  # type: ignore[attr-defined]
-    amqp.send_task_message = send_task_message
+    if hook is not None:
+        amqp.send_task_message = _SenderHook(original, hook, name)
 
 
 def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:

@@ -143,6 +143,7 @@ def register_app(app: Any) -> None:
         compat.wrap_task_sender(app, _refusing_sender(exc))
         return
     if not keyed:
+        compat.wrap_task_sender(app, None)  # fair_keys unset since an earlier install
         return
     wrap_kombu()
     compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps))

@@ -211,8 +211,8 @@ def register_app(app: Any) -> None:
     except FairConfigError as exc:
         compat.wrap_task_sender(app, _refusing(exc), name="admission")
         return
-    if limits is not None:
-        compat.wrap_task_sender(app, admitting_sender(app, BrokerGauge(limits)), name="admission")
+    hook = None if limits is None else admitting_sender(app, BrokerGauge(limits))
+    compat.wrap_task_sender(app, hook, name="admission")  # None: an earlier one taken off
 
 
 def _refusing(error: Exception) -> Callable[..., Any]:

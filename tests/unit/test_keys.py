@@ -535,6 +535,37 @@ def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
         job.apply_async((1,), queue="jobs")
 
 
+def test_registering_again_puts_the_settings_read_last_in_force() -> None:
+    # install() reads fair_keys at import; the worker reads it again at start
+    # (set after install, or corrected): the hook is replaced, not kept.
+    from celery import Celery
+
+    import celery_fair
+    from celery_fair.keys.publish import register_app
+
+    app = Celery("keys_again_unit", broker="memory://", set_as_current=False)
+    sent: list[str] = []
+    app.amqp.send_task_message = lambda producer, name, message, *a, **k: sent.append(name)
+    app.conf.fair_keys = {"jobs": "args:0"}
+    celery_fair.install(app)
+    with pytest.raises(FairConfigError, match=r"fair_keys\['jobs'\]='args:0'"):
+        app.send_task("job", (1,), queue="jobs")
+    app.conf.fair_keys = {}
+    register_app(app)
+    app.send_task("job", (1,), queue="jobs")
+    assert sent == ["job"]
+    app.conf.fair_keys = {"jobs": "nope:0"}
+    register_app(app)
+    register_app(app)
+    with pytest.raises(FairConfigError, match=r"fair_keys\['jobs'\]='nope:0'"):
+        app.send_task("job", (2,), queue="jobs")
+    hooks, wrapped = [], app.amqp.send_task_message
+    while wrapped is not None:
+        hooks.append(getattr(wrapped, "name", None))
+        wrapped = getattr(wrapped, "__wrapped__", None)
+    assert hooks == ["keys", None]  # one hook of keys (none of admission), over the sender
+
+
 def test_the_buffer_gives_turns_to_users_of_a_two_level_key_and_hands_back_a_keys_tasks() -> None:
     buffer: FairBuffer[str] = FairBuffer()
     buffer.set_quanta({"jobs": 1.0})
