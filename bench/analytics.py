@@ -1,7 +1,7 @@
 """Events per second of the Spark report, per stage, at growing sizes; writer cost per record.
 
 Run: ``.venv/bin/python -m bench.analytics [--sizes 100000,1000000,10000000]``.
-Synthetic telemetry (``bench.harness.synthetic``) of each size is
+Synthetic telemetry (``tests.harness.synthetic``) of each size is
 written to a temporary directory (not timed), then the whole pipeline runs
 on it ``--reps`` times in one ``local[2]`` session. The anchor measured in
 the same run is a bare scan of the same files (``count()`` of every
@@ -23,7 +23,7 @@ a change, run just before in the same conditions) beside this one.
 ``--keys N`` sets the fairness keys per queue (4 queues; default 50) and
 ``--key-skew`` the Zipf exponent of their use (default 1.2; 0 is uniform).
 ``--cluster`` runs the pipeline on a standalone Spark cluster started for
-the run (one worker, 1 core, 1 GiB; ``bench.harness.spark_cluster``)
+the run (one worker, 1 core, 1 GiB; ``tests.harness.spark_cluster``)
 instead of ``--master``.
 """
 
@@ -74,7 +74,7 @@ def _per_key(spark: Any, path: str) -> float:
 
 def spec_for(shape: str, n: int, keys: int | None, skew: float) -> Any:
     """The synthetic telemetry of ``n`` records of a shape (see ``--shape``)."""
-    from bench.harness.synthetic import SyntheticSpec, tenant_spec
+    from tests.harness.synthetic import SyntheticSpec, tenant_spec
 
     if shape == "tenants":
         return replace(tenant_spec(n, keys or 2_000), key_skew=skew)
@@ -82,8 +82,8 @@ def spec_for(shape: str, n: int, keys: int | None, skew: float) -> Any:
 
 
 def bench_size(spark: Any, spec: Any, reps: int, tmp: Path) -> dict[str, Any]:
-    from bench.harness.synthetic import write_synthetic
     from celery_fair.analytics.pipeline import compute
+    from tests.harness.synthetic import write_synthetic
 
     n = spec.records
     path = tmp / f"n{n}"
@@ -117,8 +117,8 @@ def bench_size(spark: Any, spec: Any, reps: int, tmp: Path) -> dict[str, Any]:
 
 def warm_up(spark: Any, spec: Any, tmp: Path) -> None:
     """One untimed run of the pipeline (Spark compiles its code in the first)."""
-    from bench.harness.synthetic import write_synthetic
     from celery_fair.analytics.pipeline import compute
+    from tests.harness.synthetic import write_synthetic
 
     path = tmp / "warm-up"
     write_synthetic(spec, path)
@@ -276,8 +276,8 @@ def main() -> None:
 
     from contextlib import ExitStack
 
-    from bench.harness.spark_cluster import StandaloneCluster
     from celery_fair.analytics.report import LOOPBACK, session
+    from tests.harness.spark_cluster import StandaloneCluster
 
     writer = bench_writer()
     print(f"writer: {writer['ns_per_record_call']['median']:.0f} ns per record()")

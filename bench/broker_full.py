@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer, server_kind
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer, server_kind
 
 from .common import environment, write
 

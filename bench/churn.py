@@ -56,9 +56,9 @@ from typing import Any, NamedTuple
 
 import redis as redis_lib
 
-from bench.harness.brokers import AmqpBroker, _glob_escape
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from tests.harness.brokers import AmqpBroker, _glob_escape
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 
 __all__ = ("Churn", "account", "log_lines", "run_churn", "wave_shares")
 
@@ -585,7 +585,7 @@ def _servers(kind: str, redis_server: RedisServer | None, rabbitmq_server: Any) 
             yield f"{base}/0", f"{base}/1", f"{base}/2", None
             return
         if rabbitmq_server is None:
-            from bench.harness.rabbitmq import RabbitMQServer
+            from tests.harness.rabbitmq import RabbitMQServer
 
             rabbitmq_server = stack.enter_context(RabbitMQServer())
         yield rabbitmq_server.url, f"{base}/1", f"{base}/2", rabbitmq_server

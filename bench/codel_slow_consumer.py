@@ -22,8 +22,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 
@@ -60,8 +60,8 @@ def one_run(
         common["CELERY_FAIR_PREFETCH"] = "auto"
     os.environ["CELERY_FAIR"] = "1"  # the producer stamps the publish time
     os.environ["CELERY_FAIR_BROKER"] = broker_url
-    from bench.harness.workload import app
-    from bench.harness.workload import ledger as ledger_task
+    from tests.harness.workload import app
+    from tests.harness.workload import ledger as ledger_task
 
     app.conf.broker_url = broker_url
     fast = WorkerProcess(broker_url, [queue], concurrency=1, fair=spec["fair"], env=common)
@@ -126,7 +126,7 @@ def one_run(
 
 def _server(broker: str) -> Any:
     if broker == "rabbitmq":
-        from bench.harness.rabbitmq import RabbitMQServer
+        from tests.harness.rabbitmq import RabbitMQServer
 
         return RabbitMQServer()
     return RedisServer()

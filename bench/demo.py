@@ -28,9 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness.redis import RedisServer
 from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase
 from bench.showcase.summary import markdown, summarise, terminal, write_chart
+from tests.harness.redis import RedisServer
 
 
 def _explain(config: ShowcaseConfig) -> list[str]:

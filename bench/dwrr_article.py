@@ -16,8 +16,8 @@ import statistics
 import sys
 from typing import Any
 
-from bench.harness.harness import run_backlogged
-from bench.harness.redis import RedisServer
+from tests.harness.harness import run_backlogged
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 
@@ -27,7 +27,7 @@ WEIGHTS = ",".join(f"{q}={w}" for q, w in QUANTA.items())
 
 def _server(broker: str) -> Any:
     if broker == "rabbitmq":
-        from bench.harness.rabbitmq import RabbitMQServer
+        from tests.harness.rabbitmq import RabbitMQServer
 
         return RabbitMQServer()
     return RedisServer()

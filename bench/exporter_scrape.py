@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from bench.common import environment, summary, write
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 KEYED, PLAIN = "jobs", ("mail", "reports", "exports", "billing")
 

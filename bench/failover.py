@@ -41,10 +41,10 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from bench.harness.harness import WorkerProcess, poll_until
-from bench.harness.keys import keyed_app, keyed_consistency, most_at_once
-from bench.harness.redis import RedisSentinel, RedisServer
 from bench.showcase.ledger import Ledger
+from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.keys import keyed_app, keyed_consistency, most_at_once
+from tests.harness.redis import RedisSentinel, RedisServer
 
 from .common import environment, summary, write
 

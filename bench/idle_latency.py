@@ -24,9 +24,9 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.control import control_app
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from tests.harness.control import control_app
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

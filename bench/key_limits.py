@@ -27,10 +27,10 @@ import sys
 from collections import Counter
 from typing import Any
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, most_at_once, publish_by_key
-from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 from .keys_scale import fill, throughput

@@ -36,12 +36,12 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
 from celery_fair.keys import store
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.scripts import FETCH
 from celery_fair.wire import KEY_HEADER, KEYED_HEADER
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

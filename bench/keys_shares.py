@@ -25,10 +25,10 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
-from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

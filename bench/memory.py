@@ -20,9 +20,9 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import fill_queues
-from bench.harness.memory import MemoryRun, drain_and_sample
-from bench.harness.redis import RedisServer, free_port
+from tests.harness.harness import fill_queues
+from tests.harness.memory import MemoryRun, drain_and_sample
+from tests.harness.redis import RedisServer, free_port
 
 from .common import environment, write
 

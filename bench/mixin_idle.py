@@ -48,9 +48,9 @@ from kombu import Connection, Queue
 from kombu.message import Message
 from kombu.mixins import ConsumerMixin
 
-from bench.harness.brokers import publish_plain
-from bench.harness.harness import process_cpu
 from celery_fair.kombu import FairConsumerMixin
+from tests.harness.brokers import publish_plain
+from tests.harness.harness import process_cpu
 
 from .common import environment, summary, write
 
@@ -250,7 +250,7 @@ def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], flo
         yield "memory://", lambda: None
         return
     if kind == "redis":
-        from bench.harness.redis import RedisServer
+        from tests.harness.redis import RedisServer
 
         with RedisServer() as server:
             proc = server.proc
@@ -258,7 +258,7 @@ def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], flo
                 _pin(None if proc is None else proc.pid)
             yield server.url, lambda: None if proc is None else process_cpu(proc.pid)
         return
-    from bench.harness.rabbitmq import RabbitMQServer
+    from tests.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as rabbit:
         if pin:

@@ -17,9 +17,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench.harness.redis import RedisServer
 from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, server_for
 from bench.showcase.summary import markdown, summarise, write_chart
+from tests.harness.redis import RedisServer
 
 from .common import RESULTS, environment, write
 

@@ -34,13 +34,13 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import fetchable_payload, keyed_app, publish_by_key
-from bench.harness.redis import RedisServer
 from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.scripts import ENQUEUE, FETCH
 from celery_fair.keys.store import enqueue_args, fetch_args
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import fetchable_payload, keyed_app, publish_by_key
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

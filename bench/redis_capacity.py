@@ -42,8 +42,6 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.keys import fetchable_payload
-from bench.harness.redis import RedisServer, valkey_server
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.limits import KeyLimits
 from celery_fair.keys.scripts import ENQUEUE, FETCH, RELEASE
@@ -53,6 +51,8 @@ from celery_fair.keys.store import (
     release_args,
     write_configured_limits,
 )
+from tests.harness.keys import fetchable_payload
+from tests.harness.redis import RedisServer, valkey_server
 
 from .common import environment, summary, write
 

@@ -37,10 +37,10 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import RedisServer
 from celery_fair.keys import store
 from celery_fair.keys.layout import KeyedNames
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 from .keys_scale import messages, template
@@ -100,7 +100,7 @@ def _restore_and_check_levels(url: str) -> dict[str, int]:
     """Restore the killed worker's unacked messages, as any consumer does after the
     visibility timeout; then count the messages in each level and those in a level
     that is not their priority's."""
-    from bench.harness.keys import keyed_app, restore_unacked
+    from tests.harness.keys import keyed_app, restore_unacked
 
     client = redis_lib.Redis.from_url(url)
     app = keyed_app(url, dict.fromkeys(QUEUES, "tenant_id"), "crash-restore")

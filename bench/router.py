@@ -51,10 +51,10 @@ from typing import Any
 from celery import Celery
 from scipy import stats
 
-from bench.harness.redis import RedisServer
 from celery_fair.routing import ConsistentHashRouter, HashRing
 from celery_fair.routing.ring import ideal_moved_fraction, key_hash
 from celery_fair.routing.table import probe_table
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

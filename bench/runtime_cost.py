@@ -16,8 +16,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import RedisServer
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 
@@ -25,7 +25,7 @@ TASK_US = {"long": 10_000, "short": 1_000}
 
 
 def one_run(url: str, cost: str, measure: int, pool: str) -> dict[str, Any]:
-    from bench.harness.control import control_app
+    from tests.harness.control import control_app
 
     client = redis_lib.Redis.from_url(url)
     client.flushdb()

@@ -39,8 +39,8 @@ from typing import Any
 
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 
 from .common import environment, write
 

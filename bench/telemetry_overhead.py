@@ -22,8 +22,8 @@ import sys
 import tempfile
 from typing import Any
 
-from bench.harness.harness import run_backlogged
-from bench.harness.redis import RedisServer
+from tests.harness.harness import run_backlogged
+from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 # Spark's driver and web UI, in the tests and in the commands they start, listen
 # on loopback only (without it Spark binds the UI to every interface).
@@ -48,7 +48,7 @@ def full_broker() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def rabbitmq_server() -> Iterator[object]:
     """A real RabbitMQ (consistent-hash plugin enabled), one per test session."""
-    from bench.harness.rabbitmq import RabbitMQServer
+    from tests.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as server:
         yield server

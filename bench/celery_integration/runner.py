@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 from .compare import compare, render_markdown
 

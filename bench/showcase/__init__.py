@@ -1,7 +1,7 @@
 """The noisy-neighbour showcase: plain Celery against celery-fair, measured on real brokers.
 
 Four scenarios, each run with real ``celery worker -P prefork`` processes of
-:mod:`bench.harness.workload` on a real Redis or RabbitMQ:
+:mod:`tests.harness.workload` on a real Redis or RabbitMQ:
 
 A. **Flood** (:func:`~bench.showcase.flood.run_flood`): one tenant
    submits a burst while quiet tenants trickle; routed by ``tenant_id`` onto

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.harness.brokers import broker_for
-from bench.harness.harness import WorkerProcess
+from tests.harness.brokers import broker_for
+from tests.harness.harness import WorkerProcess
 
 from .layout import (
     AUTO_ISOLATED_QUEUE,

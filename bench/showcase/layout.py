@@ -33,7 +33,7 @@ class Mode:
 
     ``fair``: the worker runs celery-fair; ``sharded``: tasks are routed by
     tenant onto the shard queues (else every task goes to :data:`SHARED_QUEUE`).
-    ``env`` is extra worker environment (see :mod:`bench.harness.workload`).
+    ``env`` is extra worker environment (see :mod:`tests.harness.workload`).
     ``isolate_flood``: a route placed before the router sends the flooding
     tenant to :data:`ISOLATED_QUEUE`, one of the options for its neighbours.
     ``keyed``: every tenant publishes to :data:`SHARED_QUEUE`, a keyed queue

@@ -93,7 +93,7 @@ class Ledger:
     ) -> bool:
         """Poll until ``n`` runs are recorded; ``False`` at the deadline.
 
-        ``alive`` are :class:`~bench.harness.harness.WorkerProcess`
+        ``alive`` are :class:`~tests.harness.harness.WorkerProcess`
         objects that must keep running; one that exits raises with its log.
         """
         workers = list(alive)

@@ -129,10 +129,10 @@ class Live:
 def server_for(broker: str) -> Any:
     """A fresh broker server: ``RedisServer`` or ``RabbitMQServer`` (not started)."""
     if broker == "rabbitmq":
-        from bench.harness.rabbitmq import RabbitMQServer
+        from tests.harness.rabbitmq import RabbitMQServer
 
         return RabbitMQServer()
-    from bench.harness.redis import RedisServer
+    from tests.harness.redis import RedisServer
 
     return RedisServer()
 

@@ -1,6 +1,6 @@
 """Scenarios B and C: who gets the worker when every tenant is backlogged.
 
-Both use :func:`bench.harness.harness.run_backlogged`: the queues are
+Both use :func:`tests.harness.harness.run_backlogged`: the queues are
 filled, one real ``celery worker -P prefork -c 2`` consumes them, and what
 each queue got over a measured interval (past a warm-up) is the drop in its
 length. Nothing in the worker is instrumented, so plain Celery and
@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.harness.brokers import broker_for
-from bench.harness.harness import run_backlogged
+from tests.harness.brokers import broker_for
+from tests.harness.harness import run_backlogged
 
 __all__ = (
     "HEAVY_MODES",

@@ -12,10 +12,10 @@ from matplotlib.lines import Line2D
 from matplotlib.path import Path as MplPath
 from pyspark.sql import SparkSession
 
-from bench.harness.synthetic import SyntheticSpec, write_synthetic
 from celery_fair.analytics.charts import plot_jain, plot_throughput, series, window_grid
 from celery_fair.analytics.pipeline import compute
 from celery_fair.analytics.report import build_report
+from tests.harness.synthetic import SyntheticSpec, write_synthetic
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

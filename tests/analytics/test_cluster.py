@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.harness.spark_cluster import StandaloneCluster, java_missing, spark_home
-from bench.harness.synthetic import SyntheticSpec, Truth, write_synthetic
 from celery_fair.analytics import report as report_module
+from tests.harness.spark_cluster import StandaloneCluster, java_missing, spark_home
+from tests.harness.synthetic import SyntheticSpec, Truth, write_synthetic
 
 pytestmark = [
     pytest.mark.integration,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from bench.harness.synthetic import write_synthetic
 from celery_fair.analytics.pipeline import BYPASS_PARTIAL, compute
 from celery_fair.analytics.report import build_report
+from tests.harness.synthetic import write_synthetic
 
 from .test_noisy import FLOOD
 

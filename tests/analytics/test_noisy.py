@@ -10,11 +10,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from bench.harness.synthetic import SyntheticSpec, write_synthetic
 from celery_fair.analytics import transforms as T
 from celery_fair.analytics.noisy import NoisyRules, findings
 from celery_fair.analytics.pipeline import compute, read_telemetry
 from celery_fair.analytics.report import _add_arguments, build_report, format_summary, rules_from
+from tests.harness.synthetic import SyntheticSpec, write_synthetic
 
 START = 1_700_000_000.0  # SyntheticSpec's default start, a multiple of 10 s windows
 EVEN = {"p0": 1.0, "p1": 1.0, "p2": 1.0, "p3": 1.0}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.synthetic import tenant_spec, write_synthetic
+from tests.harness.synthetic import tenant_spec, write_synthetic
 from tests.report_command import run_report
 
 #: Spark's warning for a window function over the whole data set, which moves

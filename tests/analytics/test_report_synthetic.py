@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
-from bench.harness.synthetic import SyntheticSpec, Truth, write_synthetic
 from celery_fair.analytics.charts import write_charts
 from celery_fair.analytics.html import write_html
 from celery_fair.analytics.pipeline import compute
 from celery_fair.analytics.report import build_report, format_summary
+from tests.harness.synthetic import SyntheticSpec, Truth, write_synthetic
 
 # Served shares that differ from the weights, so the Jain index is not trivially 1.
 SPEC = SyntheticSpec(

@@ -18,7 +18,7 @@ import os
 import celery.worker.components as components
 from kombu.transport import TRANSPORT_ALIASES
 
-from bench.harness.workload import app
+from tests.harness.workload import app
 
 __all__ = ("app",)
 

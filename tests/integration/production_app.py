@@ -6,7 +6,7 @@ a Redis result backend, weights (and keys) in the settings, an optional
 ``visibility_timeout`` and a beat schedule.  :func:`make_app` builds the same
 app from a mapping, so a test can be its producer.
 
-Configured from the environment (like ``bench.harness.workload``):
+Configured from the environment (like ``tests.harness.workload``):
 
 ``CELERY_FAIR_BROKER``      broker URL
 ``CELERY_FAIR``             "0" for plain Celery (default "1": ``celery_fair.install``)

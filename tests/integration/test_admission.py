@@ -23,8 +23,8 @@ import pytest
 import redis as redis_lib
 
 import celery_fair
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 from tests.integration.production_app import make_app
 from tests.integration.test_broker_full import flood_env
 from tests.integration.test_production import APP, assert_clean, running, wait_until

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from bench.harness.harness import run_backlogged
 from celery_fair import compat
 from celery_fair.compat import Probe
+from tests.harness.harness import run_backlogged
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

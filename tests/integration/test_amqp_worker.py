@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness.harness import run_backlogged
+from tests.harness.harness import run_backlogged
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
 compat = pytest.mark.compat

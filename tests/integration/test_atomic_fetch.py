@@ -15,10 +15,10 @@ import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 from celery_fair.kombu.cycle import install_on_channel
 from celery_fair.scheduling.scheduler import FairScheduler
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -76,7 +76,7 @@ def test_an_idle_worker_is_woken_by_the_broker_not_by_a_timeout(redis_url: str) 
     # 60 s timeout, sent before the fetch takes the channel over) would hold
     # the first fetch back for a minute, as in plain Celery.
     with WorkerProcess(redis_url, ["idle"], env=env, extra_args=["--without-mingle"]) as worker:
-        from bench.harness.control import control_app
+        from tests.harness.control import control_app
 
         app = control_app(redis_url)
 

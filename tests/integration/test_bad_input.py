@@ -20,8 +20,8 @@ import redis as redis_lib
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 
-from bench.harness.harness import WorkerProcess
 from celery_fair.parking.store import parking_for
+from tests.harness.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

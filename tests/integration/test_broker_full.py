@@ -21,9 +21,9 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.redis import RedisServer
 from tests.conftest import MAXMEMORY
+from tests.harness.harness import WorkerProcess
+from tests.harness.redis import RedisServer
 from tests.integration.production_app import make_app
 from tests.integration.test_production import APP, assert_clean, running, wait_until
 

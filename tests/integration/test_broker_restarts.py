@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench.harness.harness import WorkerProcess, poll_until
-from bench.harness.keys import keyed_app, keyed_consistency, most_at_once, publish_by_key
-from bench.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 from bench.showcase.ledger import Ledger
+from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.keys import keyed_app, keyed_consistency, most_at_once, publish_by_key
+from tests.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 
 pytestmark = [
     pytest.mark.integration,

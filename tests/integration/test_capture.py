@@ -14,8 +14,8 @@ import pytest
 import redis
 from celery import Celery
 
-from bench.harness.harness import WORKLOAD, WorkerProcess
 from celery_fair.telemetry.schema import SCHEMA
+from tests.harness.harness import WORKLOAD, WorkerProcess
 
 pytestmark = pytest.mark.integration
 

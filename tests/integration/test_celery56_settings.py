@@ -19,8 +19,8 @@ import pytest
 import redis as redis_lib
 from celery import __version__ as celery_version
 
-from bench.harness.control import control_app, wait_fair_stats
-from bench.harness.harness import WorkerProcess, fill_queues, run_backlogged
+from tests.harness.control import control_app, wait_fair_stats
+from tests.harness.harness import WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = [
     pytest.mark.integration,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from bench.churn import run_churn
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess, fill_queues
+from tests.harness.harness import WorkerProcess, fill_queues
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def test_reject_mode_dead_letters_on_rabbitmq(rabbitmq_server: object, redis_url
 
     os.environ.update(env)  # the filler declares the queue like the worker
     try:
-        from bench.harness.brokers import AmqpBroker
+        from tests.harness.brokers import AmqpBroker
 
         broker = AmqpBroker(url)
         broker.app.conf.task_queues = [
@@ -172,7 +172,7 @@ def test_adaptive_prefetch_shrinks_the_windows_on_rabbitmq(
     # RabbitMQ's per-consumer window cannot change on a live consumer: the
     # worker re-consumes (basic.cancel, basic.qos, basic.consume) on the same
     # channel, and no message is lost or run twice on the way.
-    from bench.harness.brokers import AmqpBroker
+    from tests.harness.brokers import AmqpBroker
 
     url = rabbitmq_server.url  # type: ignore[attr-defined]
     n = 200

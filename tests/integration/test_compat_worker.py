@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import RedisSentinel, RedisServer, server_kind
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.redis import RedisSentinel, RedisServer, server_kind
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

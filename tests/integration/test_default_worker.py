@@ -21,9 +21,9 @@ import pytest
 import redis as redis_lib
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from bench.harness.harness import WorkerProcess, fill_queues
 from celery_fair.kombu.cycle import install_on_channel
 from celery_fair.scheduling.scheduler import FairScheduler
+from tests.harness.harness import WorkerProcess, fill_queues
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, most_at_once, publish_by_key
-from bench.harness.redis import RedisServer
-from bench.harness.tls import Certificates, make_certificates
 from bench.showcase.ledger import Ledger
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.redis import RedisServer
+from tests.harness.tls import Certificates, make_certificates
 
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
@@ -145,7 +145,7 @@ def _cli(broker: dict[str, Any], command: str, *args: str) -> subprocess.Complet
     }
     cli = Path(sys.executable).with_name("celery-fair")
     return subprocess.run(
-        [str(cli), command, "-A", "bench.harness.workload", *args],
+        [str(cli), command, "-A", "tests.harness.workload", *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -157,7 +157,7 @@ def test_shares_over_amqps_with_a_client_certificate(
 ) -> None:
     """RabbitMQ's ``amqps`` listener, the CA required and a client certificate:
     the worker (Celery's defaults) and the producer through ``broker_use_ssl``."""
-    from bench.harness.rabbitmq import RabbitMQServer
+    from tests.harness.rabbitmq import RabbitMQServer
 
     ledger = Ledger(redis_url)
     with RabbitMQServer(tls=certificates) as server:

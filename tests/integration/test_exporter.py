@@ -11,11 +11,11 @@ import redis as redis_lib
 from celery import Celery
 
 import celery_fair
-from bench.harness.exporter import ExporterProcess, Samples
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.parked import NOT_A_MESSAGE, encode_record
+from tests.harness.exporter import ExporterProcess, Samples
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, publish_by_key
 
 pytestmark = [pytest.mark.integration]
 
@@ -154,7 +154,7 @@ def test_the_exporter_reads_rabbitmq(rabbitmq_server: object) -> None:
 
 @pytest.mark.rabbitmq
 def test_the_exporter_counts_rabbitmqs_unacknowledged_through_the_management_api() -> None:
-    from bench.harness.rabbitmq import RabbitMQServer
+    from tests.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer(management=True) as server:
         app = Celery("exporter-amqp-mgmt", broker=server.url, set_as_current=False)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from bench.harness.exporter import ExporterProcess
-from bench.harness.harness import WorkerProcess
-from bench.harness.keys import keyed_app, publish_by_key
-from bench.harness.redis import free_port, stop_process
+from tests.harness.exporter import ExporterProcess
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.redis import free_port, stop_process
 
 pytestmark = [pytest.mark.integration]
 
@@ -47,7 +47,7 @@ def test_flower_lists_a_fair_worker_and_its_tasks(redis_url: str) -> None:
         "FLOWER_UNAUTHENTICATED_API": "true",  # Flower's API without a login, on loopback
     }
     flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "bench.harness.workload", "flower",
+        [sys.executable, "-m", "celery", "-A", "tests.harness.workload", "flower",
          "--address=127.0.0.1", f"--port={port}"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 import celery_fair
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness.harness import fill_queues
-from bench.harness.memory import drain_and_sample
-from bench.harness.redis import free_port
+from tests.harness.harness import fill_queues
+from tests.harness.memory import drain_and_sample
+from tests.harness.redis import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.redis import free_port
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.redis import free_port
 
 pytestmark = pytest.mark.integration
 prometheus_client = pytest.importorskip("prometheus_client")

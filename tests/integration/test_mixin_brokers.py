@@ -17,8 +17,8 @@ import pytest
 from kombu import Connection, Queue
 from kombu.message import Message
 
-from bench.harness.brokers import publish_plain
 from celery_fair.kombu import FairConsumerMixin
+from tests.harness.brokers import publish_plain
 
 pytestmark = pytest.mark.integration
 

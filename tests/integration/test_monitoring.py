@@ -20,10 +20,10 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from bench.harness.exporter import ExporterProcess
-from bench.harness.harness import WorkerProcess, fill_queues
-from bench.harness.keys import keyed_app, publish_by_key
-from bench.harness.prometheus import PrometheusServer
+from tests.harness.exporter import ExporterProcess
+from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.integration]
 
@@ -104,7 +104,7 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(redis_url: st
         # unkeyed tasks.
         WorkerProcess(redis_url, ["jobs2"], fair=False, concurrency=1),
         ExporterProcess(
-            redis_url, queues, "--consumers-every", "2", app="bench.harness.workload",
+            redis_url, queues, "--consumers-every", "2", app="tests.harness.workload",
             env=exporter_env,
         ) as exporter,
     ):  # fmt: skip

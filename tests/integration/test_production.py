@@ -52,9 +52,9 @@ import redis as redis_lib
 from celery import Celery, chord
 from celery.result import AsyncResult, ResultSet
 
-from bench.harness.brokers import broker_for
-from bench.harness.harness import WorkerProcess, run_backlogged
 from celery_fair.keys.layout import KeyedNames
+from tests.harness.brokers import broker_for
+from tests.harness.harness import WorkerProcess, run_backlogged
 from tests.integration.production_app import make_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]

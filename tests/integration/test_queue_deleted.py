@@ -24,9 +24,9 @@ from collections.abc import Callable
 import pytest
 import redis as redis_lib
 
-from bench.harness.brokers import broker_for
-from bench.harness.control import wait_fair_stats
-from bench.harness.harness import WorkerProcess
+from tests.harness.brokers import broker_for
+from tests.harness.control import wait_fair_stats
+from tests.harness.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def test_redis_list_deleted_mid_run(redis_url: str) -> None:
 
 
 def test_redis_queue_removed_from_the_consumer_and_added_back(redis_url: str) -> None:
-    from bench.harness.control import control_app
+    from tests.harness.control import control_app
 
     counts = {"a": 1000, "b": 2000, "c": 600}
     broker = broker_for(redis_url)

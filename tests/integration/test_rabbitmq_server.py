@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from bench.harness.rabbitmq import RabbitMQServer
+from tests.harness.rabbitmq import RabbitMQServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
 

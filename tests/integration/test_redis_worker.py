@@ -7,8 +7,8 @@ import time
 import pytest
 import redis as redis_lib
 
-from bench.harness.control import wait_fair_stats
-from bench.harness.harness import WorkerProcess, fill_queues, run_backlogged
+from tests.harness.control import wait_fair_stats
+from tests.harness.harness import WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -125,7 +125,7 @@ def test_bad_settings_stop_the_worker_at_start(
 def test_weights_change_at_run_time(redis_url: str) -> None:
     import redis
 
-    from bench.harness.control import control_app
+    from tests.harness.control import control_app
 
     fill_queues(redis_url, {"a": 2000, "b": 2000}, task="nap", args=(5,))
     client = redis.Redis.from_url(redis_url)
@@ -147,7 +147,7 @@ def test_weights_change_at_run_time(redis_url: str) -> None:
     assert consumed["a"] / sum(consumed.values()) == pytest.approx(0.75, abs=0.04)
     # The live weights are kept on the broker: a worker started later (a restart,
     # configured with no weights) serves by them, not by its configuration.
-    from bench.harness.control import wait_fair_stats
+    from tests.harness.control import wait_fair_stats
 
     with WorkerProcess(redis_url, ["a", "b"]) as restarted:
         stats = wait_fair_stats(redis_url)
@@ -162,7 +162,7 @@ def test_weights_change_at_run_time(redis_url: str) -> None:
 def test_a_live_weight_for_a_queue_not_consumed_is_named_and_all_can_be_cleared(
     redis_url: str,
 ) -> None:
-    from bench.harness.control import control_app, wait_fair_stats
+    from tests.harness.control import control_app, wait_fair_stats
 
     with WorkerProcess(redis_url, ["a", "b"]) as worker:
         wait_fair_stats(redis_url)

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 import redis as redis_lib
 
-from bench.harness.brokers import broker_for
-from bench.harness.harness import WorkerProcess, fill_queues
 from celery_fair.parked import decode_record
+from tests.harness.brokers import broker_for
+from tests.harness.harness import WorkerProcess, fill_queues
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,7 @@ def test_killed_worker_tasks_are_redelivered(
 
 
 def test_broker_restart_is_rejoined_and_shares_restored(redis_server: object) -> None:
-    from bench.harness.redis import RedisServer
+    from tests.harness.redis import RedisServer
 
     with RedisServer(appendonly=True) as server:
         weights = {"r1": 1, "r3": 3}
@@ -139,7 +139,7 @@ def test_broker_restart_is_rejoined_and_shares_restored(redis_server: object) ->
 def test_rabbitmq_restart_is_rejoined_with_shares_restored_and_nothing_lost(
     redis_url: str,
 ) -> None:
-    from bench.harness.rabbitmq import RabbitMQServer
+    from tests.harness.rabbitmq import RabbitMQServer
 
     weights = {"rr1": 1, "rr3": 3}
     per_queue = 1200
@@ -179,7 +179,7 @@ def test_late_acks_across_a_broker_restart_keep_the_worker_up(redis_url: str) ->
     acknowledges through the new channel (or leaves the message to the
     visibility timeout): the same worker finishes every task.
     """
-    from bench.harness.redis import RedisServer
+    from tests.harness.redis import RedisServer
 
     with RedisServer(appendonly=True) as broker:
         fill_queues(broker.url, {"la": 40}, task="ledger", args=(300,))
@@ -215,7 +215,7 @@ def test_malformed_and_unknown_messages_leave_the_scheduler_consistent(
             assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
             assert time.monotonic() < deadline, worker.log()[-3000:]
             time.sleep(0.05)
-        from bench.harness.control import control_app
+        from tests.harness.control import control_app
 
         app = control_app(redis_url)
         # The last tasks fetched may still be running (held) when the list empties.

@@ -15,13 +15,13 @@ from celery import Celery
 from kombu import Connection
 from scipy import stats
 
-from bench.harness.rabbitmq import RabbitMQServer
 from celery_fair.routing import (
     ConsistentHashRouter,
     HashRing,
     MissingRouteKeyError,
     declare_consistent_hash_exchange,
 )
+from tests.harness.rabbitmq import RabbitMQServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
 

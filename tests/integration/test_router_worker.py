@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import redis
 
-from bench.harness.redis import RedisServer
+from tests.harness.redis import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from collections import Counter
 
 import pytest
 
-from bench.harness.harness import WorkerProcess
 from bench.showcase.layout import MODES, SHARED_QUEUE, TenantLayout, TenantProducer
 from bench.showcase.ledger import Entry, Ledger
+from tests.harness.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

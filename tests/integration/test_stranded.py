@@ -29,7 +29,7 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from bench.harness.harness import WorkerProcess
+from tests.harness.harness import WorkerProcess
 from tests.integration.production_app import make_app
 from tests.integration.test_production import (
     APP,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bench.harness.control import control_app
-from bench.harness.harness import WorkerProcess
+from tests.harness.control import control_app
+from tests.harness.harness import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.harness import run_backlogged
+from tests.harness.harness import run_backlogged
 from tests.report_command import run_report
 
 pytestmark = pytest.mark.integration
@@ -54,8 +54,8 @@ def test_revoked_and_expired_tasks_are_recorded(redis_url: str, tmp_path: Path) 
 
     import redis as redis_lib
 
-    from bench.harness.control import control_app
-    from bench.harness.harness import WorkerProcess
+    from tests.harness.control import control_app
+    from tests.harness.harness import WorkerProcess
 
     app = control_app(redis_url)
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)

@@ -16,9 +16,9 @@ from kombu import Connection, Queue
 from kombu.message import Message
 
 import celery_fair.kombu
-from bench.harness.brokers import publish_plain
 from celery_fair.kombu import FairConsumerMixin
 from celery_fair.kombu.mixin import split_window
+from tests.harness.brokers import publish_plain
 
 URL = "memory://"
 DEADLINE = 60.0

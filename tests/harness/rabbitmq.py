@@ -34,8 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.harness.redis import free_port
-from bench.harness.tls import Certificates
+from tests.harness.redis import free_port
+from tests.harness.tls import Certificates
 
 __all__ = ("RabbitMQServer",)
 

@@ -25,7 +25,7 @@ from .brokers import broker_for
 
 __all__ = ("RunResult", "WorkerProcess", "fill_queues", "poll_until", "run_backlogged")
 
-WORKLOAD = "bench.harness.workload"
+WORKLOAD = "tests.harness.workload"
 
 
 def poll_until(condition: Callable[[], object], timeout: float, every: float = 0.05) -> bool:

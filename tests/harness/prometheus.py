@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.harness.redis import free_port, stop_process
+from tests.harness.redis import free_port, stop_process
 
 __all__ = ("PrometheusServer",)
 
