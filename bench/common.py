@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.showcase.ledger import spread
+from tests.harness.ledger import spread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

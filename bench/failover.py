@@ -41,9 +41,9 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from bench.showcase.ledger import Ledger
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.keys import keyed_app, keyed_consistency, most_at_once
+from tests.harness.ledger import Ledger
 from tests.harness.redis import RedisSentinel, RedisServer
 
 from .common import environment, summary, write

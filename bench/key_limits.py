@@ -27,9 +27,9 @@ import sys
 from collections import Counter
 from typing import Any
 
-from bench.showcase.ledger import Ledger
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.ledger import Ledger
 from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write

@@ -25,9 +25,9 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
-from bench.showcase.ledger import Ledger
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.ledger import Ledger
 from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write

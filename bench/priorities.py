@@ -34,12 +34,12 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
-from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.keys.scripts import ENQUEUE, FETCH
 from celery_fair.keys.store import enqueue_args, fetch_args
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import fetchable_payload, keyed_app, publish_by_key
+from tests.harness.ledger import Ledger
 from tests.harness.redis import RedisServer
 
 from .common import environment, summary, write

@@ -34,6 +34,7 @@ from typing import Any
 
 from tests.harness.brokers import broker_for
 from tests.harness.harness import WorkerProcess
+from tests.harness.ledger import Entry, Ledger, percentile
 
 from .layout import (
     AUTO_ISOLATED_QUEUE,
@@ -43,7 +44,6 @@ from .layout import (
     TenantLayout,
     TenantProducer,
 )
-from .ledger import Entry, Ledger, percentile
 
 __all__ = ("FloodParams", "analyse_flood", "run_flood")
 

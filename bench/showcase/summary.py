@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .ledger import spread
+from tests.harness.ledger import spread
 
 __all__ = ("markdown", "summarise", "terminal", "write_chart")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from bench.showcase.ledger import Ledger
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.keys import keyed_app, keyed_consistency, most_at_once, publish_by_key
+from tests.harness.ledger import Ledger
 from tests.harness.redis import KOMBU_REPOLLS_AFTER_RESTART, RedisServer
 
 pytestmark = [

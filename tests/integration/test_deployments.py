@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from bench.showcase.ledger import Ledger
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.ledger import Ledger
 from tests.harness.redis import RedisServer
 from tests.harness.tls import Certificates, make_certificates
 

@@ -14,11 +14,11 @@ import redis as redis_lib
 from celery import Celery
 
 import celery_fair
-from bench.showcase.ledger import Entry, Ledger
 from celery_fair.keys.layout import KeyedNames
 from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key, restore_unacked
+from tests.harness.ledger import Entry, Ledger
 
 pytestmark = [pytest.mark.integration]
 

@@ -12,11 +12,11 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
 from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.ledger import Ledger
 
 pytestmark = [pytest.mark.integration]
 

@@ -25,10 +25,10 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from bench.showcase.ledger import Ledger
 from celery_fair.keys.layout import KeyedNames
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.ledger import Ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 

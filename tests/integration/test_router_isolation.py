@@ -24,10 +24,10 @@ from celery import Celery
 from celery.signals import before_task_publish
 
 import celery_fair
-from bench.showcase.ledger import Entry, Ledger, percentile
 from celery_fair.routing import ConsistentHashRouter
 from celery_fair.routing.isolation import IsolationPolicy
 from tests.harness.harness import WorkerProcess
+from tests.harness.ledger import Entry, Ledger, percentile
 
 pytestmark = [pytest.mark.integration]
 

@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 
 from bench.showcase.layout import MODES, SHARED_QUEUE, TenantLayout, TenantProducer
-from bench.showcase.ledger import Entry, Ledger
 from tests.harness.harness import WorkerProcess
+from tests.harness.ledger import Entry, Ledger
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 
 from bench.showcase.flood import FloodParams, analyse_flood
 from bench.showcase.layout import MODES, SHARED_QUEUE, TenantLayout
-from bench.showcase.ledger import Entry, percentile, spread
 from bench.showcase.summary import markdown, summarise, terminal
+from tests.harness.ledger import Entry, percentile, spread
 
 LAYOUT = TenantLayout.build(shards=4, quiet=6)
 FLOOD_AT = 100.0
