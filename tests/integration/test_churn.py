@@ -1,10 +1,10 @@
-"""Nothing stranded (#49): the churn soak of :mod:`bench.churn`, short, on both brokers.
+"""Nothing stranded (#49): the churn soak of :mod:`tests.harness.churn`, short, on both brokers.
 
 Two workers as deployments run them (Celery's defaults, ``-E -O fair``, late acks
 with a prefetch multiplier of 1, a Redis result backend, ``visibility_timeout``
 3600 on Redis, a hard ``--time-limit``): one replaces its pool children every
 ``MAX_TASKS`` tasks, the other runs ``--autoscale 3,1`` (``AUTOSCALE_KEEPALIVE=2``
-beside it in :mod:`bench.churn`: Celery's 30 s would keep it from shrinking in
+beside it in :mod:`tests.harness.churn`: Celery's 30 s would keep it from shrinking in
 the pause between waves).  Queues hi:lo weighted 4:1 and, on Redis, a queue keyed
 by tenant.  While the tasks run, a pool process is SIGKILLed every second, slow
 tasks are revoked with ``terminate=True`` while they run and waiting tasks before
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from bench.churn import run_churn
+from tests.harness.churn import run_churn
 from tests.harness.redis import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]

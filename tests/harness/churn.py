@@ -993,7 +993,7 @@ def _revision() -> dict[str, Any]:
     """The commit measured, and whether the package had changes not committed yet."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
