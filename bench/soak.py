@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("redis", "rabbitmq"), help="--churn: one broker")
     args = parser.parse_args(argv)
     if args.churn:
-        from tests.harness import churn
+        from . import churn
 
         command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
         return churn.main(args.tasks, args.reps, args.only, args.name or "churn", command)
