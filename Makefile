@@ -22,7 +22,7 @@ docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
 unit: setup
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit bench/tests -q -m "not integration"
 
 test: setup lint typecheck docs
 	bash scripts/run_tests.sh

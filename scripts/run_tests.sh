@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the whole test suite. pytest exits 5 when it collects no test; that
-# must fail loudly rather than pass as an empty success.
+# Runs the whole test suite: tests/ and the benchmarks' own tests (bench/tests).
+# pytest exits 5 when it collects no test; that must fail loudly rather than
+# pass as an empty success.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m pytest tests "$@"
+.venv/bin/python -m pytest tests bench/tests "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
     echo "run_tests: pytest collected no tests" >&2

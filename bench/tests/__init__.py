@@ -1,0 +1,1 @@
+"""The tests of the benchmarks' own code: the noisy-neighbour showcase."""
