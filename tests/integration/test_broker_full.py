@@ -22,6 +22,7 @@ import pytest
 import redis as redis_lib
 
 from tests.conftest import MAXMEMORY
+from tests.harness.clock import FakeClock
 from tests.harness.harness import WorkerProcess
 from tests.harness.redis import RedisServer
 from tests.integration.production_app import make_app
@@ -139,8 +140,8 @@ def test_settling_while_full_acks_now_and_requeues_when_the_broker_accepts(
     from celery_fair import compat
     from celery_fair.kombu.full import RETRY_FIRST, FullBroker
 
-    now = [0.0]
-    full = FullBroker(clock=lambda: now[0])
+    clock = FakeClock()
+    full = FullBroker(clock=clock)
     client = full_broker.client()
     with Connection(full_broker.url) as conn:
         channel = conn.channel()
@@ -159,12 +160,12 @@ def test_settling_while_full_acks_now_and_requeues_when_the_broker_accepts(
         assert client.hlen("unacked") == 1 and client.zcard("unacked_index") == 1
         # A requeue cannot be done while full: the message waits where it is.
         full.requeue_later(qos, second.delivery_tag, refused.value)
-        now[0] = RETRY_FIRST
+        clock.now = RETRY_FIRST
         full.retry()
         assert client.hlen("unacked") == 1 and client.llen("settle") == 0
         assert full.statistics().requeues_waiting == 1
         _set_full(client, False)  # the backlog drained
-        now[0] = 10 * RETRY_FIRST
+        clock.now = 10 * RETRY_FIRST
         full.retry()
         assert client.hlen("unacked") == 0 and client.llen("settle") == 1
         stats = full.statistics()

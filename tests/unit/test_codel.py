@@ -21,21 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from celery_fair.scheduling.codel import CoDelController, CoDelStatistics
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-        self.reads = 0
-
-    def __call__(self) -> float:
-        self.reads += 1
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.harness.clock import FakeClock
 
 
 def no_clock() -> float:

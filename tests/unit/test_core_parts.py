@@ -7,14 +7,7 @@ import pytest
 from celery_fair.scheduling.cost import CostModel, quanta
 from celery_fair.scheduling.dispatch import DispatchRound
 from celery_fair.scheduling.shedding import CoDelOptions, SheddingPolicy, check_codel
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.harness.clock import FakeClock
 
 
 def test_quanta_give_the_heaviest_one_unit_and_add_up_exactly() -> None:
@@ -63,7 +56,7 @@ def test_dispatch_round_post_charges_the_measured_run_time() -> None:
 
 
 def test_shedding_policy_runs_fresh_tasks_and_caps_returns() -> None:
-    clock = Clock()
+    clock = FakeClock()
     policy = SheddingPolicy(CoDelOptions(0.1, 1.0, "requeue", 2), clock=clock)
     assert policy.verdict("q", received=0.0, backlog=5, requeues=lambda: 0) == "run"
     # Stale for a whole interval: CoDel drops; a task at the cap runs here.

@@ -19,24 +19,12 @@ from celery_fair.routing.isolation import (
     IsolationStatistics,
     NoisyKeyDetector,
 )
+from tests.harness.clock import FakeClock
 
 QUEUES = {"t0": 10, "t1": 10, "t2": 20}
 LOGGER = "celery_fair.routing.isolation"
 #: A half-life so long that nothing decays during a test: shares move only by publishes.
 FOREVER = 1e9
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def detector(clock: FakeClock, **policy: Any) -> NoisyKeyDetector:
@@ -54,7 +42,7 @@ def background(d: NoisyKeyDetector, keys: int, rounds: int, prefix: str = "bg") 
 
 
 def test_a_key_enters_just_above_the_share_and_not_at_it() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER)
     background(d, keys=27, rounds=10)  # 270 publishes, 10 per key
     # 29 / 299 < 10%, 30 / 300 = 10% (not more), 31 / 301 > 10%.
@@ -65,7 +53,7 @@ def test_a_key_enters_just_above_the_share_and_not_at_it() -> None:
 
 
 def test_a_key_needs_min_messages_whatever_its_share() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER)
     # Alone on a quiet system: 100% share from the first publish.
     assert not any(d.observe("x") for _ in range(29))
@@ -76,7 +64,7 @@ def test_a_key_needs_min_messages_whatever_its_share() -> None:
 
 
 def test_recent_means_decayed_publishes() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=10.0)
     # 29 publishes long ago, then one now: its recent count is about 1, not 30.
     for _ in range(29):
@@ -87,7 +75,7 @@ def test_recent_means_decayed_publishes() -> None:
 
 
 def test_a_newly_tracked_key_does_not_enter_on_the_summary_error() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER, capacity=40)
     # 40 counters full of keys with 50 publishes each: a newcomer inherits a count of
     # 50 from the evicted counter, but its guaranteed count is its own publishes only.
@@ -117,7 +105,7 @@ def publish_until_share(d: NoisyKeyDetector, key: str, share: float) -> None:
 def test_between_exit_and_enter_share_the_key_stays_isolated(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER, hold=10.0)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         isolate_x(d)
@@ -134,7 +122,7 @@ def test_between_exit_and_enter_share_the_key_stays_isolated(
 
 
 def test_release_after_hold_below_exit_share(caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER, hold=10.0)
     isolate_x(d)
     publish_until_share(d, "x", 0.05)  # now under exit_share: the hold starts here
@@ -153,7 +141,7 @@ def test_release_after_hold_below_exit_share(caplog: pytest.LogCaptureFixture) -
 
 
 def test_going_back_above_exit_share_restarts_the_hold() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER, hold=10.0)
     isolate_x(d)
     publish_until_share(d, "x", 0.05)
@@ -168,7 +156,7 @@ def test_going_back_above_exit_share_restarts_the_hold() -> None:
 
 
 def test_a_flood_that_stops_is_released_while_others_publish() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock)  # the defaults: half-life 10 s, hold 10 s
     flagged_at = released_at = None
     for step in range(20_000):  # 10 ms steps: 200 s
@@ -188,7 +176,7 @@ def test_a_flood_that_stops_is_released_while_others_publish() -> None:
 
 
 def test_an_isolated_key_is_released_when_the_whole_system_goes_quiet() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=10.0, hold=10.0)
     isolate_x(d)
     clock.advance(600.0)  # nothing published: every count decays below min_messages
@@ -200,7 +188,7 @@ def test_an_isolated_key_is_released_when_the_whole_system_goes_quiet() -> None:
 
 
 def test_hold_zero_releases_at_once_and_equal_shares_are_allowed() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER, hold=0.0, exit_share=0.10)
     isolate_x(d)
     publish_until_share(d, "x", 0.10)
@@ -211,7 +199,7 @@ def test_hold_zero_releases_at_once_and_equal_shares_are_allowed() -> None:
 
 
 def test_memory_is_bounded_by_the_counters_with_100k_distinct_keys() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=30.0)
 
     def run(distinct: int, start: int) -> int:
@@ -239,7 +227,7 @@ def test_memory_is_bounded_by_the_counters_with_100k_distinct_keys() -> None:
 
 
 def test_weights_are_rescaled_long_after_the_landmark() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=1.0)
     for step in range(10_000):  # 5,000 half-lives: 2 ** 5000 would overflow a float
         clock.advance(0.5)
@@ -254,7 +242,7 @@ def test_weights_are_rescaled_long_after_the_landmark() -> None:
 
 
 def test_several_threads_publish_concurrently() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     d = detector(clock, half_life=FOREVER)
     per_thread, threads = 20_000, 4
     results: list[int] = []
@@ -344,7 +332,7 @@ def flood_router(clock: FakeClock, **kwargs: Any) -> ConsistentHashRouter:
 
 
 def test_router_sends_a_noisy_key_to_the_isolation_queue_and_leaves_others() -> None:
-    router = flood_router(FakeClock())
+    router = flood_router(FakeClock(1000.0))
     ring = HashRing(QUEUES)
     tenants = [f"tenant-{i}" for i in range(30)]
     for tenant in tenants:
@@ -365,7 +353,7 @@ def test_router_sends_a_noisy_key_to_the_isolation_queue_and_leaves_others() -> 
 
 
 def test_router_isolates_directly_in_exchange_mode() -> None:
-    router = flood_router(FakeClock(), exchange="fair.hash")
+    router = flood_router(FakeClock(1000.0), exchange="fair.hash")
     for i in range(30):
         assert route(router, f"tenant-{i}")["exchange"] == "fair.hash"
     last = [route(router, "flood") for _ in range(40)][-1]
@@ -374,7 +362,7 @@ def test_router_isolates_directly_in_exchange_mode() -> None:
 
 
 def test_router_does_not_observe_missing_keys() -> None:
-    router = flood_router(FakeClock(), on_missing="spread")
+    router = flood_router(FakeClock(1000.0), on_missing="spread")
     for _ in range(50):
         assert route(router, None)["queue"] in QUEUES
     record = router.statistics().isolation
@@ -382,7 +370,7 @@ def test_router_does_not_observe_missing_keys() -> None:
 
 
 def test_router_isolation_stamps_a_copy_of_the_callers_headers() -> None:
-    router = flood_router(FakeClock())
+    router = flood_router(FakeClock(1000.0))
     caller = {"trace": "t1"}
     for _ in range(40):
         options: dict[str, Any] = {"headers": caller}
@@ -422,7 +410,7 @@ def test_router_validates_isolate(isolate: Any, fragment: str) -> None:
 
 
 def test_celery_publishes_an_isolated_key_to_the_isolation_queue() -> None:
-    router = flood_router(FakeClock())
+    router = flood_router(FakeClock(1000.0))
     app = Celery("isolation_unit", broker="memory://", set_as_current=False)
     app.conf.task_routes = (router,)
 

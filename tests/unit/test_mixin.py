@@ -19,6 +19,7 @@ import celery_fair.kombu
 from celery_fair.kombu import FairConsumerMixin
 from celery_fair.kombu.mixin import split_window
 from tests.harness.brokers import publish_plain
+from tests.harness.clock import FakeClock
 
 URL = "memory://"
 DEADLINE = 60.0
@@ -155,16 +156,6 @@ def test_no_queue_buffers_more_than_its_window(names: list[str]) -> None:
 
 
 # -- cost modes ---------------------------------------------------------------
-
-
-class FakeClock:
-    """A clock the handler advances: run time without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_runtime_cost_shares_handler_time_not_message_counts(names: list[str]) -> None:

@@ -21,6 +21,7 @@ from celery_fair.worker.observers import (
 )
 from celery_fair.worker.service import FairService
 from celery_fair.worker.settings import FairSettings
+from tests.harness.clock import FakeClock
 
 
 class FakeQueue:
@@ -41,14 +42,6 @@ class FakeRequest:
 
     def on_failure(self, exc_info: Any, *args: Any, **kwargs: Any) -> None:
         self.completed.append("failure")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingMeter:
@@ -77,9 +70,11 @@ class Recorder(TaskObserver):
         self.log.append((self.name, "after", runtime))
 
 
-def make_service(clock: Clock | None = None, **settings: Any) -> FairService:
+def make_service(clock: FakeClock | None = None, **settings: Any) -> FairService:
     svc = FairService(
-        FairSettings(weights={"a": 1, "b": 2}, **settings), concurrency=1, clock=clock or Clock()
+        FairSettings(weights={"a": 1, "b": 2}, **settings),
+        concurrency=1,
+        clock=clock or FakeClock(100.0),
     )
     svc._map_queues([FakeQueue("a"), FakeQueue("b")])
     return svc
@@ -109,7 +104,7 @@ def test_features_build_their_observers_in_hook_order() -> None:
 
 
 def test_the_meter_sees_the_hand_over_and_with_runtime_cost_the_charge() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     svc = make_service(clock, cost="runtime")
     meter = svc.tracker.meter = CountingMeter()
     dispatch = svc.tracker.wrap_dispatch(lambda request: None)
@@ -121,7 +116,7 @@ def test_the_meter_sees_the_hand_over_and_with_runtime_cost_the_charge() -> None
 
 
 def test_hooks_run_in_chain_order_and_the_finish_reaches_them_once(monkeypatch: Any) -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     svc = make_service(clock)
     log: list[tuple[str, str, Any]] = []
     chain = [
@@ -165,7 +160,7 @@ def test_a_request_of_no_consumed_queue_goes_to_the_pool_unobserved(monkeypatch:
 
 
 def test_runtime_cost_charges_the_queue_and_telemetry_stamps_the_headers() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     svc = make_service(clock, cost="runtime")
     svc.tracker.writer = object()
     svc.tracker.wall = lambda: 1234.5

@@ -16,16 +16,9 @@ from kombu import Consumer, Queue
 
 from celery_fair.worker.service import FairService
 from celery_fair.worker.settings import FairSettings
+from tests.harness.clock import FakeClock
 
 ROUND_TRIP = 0.005  # what a synchronous basic.qos costs on the fake channel
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeMessage:
@@ -41,7 +34,7 @@ class FakeMessage:
 class FakeChannel:
     """Records the AMQP methods sent; delivers on request."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.sent: list[tuple[Any, ...]] = []
         self.callbacks: dict[str, Any] = {}
@@ -82,7 +75,7 @@ class FakeChannel:
 
 class World:
     def __init__(self, weights: dict[str, float], **settings: Any) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(100.0)
         self.channel = FakeChannel(self.clock)
         self.received: list[Any] = []
         self.task_consumer = Consumer(

@@ -10,6 +10,7 @@ import pytest
 from celery_fair.telemetry.schema import FIELDS, TaskRecord, as_row
 from celery_fair.wire import DISPATCHED_STAMP, QUEUE_STAMP, RECEIVED_STAMP, WEIGHT_STAMP
 from celery_fair.worker.recorder import PoolRecorder, outcome_of
+from tests.harness.clock import FakeClock
 
 
 class FakeWriter:
@@ -48,16 +49,8 @@ class FakeTask:
         self.request = request
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _recorder(*, runtime_cost: bool = False) -> tuple[PoolRecorder, Clock, Clock]:
-    wall, perf = Clock(1000.0), Clock(5.0)
+def _recorder(*, runtime_cost: bool = False) -> tuple[PoolRecorder, FakeClock, FakeClock]:
+    wall, perf = FakeClock(1000.0), FakeClock(5.0)
     writers: list[FakeWriter] = []
 
     def make(pid: int) -> FakeWriter:

@@ -23,6 +23,7 @@ from celery_fair.routing import ConsistentHashRouter, HashRing
 from celery_fair.routing.isolation import IsolationPolicy, NoisyKeyDetector
 from celery_fair.routing.ring import ideal_moved_fraction
 from celery_fair.routing.table import TABLE_MEMO_SIZE, probe_table
+from tests.harness.clock import FakeClock
 
 ALGORITHMS = ("rendezvous", "table")
 #: 24 queues weighted 1..4, total 60: inside the table band [48, 192) after any one change.
@@ -137,14 +138,6 @@ def test_a_queue_change_moves_only_its_keys_within_5_percent_of_the_ideal(
 # -- isolation -----------------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_isolation_works_with_either_mapping(algorithm: str) -> None:
     policy = IsolationPolicy("iso", half_life=1e9)
@@ -152,7 +145,7 @@ def test_isolation_works_with_either_mapping(algorithm: str) -> None:
         SHARDS,
         key="tenant_id",
         algorithm=algorithm,
-        isolate=NoisyKeyDetector(policy, clock=FakeClock()),
+        isolate=NoisyKeyDetector(policy, clock=FakeClock(1000.0)),
     )
     ring = HashRing(SHARDS, algorithm=algorithm)
     quiet = [f"tenant-{i}" for i in range(40)]

@@ -15,6 +15,7 @@ from celery_fair.worker.dispatch import FairGate, install_on_semaphore
 from celery_fair.worker.service import FairService
 from celery_fair.worker.settings import FairSettings
 from celery_fair.worker.watchdog import PoolWatchdog
+from tests.harness.clock import FakeClock
 
 # -- the watch ------------------------------------------------------------------
 
@@ -83,14 +84,6 @@ class Pool:
         self.num_processes = processes
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def tracked() -> Iterator[list[Request]]:
     """Requests put in Celery's worker state, taken out again after the test."""
@@ -100,15 +93,15 @@ def tracked() -> Iterator[list[Request]]:
         state.task_ready(request)
 
 
-def _service(clock: Clock) -> FairService:
+def _service(clock: FakeClock) -> FairService:
     service = FairService(FairSettings(weights={"a": 1}, stall_after=10.0), clock=clock)
     service._map_queues([Queue("a")])
     return service
 
 
-def _prefork(slots: int) -> tuple[Clock, FairService, LaxBoundedSemaphore]:
+def _prefork(slots: int) -> tuple[FakeClock, FairService, LaxBoundedSemaphore]:
     """A prefork worker's wait: Celery's semaphore with celery-fair's buffer."""
-    clock = Clock()
+    clock = FakeClock()
     service = _service(clock)
     semaphore = LaxBoundedSemaphore(slots)
     install_on_semaphore(semaphore, service)
@@ -183,7 +176,7 @@ def test_a_busy_pool_is_no_stall(tracked: list[Request]) -> None:
 
 
 def test_a_gate_that_lost_a_slot_is_repaired(tracked: list[Request]) -> None:
-    clock = Clock()
+    clock = FakeClock()
     service = _service(clock)
     gate = service.gate = FairGate(service, 1)
     ran: list[str] = []
@@ -209,7 +202,7 @@ def test_a_lost_key_slot_release_is_recounted(
 ) -> None:
     from celery_fair.keys.limits import KeyLimits
 
-    clock = Clock()
+    clock = FakeClock()
     settings = FairSettings(
         weights={"jobs": 1}, keys={"jobs": "tenant_id"},
         key_limits=KeyLimits(concurrency={"*": 1}), stall_after=10.0,

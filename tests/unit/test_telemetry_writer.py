@@ -15,14 +15,7 @@ import pytest
 from celery_fair.telemetry import SCHEMA, TaskRecord, TelemetryWriter, records_to_table
 from celery_fair.telemetry.schema import FIELDS
 from celery_fair.telemetry.writer import write_parquet
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.harness.clock import FakeClock
 
 
 class FlakyDisk:
@@ -63,7 +56,7 @@ def test_schema_and_record_list_the_same_fields() -> None:
 
 
 def test_rotates_by_count_and_age_with_atomic_names(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     w = manual(tmp_path, rotate_records=3, rotate_seconds=10, clock=clock)
     for i in range(7):
         w.record(rec(i))
@@ -108,7 +101,7 @@ def test_broken_directory_warns_once_and_keeps_recording(
 ) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     w = manual(not_a_dir / "telemetry", rotate_records=2, max_buffer=4, clock=clock)
     with caplog.at_level(logging.WARNING):
         for i in range(10):
@@ -125,7 +118,7 @@ def test_broken_directory_warns_once_and_keeps_recording(
 
 def test_full_disk_keeps_newest_records_and_recovers(tmp_path: Path) -> None:
     disk = FlakyDisk()
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     w = manual(tmp_path, rotate_records=3, max_buffer=5, clock=clock, write_table=disk)
     for i in range(4):
         w.record(rec(i))
