@@ -41,11 +41,10 @@ from .. import compat
 from ..grammar import as_positive, as_positive_int
 from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelStatistics
 from ..scheduling.cost import COST_MODES, CostMode, CostModel
-from ..scheduling.dispatch import DispatchRound
+from ..scheduling.dispatch import DispatchRound, SendBack, next_admitted
 from ..scheduling.drr import DRRStatistics
-from ..scheduling.shedding import SheddingPolicy, Verdict, check_codel, option_error
-from ..wire import REQUEUE_HEADER
-from .requeue import requeue_count, return_copy
+from ..scheduling.shedding import SheddingPolicy, check_codel, option_error
+from .requeue import requeue, requeue_count
 from .take import Take
 
 __all__ = (
@@ -338,6 +337,12 @@ class FairConsumerMixin(ConsumerMixin):
         self._idle_waits = 0
         # Guards the round against statistics() readers.
         self._lock = threading.Lock()
+        # The next message to handle, in DWRR order, that CoDel lets run.
+        self._admit = partial(
+            next_admitted, self._round, self._lock, [] if self._codel is None else [self._stale],
+            self._send_back, empty=None if self._codel is None else self._codel.empty,
+            hold=self._hold,
+        )  # fmt: skip
 
     # -- the user's hooks ---------------------------------------------------
 
@@ -548,7 +553,7 @@ class FairConsumerMixin(ConsumerMixin):
                 self._dry.add(name)  # after the deliveries, which clear it
 
     def _dispatch_one(self) -> None:
-        taken = self._next_admitted()
+        taken = self._admit()
         if taken is None:
             return
         name, (body, message, _received) = taken
@@ -606,58 +611,31 @@ class FairConsumerMixin(ConsumerMixin):
             _, (message, _count) = self._unacked.popitem()
             message.ack(multiple=True)
 
-    def _next_admitted(self) -> tuple[str, tuple[Any, Message, float]] | None:
-        """The next buffered message in DWRR order that CoDel lets run.
+    def _stale(self, name: str, item: tuple[Any, Message, float], backlog: int) -> SendBack | None:
+        """The admission loop's CoDel check (see :func:`next_admitted`)."""
+        assert self._codel is not None
+        _, message, received = item
+        return self._codel.check(
+            name, received, backlog, partial(requeue_count, message.headers), destination=name
+        )
 
-        A stale message sent back is refunded and the next one is
-        considered at once (RFC 8289 §5.5: drop, then dequeue the next).
-        """
-        codel = self._codel
-        while True:
-            with self._lock:
-                taken = self._round.take()
-                backlog = len(self._round)
-                if taken is not None:
-                    self._in_hand = taken[1][1]
-            if taken is None:
-                if codel is not None:
-                    codel.empty()  # RFC 8289: a dequeue that found nothing
-                return None
-            if codel is None:
-                return taken
-            name, (_, message, received) = taken
-            verdict = codel.verdict(
-                name, received, backlog, partial(requeue_count, message.headers)
-            )
-            if verdict in ("run", "keep") or not self._shed(name, message, verdict):
-                return taken
-            with self._lock:
-                self._round.refund(name)  # sent back, not served
-            self._in_hand = None
+    def _send_back(self, name: str, item: tuple[Any, Message, float], back: SendBack) -> bool:
+        """Send a stale message back: True if it left, False to handle it here."""
+        message = item[1]
+        if requeue(
+            message, back, log=logger,
+            failure="CoDel could not return a message of queue %r; handling it here", args=(name,),
+        ):  # fmt: skip
+            return True
+        if message.acknowledged:
+            return True  # acked anyway: the copy is out
+        assert self._codel is not None
+        self._codel.failed(name, back)
+        return False
 
-    def _shed(self, name: str, message: Message, verdict: Verdict) -> bool:
-        """Send a stale ``message`` back: True if it left, False to handle it here."""
-        try:
-            if verdict == "requeue":
-                # The copy first, then the ack: a crash between them
-                # duplicates the message, never loses it.
-                count = requeue_count(message.headers) + 1
-                return_copy(message, self._queues[name].name, {REQUEUE_HEADER: count}, front=True)
-                message.ack()
-            else:
-                message.reject(requeue=False)
-        except Exception:  # noqa: BLE001 - handling it beats losing it
-            logger.warning(
-                "CoDel could not return a message of queue %r; handling it here",
-                name,
-                exc_info=True,
-            )
-            if message.acknowledged:
-                return True  # acked anyway: the copy is out
-            assert self._codel is not None
-            self._codel.failed(name, verdict)
-            return False
-        return True
+    def _hold(self, item: tuple[Any, Message, float] | None) -> None:
+        # Taken and not yet handled or sent back: shutdown requeues it.
+        self._in_hand = None if item is None else item[1]
 
     def _handler_failed(self, name: str, message: Message, exc: Exception) -> None:
         self._failed[name] += 1

@@ -8,20 +8,26 @@ is acknowledged: a crash between the two leaves a duplicate, never a loss.
 
 On Redis the copy goes to the *front* of its list, where the next BRPOP of
 any consumer takes it (it keeps its place in line); on the other transports
-it is published again and joins the back of the queue.  Used by the worker's
-CoDel shedder and by :class:`~celery_fair.kombu.FairConsumerMixin`.
+it is published again and joins the back of the queue.
+
+:func:`requeue` is the one send-back path: the worker's CoDel shedder, its
+paused keys and its unknown tasks (:mod:`celery_fair.worker.quarantine`), and
+:class:`~celery_fair.kombu.FairConsumerMixin`'s CoDel all carry out a
+:class:`~celery_fair.scheduling.dispatch.SendBack` through it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import compat
 from ..keys.publish import level_of, message_key, message_user, names_for
 from ..keys.store import enqueue
+from ..scheduling.dispatch import SendBack
 from ..wire import PUBLISHED_HEADER, REQUEUE_HEADER
 
 __all__ = (
@@ -30,6 +36,7 @@ __all__ = (
     "push_front_redis",
     "push_redis",
     "put_payload",
+    "requeue",
     "requeue_count",
     "return_copy",
 )
@@ -143,3 +150,36 @@ def return_copy(
         content_encoding=message.content_encoding,
         **copy_properties(message),
     )
+
+
+def requeue(
+    message: Any,
+    back: SendBack,
+    *,
+    log: logging.Logger,
+    failure: str,
+    args: tuple[object, ...] = (),
+    ack: Callable[[], object] | None = None,
+    reject: Callable[..., object] | None = None,
+) -> bool:
+    """Carry out ``back`` on ``message``: True if it left, False if it is still here.
+
+    A copy goes to ``back.queue`` (:func:`return_copy`), then the original is
+    acknowledged with ``ack`` (default ``message.ack``; a Celery request's
+    ``acknowledge`` keeps the worker's own account); ``back.dead_letter``
+    rejects it without requeue instead (``reject``, default
+    ``message.reject``).  Copy first, ack second: a crash between the two
+    leaves a duplicate, never a loss.  Any failure is logged on ``log`` as
+    ``failure % args`` with the exception, and False returned: the caller
+    keeps the message, to run it or to try again, and counts the failure.
+    """
+    try:
+        if back.dead_letter:
+            (reject or message.reject)(requeue=False)
+        else:
+            return_copy(message, back.queue, back.headers, front=back.front)
+            (ack or message.ack)()
+    except Exception:  # noqa: BLE001 - the caller keeps it: a task kept is not lost
+        log.warning(failure, *args, exc_info=True)
+        return False
+    return True

@@ -13,8 +13,10 @@ that does I/O:
   ``FairSettings`` (``fair_codel_*``) and by ``FairConsumerMixin``
   (``codel_*``), which name the options their own way.
 
-The adapters carry out the verdict (publish a copy, reject, or run) and
-report a failure to do so with :meth:`SheddingPolicy.failed`.
+:meth:`SheddingPolicy.check` says a stale task goes back as the one
+:class:`~celery_fair.scheduling.dispatch.SendBack` verdict of the admission
+loop; the adapters carry it out (publish a copy, or reject) and report a
+failure to do so with :meth:`SheddingPolicy.failed`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ..grammar import as_positive
+from ..wire import REQUEUE_HEADER
 from .codel import CODEL_ACTIONS, CoDelAction, CoDelController, CoDelStatistics
+from .dispatch import SendBack
 
 __all__ = (
     "UNKNOWN_QUEUE",
@@ -149,9 +153,31 @@ class SheddingPolicy:
         counts[queue] = counts.get(queue, 0) + 1
         return self.options.action
 
-    def failed(self, queue: str, verdict: Verdict) -> None:
+    def check(
+        self,
+        queue: str,
+        received: float,
+        backlog: int,
+        requeues: Callable[[], int],
+        *,
+        destination: str | None,
+    ) -> SendBack | None:
+        """:meth:`verdict` as the admission loop's check: None runs the task.
+
+        A ``requeue`` goes to ``destination`` (None: the exchange and routing
+        key it came with) at the front, its :data:`REQUEUE_HEADER` one more
+        than ``requeues()``; a ``reject`` is dead-lettered.
+        """
+        verdict = self.verdict(queue, received, backlog, requeues)
+        if verdict in ("run", "keep"):
+            return None
+        if verdict == "reject":
+            return SendBack("codel-reject", destination, dead_letter=True)
+        return SendBack("codel-requeue", destination, {REQUEUE_HEADER: requeues() + 1})
+
+    def failed(self, queue: str, back: SendBack) -> None:
         """Sending a task back failed: it runs here instead (counted once, as an error)."""
-        counts = self.returned[verdict]
+        counts = self.returned["reject" if back.dead_letter else "requeue"]
         counts[queue] -= 1
         self.errors += 1
 

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .. import compat
+from ..scheduling.dispatch import Check, SendBack, next_admitted
 from ..scheduling.shedding import UNKNOWN_QUEUE
 from .roles import SchedulingService
 
 __all__ = (
     "BUSY_DRAIN",
     "FairGate",
+    "admission",
     "buffered_requests",
     "hold_during_drain",
     "install_on_semaphore",
@@ -64,48 +67,55 @@ def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None
     service.scheduler.wait(queue, entry, key, level, user)
 
 
-def _next_admitted(service: SchedulingService, request_of: Callable[[Any], Any]) -> Any:
-    """The next waiting entry in DWRR order that CoDel lets run, or None.
+def admission(
+    service: SchedulingService, request_of: Callable[[Any], Any]
+) -> Callable[[], tuple[str, Any] | None]:
+    """The admission loop on the worker's wait buffer: the next entry to run, or None.
 
-    Entries CoDel sends back to the broker are skipped; the next one is
-    considered at once (RFC 8289: drop and dequeue the next).  The CoDel
-    decision, which may publish, runs outside the lock.
+    The checks, in order: a paused key (its tasks go back, none starts), then
+    CoDel (a stale task goes back).  Entries sent back are skipped and the
+    next one is considered at once (:func:`~celery_fair.scheduling.dispatch.next_admitted`).
     """
-    dispatch, shedder = service.scheduler.dispatch, service.shedder
-    while True:
-        with service.lock:
-            taken = dispatch.take()
-            backlog = len(dispatch)
-        if taken is None:
-            if shedder is not None:
-                shedder.empty()
+    pauses, shedder = service.pauses, service.shedder
+
+    def paused(queue: str, entry: Any, backlog: int) -> SendBack | None:
+        if not pauses.any():
             return None
-        queue, entry = taken
-        request = request_of(entry)
-        if service.pauses.any():
-            key, level, _ = service.key_of(request, queue)
-            if service.pauses.holds(queue, key):
-                _send_back_paused(service, queue, key, level, entry, request_of)
-                continue
-        if shedder is None or shedder.admit(request, backlog):
-            return entry
-        with service.lock:
-            dispatch.refund(queue)  # sent back, not served: only what runs is charged
+        key, _, _ = service.key_of(request_of(entry), queue)
+        return pauses.check(queue, key)
+
+    def stale(queue: str, entry: Any, backlog: int) -> SendBack | None:
+        assert shedder is not None
+        return shedder.check(request_of(entry), backlog)
+
+    def send_back(queue: str, entry: Any, back: SendBack) -> bool:
+        if back.key is not None:
+            _send_back_key(service, queue, back, entry, request_of)
+            return True
+        assert shedder is not None
+        return shedder.send_back(request_of(entry), back)
+
+    checks: list[Check[Any]] = [paused] if shedder is None else [paused, stale]
+    return partial(
+        next_admitted, service.scheduler.dispatch, service.lock, checks, send_back,
+        empty=None if shedder is None else shedder.empty,
+    )  # fmt: skip
 
 
-def _send_back_paused(
-    service: SchedulingService, queue: str, key: str | None, level: int, entry: Any,
+def _send_back_key(
+    service: SchedulingService, queue: str, back: SendBack, entry: Any,
     request_of: Callable[[Any], Any],
 ) -> None:  # fmt: skip
     """``entry``'s key is paused: it and the key's other buffered tasks go back, in order."""
     from celery.worker.state import task_ready
 
+    key = back.key or ""
     dispatch = service.scheduler.dispatch
     with service.lock:
-        dispatch.refund(queue)
-        others = dispatch.take_key(queue, key or "")
-    kept = service.pauses.send_back(queue, [entry, *others], request_of, task_ready)
+        others = dispatch.take_key(queue, key)
+    kept = service.pauses.send_back([entry, *others], back, request_of, task_ready)
     if kept:
+        _, level, _ = service.key_of(request_of(entry), queue)
         with service.lock:
             for item in kept:
                 _, _, user = service.key_of(request_of(item), queue)
@@ -150,10 +160,13 @@ def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
         with lock:
             _wait(service, entry[1], entry)
 
+    admit = admission(service, _semaphore_request)
+
     def pop_waiter() -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
-        entry = _next_admitted(service, _semaphore_request)
-        if entry is None:
+        taken = admit()
+        if taken is None:
             raise IndexError("no task is waiting")
+        entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] = taken[1]
         return entry
 
     compat.install_waiters(semaphore, add_waiter, pop_waiter, _WaitingView(service))
@@ -174,6 +187,7 @@ class FairGate:
         self._held = False
         self._pumping = False
         self._lock = service.lock
+        self._admit = admission(service, _gate_request)
 
     def submit(self, run: Callable[[Any], Any], request: Any) -> None:
         """Run ``request`` now if a slot is free and nothing waits, else buffer it."""
@@ -219,12 +233,12 @@ class FairGate:
                     if self.free <= 0:
                         return
                     self.free -= 1
-                entry = _next_admitted(self.service, _gate_request)
-                if entry is None:
+                taken = self._admit()
+                if taken is None:
                     with self._lock:
                         self.free += 1
                     return
-                run, request = entry
+                run, request = taken[1]
                 run(request)
         finally:
             with self._lock:

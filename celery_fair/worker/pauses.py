@@ -7,7 +7,7 @@ is about to leave the buffer, this sends it and every other buffered task of
 its key back to the front of the key's list, newest first, so that the key's
 messages keep their order when it is resumed.  The returned copies are
 published before the originals are acknowledged: a crash in between leaves a
-duplicate, never a loss (as CoDel's returns, :mod:`celery_fair.worker.shedder`).
+duplicate, never a loss (:func:`celery_fair.kombu.requeue.requeue`, as CoDel's returns).
 
 The worker learns of pauses from the control command (at once) and by
 reading the paused sets every :data:`PAUSED_RECHECK` seconds (a worker that
@@ -21,7 +21,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..kombu.requeue import return_copy
+from ..kombu.requeue import requeue
+from ..scheduling.dispatch import SendBack
 
 __all__ = ("PAUSED_RECHECK", "PausedKeys")
 
@@ -60,11 +61,16 @@ class PausedKeys:
     def any(self) -> bool:
         return any(self._paused.values())
 
+    def check(self, queue: str, key: str | None) -> SendBack | None:
+        """The admission loop's pause check: a paused key's task goes back with its key's
+        other buffered tasks, to the front of the key's list."""
+        return SendBack("paused", queue, key=key) if self.holds(queue, key) else None
+
     def send_back(
-        self, queue: str, entries: list[Any], request_of: Callable[[Any], Any],
+        self, entries: list[Any], back: SendBack, request_of: Callable[[Any], Any],
         done: Callable[[Any], None],
     ) -> list[Any]:  # fmt: skip
-        """Return buffered ``entries`` (a paused key's, oldest first) to the front of its list.
+        """Return buffered ``entries`` (a paused key's, oldest first) as ``back`` says.
 
         Newest first, so that the oldest ends first in line.  ``done(request)``
         tells Celery's worker state a request is finished here.  Returns the
@@ -74,14 +80,11 @@ class PausedKeys:
         kept: list[Any] = []
         for entry in reversed(entries):
             request = request_of(entry)
-            try:
-                return_copy(request.message, queue, {}, front=True)
-                request.acknowledge()
-            except Exception:  # noqa: BLE001 - a task kept is not lost
-                logger.warning(
-                    "celery-fair: could not return %s of a paused key to the broker",
-                    getattr(request, "id", "?"), exc_info=True,
-                )  # fmt: skip
+            if not requeue(
+                request.message, back, log=logger,
+                failure="celery-fair: could not return %s of a paused key to the broker",
+                args=(getattr(request, "id", "?"),), ack=request.acknowledge,
+            ):  # fmt: skip
                 kept.insert(0, entry)
                 continue
             done(request)

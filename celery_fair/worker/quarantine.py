@@ -34,9 +34,10 @@ from typing import Any
 
 from .. import compat
 from ..kombu.cycle import channel_closed
-from ..kombu.requeue import return_copy
+from ..kombu.requeue import requeue
 from ..parked import PARKED_LOG
 from ..parking.store import Parking, parking_for
+from ..scheduling.dispatch import SendBack
 from ..wire import RETURNS_HEADER
 
 __all__ = ("Quarantine", "QuarantineStatistics", "returns_of")
@@ -175,15 +176,13 @@ class Quarantine:
             return  # the transport gave it back already (reconnection, shutdown)
         # Unknown queue (None): the copy goes to the exchange and routing key it came with.
         queue = self.queue_of(message)
-        try:
-            return_copy(message, queue, {RETURNS_HEADER: count + 1}, front=False)
-            message.ack()
-        except Exception:  # noqa: BLE001 - unacknowledged, the broker redelivers it
-            self._errors += 1
-            logger.warning(
-                "celery-fair: could not send back unknown task %r of queue %r", name, queue,
-                exc_info=True,
-            )  # fmt: skip
+        back = SendBack("unknown-task", queue, {RETURNS_HEADER: count + 1}, front=False)
+        if not requeue(
+            message, back, log=logger,
+            failure="celery-fair: could not send back unknown task %r of queue %r",
+            args=(name, queue),
+        ):  # fmt: skip
+            self._errors += 1  # unacknowledged, the broker redelivers it
             return
         self._returned += 1
         now = self.clock()

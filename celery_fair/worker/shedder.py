@@ -7,13 +7,14 @@ CoDel says drop (RFC 8289: the *minimum* sojourn stayed above ``target`` for
 an ``interval``), the task is returned to the broker, where an idle worker
 can take it, and the next waiting task is considered at once.
 
-``requeue`` puts a copy back with the ``fair_codel_requeues`` header
-incremented, then acknowledges the original (basic.reject with requeue cannot
-carry a count, and a count is what stops a task from bouncing between slow
-workers forever).  A crash between the two steps leaves a duplicate, never a
-loss.  On Redis the copy goes to the *front* of its queue (it keeps its place
-in line: the next fetch by any worker takes it); on RabbitMQ it is published
-to the same exchange and routing key and joins the back of the queue.
+A return (:func:`celery_fair.kombu.requeue.requeue`) puts a copy back with
+the ``fair_codel_requeues`` header incremented, then acknowledges the
+original (basic.reject with requeue cannot carry a count, and a count is
+what stops a task from bouncing between slow workers forever).  A crash
+between the two steps leaves a duplicate, never a loss.  On Redis the copy
+goes to the *front* of its queue (it keeps its place in line: the next fetch
+by any worker takes it); on RabbitMQ it is published to the same exchange
+and routing key and joins the back of the queue.
 After ``fair_codel_max_requeues`` returns a task runs here.  ``reject``
 rejects without requeue: RabbitMQ dead-letters it when the queue has a
 dead-letter exchange (checked at start: other brokers would drop it).
@@ -26,14 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
-from ..kombu.requeue import requeue_count, return_copy
+from ..kombu.requeue import requeue, requeue_count
+from ..scheduling.dispatch import SendBack
 from ..scheduling.shedding import (
     UNKNOWN_QUEUE,
     CoDelOptions,
     SheddingPolicy,
     SheddingStatistics,
 )
-from ..wire import REQUEUE_HEADER
 
 __all__ = ("RECEIVED_MONOTONIC", "Shedder", "ShedderStatistics")
 
@@ -69,36 +70,32 @@ class Shedder:
     def rejected_by_queue(self) -> dict[str, int]:
         return self.policy.returned["reject"]
 
-    def admit(self, request: Any, backlog: int) -> bool:
-        """True: dispatch ``request`` now.  False: it went back to the broker."""
+    def check(self, request: Any, backlog: int) -> SendBack | None:
+        """The admission loop's CoDel check: None runs ``request`` now."""
         received = getattr(request, RECEIVED_MONOTONIC, None)
         if received is None:
-            return True
+            return None
         known = self.queue_of(request) if self.queue_of is not None else None
-        queue = known or UNKNOWN_QUEUE
-        verdict = self.policy.verdict(queue, received, backlog, lambda: _requeues(request))
-        if verdict in ("run", "keep"):
-            return True
-        try:
-            if verdict == "requeue":
-                count = _requeues(request) + 1
-                # Without a known queue: to the exchange and routing key it came with.
-                return_copy(request.message, known, {REQUEUE_HEADER: count}, front=True)
-                request.acknowledge()
-            else:
-                request.reject(requeue=False)
-        except Exception:  # noqa: BLE001 - running the task beats losing it
-            self.policy.failed(queue, verdict)
-            logger.warning(
-                "celery-fair: could not return %s to the broker", request.id, exc_info=True
-            )
-            return True
+        # Without a known queue: to the exchange and routing key it came with.
+        return self.policy.check(
+            known or UNKNOWN_QUEUE, received, backlog, lambda: _requeues(request), destination=known
+        )
+
+    def send_back(self, request: Any, back: SendBack) -> bool:
+        """Carry out :meth:`check`'s verdict: True if ``request`` left, False to run it here."""
+        if not requeue(
+            request.message, back, log=logger,
+            failure="celery-fair: could not return %s to the broker", args=(request.id,),
+            ack=request.acknowledge, reject=request.reject,
+        ):  # fmt: skip
+            self.policy.failed(back.queue or UNKNOWN_QUEUE, back)
+            return False  # running the task beats losing it
         from celery.worker.state import task_ready
 
         task_ready(request)
         if self.on_returned is not None:
-            self.on_returned(request, f"codel-{verdict}")
-        return False
+            self.on_returned(request, back.reason)
+        return True
 
     def empty(self) -> None:
         """The wait buffer is empty (CoDel leaves its dropping state)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_fair.scheduling.cost import CostModel, quanta
-from celery_fair.scheduling.dispatch import DispatchRound
+from celery_fair.scheduling.dispatch import DispatchRound, SendBack
 from celery_fair.scheduling.shedding import CoDelOptions, SheddingPolicy, check_codel
 from tests.harness.clock import FakeClock
 
@@ -71,7 +71,7 @@ def test_shedding_policy_runs_fresh_tasks_and_caps_returns() -> None:
     stats = policy.statistics()
     assert stats.requeued == verdicts.count("requeue") == stats.requeued_by_queue["q"]
     assert stats.kept_at_cap == (capped == "keep")
-    policy.failed("q", "requeue")
+    policy.failed("q", SendBack("codel-requeue", "q"))
     assert policy.statistics().requeued == stats.requeued - 1
     assert policy.statistics().errors == 1
 
