@@ -499,6 +499,33 @@ def test_stale_messages_go_back_with_a_count_and_the_cap_holds(names: list[str])
     assert codel is not None and codel.drops == record.codel_requeued + record.codel_kept
 
 
+def test_a_message_codel_cannot_send_back_is_handled_here(
+    names: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The broker refuses every copy: each stale message is handled here, once,
+    # and every failure is logged and counted (nothing is lost).
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("broker away")
+
+    monkeypatch.setattr("celery_fair.kombu.requeue.return_copy", refuse)
+    n = 30
+    publish({names[0]: n})
+    recorder = Slow(FakeClock(), seconds=1.0, distinct=n)
+    consumer = make(
+        {names[0]: 1}, recorder, window=10, clock=recorder.clock,
+        codel_target=0.5, codel_interval=2.0,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="celery_fair.kombu.mixin"):
+        consumer.run()
+    assert sorted(b["i"] for _, b in recorder.calls) == list(range(n))
+    assert set(recorder.returns) == {0}
+    failures = caplog.text.count("CoDel could not return a message of queue")
+    assert failures > 0
+    assert consumer.statistics().queue(names[0]).codel_requeued == 0
+    assert consumer._codel is not None and consumer._codel.errors == failures
+    assert remaining(names[:1]) == {names[0]: 0}
+
+
 def test_the_first_drop_waits_for_a_whole_interval_above_target(names: list[str]) -> None:
     # RFC 8289: nothing leaves before the sojourn stayed above target for an
     # interval, however stale the messages look.
