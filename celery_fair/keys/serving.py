@@ -16,18 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..scheduling.estimate import Ewma
-from ..wire import SERVED_HEADER
+from ..wire.served import Served
 from .layout import UNKEYED
 from .limits import KeyLimits
 
-__all__ = (
-    "KeyStatistics",
-    "KeyedServing",
-    "served_header",
-    "served_level",
-    "served_telemetry",
-    "served_user",
-)
+__all__ = ("KeyStatistics", "KeyedServing")
 
 logger = logging.getLogger(__name__)
 
@@ -403,20 +396,16 @@ class KeyedServing:
             if len(counts) > COUNTED_KEYS:
                 _halve(counts)
 
-    def finished(self, queue: str, served: Any, runtime: float) -> None:
-        """A task fetched with header ``served`` (:data:`SERVED_HEADER`) ran ``runtime`` s."""
-        if not self.runtime or queue not in self.queues:
+    def finished(self, queue: str, served: Served, runtime: float) -> None:
+        """A task fetched as ``served`` (its served header) ran ``runtime`` s."""
+        charged = served.charge
+        if not self.runtime or queue not in self.queues or charged is None:
             return
-        try:
-            key, charged = str(served[0]), float(served[1])
-        except (TypeError, ValueError, IndexError, KeyError):
-            return
-        level = served_level(served)
-        user = served_user(served) or ""
+        delta = max(0.0, runtime) - charged
         with self._lock:
             if len(self._charges) >= MAX_PENDING_CHARGES:
                 del self._charges[0]
-            self._charges.append((queue, level, key, user, max(0.0, runtime) - charged))
+            self._charges.append((queue, served.level, served.key, served.user, delta))
 
     def take_charges(self) -> list[tuple[str, str, str, str, float]]:
         """The corrections not yet sent, ``(queue, level suffix, key, user, delta)``
@@ -443,48 +432,6 @@ class KeyedServing:
                 release_errors=self.release_errors,
                 unsent_releases=len(self._unsent),
             )
-
-
-def served_header(request_headers: Any) -> Any:
-    """The :data:`SERVED_HEADER` of a request's headers, or None."""
-    return request_headers.get(SERVED_HEADER) if isinstance(request_headers, dict) else None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def served_telemetry(
-    served: Any,
-) -> tuple[float | None, float | None, str | None, float | None]:
-    """A :data:`SERVED_HEADER` value's key weight, seconds held, user and seconds paused.
-
-    None where absent: workers before telemetry's schema 2 stamped ``[key,
-    charge]`` only, before schema 4 no user or pause; a one-level key has no user.
-    """
-    if not isinstance(served, (list, tuple)) or len(served) < 4:
-        return None, None, None, None
-    paused = _number(served[6]) if len(served) >= 7 else None
-    return _number(served[2]), _number(served[3]), served_user(served), paused
-
-
-def served_user(served: Any) -> str | None:
-    """A :data:`SERVED_HEADER` value's user within a two-level key (None: one level)."""
-    if isinstance(served, (list, tuple)) and len(served) >= 6:
-        user = served[5]
-        if isinstance(user, str) and user:
-            return user
-    return None
-
-
-def served_level(served: Any) -> str:
-    """A :data:`SERVED_HEADER` value's priority level suffix (``""``: the first level).
-
-    Workers before priority levels stamped four fields: their tasks came from the first.
-    """
-    if isinstance(served, (list, tuple)) and len(served) >= 5 and isinstance(served[4], str):
-        return served[4]
-    return ""
 
 
 def _halve(counts: dict[tuple[str, str], int]) -> None:

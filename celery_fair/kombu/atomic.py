@@ -59,6 +59,7 @@ from ..keys.serving import KeyedServing
 from ..keys.store import fetch_args, text
 from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
+from ..wire.served import Served
 from .wakeup import InvalidationListener
 
 __all__ = ("AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -403,7 +404,8 @@ class AtomicFetch:
                 weight, held, level = float(reply[4]), float(reply[5]), text(reply[6])
                 user, paused = text(reply[7]), float(reply[8])
                 charged = self._charged.get(queue, 1.0)
-                headers[SERVED_HEADER] = [fair_key, charged, weight, held, level, user, paused]
+                served = Served(fair_key, charged, weight, held, level, user, paused)
+                headers[SERVED_HEADER] = served.to_wire()
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:

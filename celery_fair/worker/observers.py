@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import compat
-from ..keys.serving import served_header
 from ..wire import DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
+from ..wire.served import Served
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
 
@@ -64,7 +64,7 @@ class DispatchedTask:
         self.queue = queue
         self.started = started
         self.tag: Any = None
-        self.served: str | None = None
+        self.served: Served | None = None
 
 
 class TaskObserver:
@@ -162,7 +162,7 @@ class RuntimeCharge(TaskObserver):
     def before(self, task: DispatchedTask) -> None:
         keyed = self.keyed
         if keyed is not None and task.queue in keyed.queues:
-            task.served = served_header(compat.request_headers(task.request))
+            task.served = Served.from_headers(compat.request_headers(task.request))
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
         with self.lock:

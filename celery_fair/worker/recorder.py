@@ -31,7 +31,6 @@ from typing import Any
 
 from celery import signals, states
 
-from ..keys.serving import served_telemetry
 from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -41,6 +40,7 @@ from ..wire import (
     SERVED_HEADER,
     WEIGHT_STAMP,
 )
+from ..wire.served import NOT_SERVED, Served
 
 __all__ = (
     "MainWriter",
@@ -168,9 +168,7 @@ class PoolRecorder:
         finished_perf = self.perf()
         started_perf = getattr(request, _STARTED_PERF, None)
         runtime = None if started_perf is None else finished_perf - started_perf
-        key_weight, key_held, key_user, key_paused = served_telemetry(
-            getattr(request, SERVED_HEADER, None)
-        )
+        served = Served.from_wire(getattr(request, SERVED_HEADER, None)) or NOT_SERVED
         # A row in the schema's FIELDS order (TaskRecord's field order; a
         # unit test holds the two together).
         writer.record_row(
@@ -189,14 +187,14 @@ class PoolRecorder:
                 runtime,  # runtime
                 runtime if self.runtime_cost else 1.0,  # cost
                 as_float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
-                key_weight,  # key_weight
-                key_held,  # key_held
+                served.weight,  # key_weight
+                served.held,  # key_held
                 self.hostname,  # hostname
                 self.pid,  # pid
                 "worker",  # source
                 as_int((getattr(request, "delivery_info", None) or {}).get("priority")),
-                key_user,  # key_user
-                key_paused,  # key_paused
+                served.user or None,  # key_user (None: a one-level key)
+                served.paused,  # key_paused
             )
         )
 

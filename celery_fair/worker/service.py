@@ -16,13 +16,14 @@ from typing import Any
 from .. import compat
 from ..keys import store
 from ..keys.layout import level_rank
-from ..keys.serving import KeyedServing, KeyStatistics, served_header, served_level, served_user
+from ..keys.serving import KeyedServing, KeyStatistics
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import DWRRCycle, install_on_channel
 from ..kombu.full import FullBroker, FullBrokerStatistics
 from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
+from ..wire.served import NOT_SERVED, Served
 from .attachment import Attachment
 from .dispatch import FairGate
 from .keyed_admin import KeyedAdmin
@@ -307,10 +308,8 @@ class FairService:
         keyed = self.attachment.keyed
         if keyed is None or queue not in keyed.queues or request is None:
             return None, 0, None
-        served = served_header(compat.request_headers(request))
-        if not isinstance(served, list) or not served:
-            return "", 0, None
-        return str(served[0]), level_rank(served_level(served)), served_user(served)
+        served = Served.from_headers(compat.request_headers(request)) or NOT_SERVED
+        return served.key, level_rank(served.level), served.user or None
 
     # -- worker side ----------------------------------------------------------
 

@@ -19,7 +19,6 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
-from ..keys.serving import served_telemetry
 from ..wire import (
     DISPATCHED_STAMP,
     KEY_HEADER,
@@ -28,6 +27,7 @@ from ..wire import (
     RECEIVED_STAMP,
     SERVED_HEADER,
 )
+from ..wire.served import NOT_SERVED, Served
 from .observers import DispatchedTask, Meter, TaskObserver, observers_for
 from .recorder import as_float, as_int, as_text
 from .roles import SchedulingService
@@ -249,7 +249,7 @@ class TaskTracker:
         **times: Any,
     ) -> None:
         """One record; ``get(header)`` reads the task's headers and stamps."""
-        key_weight, key_held, key_user, key_paused = served_telemetry(get(SERVED_HEADER))
+        served = Served.from_wire(get(SERVED_HEADER)) or NOT_SERVED
         self.writer.record(
             _task_record()(
                 task_id=str(task_id),
@@ -263,13 +263,13 @@ class TaskTracker:
                 published=as_float(get(PUBLISHED_HEADER)),
                 dispatched=as_float(get(DISPATCHED_STAMP)),
                 target_weight=None if queue is None else self.service.scheduler.weight(queue),
-                key_weight=key_weight,
-                key_held=key_held,
+                key_weight=served.weight,
+                key_held=served.held,
                 hostname=self.hostname,
                 pid=self.pid,
                 priority=as_int((info or {}).get("priority")),
-                key_user=key_user,
-                key_paused=key_paused,
+                key_user=served.user or None,
+                key_paused=served.paused,
                 **times,
             )
         )

@@ -12,6 +12,7 @@ from celery_fair.keys.publish import _arguments, parse_fair_keys
 from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
 from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
+from celery_fair.wire.served import Served
 from celery_fair.worker.settings import FairSettings
 
 
@@ -191,12 +192,12 @@ def test_the_buffer_removes_a_keyed_task() -> None:
 def test_runtime_corrections_wait_for_the_next_fetch() -> None:
     serving = KeyedServing(["jobs"], runtime=True, estimate=lambda q: 0.005)
     assert serving.charge_at_fetch("jobs") == 0.005
-    serving.finished("jobs", ["gold", 0.005], 0.020)
-    serving.finished("jobs", ["gold", 0.005], 0.001)
-    serving.finished("other", ["x", 1.0], 3.0)  # not a keyed queue: ignored
-    serving.finished("jobs", "garbage", 1.0)  # a malformed header: ignored
-    serving.finished("jobs", ["gold", 0.005, 1.0, 0.0, "\x06\x169"], 0.005)  # a later level
-    serving.finished("jobs", ["t", 0.005, 1.0, 0.0, "", "alice", 0.0], 0.010)  # a user of t
+    serving.finished("jobs", Served("gold", 0.005), 0.020)
+    serving.finished("jobs", Served("gold", 0.005), 0.001)
+    serving.finished("other", Served("x", 1.0), 3.0)  # not a keyed queue: ignored
+    serving.finished("jobs", Served("x", None), 1.0)  # no readable charge: ignored
+    serving.finished("jobs", Served("gold", 0.005, level="\x06\x169"), 0.005)  # a later level
+    serving.finished("jobs", Served("t", 0.005, user="alice"), 0.010)  # a user of t
     charges = serving.take_charges()
     assert charges == [
         ("jobs", "", "gold", "", pytest.approx(0.015)),
@@ -210,7 +211,7 @@ def test_runtime_corrections_wait_for_the_next_fetch() -> None:
 def test_count_mode_charges_one_and_corrects_nothing() -> None:
     serving = KeyedServing(["jobs"], runtime=False)
     assert serving.charge_at_fetch("jobs") == 1.0
-    serving.finished("jobs", ["a", 1.0], 5.0)
+    serving.finished("jobs", Served("a", 1.0), 5.0)
     assert serving.take_charges() == []
 
 

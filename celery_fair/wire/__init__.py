@@ -2,7 +2,8 @@
 
 Producers, workers, the parking place and telemetry read and write these;
 they are part of the wire format between processes (and releases), so they
-never change their spelling.
+never change their spelling.  The served record is read and written by
+:mod:`.served`.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ ADMIT_HEADER = "fair_admit"
 #: two-level key (``""`` for a one-level key) and the seconds the key had been
 #: paused since its previous task was served (both absent before two-level keys).
 #: Telemetry records weight, held, user and paused as ``key_weight``,
-#: ``key_held``, ``key_user`` and ``key_paused``.
+#: ``key_held``, ``key_user`` and ``key_paused``.  Written and read only as
+#: :class:`celery_fair.wire.served.Served`.
 SERVED_HEADER = "fair_served"
 #: Request stamps of the main process, for telemetry: wall times of receipt and
 #: dispatch to the pool, the queue, the queue's weight in force.
