@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..wire.replies import text
 from . import scripts
 from .layout import BACKLOG, CONFIGURED_MARK, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
 
@@ -420,11 +421,6 @@ def update_hash(client: Any, name: str, fields: Mapping[str, str | None]) -> Non
 
 def _is_pipeline(client: Any) -> bool:
     return hasattr(client, "execute") and hasattr(client, "command_stack")
-
-
-def text(value: Any) -> str:
-    """A Redis reply as text."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def pause(client: Any, sep: str, pairs: Sequence[tuple[str, str]], paused: bool = True) -> int:

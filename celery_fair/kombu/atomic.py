@@ -59,7 +59,7 @@ from ..keys.serving import KeyedServing
 from ..keys.store import fetch_args, text
 from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
-from ..wire.served import Served
+from ..wire.replies import Idle, KeyedMessage, Malformed, Popped, decode_fetch
 from .wakeup import InvalidationListener
 
 __all__ = ("AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
@@ -284,13 +284,14 @@ class AtomicFetch:
                 # Woken by the listener, or the wait timed out: look again.
                 self.mode = _FETCH
                 raise Empty()
-            if not reply or isinstance(reply, int):
+            fetched = decode_fetch(reply)
+            if isinstance(fetched, Idle):
                 # Nothing to fetch; with per-key limits, the reply says when a
                 # key held back may go on (nothing writes then to wake us).
                 self.mode = _WAIT
-                self._due = reply / 1000.0 if isinstance(reply, int) and reply > 0 else None
+                self._due = fetched.due
                 raise Empty()
-            return self._deliver(reply)
+            return self._deliver(fetched)
         finally:
             compat.end_poll(channel)
 
@@ -379,33 +380,26 @@ class AtomicFetch:
             flat.extend((self._prefix + queue, level, key, user, repr(delta)))
         return flat
 
-    def _deliver(self, reply: Any) -> bool:
+    def _deliver(self, fetched: Popped) -> bool:
         channel = self.channel
         self.fetches += 1
-        key = text(reply[0])
-        queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
-        if len(reply) == 3:
+        queue = fetched.key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+        if isinstance(fetched, Malformed):
             # Fetched, then parked by the script: counted as a fetch (as Kombu's
             # BRPOP path rotates before it decodes), so that its release below
             # frees its own credit, not another message's.
             compat.queue_cycle(channel).rotate(queue)
-            self._report_malformed(queue, reply[1])
+            self._report_malformed(queue, fetched.item)
             raise Empty()
         if self.on_fetch is not None:
             self.on_fetch(monotonic() - self._sent_at)
-        payload = loads(text(reply[1]))
-        if len(reply) == 9 and self.keyed is not None:
-            fair_key = text(reply[3])
-            self.keyed.served(queue, fair_key)
+        payload = loads(text(fetched.item))
+        if isinstance(fetched, KeyedMessage) and self.keyed is not None:
+            self.keyed.served(queue, fetched.fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                # The script returns a keyed reply whole: key, weight, seconds
-                # held, level, user ('' for a one-level key), seconds paused.
-                weight, held, level = float(reply[4]), float(reply[5]), text(reply[6])
-                user, paused = text(reply[7]), float(reply[8])
                 charged = self._charged.get(queue, 1.0)
-                served = Served(fair_key, charged, weight, held, level, user, paused)
-                headers[SERVED_HEADER] = served.to_wire()
+                headers[SERVED_HEADER] = fetched.served(charged).to_wire()
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
         try:

@@ -2,8 +2,8 @@
 
 Producers, workers, the parking place and telemetry read and write these;
 they are part of the wire format between processes (and releases), so they
-never change their spelling.  The served record is read and written by
-:mod:`.served`.
+never change their spelling.  The records some of them carry, and the fetch
+script's replies, are read and written by :mod:`.served` and :mod:`.replies`.
 """
 
 from __future__ import annotations

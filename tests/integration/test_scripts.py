@@ -20,6 +20,7 @@ from celery_fair.keys import scripts, store
 from celery_fair.keys.layout import BUCKET, KeyedNames
 from celery_fair.keys.store import enqueue_args, release_args
 from celery_fair.parked import NOT_A_MESSAGE, decode_record
+from celery_fair.wire.replies import KeyedMessage, Malformed, decode_fetch
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -83,6 +84,13 @@ def fetch(
     )  # fmt: skip
 
 
+def fetched(client: Any, word: str = "1", **options: Any) -> KeyedMessage:
+    """One run of the fetch script that must serve a keyed message: its reply, decoded."""
+    reply = decode_fetch(fetch(client, word, **options))
+    assert isinstance(reply, KeyedMessage), reply
+    return reply
+
+
 def served(
     client: Any, n: int, word: str = "1", level_weights: dict[str, float] | None = None
 ) -> list[str]:
@@ -95,9 +103,8 @@ def served_levels(
     """The (key, level suffix) of the next ``n`` messages served."""
     out = []
     for _ in range(n):
-        reply = fetch(client, word, level_weights=level_weights)
-        assert reply and reply[2] == b"key", reply
-        out.append((reply[3].decode(), reply[6].decode()))
+        reply = fetched(client, word, level_weights=level_weights)
+        out.append((reply.fair_key, reply.level))
     return out
 
 
@@ -202,8 +209,8 @@ def test_a_release_carried_by_the_fetch_frees_the_slot_before_the_pop(
     first = next(iter(client.hkeys(NAMES.lease_keys))).decode()
     assert client.hget(NAMES.lease_keys, first) == b"a"
     assert isinstance(fetch(client, word), int)  # a is at its limit: nothing served
-    reply = fetch(client, word, releases=(Q, first, Q, "no-such-tag"))
-    assert reply and reply[3] == b"a"  # freed in the same call, then served
+    reply = fetched(client, word, releases=(Q, first, Q, "no-such-tag"))
+    assert reply.fair_key == "a"  # freed in the same call, then served
     assert client.hget(NAMES.running, "a") == b"1"
     assert first.encode() not in client.hkeys(NAMES.lease_keys)
 
@@ -251,7 +258,7 @@ def test_purge_deletes_every_keys_messages_the_keys_set_aside_included(
 def test_a_payload_that_is_not_a_message_is_parked_by_the_fetch(client: redis_lib.Redis) -> None:
     client.lpush("plain", "this is not json")
     reply = fetch(client, "-", "plain")
-    assert reply[0] == b"plain" and reply[1] == b"this is not json" and reply[2] == b"malformed"
+    assert decode_fetch(reply) == Malformed("plain", b"this is not json")
     parked = decode_record(client.lindex("plain.fair-malformed", 0), "plain")
     assert parked.reason == NOT_A_MESSAGE and parked.raw == "this is not json"
     assert client.hlen("unacked") == 0 and client.llen("plain") == 0
@@ -323,12 +330,12 @@ def test_a_restore_and_a_charge_go_back_to_the_level_the_task_came_from(
     for i in range(2):
         enqueue(client, "a", message("a", i), level=LEVELS[1])
         enqueue(client, "b", message("b", i), level=LEVELS[1])
-    reply = fetch(client)
-    key, level = reply[3].decode(), reply[6].decode()
+    reply = fetched(client)
+    key, level = reply.fair_key, reply.level
     assert level == LEVELS[1]
     other = "b" if key == "a" else "a"
     # Restored (a visibility timeout, a CoDel return): first in line in its own level.
-    enqueue(client, key, reply[1].decode(), front=True, level=level)
+    enqueue(client, key, reply.item.decode(), front=True, level=level)
     assert client.llen(NAMES.level(LEVELS[1]).key_list(key)) == 2
     assert client.exists(NAMES.key_list(key)) == 0
     # A run-time charge moves the key's tag in that level, not in the first.
@@ -393,7 +400,9 @@ def test_levels_follow_the_transports_steps_and_separator(client: redis_lib.Redi
             scripts.FETCH.text, 4, Q, Q + ".fair-malformed", "unacked", "unacked_index",
             *store.fetch_args(["1"], sep=sep, now=time.time(), suffixes=levels),
         )  # fmt: skip
-        order.append(reply[6].decode())
+        keyed = decode_fetch(reply)
+        assert isinstance(keyed, KeyedMessage), keyed
+        order.append(keyed.level)
     assert order == ["", f"{sep}4", f"{sep}4", f"{sep}9", f"{sep}9"]
     assert client.smembers(names.levels) == {f"{sep}4".encode(), f"{sep}9".encode()}
 

@@ -16,7 +16,7 @@ import redis as redis_lib
 from celery_fair.keys import scripts, store
 from celery_fair.keys.store import enqueue_args
 
-from .test_scripts import LEVELS, NAMES, SEP, Q, client, fetch, message
+from .test_scripts import LEVELS, NAMES, SEP, Q, client, fetch, fetched, message
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -31,9 +31,8 @@ def served(client: Any, n: int, word: str = "1") -> list[tuple[str, str]]:
     """The (key, user) of the next ``n`` messages served."""
     out = []
     for _ in range(n):
-        reply = fetch(client, word)
-        assert reply and reply[2] == b"key", reply
-        out.append((reply[3].decode(), reply[7].decode()))
+        reply = fetched(client, word)
+        out.append((reply.fair_key, reply.user))
     return out
 
 
@@ -123,9 +122,9 @@ def test_a_paused_key_is_not_served_until_resumed_and_keeps_its_place(
     while float(client.hget(NAMES.paused_since, "a") or 0) + 0.05 > time.time():
         assert time.monotonic() < deadline
     assert store.pause(client, SEP, [(Q, "a")], paused=False) == 1
-    reply = fetch(client)
-    assert reply[3] == b"a" and float(reply[8]) >= 0.05  # the paused seconds it reports
-    assert float(fetch(client)[8]) == 0.0  # reported once
+    reply = fetched(client)
+    assert reply.fair_key == "a" and reply.paused >= 0.05  # the paused seconds it reports
+    assert fetched(client).paused == 0.0  # reported once
     assert float(client.hget(NAMES.state, "paused_s")) >= 0.05
     assert client.scard(NAMES.paused) == 0
 

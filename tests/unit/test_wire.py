@@ -1,4 +1,4 @@
-"""The wire records: the served header (no broker)."""
+"""The wire records: the served header and the fetch script's replies (no broker)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from celery_fair.wire import SERVED_HEADER
+from celery_fair.wire.replies import Idle, KeyedMessage, Malformed, Message, decode_fetch, text
 from celery_fair.wire.served import NOT_SERVED, Served
 
 LEVEL = "\x06\x169"
@@ -69,3 +70,43 @@ def test_the_record_is_read_from_headers() -> None:
 def test_nothing_served_is_no_key_on_the_first_level() -> None:
     assert (NOT_SERVED.key, NOT_SERVED.level, NOT_SERVED.user) == ("", "", "")
     assert NOT_SERVED.charge is NOT_SERVED.weight is NOT_SERVED.held is NOT_SERVED.paused is None
+
+
+# -- the fetch script's replies ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "due"), [(None, None), ([], None), (0, None), (-1, None), (1501, 1.501)]
+)
+def test_an_empty_fetch_is_idle_with_the_wait_it_names(reply: Any, due: float | None) -> None:
+    assert decode_fetch(reply) == Idle(due)
+
+
+def test_a_plain_message_and_a_parked_payload() -> None:
+    assert decode_fetch([b"jobs", b"{}"]) == Message("jobs", b"{}")
+    assert decode_fetch([b"jobs", b"not json", b"malformed"]) == Malformed("jobs", b"not json")
+
+
+def test_a_keyed_message_names_every_field() -> None:
+    # Numbers come as text, or as integers where Lua held a number.
+    reply = [b"jobs", b"{}", b"key", b"gold", b"2.5", 0, LEVEL.encode(), b"alice", b"0.25"]
+    fetched = decode_fetch(reply)
+    assert fetched == KeyedMessage(
+        key="jobs",
+        item=b"{}",
+        fair_key="gold",
+        weight=2.5,
+        held=0.0,
+        level=LEVEL,
+        user="alice",
+        paused=0.25,
+    )
+    assert isinstance(fetched, KeyedMessage)
+    served = fetched.served(0.005)
+    assert served.to_wire() == ["gold", 0.005, 2.5, 0.0, LEVEL, "alice", 0.25]
+    # What a newer worker stamps reads back as the record it came from.
+    assert Served.from_wire(json.loads(json.dumps(served.to_wire()))) == served
+
+
+def test_replies_are_read_as_text() -> None:
+    assert (text(b"a"), text("a"), text(3)) == ("a", "a", "3")
