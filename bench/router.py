@@ -1,7 +1,7 @@
 """Benchmark of consistent-hash routing: cost per decision, quality of the mapping, alternatives.
 
 Run with ``python -m bench.router``. Writes ``bench/results/router.json`` and
-``bench/results/router.md``. Three measurements in one run, and a fourth on request:
+``bench/results/router.md``. Two measurements in one run, a third and a fourth on request:
 
 1. Routing decisions per second at 4, 16, 256 and 10,000 queues with keys that
    never repeat (every repetition draws fresh keys; the router runs with
@@ -17,17 +17,20 @@ Run with ``python -m bench.router``. Writes ``bench/results/router.json`` and
    For the table the exact shares and moved fractions are also computed from
    the table itself (``HashRing.mapped_shares``), free of sampling noise.
    Also what a switch from rendezvous to the table moves (the migration).
-3. Alternatives: a weighted Maglev table (Eisenbud et al., NSDI 2016) with
-   100 x n and 1,000 x n entries, its moved fractions computed exactly from the
-   table; a weighted jump consistent hash (Lamping & Veach, 2014) over virtual
-   buckets, its moved fractions and cost sampled.
+3. ``--alternatives`` adds the two mappings rejected for the table (docs/routing.md,
+   "Why not Maglev or jump hashing" cites their figures): a weighted Maglev table
+   (Eisenbud et al., NSDI 2016) with 100 x n and 1,000 x n entries, its moved
+   fractions computed exactly from the table; a weighted jump consistent hash
+   (Lamping & Veach, 2014) over virtual buckets, its moved fractions and cost
+   sampled. ``bench/results/router.md`` was made with them.
 4. ``--apply-async`` runs this alone, into ``bench/results/router.apply_async.*``
    (it starts a Redis): ``apply_async`` to a real Redis with plain Celery
    routing against the same call through ``ConsistentHashRouter``, variants
    alternated within each repetition; the median and the spread of the
    per-repetition ratios.
 
-The default run (1 to 3) takes about two minutes on two cores.
+The default run (1 and 2) takes under three minutes on two cores;
+``--alternatives`` adds about 12 s.
 """
 
 from __future__ import annotations
@@ -749,7 +752,16 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {e['queues']:,} | {e['algorithm']} | {c['change']} | {c['ideal']:.4%} "
                 f"| {sampled} | {c['ratio_exact']:.3f} | {only} |"
             )
-    lines += [
+    if "alternatives" in report:
+        lines += _maglev_markdown(report)
+    lines += _migration_markdown(report)
+    if "jump" in report:
+        lines += _jump_markdown(report)
+    return "\n".join(lines) + "\n"
+
+
+def _maglev_markdown(report: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "## Alternative measured: weighted Maglev",
         "",
@@ -765,7 +777,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"| {row['queues']} | {row['table_size']:,} | {row['build_seconds']:.2f} "
             f"| {row['worst_share_error']:.2%} | {ratios} |"
         )
-    lines += [
+    return lines
+
+
+def _migration_markdown(report: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         "## Migration: switching a ring from rendezvous to the table",
         "",
@@ -782,8 +798,12 @@ def to_markdown(report: dict[str, Any]) -> str:
                 f"| {e['queues']:,} | {switch['keys']:,} | {switch['moved_sampled']:.2%} "
                 f"| {switch['unrelated_mappings']:.2%} |"
             )
+    return lines
+
+
+def _jump_markdown(report: dict[str, Any]) -> list[str]:
     jump = report["jump"]
-    lines += [
+    lines = [
         "",
         "## Alternative measured: weighted jump consistent hash",
         "",
@@ -811,7 +831,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"| {n:,} | {j['median']:.2f} [{j['min']:.2f}, {j['max']:.2f}] "
             f"| {t['median']:.2f} [{t['min']:.2f}, {t['max']:.2f}] |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def apply_async_markdown(report: dict[str, Any]) -> str:
@@ -852,6 +872,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the real-Redis apply_async section (results in router.apply_async.*)",
     )
+    parser.add_argument(
+        "--alternatives",
+        action="store_true",
+        help="also measure the rejected weighted Maglev and jump hash mappings (docs/routing.md)",
+    )
     args = parser.parse_args(argv)
     command = " ".join(["python -m bench.router", *(sys.argv[1:] if argv is None else argv)])
     report: dict[str, Any] = {
@@ -869,9 +894,12 @@ def main(argv: list[str] | None = None) -> int:
         ("decisions", lambda: decisions_per_second(args.keys, args.repeats)),
         ("table_costs", lambda: table_costs(3)),
         ("quality", lambda: quality(args.seed)),
-        ("alternatives", alternatives),
-        ("jump", lambda: jump_alternative(args.seed, args.repeats)),
     ]
+    if args.alternatives:
+        steps += [
+            ("alternatives", alternatives),
+            ("jump", lambda: jump_alternative(args.seed, args.repeats)),
+        ]
     seconds: dict[str, float] = {}
     for name, step in steps:
         start = time.perf_counter()
