@@ -23,7 +23,7 @@ channel on the virtual transports, so fair's window is ``WINDOW`` times the
 queues on RabbitMQ and ``WINDOW`` elsewhere.
 
     python -m bench.mixin_idle [--duration 5] [--reps 3] [--shares-reps 9] [--no-rabbitmq]
-        [--only rabbitmq] [--pin-broker]
+        [--only rabbitmq] [--pin-broker] [--name NAME]
 
 ``--pin-broker`` runs the broker's threads on CPU 0 and this process on CPU 1,
 as if the broker had a machine of its own (results in ``mixin_idle_pinned``).
@@ -339,6 +339,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"--shares-reps {args['shares_reps']} --handled {args['handled']}"
         + (f" --only {args['only']}" if args.get("only") else "")
         + (" --pin-broker" if args.get("pin_broker") else "")
+        + (f" --name {args['name']}" if args.get("name") else "")
         + "`, "
         + (
             "the broker's threads on CPU 0 and the consumers on CPU 1, "
@@ -423,6 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--pin-broker", action="store_true", help="the broker on CPU 0, the consumers on CPU 1"
     )
+    parser.add_argument(
+        "--name",
+        help="result file name in bench/results (mixin_idle, with --pin-broker mixin_idle_pinned)",
+    )
     args = parser.parse_args(argv)
     kinds = ["memory", "redis"] + ([] if args.no_rabbitmq else ["rabbitmq"])
     if args.only:
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         "arguments": {
             "duration": args.duration, "reps": args.reps, "handled": args.handled,
             "shares_reps": args.shares_reps,
-            "pin_broker": args.pin_broker, "only": args.only,
+            "pin_broker": args.pin_broker, "only": args.only, "name": args.name,
         },
         "transports": {
             kind: measure(
@@ -441,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
             for kind in kinds
         },
     }  # fmt: skip
-    write("mixin_idle_pinned" if args.pin_broker else "mixin_idle", data, markdown(data))
+    name = args.name or ("mixin_idle_pinned" if args.pin_broker else "mixin_idle")
+    write(name, data, markdown(data))
 
 
 if __name__ == "__main__":
