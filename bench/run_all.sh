@@ -48,11 +48,10 @@ $PY -m bench.noisy_neighbour --broker redis --scenarios K --reps 3 --name noisy_
 $PY -m bench.noisy_neighbour --broker redis --scenarios K --reps 3 \
     --name noisy_neighbour_redis_keys_run2
 
-# Fairness keys and priorities (docs/fairness-keys.md, docs/priorities.md)
+# Fairness keys (docs/fairness-keys.md)
 $PY -m bench.keys_scale --keys 10,10000,1000000 --reps 3 --consume 20000
 $PY -m bench.key_limits --reps 3 --rate-seconds 30 --task-ms 0,10,50
 $PY -m bench.tenants --reps 3 --only shares,flood,cost,throughput
-$PY -m bench.priorities --reps 3
 
 # The slow consumer (docs/codel.md)
 $PY -m bench.codel_slow_consumer --broker redis --reps 2
