@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -39,11 +38,11 @@ from kombu.mixins import ConsumerMixin
 
 from .. import compat
 from ..grammar import as_positive, as_positive_int
-from ..scheduling.codel import CODEL_ACTIONS, CoDelAction, CoDelStatistics
+from ..scheduling.codel import CODEL_ACTIONS, CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode, CostModel
 from ..scheduling.dispatch import DispatchRound, SendBack, next_admitted
-from ..scheduling.drr import DRRStatistics
 from ..scheduling.shedding import SheddingPolicy, check_codel, option_error
+from .mixin_stats import FairConsumerStatistics, FairQueueStatistics
 from .requeue import requeue, requeue_count
 from .take import Take
 
@@ -68,76 +67,6 @@ ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
 
 #: Default total window per consumed queue (split between them by weight).
 WINDOW_PER_QUEUE = 25
-
-
-@dataclass(frozen=True)
-class FairQueueStatistics:
-    """One queue of a :class:`FairConsumerMixin`, as a plain record."""
-
-    name: str
-    weight: float
-    window: int
-    buffered: int
-    acked: int
-    failed: int
-    served_count: int
-    served_cost: float
-    deficit: float
-    active: bool
-    #: CoDel: stale messages sent back to the broker, rejected, and handled
-    #: here because they had been sent back ``codel_max_requeues`` times.
-    codel_requeued: int = 0
-    codel_rejected: int = 0
-    codel_kept: int = 0
-
-
-@dataclass(frozen=True)
-class FairConsumerStatistics:
-    """A snapshot of a :class:`FairConsumerMixin`."""
-
-    cost: str
-    queues: tuple[FairQueueStatistics, ...]
-    buffered: int
-    handled: int
-    idle_waits: int
-    drr: DRRStatistics
-    #: The CoDel controller's state and counters (None: CoDel is off).
-    codel: CoDelStatistics | None = None
-
-    def queue(self, name: str) -> FairQueueStatistics:
-        """The record of queue ``name``."""
-        for record in self.queues:
-            if record.name == name:
-                return record
-        raise KeyError(f"unknown queue {name!r}")
-
-    def as_dict(self) -> dict[str, object]:
-        """Return the record as JSON-friendly nested dicts."""
-        return {
-            "cost": self.cost,
-            "buffered": self.buffered,
-            "handled": self.handled,
-            "idle_waits": self.idle_waits,
-            "queues": {
-                q.name: {
-                    "weight": q.weight,
-                    "window": q.window,
-                    "buffered": q.buffered,
-                    "acked": q.acked,
-                    "failed": q.failed,
-                    "served_count": q.served_count,
-                    "served_cost": q.served_cost,
-                    "deficit": q.deficit,
-                    "active": q.active,
-                    "codel_requeued": q.codel_requeued,
-                    "codel_rejected": q.codel_rejected,
-                    "codel_kept": q.codel_kept,
-                }
-                for q in self.queues
-            },
-            "drr": self.drr.as_dict(),
-            "codel": None if self.codel is None else self.codel.as_dict(),
-        }
 
 
 def _option_error(option: str, value: object, expected: str) -> ValueError:
