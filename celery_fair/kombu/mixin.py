@@ -18,6 +18,13 @@ The main loop is event driven: with every buffer empty it blocks in
 ``Connection.drain_events`` until a delivery arrives; with work buffered it
 collects whatever else is already readable (``timeout=0``) and serves one
 message.  See :meth:`FairConsumerMixin.consume` for the one timeout it uses.
+
+Its parts, each in a module of its own: the options
+(:mod:`~celery_fair.kombu.mixin_options`), the window fill
+(:mod:`~celery_fair.kombu.fill`), acknowledgement batching
+(:mod:`~celery_fair.kombu.acks`), CoDel on the buffers
+(:mod:`~celery_fair.kombu.stale`) and the statistics records
+(:mod:`~celery_fair.kombu.mixin_stats`).
 """
 
 from __future__ import annotations
@@ -28,23 +35,22 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from kombu.connection import Connection
-from kombu.entity import Queue
 from kombu.message import Message
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.mixins import ConsumerMixin
 
-from .. import compat
-from ..grammar import as_positive, as_positive_int
 from ..scheduling.codel import CODEL_ACTIONS, CoDelAction
 from ..scheduling.cost import COST_MODES, CostMode, CostModel
-from ..scheduling.dispatch import DispatchRound, SendBack, next_admitted
-from ..scheduling.shedding import SheddingPolicy, check_codel, option_error
+from ..scheduling.dispatch import DispatchRound
+from ..scheduling.shedding import SheddingPolicy
+from .acks import AckBatches
+from .fill import Buffered, WindowFill, split_window
+from .mixin_options import ERROR_POLICIES, ErrorPolicy, Handler, QueueWeights, check_options
 from .mixin_stats import FairConsumerStatistics, FairQueueStatistics
-from .requeue import requeue, requeue_count
-from .take import Take
+from .stale import admission, hold_fetch_while_dropping
 
 __all__ = (
     "CODEL_ACTIONS",
@@ -54,69 +60,10 @@ __all__ = (
     "FairConsumerStatistics",
     "FairQueueStatistics",
     "Handler",
+    "split_window",
 )
 
 logger = logging.getLogger(__name__)
-
-#: ``handler(queue_name, body, message)``; the mixin acks when it returns.
-Handler = Callable[[str, Any, Message], None]
-ErrorPolicy = Literal["reject", "requeue", "raise"]
-#: Queues (names or :class:`kombu.Queue` objects) with their weights.
-QueueWeights = Mapping[str, float] | Mapping[Queue, float] | Iterable[tuple[str | Queue, float]]
-ERROR_POLICIES: tuple[str, ...] = ("reject", "requeue", "raise")
-
-#: Default total window per consumed queue (split between them by weight).
-WINDOW_PER_QUEUE = 25
-
-
-def _option_error(option: str, value: object, expected: str) -> ValueError:
-    return ValueError(f"FairConsumerMixin option {option_error(option, value, expected)}")
-
-
-def _positive_number(option: str, value: object) -> float:
-    number = as_positive(value)
-    if number is None:
-        raise _option_error(option, value, "must be a positive number")
-    return number
-
-
-def _positive_int(option: str, value: object) -> int:
-    number = as_positive_int(value)
-    if number is None:
-        raise _option_error(option, value, "must be an integer of at least 1")
-    return number
-
-
-def _check_queues(
-    queues: QueueWeights,
-) -> dict[str, tuple[Queue, float]]:
-    pairs = queues.items() if isinstance(queues, Mapping) else queues
-    checked: dict[str, tuple[Queue, float]] = {}
-    for item in pairs:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise _option_error("queues", queues, "must map queues to weights")
-        queue, weight = item
-        if isinstance(queue, str):
-            queue = Queue(queue)
-        if not isinstance(queue, Queue) or not queue.name:
-            raise _option_error("queues", queue, "a queue must be a name or a named kombu.Queue")
-        if queue.name in checked:
-            raise _option_error("queues", queue.name, "names a queue twice")
-        checked[queue.name] = (queue, _positive_number(f"queues[{queue.name!r}]", weight))
-    if not checked:
-        raise _option_error("queues", queues, "must name at least one queue")
-    return checked
-
-
-def split_window(weights: Mapping[str, float], total: int) -> dict[str, int]:
-    """Split ``total`` prefetch slots between queues by weight, at least 1 each.
-
-    A queue served at its share s of the consumer's rate needs a window of
-    about s times (refill round trip / service time) plus one to stay
-    buffered: a window proportional to the weight.
-    """
-    weight_sum = sum(weights.values())
-    return {name: max(1, round(total * w / weight_sum)) for name, w in weights.items()}
 
 
 class FairConsumerMixin(ConsumerMixin):
@@ -203,82 +150,66 @@ class FairConsumerMixin(ConsumerMixin):
         accept: Iterable[str] | None = None,
     ) -> None:
         self.connection = connection
-        checked = _check_queues(queues)
-        self._queues = {name: queue for name, (queue, _) in checked.items()}
-        self._weights = {name: weight for name, (_, weight) in checked.items()}
-        if handler is not None and not callable(handler):
-            raise _option_error("handler", handler, "must be callable")
-        if handler is None and type(self).handle is FairConsumerMixin.handle:
-            raise _option_error("handler", handler, "pass a handler or override handle()")
-        self._handler = handler
-        total = WINDOW_PER_QUEUE * len(checked) if window is None else window
-        self._windows = split_window(self._weights, _positive_int("window", total))
-        for name, size in (windows or {}).items():
-            if name not in self._queues:
-                raise _option_error("windows", name, "is not one of the consumed queues")
-            self._windows[name] = _positive_int(f"windows[{name!r}]", size)
-        if cost not in COST_MODES:
-            raise _option_error("cost", cost, f"must be one of {COST_MODES}")
-        self.cost: CostMode = cost
-        self.runtime_quantum = _positive_number("runtime_quantum", runtime_quantum)
-        if on_error not in ERROR_POLICIES:
-            raise _option_error("on_error", on_error, f"must be one of {ERROR_POLICIES}")
-        self.on_error: ErrorPolicy = on_error
-        try:
-            codel = check_codel(codel_target, codel_interval, codel_action, codel_max_requeues)
-        except ValueError as exc:
-            raise ValueError(f"FairConsumerMixin option {exc}") from None
-        self.codel_action: CoDelAction = codel_action
-        self.codel_max_requeues = codel_max_requeues
-        self.ack_batch = _positive_int("ack_batch", ack_batch)
-        self.stop_check_interval = _positive_number("stop_check_interval", stop_check_interval)
-        if not callable(clock):
-            raise _option_error("clock", clock, "must be callable")
-        self._clock = clock
-        self._accept = None if accept is None else list(accept)
-        self._codel = None if codel is None else SheddingPolicy(codel, clock=clock)
+        options = check_options(
+            queues,
+            handler=handler,
+            handle_overridden=type(self).handle is not FairConsumerMixin.handle,
+            window=window,
+            windows=windows,
+            cost=cost,
+            runtime_quantum=runtime_quantum,
+            on_error=on_error,
+            codel_target=codel_target,
+            codel_interval=codel_interval,
+            codel_action=codel_action,
+            codel_max_requeues=codel_max_requeues,
+            ack_batch=ack_batch,
+            stop_check_interval=stop_check_interval,
+            clock=clock,
+            accept=accept,
+        )
+        self._options = options
+        self.cost: CostMode = options.cost
+        self.runtime_quantum = options.runtime_quantum
+        self.on_error: ErrorPolicy = options.on_error
+        self.codel_action: CoDelAction = options.codel_action
+        self.codel_max_requeues = options.codel_max_requeues
+        self.ack_batch = options.ack_batch
+        self.stop_check_interval = options.stop_check_interval
+        self._clock = options.clock
+        self._codel = (
+            None if options.codel is None else SheddingPolicy(options.codel, clock=options.clock)
+        )
 
         # The worker's scheduling core: the cost model gives the quanta (the
         # heaviest queue one cost unit per visit, so no queue is served in
         # bursts longer than about one message and a small window keeps every
         # backlogged queue's buffer non-empty at its turn), and the dispatch
         # round holds (body, message, time received) per queue in DWRR order.
-        self._costs = CostModel(cost, runtime_quantum=self.runtime_quantum)
-        self._round: DispatchRound[tuple[Any, Message, float]] = DispatchRound(self._costs)
-        self._round.set_quanta(self._costs.quanta(self._weights))
+        self._costs = CostModel(options.cost, runtime_quantum=options.runtime_quantum)
+        self._round: DispatchRound[Buffered] = DispatchRound(self._costs)
+        self._round.set_quanta(self._costs.quanta(options.weights))
         self._in_hand: Message | None = None
-        #: Below this many buffered messages a queue's window is refilled.
-        self._low_water = {name: max(1, size // 2) for name, size in self._windows.items()}
-        #: Some buffer is below its low water mark: collect before the next
-        #: choice (see _collect_due).  Only a take can lower a buffer, so this
-        #: is set by the take and recomputed by each collect.
-        self._short = True
-        #: AMQP with ack_batch > 1: each queue's batch size, and its last handled
-        #: message not yet acknowledged with the count of them (see _acknowledge).
-        self._batches: dict[str, int] = {}
-        self._unacked: dict[str, tuple[Message, int]] = {}
-        #: Redis only: each queue's window fill, and the queues found empty since
-        #: their last delivery (not asked again).
-        self._takes: list[Take] = []
-        self._dry: set[str] = set()
-        self._acked = dict.fromkeys(self._queues, 0)
-        self._failed = dict.fromkeys(self._queues, 0)
-        self._idle_waits = 0
         # Guards the round against statistics() readers.
         self._lock = threading.Lock()
-        # The next message to handle, in DWRR order, that CoDel lets run.
-        self._admit = partial(
-            next_admitted, self._round, self._lock, [] if self._codel is None else [self._stale],
-            self._send_back, empty=None if self._codel is None else self._codel.empty,
-            hold=self._hold,
+        self._fill = WindowFill(
+            self._round, self._lock, options.clock, options.windows,
+            keep_full=self._codel is not None, on_decode_error=self.on_decode_error,
+            accept=options.accept, log=logger,
         )  # fmt: skip
+        self._acks = AckBatches(options.ack_batch, self._fill.low_water, log=logger)
+        self._acked = dict.fromkeys(options.queues, 0)
+        self._failed = dict.fromkeys(options.queues, 0)
+        self._idle_waits = 0
+        # The next message to handle, in DWRR order, that CoDel lets run.
+        self._admit = admission(self._round, self._lock, self._codel, hold=self._hold, log=logger)
 
     # -- the user's hooks ---------------------------------------------------
 
     def handle(self, queue: str, body: Any, message: Message) -> None:
         """Process one message of ``queue``; it is acked when this returns."""
-        assert self._handler is not None
-        self._handler(queue, body, message)
+        assert self._options.handler is not None
+        self._options.handler(queue, body, message)
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         """A body that cannot be decoded is logged and rejected, never handled."""
@@ -294,12 +225,12 @@ class FairConsumerMixin(ConsumerMixin):
     @property
     def weights(self) -> dict[str, float]:
         """The weight of every consumed queue."""
-        return dict(self._weights)
+        return dict(self._options.weights)
 
     @property
     def windows(self) -> dict[str, int]:
         """The prefetch window of every consumed queue."""
-        return dict(self._windows)
+        return dict(self._options.windows)
 
     # -- connection and consumers --------------------------------------------
 
@@ -313,54 +244,35 @@ class FairConsumerMixin(ConsumerMixin):
             # first, then the buffered messages are requeued, then the
             # channels close.
             channels = {}
-            for name in self._queues:
+            for name in self._options.queues:
                 channels[name] = conn.channel()
-                stack.callback(self._quietly, conn, channels[name].close)
-                self._hold_fetch_while_dropping(channels[name])
+                stack.callback(_quietly, conn, channels[name].close)
+                if self._codel is not None:
+                    hold_fetch_while_dropping(channels[name], self._codel, self._round)
             stack.callback(self._requeue_buffered, conn)
-            stack.callback(self._quietly, conn, self._flush_acks)
-            self._batches = self._ack_batches(conn)
+            stack.callback(_quietly, conn, self._acks.flush)
+            self._acks.start(conn)
             consumers = []
-            for name, queue in self._queues.items():
+            for name, queue in self._options.queues.items():
                 consumer = KombuConsumer(
                     channels[name],
                     queues=[queue],
-                    callbacks=[partial(self._on_delivery, name)],
+                    callbacks=[partial(self._fill.deliver, name)],
                     on_decode_error=self.on_decode_error,
-                    accept=self._accept,
+                    accept=self._options.accept,
                     # A window per consumer: basic.qos(global=False) before
                     # basic.consume, on a channel of its own.
-                    prefetch_count=self._windows[name],
+                    prefetch_count=self._options.windows[name],
                 )
-                stack.callback(self._quietly, conn, consumer.cancel)
+                stack.callback(_quietly, conn, consumer.cancel)
                 consumers.append(consumer)
             for consumer in consumers:
                 consumer.consume()
-            # Redis delivers one message per BRPOP round trip: see _fill_windows.
-            redis = conn.transport.driver_type == "redis"
-            self._takes = [
-                Take(channels[name], queue.name, self._accept)
-                for name, queue in self._queues.items()
-                if redis
-            ]
-            self._dry.clear()
-            stack.callback(self._takes.clear)
+            self._fill.start(conn, channels)
+            stack.callback(self._fill.stop)
             default_channel = conn.default_channel
             yield conn, default_channel, consumers
             self.on_consume_end(conn, default_channel)
-
-    def _hold_fetch_while_dropping(self, channel: Any) -> None:
-        # RabbitMQ pushes, and its returned copies join the back of the queue.
-        codel = self._codel
-        if codel is not None:
-            compat.hold_fetch_while(
-                getattr(channel, "qos", None), lambda: codel.dropping and bool(self._round)
-            )
-
-    def _on_delivery(self, name: str, body: Any, message: Message) -> None:
-        self._dry.discard(name)
-        with self._lock:
-            self._round.put(name, (body, message, self._clock()))
 
     # -- the main loop ---------------------------------------------------------
 
@@ -400,15 +312,15 @@ class FairConsumerMixin(ConsumerMixin):
             while not self.should_stop and (limit is None or handled < limit):
                 self.on_iteration()
                 if self._round:
-                    if self._collect_due():
-                        self._collect(conn)
+                    if self._fill.due():
+                        self._fill.collect(conn)
                     self._dispatch_one()
                     handled += 1
                     idle = 0.0
                     yield
                     continue
-                self._short = True  # whatever arrives, collect the rest with it
-                self._flush_acks()  # the broker refills only acknowledged slots
+                self._fill.short = True  # whatever arrives, collect the rest with it
+                self._acks.flush()  # the broker refills only acknowledged slots
                 try:
                     conn.drain_events(timeout=interval)
                 except TimeoutError:  # socket.timeout
@@ -421,73 +333,12 @@ class FairConsumerMixin(ConsumerMixin):
                     if not self.should_stop:
                         raise
 
-    def _collect_due(self) -> bool:
-        # Collect only when a queue's buffer is below half its window: DWRR's
-        # choice changes only when a queue it would serve has nothing buffered,
-        # and a look at the connection that finds nothing costs as much as a
-        # small handler (a read that times out).  Messages left unread wait in
-        # order, the broker's window bounding them.  With CoDel the buffer is
-        # kept full: its sojourn times are the signal of a standing queue.
-        # Kept as a flag, not counted per message: counting every buffer cost
-        # more per message than the choice itself.
-        return self._short or self._codel is not None
-
-    def _below_low_water(self) -> bool:
-        counts = self._round.counts()
-        return any(counts.get(name, 0) < low for name, low in self._low_water.items())
-
-    def _collect(self, conn: Connection) -> None:
-        # Fill the windows (Redis), then take every delivery that is already
-        # readable, without waiting, so that each queue's buffer is as full as
-        # its window allows when DWRR chooses.  Filled first: Kombu's poll
-        # sends a BRPOP for each channel with room, one message per round
-        # trip.  Bounded: no more than the windows' sum can be delivered.
-        self._fill_windows()
-        for _ in range(sum(self._windows.values()) + 1):
-            try:
-                conn.drain_events(timeout=0)
-            except TimeoutError:  # socket.timeout
-                break
-        self._short = self._below_low_water()
-
-    def _fill_windows(self) -> None:
-        # Kombu's Redis transport has one BRPOP in flight per channel, and its
-        # reply is not readable yet when the loop looks without waiting: the
-        # drain above yields at most one message per queue, and a buffer would
-        # never hold more than one (nothing for DWRR to choose between, no
-        # sojourn for CoDel). So, on Redis, each window is filled while the
-        # channel's QoS has room (its prefetch count is the window, and CoDel
-        # holds it while dropping), as many messages per round trip as it has
-        # room for (kombu/take.py). A queue found empty is not asked again
-        # until a delivery (its BRPOP) shows it has work: an empty queue costs
-        # no round trip per handled message.
-        for take in self._takes:
-            name, qos = take.name, take.channel.qos
-            if name in self._dry or not qos.can_consume():
-                continue
-            room = qos.can_consume_max_estimate() or 1
-            try:
-                messages = take(room)
-            except Exception as exc:  # noqa: BLE001 - the next drain sees a lost connection
-                logger.error("cannot read messages of queue %r: %r", name, exc)
-                continue
-            for message in messages:
-                try:
-                    body = message.decode()
-                except Exception as exc:
-                    self.on_decode_error(message, exc)
-                    continue
-                self._on_delivery(name, body, message)
-            if len(messages) < room:
-                self._dry.add(name)  # after the deliveries, which clear it
-
     def _dispatch_one(self) -> None:
         taken = self._admit()
         if taken is None:
             return
         name, (body, message, _received) = taken
-        if self._round.count(name) < self._low_water[name]:
-            self._short = True
+        self._fill.taken(name)
         started = self._clock() if self._costs.runtime else 0.0
         try:
             self.handle(name, body, message)
@@ -495,7 +346,7 @@ class FairConsumerMixin(ConsumerMixin):
             self._handler_failed(name, message, exc)
         else:
             if not message.acknowledged:
-                self._acknowledge(name, message)
+                self._acks.ack(name, message)
             self._acked[name] += 1
         finally:
             if self._costs.runtime:
@@ -506,63 +357,7 @@ class FairConsumerMixin(ConsumerMixin):
         # Left set if the handler raised a BaseException: shutdown requeues it.
         self._in_hand = None
 
-    def _ack_batches(self, conn: Connection) -> dict[str, int]:
-        if self.ack_batch == 1:
-            return {}
-        if conn.transport.driver_type != "amqp":
-            logger.info(
-                "FairConsumerMixin option ack_batch=%d: the %r transport ignores basic.ack's "
-                "multiple flag, so each message is acknowledged when its handler returns",
-                self.ack_batch,
-                conn.transport.driver_type,
-            )
-            return {}
-        return {name: min(self.ack_batch, low) for name, low in self._low_water.items()}
-
-    def _acknowledge(self, name: str, message: Message) -> None:
-        # AMQP's basic.ack with multiple acknowledges every delivery on the
-        # channel up to this one.  Each queue has a channel of its own and its
-        # buffer is FIFO, so every earlier delivery of that channel has been
-        # handled, rejected or sent back already: none is acknowledged early.
-        batch = self._batches.get(name, 1)
-        if batch == 1:
-            message.ack()
-            return
-        _, count = self._unacked.get(name, (message, 0))
-        if count + 1 < batch:
-            self._unacked[name] = (message, count + 1)
-            return
-        self._unacked.pop(name, None)
-        message.ack(multiple=True)
-
-    def _flush_acks(self) -> None:
-        while self._unacked:
-            _, (message, _count) = self._unacked.popitem()
-            message.ack(multiple=True)
-
-    def _stale(self, name: str, item: tuple[Any, Message, float], backlog: int) -> SendBack | None:
-        """The admission loop's CoDel check (see :func:`next_admitted`)."""
-        assert self._codel is not None
-        _, message, received = item
-        return self._codel.check(
-            name, received, backlog, partial(requeue_count, message.headers), destination=name
-        )
-
-    def _send_back(self, name: str, item: tuple[Any, Message, float], back: SendBack) -> bool:
-        """Send a stale message back: True if it left, False to handle it here."""
-        message = item[1]
-        if requeue(
-            message, back, log=logger,
-            failure="CoDel could not return a message of queue %r; handling it here", args=(name,),
-        ):  # fmt: skip
-            return True
-        if message.acknowledged:
-            return True  # acked anyway: the copy is out
-        assert self._codel is not None
-        self._codel.failed(name, back)
-        return False
-
-    def _hold(self, item: tuple[Any, Message, float] | None) -> None:
+    def _hold(self, item: Buffered | None) -> None:
         # Taken and not yet handled or sent back: shutdown requeues it.
         self._in_hand = None if item is None else item[1]
 
@@ -594,7 +389,7 @@ class FairConsumerMixin(ConsumerMixin):
                 pending.insert(0, self._in_hand)
         for message in reversed(pending):
             if not message.acknowledged:
-                self._quietly(conn, partial(message.reject, requeue=True))
+                _quietly(conn, partial(message.reject, requeue=True))
         self._forget_buffered()
 
     def _forget_buffered(self) -> None:
@@ -602,17 +397,10 @@ class FairConsumerMixin(ConsumerMixin):
             self._round.clear()
             self._round.forget_pending()
             self._in_hand = None
-            self._short = True
-            self._unacked.clear()  # the broker redelivers them
+            self._fill.short = True
+            self._acks.forget()  # the broker redelivers them
         if self._codel is not None:
             self._codel.reset()  # the broker has the buffered messages again
-
-    @staticmethod
-    def _quietly(conn: Connection, fun: Callable[[], object]) -> None:
-        try:
-            fun()
-        except conn.connection_errors + conn.channel_errors + (OSError,) as exc:
-            logger.debug("ignored while closing: %r", exc)
 
     # -- introspection ----------------------------------------------------------
 
@@ -625,8 +413,8 @@ class FairConsumerMixin(ConsumerMixin):
             records = tuple(
                 FairQueueStatistics(
                     name=q.name,
-                    weight=self._weights[q.name],
-                    window=self._windows[q.name],
+                    weight=self._options.weights[q.name],
+                    window=self._options.windows[q.name],
                     buffered=buffered.get(q.name, 0),
                     acked=self._acked[q.name],
                     failed=self._failed[q.name],
@@ -651,4 +439,11 @@ class FairConsumerMixin(ConsumerMixin):
             )
 
     def __repr__(self) -> str:
-        return f"<FairConsumerMixin queues={list(self._queues)} cost={self.cost!r}>"
+        return f"<FairConsumerMixin queues={list(self._options.queues)} cost={self.cost!r}>"
+
+
+def _quietly(conn: Connection, fun: Callable[[], object]) -> None:
+    try:
+        fun()
+    except conn.connection_errors + conn.channel_errors + (OSError,) as exc:
+        logger.debug("ignored while closing: %r", exc)

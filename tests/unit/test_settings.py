@@ -199,7 +199,7 @@ def test_a_name_given_twice_is_an_error_in_every_pairs_list() -> None:
 def test_one_positive_integer_check_for_settings_options_and_the_command_line() -> None:
     from celery_fair.cli_options import positive_int
     from celery_fair.grammar import as_positive_int
-    from celery_fair.kombu.mixin import _positive_int
+    from celery_fair.kombu.mixin_options import _positive_int
 
     for good in (1, 7):
         assert as_positive_int(good) == good == _positive_int("window", good)
