@@ -144,11 +144,10 @@ class AtomicFetch:
         """Serve ``keyed``'s queues in fair key order from the next fetch on."""
         self.keyed = keyed
         if keyed is not None:
-            keyed.on_room = self.wake
-            keyed.will_fetch = self.will_fetch
-        self._default_key_weight = repr(keyed.default_weight if keyed is not None else 1.0)
+            keyed.fetched_by(self)
+        self._default_key_weight = repr(keyed.terms.default_weight if keyed is not None else 1.0)
         steps = sorted(compat.priority_steps(self.channel))
-        weights = keyed.level_weights(steps) if keyed is not None else None
+        weights = keyed.terms.level_weights(steps) if keyed is not None else None
         self._level_words = []
         for step, weight in zip(steps, weights or (), strict=False):
             self._level_words += [compat.queue_key(self.channel, "", step), repr(weight)]
@@ -277,7 +276,7 @@ class AtomicFetch:
                 self.mode, self._armed_sock = _FETCH, None
                 raise
             if pending == _FETCH and self.keyed is not None:
-                self.keyed.confirm_releases()  # the script ran the ones it carried
+                self.keyed.releases.confirm()  # the script ran the ones it carried
             if pending == _BRPOP:
                 return self._deliver_popped(reply)
             if pending == _WAIT:
@@ -344,8 +343,8 @@ class AtomicFetch:
                 if queue not in keyed.queues:
                     keys.append(prefix + compat.queue_key(channel, queue, pri))
                     words.append("-")
-                elif queue not in charged and keyed.has_room(queue):
-                    charged[queue], word = keyed.fetch_word(queue)
+                elif queue not in charged and keyed.leases.has_room(queue):
+                    charged[queue], word = keyed.terms.fetch_word(queue)
                     keys.append(prefix + queue)
                     words.append(word)
                     names = self._keyed_names(queue)
@@ -360,7 +359,7 @@ class AtomicFetch:
         if keyed is None or not keyed.limited:
             return []
         flat: list[str] = []
-        for queue, tag in keyed.take_releases():
+        for queue, tag in keyed.releases.take():
             flat.extend((self._prefix + queue, tag))
         return flat
 
@@ -373,10 +372,10 @@ class AtomicFetch:
     def _charges(self) -> list[Any]:
         """Run-time corrections to send with this fetch, flat (base, level, key, delta)."""
         keyed = self.keyed
-        if keyed is None or not keyed.runtime:
+        if keyed is None or not keyed.terms.runtime:
             return []
         flat: list[Any] = []
-        for queue, level, key, user, delta in keyed.take_charges():
+        for queue, level, key, user, delta in keyed.counters.take_charges():
             flat.extend((self._prefix + queue, level, key, user, repr(delta)))
         return flat
 

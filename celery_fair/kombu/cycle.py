@@ -18,6 +18,7 @@ from queue import Empty
 from typing import Any
 
 from .. import compat
+from ..keys.leases import Leases
 from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
 from .atomic import AtomicFetch, install_atomic_fetch, park_undecodable
@@ -135,7 +136,7 @@ class FairQoS:
         ledger: _HeldLedger,
         *,
         fetch: AtomicFetch | None,
-        limited: KeyedServing | None,
+        limited: Leases | None,
         live_channel: Callable[[], Any] | None,
         full: FullBroker | None = None,
     ) -> None:
@@ -163,7 +164,7 @@ class FairQoS:
     def _settle(self, delivery_tag: Any) -> None:
         # Per-key limits: a task acked or rejected without running frees its slot.
         if self.limited is not None:
-            self.limited.lease_settled(self.ledger.tags.get(delivery_tag), delivery_tag)
+            self.limited.settled(self.ledger.tags.get(delivery_tag), delivery_tag)
         self.ledger.release(delivery_tag)
 
     def ack(self, delivery_tag: Any) -> Any:
@@ -297,7 +298,7 @@ def install_on_channel(
         qos,
         _HeldLedger(cycle),
         fetch=fetch,
-        limited=keyed if keyed is not None and keyed.limited else None,
+        limited=keyed.leases if keyed is not None and keyed.limited else None,
         live_channel=live_channel,
         full=full if redis and probe.has("kombu.redis.unacked_indices") else None,
     )

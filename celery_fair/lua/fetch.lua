@@ -20,7 +20,7 @@
 --         "<charge>"             a keyed queue: its charge at fetch;
 --         "L<charge>:<lease s>"  a keyed queue with per-key limits, whose tasks
 --                                hold their key's slot for at most <lease s>
---       (the words are built by celery_fair.keys.serving.KeyedServing.fetch_word).
+--       (the words are built by celery_fair.keys.serving.FetchTerms.fetch_word).
 -- Returns {key, item} for a message, {key, item, "key", fair key, key weight,
 -- seconds held, level suffix, user ('' for a one-level key), seconds paused}
 -- for one of a keyed queue

@@ -140,8 +140,7 @@ class KeyedAdmin:
             when_full(lambda: self._write_settings(channel), exc)
         keyed = self.attachment.keyed
         if keyed is not None and keyed.limited:
-            keyed.send_releases = self.send_releases
-            sent = keyed.resend_releases()
+            sent = keyed.releases.attach(self.send_releases)
             if sent:
                 logger.info(
                     "celery-fair: sent again %d key-slot release(s) the broker may not have "

@@ -121,14 +121,14 @@ class KeyLeases(TaskObserver):
     def __init__(self, service: SchedulingService) -> None:
         keyed = service.keyed
         assert keyed is not None and keyed.limited
-        self.keyed = keyed
+        self.leases = keyed.leases
 
     def before(self, task: DispatchedTask) -> None:
         task.tag = compat.delivery_tag(task.request)
-        self.keyed.lease_dispatched(task.queue, task.tag)
+        self.leases.dispatched(task.queue, task.tag)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
-        self.keyed.lease_finished(task.queue, task.tag, runtime)
+        self.leases.finished(task.queue, task.tag, runtime)
 
 
 class MeterObserver(TaskObserver):

@@ -133,14 +133,14 @@ class PoolWatchdog:
                 held[queue] = held.get(queue, 0) + 1
         drift = {}
         for queue in keyed.queues:
-            counted = keyed.held(queue)
-            if counted > held.get(queue, 0) and not keyed.has_room(queue):
+            counted = keyed.leases.held(queue)
+            if counted > held.get(queue, 0) and not keyed.leases.has_room(queue):
                 drift[queue] = (counted, held.get(queue, 0))
         return drift
 
     def _recount(self, queue: str, counts: tuple[int, int]) -> int:
         keyed = self.service.keyed
-        given = keyed.recount(queue, counts[1]) if keyed is not None else 0
+        given = keyed.leases.recount(queue, counts[1]) if keyed is not None else 0
         self.watch.repaired(given)
         return given
 

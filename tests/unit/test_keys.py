@@ -7,9 +7,10 @@ from collections import Counter
 import pytest
 
 from celery_fair.errors import FairConfigError
+from celery_fair.keys.counters import COUNTED_KEYS
 from celery_fair.keys.layout import KeyedNames, level_rank
 from celery_fair.keys.publish import _arguments, parse_fair_keys
-from celery_fair.keys.serving import COUNTED_KEYS, KeyedServing
+from celery_fair.keys.serving import KeyedServing
 from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
 from celery_fair.wire.served import Served
@@ -73,11 +74,11 @@ def test_keys_with_queue_priorities_and_the_priority_settings() -> None:
 
 def test_level_weights_follow_kombus_priority_steps() -> None:
     steps = [0, 3, 6, 9]
-    assert KeyedServing(["jobs"]).level_weights(steps) is None
-    assert KeyedServing(["jobs"], priority_weights={}).level_weights(steps) == [8, 4, 2, 1]
+    assert KeyedServing(["jobs"]).terms.level_weights(steps) is None
+    assert KeyedServing(["jobs"], priority_weights={}).terms.level_weights(steps) == [8, 4, 2, 1]
     given = KeyedServing(["jobs"], priority_weights={0: 4, 5: 2})
     # 5 falls in the level of step 3; the levels given nothing weigh 1.
-    assert given.level_weights(steps) == [4.0, 2.0, 1.0, 1.0]
+    assert given.terms.level_weights(steps) == [4.0, 2.0, 1.0, 1.0]
 
 
 def test_keys_are_refused_without_the_atomic_fetch() -> None:
@@ -191,28 +192,28 @@ def test_the_buffer_removes_a_keyed_task() -> None:
 
 def test_runtime_corrections_wait_for_the_next_fetch() -> None:
     serving = KeyedServing(["jobs"], runtime=True, estimate=lambda q: 0.005)
-    assert serving.charge_at_fetch("jobs") == 0.005
+    assert serving.terms.charge_at_fetch("jobs") == 0.005
     serving.finished("jobs", Served("gold", 0.005), 0.020)
     serving.finished("jobs", Served("gold", 0.005), 0.001)
     serving.finished("other", Served("x", 1.0), 3.0)  # not a keyed queue: ignored
     serving.finished("jobs", Served("x", None), 1.0)  # no readable charge: ignored
     serving.finished("jobs", Served("gold", 0.005, level="\x06\x169"), 0.005)  # a later level
     serving.finished("jobs", Served("t", 0.005, user="alice"), 0.010)  # a user of t
-    charges = serving.take_charges()
+    charges = serving.counters.take_charges()
     assert charges == [
         ("jobs", "", "gold", "", pytest.approx(0.015)),
         ("jobs", "", "gold", "", pytest.approx(-0.004)),
         ("jobs", "\x06\x169", "gold", "", pytest.approx(0.0)),
         ("jobs", "", "t", "alice", pytest.approx(0.005)),
     ]
-    assert serving.take_charges() == []
+    assert serving.counters.take_charges() == []
 
 
 def test_count_mode_charges_one_and_corrects_nothing() -> None:
     serving = KeyedServing(["jobs"], runtime=False)
-    assert serving.charge_at_fetch("jobs") == 1.0
+    assert serving.terms.charge_at_fetch("jobs") == 1.0
     serving.finished("jobs", Served("a", 1.0), 5.0)
-    assert serving.take_charges() == []
+    assert serving.counters.take_charges() == []
 
 
 def test_served_counts_stay_bounded_and_keep_the_heavy_keys() -> None:
@@ -222,7 +223,7 @@ def test_served_counts_stay_bounded_and_keep_the_heavy_keys() -> None:
     stats = serving.statistics(top=3)
     assert stats.top[0][:2] == ("jobs", "heavy")
     assert stats.served == {"jobs": 20 * COUNTED_KEYS}
-    assert len(serving._counts) <= COUNTED_KEYS
+    assert len(serving.counters._counts) <= COUNTED_KEYS
 
 
 def test_plain_consumers_of_a_keyed_queue_are_named() -> None:
@@ -274,195 +275,6 @@ def test_limits_need_keyed_queues_and_default_to_the_visibility_timeout() -> Non
         FairSettings.from_conf(
             {"fair_keys": {"jobs": "t"}, "fair_key_rate_limit": "*=1/s", "fair_key_lease_ttl": 0}
         )
-
-
-def _limited(sent: list[tuple[str, str]], wakes: list[bool] | None = None) -> KeyedServing:
-    from celery_fair.keys.limits import KeyLimits
-
-    serving = KeyedServing(["jobs"], limits=KeyLimits(concurrency={"*": 1}))
-
-    def send(releases: list[tuple[str, str]], wake: bool) -> None:
-        sent.extend(releases)
-        if wakes is not None:
-            wakes.append(wake)
-
-    serving.send_releases = send
-    return serving
-
-
-def test_a_slot_is_freed_when_the_task_finishes_not_at_an_early_ack() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.lease_dispatched("jobs", "t1")
-    serving.lease_settled("jobs", "t1")  # early ack: the pool accepted it, it still runs
-    assert sent == []
-    serving.lease_finished("jobs", "t1")
-    assert sent == [("jobs", "t1")]
-    assert serving._tags == {}
-
-
-def test_a_late_ack_after_the_finish_does_not_release_twice() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.lease_dispatched("jobs", "t1")
-    serving.lease_finished("jobs", "t1")
-    serving.lease_settled("jobs", "t1")  # acks_late: the ack follows the finish
-    assert sent == [("jobs", "t1")] and serving._tags == {}
-
-
-def test_a_task_acked_without_running_frees_its_slot() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.lease_settled("jobs", "revoked-1")  # revoked, expired or returned by CoDel
-    assert sent == [("jobs", "revoked-1")]
-    assert serving.statistics().released == 1
-
-
-def test_a_full_worker_wakes_its_fetch_with_the_release_in_one_round_trip() -> None:
-    sent: list[tuple[str, str]] = []
-    wakes: list[bool] = []
-    rooms: list[int] = []
-    serving = _limited(sent, wakes)
-    serving.on_room = lambda: rooms.append(1)
-    serving.served("jobs", "k")  # one pool slot (slots=1): now full
-    assert not serving.has_room("jobs")
-    serving.lease_dispatched("jobs", "t1")
-    serving.lease_finished("jobs", "t1")
-    assert sent == [("jobs", "t1")] and wakes == [True]
-    assert rooms == []  # the wake-up rode on the release
-    assert serving.has_room("jobs")
-    serving.lease_settled("jobs", "t2")  # not full: the fetch is not idle for want of room
-    assert wakes == [True, False]
-
-
-def test_a_release_rides_on_the_next_fetch_when_one_follows() -> None:
-    sent: list[tuple[str, str]] = []
-    wakes: list[bool] = []
-    serving = _limited(sent, wakes)
-    follows = [True]
-    serving.will_fetch = lambda: follows[0]
-    serving.served("jobs", "k")  # full
-    serving.lease_dispatched("jobs", "t1")
-    serving.lease_finished("jobs", "t1")
-    assert sent == [] and wakes == []  # no round trip of its own, no wake-up
-    assert serving.has_room("jobs")  # the worker may fetch again: that fetch carries it
-    assert serving.take_releases() == [("jobs", "t1")]
-    assert serving.take_releases() == [] and serving.statistics().released == 1
-    serving.lease_settled("jobs", "t2")
-    follows[0] = False  # the fetch waits for work: what is held goes now, later ones at once
-    serving.flush_releases()
-    serving.lease_settled("jobs", "t3")
-    assert sent == [("jobs", "t2"), ("jobs", "t3")] and wakes == [False, False]
-    assert serving.statistics().released == 3
-
-
-def test_a_worker_fetches_one_task_ahead_only_while_tasks_are_short() -> None:
-    from celery_fair.keys.serving import LOOKAHEAD_BELOW
-
-    serving = _limited([])  # one pool slot
-    serving.served("jobs", "k")
-    assert serving.capacity("jobs") == 1 and not serving.has_room("jobs")  # nothing measured
-    serving.lease_dispatched("jobs", "t1")
-    serving.lease_finished("jobs", "t1", runtime=LOOKAHEAD_BELOW / 10)
-    assert serving.capacity("jobs") == 2  # short tasks: one more than the pool
-    serving.served("jobs", "k")
-    serving.served("jobs", "k")
-    assert not serving.has_room("jobs")  # one running, one waiting with its lease
-    for i in range(30):  # the tasks grow long: the average passes the bound
-        serving.lease_dispatched("jobs", f"long-{i}")
-        serving.lease_finished("jobs", f"long-{i}", runtime=LOOKAHEAD_BELOW * 10)
-        serving.served("jobs", "k")
-    assert serving.capacity("jobs") == 1
-
-
-def test_a_failed_release_is_counted_and_never_raises() -> None:
-    serving = _limited([])
-    rooms: list[int] = []
-    serving.on_room = lambda: rooms.append(1)
-
-    def broken(releases: list[tuple[str, str]], wake: bool) -> None:
-        raise ConnectionError("broker away")
-
-    serving.send_releases = broken
-    serving.lease_settled("jobs", "t9")
-    assert serving.statistics().release_errors == 1
-    assert rooms == []  # the worker was not full
-    serving.served("jobs", "k")
-    serving.lease_settled("jobs", "t10")
-    assert serving.statistics().release_errors == 2
-    assert rooms == [1]  # full: the fetch is woken without the failed pipeline
-
-
-def test_releases_lost_with_the_connection_are_sent_again_at_the_next_one() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    follows = [True]
-    serving.will_fetch = lambda: follows[0]
-
-    def broken(releases: list[tuple[str, str]], wake: bool) -> None:
-        raise ConnectionError("broker away")
-
-    serving.lease_finished("jobs", "carried")  # rides on the next fetch
-    assert serving.take_releases() == [("jobs", "carried")]
-    serving.lease_finished("jobs", "waiting")  # the connection breaks before a fetch
-    follows[0] = False
-    serving.send_releases = broken
-    serving.lease_settled("jobs", "failed")  # sent alone, and failed
-    assert serving.statistics().unsent_releases == 1
-    serving.reset()  # a new connection: the fetch that carried one never answered
-    assert serving.statistics().unsent_releases == 3
-    serving.send_releases = lambda releases, wake: sent.extend(releases)
-    assert serving.resend_releases() == 3
-    assert sorted(tag for _, tag in sent) == ["carried", "failed", "waiting"]
-    assert serving.statistics().unsent_releases == 0 and serving.resend_releases() == 0
-
-
-def test_tasks_running_at_a_connection_loss_free_their_slots_when_the_pool_forgets_them() -> None:
-    # Celery < 5.6.3's prefork pool never reports tasks running at a connection
-    # loss: their slots go with the next connection's releases, not at lease expiry.
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.lease_dispatched("jobs", "running")
-    serving.lease_dispatched("jobs", "acked-early")
-    serving.lease_settled("jobs", "acked-early")  # early ack: it still runs
-    serving.lease_dispatched("jobs", "done")
-    serving.lease_finished("jobs", "done")  # released already; its late ack is to come
-    sent.clear()
-    assert serving.reset(running_unreported=True) == 2
-    assert serving.resend_releases() == 2
-    assert sorted(tag for _, tag in sent) == ["acked-early", "running"]
-
-
-def test_tasks_running_at_a_connection_loss_keep_their_slots_when_the_pool_reports_them() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.lease_dispatched("jobs", "running")
-    assert serving.reset() == 0 and serving.resend_releases() == 0
-    serving.lease_finished("jobs", "running")  # the pool reports it on the new channel
-    assert sent == [("jobs", "running")]
-
-
-def test_releases_before_a_sender_is_attached_wait_for_it() -> None:
-    # A task finished before the worker's first connection wrote its settings (and
-    # attached the sender): its slot is freed when the sender comes, not at lease expiry.
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.send_releases = None
-    serving.lease_settled("jobs", "early")
-    assert sent == [] and serving.statistics().unsent_releases == 1
-    serving.send_releases = lambda releases, wake: sent.extend(releases)
-    assert serving.resend_releases() == 1 and sent == [("jobs", "early")]
-
-
-def test_a_fetch_that_answered_ran_its_releases() -> None:
-    sent: list[tuple[str, str]] = []
-    serving = _limited(sent)
-    serving.will_fetch = lambda: True
-    serving.lease_finished("jobs", "t1")
-    serving.take_releases()
-    serving.confirm_releases()  # the fetch's reply came
-    serving.reset()
-    assert serving.resend_releases() == 0 and sent == []
 
 
 class _FakeService:

@@ -212,7 +212,15 @@ def test_a_lost_key_slot_release_is_recounted(
     keyed = service.keyed
     assert keyed is not None
     woken: list[bool] = []
-    keyed.on_room = lambda: woken.append(True)
+
+    class Fetch:
+        def will_fetch(self) -> bool:
+            return False
+
+        def wake(self, pipe: object = None) -> None:
+            woken.append(True)
+
+    keyed.fetched_by(Fetch())
     # Two tasks fetched (each holds its key's slot) and one still here; the
     # other finished but its release was lost.
     keyed.served("jobs", "t1")
@@ -221,14 +229,14 @@ def test_a_lost_key_slot_release_is_recounted(
     tracked.append(request)
     state.task_reserved(request)
     state.task_accepted(request)
-    assert not keyed.has_room("jobs")  # the fetch takes no more of jobs
+    assert not keyed.leases.has_room("jobs")  # the fetch takes no more of jobs
     watchdog = PoolWatchdog(service, service.stalls, Pool(2), semaphore=LaxBoundedSemaphore(2))
     assert watchdog.look() == []
     clock.now = 10.0
     with caplog.at_level(logging.WARNING, logger="celery_fair.worker.watchdog"):
         [stall] = watchdog.look()
     assert stall.place == "leases" and stall.task == ("leases", "jobs")
-    assert keyed.held("jobs") == 1 and keyed.has_room("jobs") and woken == [True]
+    assert keyed.leases.held("jobs") == 1 and keyed.leases.has_room("jobs") and woken == [True]
     assert service.stalls.statistics().repaired == 1
     assert (
         "keyed queue jobs: this worker counted 2 task(s) holding key slots and holds 1"
