@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_fair.keys.leases import LOOKAHEAD_BELOW
+import pytest
+
+from celery_fair.keys.leases import LOOKAHEAD_BELOW, Leases
 from celery_fair.keys.limits import KeyLimits
+from celery_fair.keys.releases import ReleaseOutbox
 from celery_fair.keys.serving import KeyedServing
 
 Release = tuple[str, str]
@@ -48,6 +51,109 @@ def _limited(sender: _Sender | None = None, fetch: _Fetch | None = None) -> Keye
         serving.releases.attach(sender)
     serving.fetched_by(fetch)
     return serving
+
+
+# -- ReleaseOutbox ------------------------------------------------------------
+
+
+def test_a_release_made_before_any_sender_is_sent_once_one_is_attached() -> None:
+    outbox = ReleaseOutbox()
+    outbox.release("jobs", "early", wake=False)  # no sender, no fetch: kept, not dropped
+    outbox.flush()
+    assert outbox.unsent == 1 and outbox.released == 0
+    sender = _Sender()
+    assert outbox.attach(sender) == 1
+    assert sender.sent == [("jobs", "early")] and outbox.unsent == 0 and outbox.released == 1
+    assert outbox.attach(sender) == 0 and sender.sent == [("jobs", "early")]  # sent once
+
+
+def test_without_a_sender_a_release_that_should_wake_the_fetch_still_wakes_it() -> None:
+    outbox, fetch = ReleaseOutbox(), _Fetch()
+    outbox.fetched_by(fetch)
+    outbox.release("jobs", "t1", wake=True)
+    outbox.release("jobs", "t2", wake=False)
+    assert fetch.wakes == 1 and outbox.unsent == 2
+
+
+def test_a_release_rides_on_the_fetch_that_follows_until_its_reply() -> None:
+    outbox, fetch, sender = ReleaseOutbox(), _Fetch(follows=True), _Sender()
+    outbox.attach(sender)
+    outbox.fetched_by(fetch)
+    outbox.release("jobs", "t1", wake=True)  # the fetch that carries it needs no wake-up
+    assert sender.sent == [] and fetch.wakes == 0
+    assert outbox.take() == [("jobs", "t1")] and outbox.take() == []
+    outbox.lost([])  # the connection broke before the fetch's reply
+    assert outbox.unsent == 1
+    outbox.release("jobs", "t2", wake=False)
+    outbox.take()
+    outbox.confirm()  # this one's reply came
+    outbox.lost([])
+    assert outbox.attach(sender) == 1 and sender.sent == [("jobs", "t1")]
+
+
+def test_a_fetch_no_longer_attached_carries_nothing() -> None:
+    outbox, sender = ReleaseOutbox(), _Sender()
+    outbox.attach(sender)
+    outbox.fetched_by(_Fetch(follows=True))
+    outbox.fetched_by(None)
+    outbox.release("jobs", "t1", wake=False)
+    assert sender.sent == [("jobs", "t1")] and outbox.take() == []
+
+
+def test_releases_kept_for_the_next_connection_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery_fair.keys import releases
+
+    monkeypatch.setattr(releases, "MAX_UNSENT_RELEASES", 3)
+    outbox, sender = ReleaseOutbox(), _Sender()
+    for i in range(5):
+        outbox.release("jobs", f"t{i}", wake=False)
+    assert outbox.unsent == 3
+    outbox.attach(sender)
+    assert [tag for _, tag in sender.sent] == ["t2", "t3", "t4"]  # the oldest went first
+
+
+# -- Leases -------------------------------------------------------------------
+
+
+def test_without_limits_nothing_holds_a_slot() -> None:
+    outbox, sender = ReleaseOutbox(), _Sender()
+    outbox.attach(sender)
+    leases = Leases(["jobs"], outbox)
+    assert not leases.limited
+    leases.fetched("jobs")
+    leases.dispatched("jobs", "t1")
+    leases.finished("jobs", "t1", 0.5)
+    leases.settled("jobs", "t2")
+    assert leases.held("jobs") == 0 and leases.has_room("jobs") and sender.sent == []
+
+
+def test_only_the_keyed_queues_tasks_release_a_slot_and_adopted_queues_are_keyed() -> None:
+    outbox, sender = ReleaseOutbox(), _Sender()
+    outbox.attach(sender)
+    leases = Leases(["jobs"], outbox, limits=ONE_EACH)
+    leases.settled("plain", "p1")  # a plain queue's message: no lease to free
+    leases.settled(None, "p2")
+    assert sender.sent == []
+    leases.adopt(["backlog"])
+    leases.settled("backlog", "b1")
+    assert sender.sent == [("backlog", "b1")] and leases.queues == {"jobs", "backlog"}
+
+
+def test_a_recount_gives_back_the_slots_of_lost_releases_and_wakes_the_fetch() -> None:
+    outbox, fetch = ReleaseOutbox(), _Fetch()
+    outbox.fetched_by(fetch)
+    leases = Leases(["jobs"], outbox, limits=ONE_EACH, slots=2)
+    leases.fetched("jobs")
+    leases.fetched("jobs")
+    assert not leases.has_room("jobs")
+    assert leases.recount("jobs", 2) == 0 and fetch.wakes == 0  # nothing lost
+    assert leases.recount("jobs", 1) == 1
+    assert leases.held("jobs") == 1 and leases.has_room("jobs") and fetch.wakes == 1
+
+
+# -- the parts together (KeyedServing) ---------------------------------------------
 
 
 def test_a_slot_is_freed_when_the_task_finishes_not_at_an_early_ack() -> None:

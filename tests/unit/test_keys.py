@@ -226,6 +226,38 @@ def test_served_counts_stay_bounded_and_keep_the_heavy_keys() -> None:
     assert len(serving.counters._counts) <= COUNTED_KEYS
 
 
+def test_counters_count_the_unkeyed_apart_and_keep_charges_only_by_run_time() -> None:
+    from celery_fair.keys.counters import KeyCounters
+    from celery_fair.keys.layout import UNKEYED
+
+    counters = KeyCounters()
+    for key in ("a", UNKEYED, "a"):
+        counters.served("jobs", key)
+    reading = counters.reading(top=1)
+    assert reading.served == {"jobs": 3} and reading.unkeyed == {"jobs": 1}
+    assert reading.top == (("jobs", "a", 2),)
+    counters.finished("jobs", Served("a", 1.0), 2.0)  # count mode: nothing to correct
+    assert counters.reading().pending_charges == 0 and counters.take_charges() == []
+    by_runtime = KeyCounters(runtime=True)
+    by_runtime.finished("jobs", Served("a", 1.0), 2.0)
+    assert by_runtime.reading().pending_charges == 1
+    assert by_runtime.take_charges() == [("jobs", "", "a", "", 1.0)]
+
+
+def test_the_fetch_word_carries_the_lease_with_limits() -> None:
+    from celery_fair.keys.limits import KeyLimits
+    from celery_fair.keys.serving import FetchTerms
+
+    plain = FetchTerms(limits=KeyLimits())
+    assert plain.fetch_word("jobs") == (1.0, "1.0")
+    limited = FetchTerms(
+        limits=KeyLimits(concurrency={"*": 2}, lease_ttl=60.0),
+        runtime=True,
+        estimate=lambda queue: 0.25,
+    )
+    assert limited.fetch_word("jobs") == (0.25, "L0.25:60.0")
+
+
 def test_plain_consumers_of_a_keyed_queue_are_named() -> None:
     from celery_fair.keys.consumers import plain_consumers
 
