@@ -91,7 +91,7 @@ def tracker_cost(n: int, directory: str) -> dict[str, float]:
     for mode in ("off", "on"):
         settings = FairSettings(weights=QUANTA, telemetry_dir=directory if mode == "on" else None)
         service = FairService(settings, concurrency=2)
-        service._map_queues([Queue(q) for q in QUANTA])
+        service.queue_map.map([Queue(q) for q in QUANTA])
         writer = TelemetryWriter(f"{directory}/main") if mode == "on" else None
         tracker = TaskTracker(service, writer, hostname="bench@host")
         service.tracker = tracker

@@ -43,19 +43,19 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
         # Read from the broker: what waits in each keyed queue, and who is next.
         try:
             stats["keys"]["backlog"] = {
-                queue: asdict(backlog) for queue, backlog in service.key_backlogs().items()
+                queue: asdict(backlog) for queue, backlog in service.keys.backlogs().items()
             }
         except Exception as exc:  # a broker error must not fail the whole reply
             stats["keys"]["backlog"] = {"error": repr(exc)}
         try:
             stats["keys"]["limits_state"] = {
-                queue: asdict(state) for queue, state in service.key_limits_state().items()
+                queue: asdict(state) for queue, state in service.keys.limits_state().items()
             }
         except Exception as exc:
             stats["keys"]["limits_state"] = {"error": repr(exc)}
         try:
             stats["keys"]["controls"] = {
-                queue: asdict(controls) for queue, controls in service.key_controls().items()
+                queue: asdict(controls) for queue, controls in service.keys.controls().items()
             }
         except Exception as exc:
             stats["keys"]["controls"] = {"error": repr(exc)}
@@ -76,7 +76,7 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
         return {"error": NOT_INSTALLED}
     words = list(weights) if isinstance(weights, (list, tuple)) else str(weights or "").split()
     if words == ["default"]:
-        service.clear_live_weights()
+        service.live_weights.clear()
         return {"ok": f"live weights cleared; weights now {service.scheduler.weights}"}
     try:
         reset, rest = _split_defaults(weights, "fair_weights", "QUEUE=WEIGHT")
@@ -85,7 +85,7 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
             raise FairConfigError(f"fair_weights: no QUEUE=WEIGHT given, got {weights!r}")
     except FairConfigError as exc:
         return {"error": str(exc)}
-    service.set_weights(parsed, reset=reset)
+    service.live_weights.set(parsed, reset=reset)
     reply = {"ok": f"weights now {service.scheduler.weights}"}
     elsewhere = sorted(q for q in parsed if q not in service.scheduler.queues)
     if elsewhere:
@@ -124,7 +124,7 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
         parsed.update(dict.fromkeys(reset))
         if not parsed:
             raise FairConfigError(f"fair_key_weights: no KEY=WEIGHT given, got {weights!r}")
-        service.set_key_weights(parsed)
+        service.keys.set_weights(parsed)
     except FairConfigError as exc:
         return {"error": str(exc)}
     return {"ok": f"key weights set {parsed}"}
@@ -163,7 +163,7 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
         fields.update(parsed.as_fields())
         if not fields:
             raise FairConfigError(f"fair_key_limits: no KEY=LIMIT given, got {limits!r}")
-        service.set_key_limits(fields)
+        service.keys.set_limits(fields)
     except FairConfigError as exc:
         return {"error": str(exc)}
     said = [f"{words[0]} limits set: " + ", ".join(f"{k}={v}" for k, v in shown.items())]

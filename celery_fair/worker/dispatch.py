@@ -56,14 +56,14 @@ class _WaitingView:
 
 def _queue_of(service: SchedulingService, args: tuple[Any, ...]) -> str:
     request = args[0] if args else None
-    return service.queue_of(request) or UNKNOWN_QUEUE
+    return service.queue_map.queue_of(request) or UNKNOWN_QUEUE
 
 
 def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None:
     """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key
     and priority level."""
     queue = _queue_of(service, args)
-    key, level, user = service.key_of(args[0] if args else None, queue)
+    key, level, user = service.queue_map.key_of(args[0] if args else None, queue)
     service.scheduler.wait(queue, entry, key, level, user)
 
 
@@ -81,7 +81,7 @@ def admission(
     def paused(queue: str, entry: Any, backlog: int) -> SendBack | None:
         if not pauses.any():
             return None
-        key, _, _ = service.key_of(request_of(entry), queue)
+        key, _, _ = service.queue_map.key_of(request_of(entry), queue)
         return pauses.check(queue, key)
 
     def stale(queue: str, entry: Any, backlog: int) -> SendBack | None:
@@ -115,10 +115,10 @@ def _send_back_key(
         others = dispatch.take_key(queue, key)
     kept = service.pauses.send_back([entry, *others], back, request_of, task_ready)
     if kept:
-        _, level, _ = service.key_of(request_of(entry), queue)
+        _, level, _ = service.queue_map.key_of(request_of(entry), queue)
         with service.lock:
             for item in kept:
-                _, _, user = service.key_of(request_of(item), queue)
+                _, _, user = service.queue_map.key_of(request_of(item), queue)
                 dispatch.put(queue, item, key, level, user)
 
 

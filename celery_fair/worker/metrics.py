@@ -294,7 +294,7 @@ class FairCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         try:
-            controls = self.service.key_controls()
+            controls = self.service.keys.controls()
         except Exception:  # the broker is away: the next scrape tries again
             return
         if not controls:
@@ -326,7 +326,7 @@ class FairCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         try:
-            states = self.service.key_limits_state()
+            states = self.service.keys.limits_state()
         except Exception:  # the broker is away: the next scrape tries again
             return
         if not states:

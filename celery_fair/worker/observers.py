@@ -119,7 +119,7 @@ class KeyLeases(TaskObserver):
     follows_completion = True
 
     def __init__(self, service: SchedulingService) -> None:
-        keyed = service.keyed
+        keyed = service.attachment.keyed
         assert keyed is not None and keyed.limited
         self.leases = keyed.leases
 
@@ -157,7 +157,7 @@ class RuntimeCharge(TaskObserver):
     def __init__(self, service: SchedulingService) -> None:
         self.scheduler = service.scheduler
         self.lock = service.lock
-        self.keyed = service.keyed
+        self.keyed = service.attachment.keyed
 
     def before(self, task: DispatchedTask) -> None:
         keyed = self.keyed
@@ -177,10 +177,10 @@ class ServiceTime(TaskObserver):
     follows_completion = True
 
     def __init__(self, service: SchedulingService) -> None:
-        self.service = service
+        self.prefetch = service.prefetch
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
-        self.service.observe_service(runtime)
+        self.prefetch.observe_service(runtime)
 
 
 def observers_for(
@@ -201,7 +201,7 @@ def observers_for(
     chain: list[TaskObserver] = []
     if telemetry:
         chain.append(TelemetryStamps(service, wall, on_timeout))
-    keyed = service.keyed
+    keyed = service.attachment.keyed
     if keyed is not None and keyed.limited:
         chain.append(KeyLeases(service))
     if meter is not None:

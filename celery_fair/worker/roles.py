@@ -1,29 +1,32 @@
-"""What the per-task parts of a worker need of its service, as a typed Protocol.
+"""The parts of a worker's service that its per-task parts read, as a typed Protocol.
 
-The dispatch gate (:mod:`.dispatch`) and the task tracker (:mod:`.tracking`)
-are built by :class:`celery_fair.worker.service.FairService` and call back
-into it; they depend on this Protocol, not on the service module, so the
-imports point one way.
+The dispatch gate (:mod:`.dispatch`), the task tracker (:mod:`.tracking`),
+its observers (:mod:`.observers`) and the pool watchdog (:mod:`.watchdog`)
+are built around :class:`celery_fair.worker.service.FairService`; they depend
+on this Protocol, not on the service module, so the imports point one way.
+It lists parts only: what is done with them is each part's own method.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from .. import compat
-from ..keys.serving import KeyedServing
 from ..scheduling.scheduler import FairScheduler
+from .attachment import Attachment
 from .pauses import PausedKeys
+from .queue_map import QueueMap
 from .settings import FairSettings
 from .shedder import Shedder
+from .windows import PrefetchWindows
 
 __all__ = ("SchedulingService",)
 
 
 class SchedulingService(Protocol):
-    """The scheduler of one worker, its lock, and what a task's request maps to."""
+    """The scheduler of one worker, its lock, and the parts a task's request meets."""
 
     settings: FairSettings
     scheduler: FairScheduler
@@ -32,12 +35,9 @@ class SchedulingService(Protocol):
     clock: Callable[[], float]
     shedder: Shedder | None
     pauses: PausedKeys
-
-    @property
-    def keyed(self) -> KeyedServing | None: ...
-
-    def queue_of(self, request: Any) -> str | None: ...
-
-    def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]: ...
-
-    def observe_service(self, runtime: float) -> None: ...
+    #: The consumed queue, and a keyed queue's key, of a request.
+    queue_map: QueueMap
+    #: The consumer's live channel, cycle and keyed queues.
+    attachment: Attachment
+    #: The prefetch windows (``fair_prefetch="auto"`` learns from finished tasks).
+    prefetch: PrefetchWindows

@@ -14,23 +14,21 @@ from time import monotonic
 from typing import Any
 
 from .. import compat
-from ..keys import store
-from ..keys.layout import level_rank
-from ..keys.serving import KeyedServing, KeyStatistics
+from ..keys.serving import KeyStatistics
 from ..kombu.atomic import AtomicFetchStatistics
-from ..kombu.cycle import DWRRCycle, install_on_channel
+from ..kombu.cycle import install_on_channel
 from ..kombu.full import FullBroker, FullBrokerStatistics
-from ..scheduling.prefetch import AdaptivePrefetch, PrefetchStatistics
+from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
-from ..wire.served import NOT_SERVED, Served
 from .attachment import Attachment
 from .dispatch import FairGate
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
 from .pauses import PausedKeys
-from .push_prefetch import PushWindows, PushWindowsStatistics
+from .push_prefetch import PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
+from .queue_map import QueueMap
 from .settings import FairSettings
 from .shedder import Shedder, ShedderStatistics
 from .tracking import TaskTracker
@@ -49,7 +47,10 @@ class FairService:
     :class:`Quarantine` for bad input, :class:`KeyedAdmin` for keyed queues on
     the broker, :class:`LiveWeights` for weights changed at run time and
     :class:`PrefetchWindows` for the prefetch windows.  They share the
-    :class:`Attachment` (the consumer's live channel and cycle).  ``clock`` is
+    :class:`Attachment` (the consumer's live channel and cycle) and the
+    :class:`QueueMap` (which consumed queue a request came from).  Callers
+    use these parts directly; the service itself only does what spans
+    several of them.  ``clock`` is
     injectable (seconds, monotonic) for tests; ``hostname`` names the worker
     in telemetry.
     """
@@ -82,6 +83,8 @@ class FairService:
         #: see :func:`celery_fair.compat.pool_forgets_running_tasks`).
         self.pool_forgets_running = False
         self.attachment = Attachment()
+        #: The consumed queue (and a keyed queue's key) of each request.
+        self.queue_map = QueueMap(self.attachment)
         #: Tasks that wait while a pool process is free (see :mod:`.watchdog`).
         self.stalls = StallWatch(settings.stall_after)
         #: What the worker did because its broker was full (Redis at maxmemory).
@@ -93,14 +96,16 @@ class FairService:
         self.pauses = PausedKeys()
         if codel is not None:
             self.shedder = Shedder(
-                codel, clock=clock, on_returned=self.tracker.returned, queue_of=self.queue_of
+                codel,
+                clock=clock,
+                on_returned=self.tracker.returned,
+                queue_of=self.queue_map.queue_of,
             )
-        self._queue_by_key: dict[str, str] = {}
         #: Bad input (undecodable, unknown task): parked or sent back, never dropped.
         self.quarantine = Quarantine(
             delay=settings.unknown_task_delay,
             max_returns=settings.unknown_task_max_returns,
-            queue_of=self.queue_of,
+            queue_of=self.queue_map.queue_of,
             clock=clock,
         )
         self.keys = KeyedAdmin(
@@ -119,31 +124,6 @@ class FairService:
             clock=clock,
         )
 
-    # -- what the collaborators share ------------------------------------------
-
-    @property
-    def cycle(self) -> DWRRCycle | None:
-        """The DWRR cycle on the consumer's channel (None on a push transport)."""
-        return self.attachment.cycle
-
-    @property
-    def keyed(self) -> KeyedServing | None:
-        """The keyed queues served by this worker, if any."""
-        return self.attachment.keyed
-
-    @property
-    def windows(self) -> dict[str, int]:
-        """The prefetch window of each queue (see :class:`PrefetchWindows`)."""
-        return self.prefetch.windows
-
-    @property
-    def adaptive(self) -> AdaptivePrefetch | None:
-        return self.prefetch.adaptive
-
-    @property
-    def push(self) -> PushWindows | None:
-        return self.prefetch.push
-
     # -- consumer side --------------------------------------------------------
 
     def attach(self, channel: Any, queues: Iterable[Any]) -> bool:
@@ -153,7 +133,7 @@ class FairService:
         the previous channel's unacknowledged messages went back to the broker.
         """
         queues = list(queues)
-        self._map_queues(queues)
+        self.queue_map.map(queues)
         with self.lock:
             self.scheduler.reset_held()
         attachment = self.attachment
@@ -216,18 +196,6 @@ class FairService:
         if keyed is not None:
             keyed.flush_releases()
 
-    def recheck_keyed_backlogs(self) -> None:
-        """Look again for keyed backlogs on the consumed queues (a timer calls this)."""
-        self.keys.recheck_backlogs()
-
-    def set_key_limits(self, fields: dict[str, str | None]) -> None:
-        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
-        self.keys.set_limits(fields)
-
-    def set_key_weights(self, weights: dict[str, float | None]) -> None:
-        """Set key weights live, on the broker (every worker and restart sees them)."""
-        self.keys.set_weights(weights)
-
     def pause_keys(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
         """Pause (or resume) keys on the broker: per keyed queue, how many changed."""
         changed = self.keys.pause(keys, queue, paused)
@@ -240,18 +208,6 @@ class FairService:
         paused = self.keys.paused_keys()
         if paused is not None:
             self.pauses.replace(paused)
-
-    def key_controls(self) -> dict[str, store.KeyControls]:
-        """Each keyed queue's paused keys, largest backlogs and their top users."""
-        return self.keys.controls()
-
-    def key_limits_state(self) -> dict[str, store.KeyedLimitsState]:
-        """Each keyed queue's limits in force, running counts and keys held back."""
-        return self.keys.limits_state()
-
-    def key_backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
-        """Each keyed queue's waiting messages and next keys, read from the broker."""
-        return self.keys.backlogs(top)
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more."""
@@ -270,56 +226,10 @@ class FairService:
             # 100 ms on the event connection and about ten tasks a second
             # arrive, too few for the dispatch order to matter.
             logger.info("celery-fair: the event connection is read without waiting (green pool)")
-        self._map_queues(consumer.task_consumer.queues)
+        self.queue_map.map(consumer.task_consumer.queues)
         return self.prefetch.attach_push(consumer)
 
-    def window_for(self, queue: str) -> int:
-        """The prefetch window of ``queue`` (a queue added later gets one too)."""
-        return self.prefetch.window_for(queue)
-
-    def adapt_prefetch(self, consumer: Any, channel: Any) -> None:
-        """``fair_prefetch="auto"`` on a polling transport (Redis)."""
-        self.prefetch.adapt_prefetch(consumer, channel)
-
-    def observe_service(self, runtime: float) -> None:
-        """A task ran for ``runtime`` s: resize the adaptive window if needed."""
-        self.prefetch.observe_service(runtime)
-
-    def _map_queues(self, queues: Iterable[Any]) -> None:
-        self._queue_by_key = {}
-        for queue in queues:
-            self._queue_by_key.setdefault(queue.routing_key or queue.name, queue.name)
-            self._queue_by_key.setdefault(queue.name, queue.name)
-
-    def queue_of(self, request: Any) -> str | None:
-        """The consumed queue a request came from (by its routing key)."""
-        info = getattr(request, "delivery_info", None) or {}
-        key = info.get("routing_key")
-        return self._queue_by_key.get(key) if key is not None else None
-
-    def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:
-        """A keyed queue's request: the key it was served as, its level's rank and
-        its user within the key (two-level keys; else None).
-
-        The rank is Kombu's priority step of the level (0, the first, for
-        anything else): the worker's buffer takes the lowest first.  Not keyed:
-        ``(None, 0, None)``.
-        """
-        keyed = self.attachment.keyed
-        if keyed is None or queue not in keyed.queues or request is None:
-            return None, 0, None
-        served = Served.from_headers(compat.request_headers(request)) or NOT_SERVED
-        return served.key, level_rank(served.level), served.user or None
-
     # -- worker side ----------------------------------------------------------
-
-    def set_weights(self, weights: dict[str, float], *, reset: Iterable[str] = ()) -> None:
-        """Change weights at run time, from the very next fetch (:class:`LiveWeights`)."""
-        self.live_weights.set(weights, reset=reset)
-
-    def clear_live_weights(self) -> None:
-        """Every queue back to its configured weight; on Redis, the stored live weights go."""
-        self.live_weights.clear()
 
     def snapshot(self) -> WorkerStatistics:
         """The scheduler's state and every part's counters, as a frozen record."""

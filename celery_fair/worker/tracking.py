@@ -162,7 +162,7 @@ class TaskTracker:
     def returned(self, request: Any, outcome: str) -> None:
         """A task CoDel sent back or rejected: record it (it never ran here)."""
         if self.writer is not None:
-            self._write(request, self.service.queue_of(request), outcome, cost=0.0)
+            self._write(request, self.service.queue_map.queue_of(request), outcome, cost=0.0)
 
     def on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """Celery's ``task_revoked`` signal: record the task with outcome ``revoked``.
@@ -210,7 +210,7 @@ class TaskTracker:
         afters = tuple(observer.after for observer in chain if observer.follows_completion)
 
         def fair_dispatch(request: Any) -> Any:
-            queue = service.queue_of(request)
+            queue = service.queue_map.queue_of(request)
             if queue is None:
                 return process(request)
             task = DispatchedTask(request, queue, clock())
@@ -228,7 +228,7 @@ class TaskTracker:
         def get(name: str) -> Any:
             return getattr(request, name, None)
 
-        queue = get(QUEUE_STAMP) or self.service.queue_of(request)
+        queue = get(QUEUE_STAMP) or self.service.queue_map.queue_of(request)
         name = getattr(task, "name", None) or get("task")
         self._record(get, request.id, name, queue, get("delivery_info"), outcome, **times)
 

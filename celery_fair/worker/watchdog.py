@@ -119,7 +119,7 @@ class PoolWatchdog:
         """Keyed queues with per-key limits whose count of tasks holding a key slot here
         is above what this worker holds, and that fetch nothing for it: ``queue ->
         (counted, held)``."""
-        keyed = self.service.keyed
+        keyed = self.service.attachment.keyed
         if keyed is None or not keyed.limited:
             return {}
         held: dict[str, int] = {}
@@ -128,7 +128,7 @@ class PoolWatchdog:
             if id(request) in seen:
                 continue
             seen.add(id(request))
-            queue = self.service.queue_of(request)
+            queue = self.service.queue_map.queue_of(request)
             if queue in keyed.queues:
                 held[queue] = held.get(queue, 0) + 1
         drift = {}
@@ -139,7 +139,7 @@ class PoolWatchdog:
         return drift
 
     def _recount(self, queue: str, counts: tuple[int, int]) -> int:
-        keyed = self.service.keyed
+        keyed = self.service.attachment.keyed
         given = keyed.leases.recount(queue, counts[1]) if keyed is not None else 0
         self.watch.repaired(given)
         return given
@@ -153,7 +153,7 @@ class PoolWatchdog:
         )  # fmt: skip
 
     def _log(self, stall: Stall, request: Any, given: int, buffered: int) -> None:
-        queue = self.service.queue_of(request) if request is not None else None
+        queue = self.service.queue_map.queue_of(request) if request is not None else None
         if stall.place == LOST:
             logger.warning(
                 "celery-fair: stall: task %s (%s) of queue %s started on pool process %s, "

@@ -27,7 +27,7 @@ class FakeQueue:
 
 def service(weights: dict[str, float]) -> FairService:
     svc = FairService(FairSettings(weights=weights), concurrency=1)
-    svc._map_queues([FakeQueue(q) for q in weights])
+    svc.queue_map.map([FakeQueue(q) for q in weights])
     return svc
 
 

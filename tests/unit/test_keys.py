@@ -309,18 +309,25 @@ def test_limits_need_keyed_queues_and_default_to_the_visibility_timeout() -> Non
         )
 
 
-class _FakeService:
-    """Records what the remote-control commands ask of the worker's service."""
+class _FakeKeys:
+    """Records what the remote-control commands ask of the service's keyed part."""
 
     def __init__(self) -> None:
         self.limits: list[dict[str, str | None]] = []
-        self.key_weights: list[dict[str, float | None]] = []
+        self.weights: list[dict[str, float | None]] = []
 
-    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+    def set_limits(self, fields: dict[str, str | None]) -> None:
         self.limits.append(fields)
 
-    def set_key_weights(self, weights: dict[str, float | None]) -> None:
-        self.key_weights.append(weights)
+    def set_weights(self, weights: dict[str, float | None]) -> None:
+        self.weights.append(weights)
+
+
+class _FakeService:
+    """A worker's service as the remote-control commands see it: its keyed part."""
+
+    def __init__(self) -> None:
+        self.keys = _FakeKeys()
 
 
 def _state(service: _FakeService) -> object:
@@ -338,10 +345,10 @@ def test_control_fair_key_limits_parses_kinds_and_defaults() -> None:
     assert reply == {
         "ok": "concurrency limits set: gold=8, *=2; back to the configured limit: x"
     }, reply
-    assert service.limits == [{"c:gold": "8", "c:*": "2", "c:x": None}]
+    assert service.keys.limits == [{"c:gold": "8", "c:*": "2", "c:x": None}]
     reply = fair_key_limits(_state(service), limits=["rate", "free=5/s"])
     assert reply == {"ok": "rate limits set: free=5/s"}, reply
-    assert service.limits[-1] == {"r:free": "5.0"}
+    assert service.keys.limits[-1] == {"r:free": "5.0"}
     for bad, fragment in (
         (["speed", "a=1"], "start with 'concurrency' or 'rate'"),
         (["concurrency", "a=0"], "fair_key_limits concurrency['a'] must be an integer"),
@@ -351,7 +358,7 @@ def test_control_fair_key_limits_parses_kinds_and_defaults() -> None:
     ):
         reply = fair_key_limits(_state(service), limits=bad)
         assert fragment in reply.get("error", ""), (bad, reply)
-    assert len(service.limits) == 2  # invalid input changed nothing
+    assert len(service.keys.limits) == 2  # invalid input changed nothing
 
 
 def test_control_fair_key_weights_sets_and_resets() -> None:
@@ -359,7 +366,7 @@ def test_control_fair_key_weights_sets_and_resets() -> None:
 
     service = _FakeService()
     assert "ok" in fair_key_weights(_state(service), weights=["gold=4", "silver=default"])
-    assert service.key_weights == [{"gold": 4.0, "silver": None}]
+    assert service.keys.weights == [{"gold": 4.0, "silver": None}]
     reply = fair_key_weights(_state(service), weights=["gold=-1"])
     assert "fair_key_weights['gold'] must be a positive number" in reply["error"]
 

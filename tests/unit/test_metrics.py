@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 
@@ -137,12 +138,12 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
     from celery_fair.worker.metrics import TOP_KEYS
 
     service = FairService(FairSettings(keys={"jobs": "tenant_id"}))
-    assert service.keyed is not None
+    assert service.attachment.keyed is not None
     for i in range(50):
         for _ in range(i + 1):
-            service.keyed.served("jobs", f"tenant-{i}")
+            service.attachment.keyed.served("jobs", f"tenant-{i}")
     for _ in range(3):
-        service.keyed.served("jobs", "")  # sent without a key
+        service.attachment.keyed.served("jobs", "")  # sent without a key
     samples = _samples(FairCollector(service, DispatchMeter(), worker="w@h"))
     top = {
         dict(labels)["key"]: value
@@ -161,46 +162,49 @@ def test_keyed_queues_export_only_the_top_keys() -> None:
     assert unkeyed == 3
 
 
-class _LimitedService(FairService):
+def _limited_service(
+    monkeypatch: pytest.MonkeyPatch,
+    states: dict[str, KeyedLimitsState] | Exception,
+    controls: dict[str, KeyControls] | None = None,
+) -> FairService:
     """A service whose broker-side limits state is given (the broker part is tested live)."""
+    service = FairService(FairSettings(keys={"jobs": "tenant_id"}))
 
-    def __init__(
-        self,
-        states: dict[str, KeyedLimitsState] | Exception,
-        controls: dict[str, KeyControls] | None = None,
-    ) -> None:
-        super().__init__(FairSettings(keys={"jobs": "tenant_id"}))
-        self.states = states
-        self.controls = controls or {}
+    def given(found: object) -> Callable[[], object]:
+        def read() -> object:
+            if isinstance(states, Exception):
+                raise states
+            return found
 
-    def key_limits_state(self) -> dict[str, KeyedLimitsState]:
-        if isinstance(self.states, Exception):
-            raise self.states
-        return self.states
+        return read
 
-    def key_controls(self) -> dict[str, KeyControls]:
-        if isinstance(self.states, Exception):
-            raise self.states
-        return self.controls
+    monkeypatch.setattr(service.keys, "limits_state", given(states))
+    monkeypatch.setattr(service.keys, "controls", given(controls or {}))
+    return service
 
 
-def test_paused_keys_are_exported_from_the_brokers_controls() -> None:
+def test_paused_keys_are_exported_from_the_brokers_controls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     controls = KeyControls(
         paused={"a": 2.0, "b": 1.0}, paused_seconds=4.5, pauses=3, largest=(), top_users={}
     )
-    service = _LimitedService({}, {"jobs": controls})
+    service = _limited_service(monkeypatch, {}, {"jobs": controls})
     samples = _samples(FairCollector(service, DispatchMeter(), worker="w"))
     queue = (("queue", "jobs"), ("worker", "w"))
     assert samples[("celery_fair_keys_paused", queue)] == 2
     assert samples[("celery_fair_key_paused_seconds_total", queue)] == 7.5
 
 
-def test_throttling_is_exported_from_the_brokers_limits_state() -> None:
+def test_throttling_is_exported_from_the_brokers_limits_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     state = KeyedLimitsState(
         limits={"c:*": "1"}, running={"a": 1}, at_limit=2, sleeping=1, held_back=7,
         held_seconds=3.5, tasks_held=12, top_held=[("a", 2.5), ("b", 1.0)],
     )  # fmt: skip
-    samples = _samples(FairCollector(_LimitedService({"jobs": state}), DispatchMeter(), worker="w"))
+    service = _limited_service(monkeypatch, {"jobs": state})
+    samples = _samples(FairCollector(service, DispatchMeter(), worker="w"))
     queue = (("queue", "jobs"), ("worker", "w"))
     assert samples[("celery_fair_key_held_back_total", queue)] == 7
     assert samples[("celery_fair_key_held_seconds_total", queue)] == 3.5
@@ -211,10 +215,12 @@ def test_throttling_is_exported_from_the_brokers_limits_state() -> None:
     assert samples[("celery_fair_top_key_held_seconds", top)] == 2.5
 
 
-def test_a_broker_away_leaves_only_the_throttling_metrics_out() -> None:
-    service = _LimitedService(ConnectionError("away"))
-    assert service.keyed is not None
-    service.keyed.served("jobs", "tenant-1")
+def test_a_broker_away_leaves_only_the_throttling_metrics_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = _limited_service(monkeypatch, ConnectionError("away"))
+    assert service.attachment.keyed is not None
+    service.attachment.keyed.served("jobs", "tenant-1")
     collector = FairCollector(service, DispatchMeter())
     names = {name for name, _ in _samples(collector)}
     assert "celery_fair_keyed_served_tasks_total" in names

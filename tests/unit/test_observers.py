@@ -76,7 +76,7 @@ def make_service(clock: FakeClock | None = None, **settings: Any) -> FairService
         concurrency=1,
         clock=clock or FakeClock(100.0),
     )
-    svc._map_queues([FakeQueue("a"), FakeQueue("b")])
+    svc.queue_map.map([FakeQueue("a"), FakeQueue("b")])
     return svc
 
 

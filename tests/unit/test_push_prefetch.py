@@ -112,7 +112,7 @@ def test_a_slower_task_time_shrinks_the_window_by_re_consuming_on_the_same_chann
     old_tag = world.tag("q")
     delivered = world.fill("q", 26)
     world.channel.methods()
-    world.service.observe_service(0.040)
+    world.service.prefetch.observe_service(0.040)
     new_tag = world.tag("q")
     # round trip 5 ms / 40 ms per task: 1 per slot, plus 1 spare.
     assert world.channel.methods() == [
@@ -128,15 +128,15 @@ def test_a_slower_task_time_shrinks_the_window_by_re_consuming_on_the_same_chann
     for tag in delivered:
         world.channel.basic_ack(tag)
     assert [m for m in world.channel.sent if m[0] == "ack"] == [("ack", t) for t in delivered]
-    assert world.service.push is not None
-    assert world.service.push.statistics().unacked_by_consumer == {}
+    assert world.service.prefetch.push is not None
+    assert world.service.prefetch.push.statistics().unacked_by_consumer == {}
 
 
 def test_an_ack_that_frees_a_full_window_times_the_refill() -> None:
     world = World({"q": 1}, prefetch_max=26)
     delivered = world.fill("q", 25)
-    push = world.service.push
-    assert push is not None and world.service.adaptive is not None
+    push = world.service.prefetch.push
+    assert push is not None and world.service.prefetch.adaptive is not None
     # An ack below a full window tells nothing: the broker did not wait for it.
     world.channel.basic_ack(delivered[0])
     world.clock.now += 0.5
@@ -148,35 +148,35 @@ def test_an_ack_that_frees_a_full_window_times_the_refill() -> None:
     world.clock.now += 0.001
     world.channel.deliver(world.tag("q"))
     assert push.round_trip_samples == 1
-    assert world.service.adaptive.round_trip == pytest.approx(0.001)
+    assert world.service.prefetch.adaptive.round_trip == pytest.approx(0.001)
 
 
 def test_window_changes_are_rate_limited_and_unchanged_windows_are_left_alone() -> None:
     world = World({"q": 1})
-    world.service.observe_service(0.040)
+    world.service.prefetch.observe_service(0.040)
     world.channel.methods()
     # Same estimate: nothing to do.
     for _ in range(5):
-        world.service.observe_service(0.040)
+        world.service.prefetch.observe_service(0.040)
     assert world.channel.methods() == []
     # Tasks become much faster than the round trip: the window grows, but
     # not within a second of the last change.
     for _ in range(60):
-        world.service.observe_service(0.0001)
+        world.service.prefetch.observe_service(0.0001)
     assert world.channel.methods() == []
     world.clock.now += 1.0
-    world.service.observe_service(0.0001)
+    world.service.prefetch.observe_service(0.0001)
     sent = world.channel.methods()
     assert [m[0] for m in sent] == ["cancel", "qos", "consume"]
-    assert world.service.windows["q"] > 2
+    assert world.service.prefetch.windows["q"] > 2
 
 
 def test_weights_keep_their_proportions_when_the_windows_shrink() -> None:
     world = World({"a": 1, "b": 3})
-    assert world.service.windows == {"a": 13, "b": 39}
+    assert world.service.prefetch.windows == {"a": 13, "b": 39}
     world.channel.methods()
-    world.service.observe_service(0.040)
-    assert world.service.windows == {"a": 2, "b": 6}
+    world.service.prefetch.observe_service(0.040)
+    assert world.service.prefetch.windows == {"a": 2, "b": 6}
     sent = world.channel.methods()
     assert sorted(m for m in sent if m[0] == "qos") == [("qos", 2, False), ("qos", 6, False)]
     assert len([m for m in sent if m[0] == "cancel"]) == 2
@@ -185,15 +185,15 @@ def test_weights_keep_their_proportions_when_the_windows_shrink() -> None:
 def test_a_resize_decided_on_another_thread_waits_for_the_consumers_next_delivery() -> None:
     world = World({"q": 1})
     world.channel.methods()
-    thread = threading.Thread(target=world.service.observe_service, args=(0.040,))
+    thread = threading.Thread(target=world.service.prefetch.observe_service, args=(0.040,))
     thread.start()
     thread.join()
     # The channel is not thread safe: nothing was sent from the pool thread.
     assert world.channel.methods() == []
-    assert world.service.windows == {"q": 26}
+    assert world.service.prefetch.windows == {"q": 26}
     world.channel.deliver(world.tag("q"))
     assert [m[0] for m in world.channel.methods()] == ["cancel", "qos", "consume"]
-    assert world.service.windows == {"q": 2}
+    assert world.service.prefetch.windows == {"q": 2}
     assert len(world.received) == 1  # the delivery itself was handled first
 
 
@@ -201,15 +201,15 @@ def test_fixed_windows_are_never_re_consumed() -> None:
     world = World({"q": 1}, prefetch=None)
     world.fill("q", 5)
     world.channel.methods()
-    world.service.observe_service(0.040)
+    world.service.prefetch.observe_service(0.040)
     assert world.channel.methods() == []
-    assert world.service.push is None
+    assert world.service.prefetch.push is None
 
 
 def test_a_reconnection_consumes_with_the_adapted_window_at_once() -> None:
     world = World({"q": 1})
-    world.service.observe_service(0.040)
-    assert world.service.windows == {"q": 2}
+    world.service.prefetch.observe_service(0.040)
+    assert world.service.prefetch.windows == {"q": 2}
     # The connection is lost; Celery revives the consumer on a new channel.
     channel = FakeChannel(world.clock)
     task_consumer = Consumer(

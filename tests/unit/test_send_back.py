@@ -226,7 +226,7 @@ def stub_service(shedder: StubShedder | None) -> Any:
         lock=threading.RLock(),
         pauses=PausedKeys(),
         shedder=shedder,
-        key_of=lambda request, queue: (request.key, 0, None),
+        queue_map=SimpleNamespace(key_of=lambda request, queue: (request.key, 0, None)),
     )
 
 

@@ -95,7 +95,7 @@ def tracked() -> Iterator[list[Request]]:
 
 def _service(clock: FakeClock) -> FairService:
     service = FairService(FairSettings(weights={"a": 1}, stall_after=10.0), clock=clock)
-    service._map_queues([Queue("a")])
+    service.queue_map.map([Queue("a")])
     return service
 
 
@@ -208,8 +208,8 @@ def test_a_lost_key_slot_release_is_recounted(
         key_limits=KeyLimits(concurrency={"*": 1}), stall_after=10.0,
     )  # fmt: skip
     service = FairService(settings, concurrency=2, clock=clock)
-    service._map_queues([Queue("jobs")])
-    keyed = service.keyed
+    service.queue_map.map([Queue("jobs")])
+    keyed = service.attachment.keyed
     assert keyed is not None
     woken: list[bool] = []
 

@@ -38,7 +38,7 @@ class FairConsumerStep(bootsteps.StartStopStep):
         gate = service.gate
         if service.attach(channel, c.task_consumer.queues):
             if service.settings.prefetch == "auto":
-                service.adapt_prefetch(c, channel)
+                service.prefetch.adapt_prefetch(c, channel)
             if gate is not None and not compat.runs_inline(c.controller.pool):
                 wake_while_busy(c.connection, gate)
             queues = [q.name for q in c.task_consumer.queues]

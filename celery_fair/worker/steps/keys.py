@@ -43,12 +43,13 @@ class FairKeysStep(bootsteps.StartStopStep):
         service: FairService = c.controller.fair
         if c.task_consumer is None:
             return
-        if service.keyed is not None and not self._warned:
+        keyed = service.attachment.keyed
+        if keyed is not None and not self._warned:
             self._warned = True
-            warn_about_plain_consumers(c.app, service.keyed.queues)
-        if service.cycle is not None and service.cycle.atomic is not None:
-            self._recheck = c.timer.call_repeatedly(KEYED_RECHECK, service.recheck_keyed_backlogs)
-        if service.keyed is not None:
+            warn_about_plain_consumers(c.app, keyed.queues)
+        if service.attachment.fetch is not None:
+            self._recheck = c.timer.call_repeatedly(KEYED_RECHECK, service.keys.recheck_backlogs)
+        if keyed is not None:
             service.refresh_paused()
             self._paused = c.timer.call_repeatedly(PAUSED_RECHECK, service.refresh_paused)
 

@@ -1,0 +1,53 @@
+"""Which consumed queue a task's request came from, and a keyed queue's key.
+
+Mapped again at every (re)connection from the task consumer's queues; read
+by the dispatch order, the task tracker, the shedder and the quarantine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .. import compat
+from ..keys.layout import level_rank
+from ..wire.served import NOT_SERVED, Served
+from .attachment import Attachment
+
+__all__ = ("QueueMap",)
+
+
+class QueueMap:
+    """The consumed queues by routing key; the keyed queues are the attachment's."""
+
+    def __init__(self, attachment: Attachment) -> None:
+        self.attachment = attachment
+        self._by_key: dict[str, str] = {}
+
+    def map(self, queues: Iterable[Any]) -> None:
+        """The consumer's queues now (Kombu ``Queue`` objects)."""
+        by_key: dict[str, str] = {}
+        for queue in queues:
+            by_key.setdefault(queue.routing_key or queue.name, queue.name)
+            by_key.setdefault(queue.name, queue.name)
+        self._by_key = by_key
+
+    def queue_of(self, request: Any) -> str | None:
+        """The consumed queue a request came from (by its routing key)."""
+        info = getattr(request, "delivery_info", None) or {}
+        key = info.get("routing_key")
+        return self._by_key.get(key) if key is not None else None
+
+    def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:
+        """A keyed queue's request: the key it was served as, its level's rank and
+        its user within the key (two-level keys; else None).
+
+        The rank is Kombu's priority step of the level (0, the first, for
+        anything else): the worker's buffer takes the lowest first.  Not keyed:
+        ``(None, 0, None)``.
+        """
+        keyed = self.attachment.keyed
+        if keyed is None or queue not in keyed.queues or request is None:
+            return None, 0, None
+        served = Served.from_headers(compat.request_headers(request)) or NOT_SERVED
+        return served.key, level_rank(served.level), served.user or None
