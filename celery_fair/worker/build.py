@@ -1,22 +1,38 @@
-"""Assemble a worker's :class:`FairService` from its settings.
+"""Assemble a worker's :class:`FairService` from its settings, and fit it to the worker.
 
 What the bootsteps of :mod:`celery_fair.worker.steps` wire into Celery is
-built here, with the start-up checks that need the broker or an optional
-package: the steps themselves only connect the parts to the worker's events.
+built and decided here, with the start-up checks that need the broker or an
+optional package: the steps themselves only connect the parts to the
+worker's events.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
+from .. import compat
 from ..errors import FairConfigError
 from ..keys.publish import register_app
+from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
+from .pauses import PAUSED_RECHECK
 from .service import FairService
 from .settings import FairSettings
+from .watchdog import PoolWatchdog
 
-__all__ = ("build", "build_metrics")
+__all__ = (
+    "KEYED_RECHECK",
+    "build",
+    "build_metrics",
+    "build_watchdog",
+    "install_dispatch",
+    "keyed_checks",
+)
+
+#: Seconds between two looks for keyed backlogs on queues fair_keys does not name.
+KEYED_RECHECK = 30.0
 
 
 def build(
@@ -52,6 +68,64 @@ def build_metrics(service: FairService, *, hostname: str | None = None) -> Metri
     metrics = MetricsServer(collector, port=settings.metrics_port, addr=settings.metrics_addr)
     metrics.check()
     return metrics
+
+
+def install_dispatch(service: FairService, w: Any) -> None:
+    """Wrap the worker's hand-over to the pool in the tracker's observers and a fair wait.
+
+    prefork waits in its semaphore, whose waiters then leave in DWRR order;
+    the pools that dispatch directly (threads, solo, gevent, eventlet) get a
+    :class:`FairGate`.
+    """
+    tracker = service.tracker
+    # threads, solo, gevent, eventlet: received tasks go straight to the
+    # pool (Celery may still create a semaphore for its event loop: unused).
+    direct = compat.dispatches_directly(w)
+    process = tracker.wrap_dispatch(compat.dispatch_of(w))
+    compat.set_dispatch(w, process)
+    if direct:
+        # No semaphore wait on the way to the pool: add a fair one.
+        slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
+        gate = service.gate = FairGate(service, slots)
+        gated = gate.wrap(process, w.pool)
+        # Celery's direct process_task is the unwrapped _process_task: it is
+        # replaced, not called, or tasks would skip the observers and the gate.
+        compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
+    elif getattr(w, "semaphore", None) is not None:
+        # prefork: tasks waiting for a slot wait in the semaphore.
+        install_on_semaphore(w.semaphore, service)
+        compat.wrap_process_task(w, tracker.wrap_receive)
+
+
+def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]:
+    """What a connected consumer of keyed queues runs on its timer: (seconds, call).
+
+    While the channel has the atomic fetch, a look for keyed messages sent
+    by producers that still key a queue this worker's settings no longer
+    key; while keyed queues are served, a read of the paused keys.
+    """
+    checks: list[tuple[float, Callable[[], None]]] = []
+    attachment = service.attachment
+    if attachment.fetch is not None:
+        checks.append((KEYED_RECHECK, service.keys.recheck_backlogs))
+    if attachment.keyed is not None:
+        checks.append((PAUSED_RECHECK, service.refresh_paused))
+    return checks
+
+
+def build_watchdog(service: FairService, w: Any) -> PoolWatchdog | None:
+    """The watchdog of the worker's pool, or None without the capability it needs
+    (``celery.worker.state_requests``; the probe at start said so)."""
+    if not service.probe.has("celery.worker.state_requests"):
+        return None
+    gate = service.gate
+    return PoolWatchdog(
+        service,
+        service.stalls,
+        w.pool,
+        semaphore=getattr(w, "semaphore", None) if gate is None else None,
+        gate=gate,
+    )
 
 
 def _require_pyarrow() -> None:

@@ -22,7 +22,7 @@ from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
-from .dispatch import FairGate
+from .dispatch import FairGate, hold_during_drain, wake_while_busy
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
 from .pauses import PausedKeys
@@ -125,6 +125,51 @@ class FairService:
         )
 
     # -- consumer side --------------------------------------------------------
+
+    def connect(self, consumer: Any) -> None:
+        """The task consumer (re)connected: the fetch order or the per-queue windows
+        on its channel, bad input kept, the event loop fitted to the pool, and
+        the paused keys read.
+
+        ``consumer`` is Celery's; it may have no task consumer (no queues yet).
+        """
+        task_consumer = consumer.task_consumer
+        if task_consumer is None:
+            return
+        channel = task_consumer.channel
+        # Before the event loop builds the task handler, which reads them.
+        self.quarantine.install(consumer)
+        if compat.backport_immediate_acks(consumer, self.probe):
+            logger.info("celery-fair: tasks acknowledged when they finish (green pool)")
+        gate, settings = self.gate, self.settings
+        inline = compat.runs_inline(consumer.controller.pool)
+        if self.attach(channel, task_consumer.queues):
+            if settings.prefetch == "auto":
+                self.prefetch.adapt_prefetch(consumer, channel)
+            if gate is not None and not inline:
+                wake_while_busy(consumer.connection, gate)
+            queues = [q.name for q in task_consumer.queues]
+            logger.info(
+                "celery-fair: DWRR fetch order on %s, weights %s, cost %s",
+                ", ".join(queues) or "(no queues)",
+                {q: self.scheduler.weight(q) for q in queues},
+                settings.cost,
+            )
+        else:
+            windows = self.attach_push(consumer)
+            logger.info(
+                "celery-fair: per-queue prefetch windows %s, DWRR dispatch, cost %s",
+                windows,
+                settings.cost,
+            )
+            if gate is not None and inline:
+                # solo: order each burst of deliveries before running any.  Not
+                # for pools that run tasks concurrently (gevent, eventlet): a
+                # task finishing during a blocking drain must start the next.
+                hold_during_drain(consumer.connection, gate)
+        # After attaching: a keyed backlog found on the channel may add keyed queues.
+        if self.attachment.keyed is not None:
+            self.refresh_paused()
 
     def attach(self, channel: Any, queues: Iterable[Any]) -> bool:
         """Install the DWRR cycle on the task consumer's channel.

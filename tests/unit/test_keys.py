@@ -433,3 +433,21 @@ def test_the_buffer_gives_turns_to_users_of_a_two_level_key_and_hands_back_a_key
     assert len(buffer) == 0 and buffer.take_key("jobs", "t1") == []
     buffer.put("jobs", "after", "t3")
     assert buffer.take(lambda q: 1.0) == ("jobs", "after")
+
+
+def test_keyed_checks_follow_what_the_channel_serves() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from celery_fair.worker.build import KEYED_RECHECK, keyed_checks
+    from celery_fair.worker.pauses import PAUSED_RECHECK
+    from celery_fair.worker.service import FairService
+    from celery_fair.worker.settings import FairSettings
+
+    plain = FairService(FairSettings(weights={"a": 1}))
+    assert keyed_checks(plain) == []
+    keyed = FairService(FairSettings(keys={"jobs": "tenant_id"}))
+    assert keyed_checks(keyed) == [(PAUSED_RECHECK, keyed.refresh_paused)]
+    # With the atomic fetch on the channel, keyed backlogs are looked for too.
+    plain.attachment.cycle = cast(Any, SimpleNamespace(atomic=object()))
+    assert keyed_checks(plain) == [(KEYED_RECHECK, plain.keys.recheck_backlogs)]

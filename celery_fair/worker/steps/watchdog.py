@@ -6,8 +6,9 @@ from typing import Any
 
 from celery import bootsteps
 
+from ..build import build_watchdog
 from ..service import FairService
-from ..watchdog import LOOK_EVERY, PoolWatchdog
+from ..watchdog import LOOK_EVERY
 
 __all__ = ("FairWatchdogStep",)
 
@@ -18,7 +19,7 @@ class FairWatchdogStep(bootsteps.StartStopStep):
     On the consumer's timer: with prefork that is the event loop's thread, the
     one that acquires and releases the pool's semaphore, so a repair never
     races them.  Without the capability (``celery.worker.state_requests``)
-    the step does nothing; the probe at start said so.
+    there is no watchdog and the step does nothing; the probe at start said so.
     """
 
     name = "celery_fair.watchdog"
@@ -31,19 +32,11 @@ class FairWatchdogStep(bootsteps.StartStopStep):
         self._timer: Any = None
 
     def start(self, c: Any) -> None:
-        service: FairService = c.controller.fair
-        if self._timer is not None or not service.probe.has("celery.worker.state_requests"):
+        if self._timer is not None:
             return
-        w = c.controller
-        gate = service.gate
-        watchdog = PoolWatchdog(
-            service,
-            service.stalls,
-            w.pool,
-            semaphore=getattr(w, "semaphore", None) if gate is None else None,
-            gate=gate,
-        )
-        self._timer = c.timer.call_repeatedly(LOOK_EVERY, watchdog.look)
+        watchdog = build_watchdog(c.controller.fair, c.controller)
+        if watchdog is not None:
+            self._timer = c.timer.call_repeatedly(LOOK_EVERY, watchdog.look)
 
     def stop(self, c: Any) -> None:
         if self._timer is not None:
