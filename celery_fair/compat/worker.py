@@ -177,7 +177,28 @@ def pool_pids(pool: Any) -> set[int] | None:
 
 def runs_inline(pool: Any) -> bool:
     """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
-    return type(pool).__module__ == "celery.concurrency.solo"
+    return type(pool).__module__ == _SOLO_POOL
+
+
+_SOLO_POOL = "celery.concurrency.solo"
+_THREADS_POOL = "celery.concurrency.thread"
+
+
+def pool_slots(worker: Any) -> int:
+    """The most tasks the worker's pool runs at once, known before the pool is created.
+
+    ``--autoscale`` lets prefork, gevent and eventlet grow to its maximum, so
+    that is the count.  solo runs one task whatever ``--concurrency`` says
+    (Celery keeps the option's value; the solo pool's ``limit`` is 1), and
+    the threads pool's executor keeps the size it was made with, the
+    ``--autoscale`` minimum (it has no ``grow``).
+    """
+    module = getattr(getattr(worker, "pool_cls", None), "__module__", None)
+    if module == _SOLO_POOL:
+        return 1
+    most = "min_concurrency" if module == _THREADS_POOL else "max_concurrency"
+    slots = getattr(worker, most, None) or getattr(worker, "concurrency", 1)
+    return max(1, int(slots or 1))
 
 
 def on_pool_done(result: Any, callback: Callable[[], None]) -> None:

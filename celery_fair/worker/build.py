@@ -75,7 +75,7 @@ def install_dispatch(service: FairService, w: Any) -> None:
 
     prefork waits in its semaphore, whose waiters then leave in DWRR order;
     the pools that dispatch directly (threads, solo, gevent, eventlet) get a
-    :class:`FairGate`.
+    :class:`FairGate` of the service's pool slots.
     """
     tracker = service.tracker
     # threads, solo, gevent, eventlet: received tasks go straight to the
@@ -85,8 +85,7 @@ def install_dispatch(service: FairService, w: Any) -> None:
     compat.set_dispatch(w, process)
     if direct:
         # No semaphore wait on the way to the pool: add a fair one.
-        slots = getattr(w.pool, "limit", None) or getattr(w, "concurrency", 1) or 1
-        gate = service.gate = FairGate(service, slots)
+        gate = service.gate = FairGate(service, service.concurrency)
         gated = gate.wrap(process, w.pool)
         # Celery's direct process_task is the unwrapped _process_task: it is
         # replaced, not called, or tasks would skip the observers and the gate.

@@ -244,6 +244,33 @@ def test_prefork_waits_in_the_semaphore_other_pools_dispatch_directly() -> None:
     assert compat.dispatches_directly(worker)
 
 
+@pytest.mark.parametrize(
+    ("pool", "autoscale", "slots"),
+    [
+        ("prefork", None, 4),
+        ("prefork", "8,2", 8),
+        ("threads", None, 4),
+        ("threads", "8,2", 2),  # its executor never grows past the minimum
+        ("solo", None, 1),  # whatever --concurrency says
+        ("solo", "8,2", 1),
+        ("gevent", None, 4),
+        ("gevent", "8,2", 8),
+        ("eventlet", "8,2", 8),
+    ],
+)
+def test_pool_slots_are_the_most_tasks_the_pool_runs_at_once(
+    pool: str, autoscale: str | None, slots: int
+) -> None:
+    from types import SimpleNamespace
+
+    from celery.concurrency import get_implementation
+    from celery.worker.components import Pool
+
+    worker = SimpleNamespace(concurrency=4, optimization=None, pool_cls=get_implementation(pool))
+    Pool(worker, autoscale=autoscale)  # sets the worker's min and max concurrency, as Celery does
+    assert compat.pool_slots(worker) == slots
+
+
 class FakeConsumerConnection:
     def __init__(self, spec: bool) -> None:
         self.qos_semantics_matches_spec = spec

@@ -34,9 +34,11 @@ class FairWorkerStep(bootsteps.Step):
             settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
             for message in unknown_settings(w.app.conf):
                 logger.warning(message)
-            concurrency = getattr(w, "max_concurrency", None) or getattr(w, "concurrency", 1) or 1
             w.fair = build(
-                w.app, settings, concurrency=concurrency, hostname=getattr(w, "hostname", None)
+                w.app,
+                settings,
+                concurrency=compat.pool_slots(w),
+                hostname=getattr(w, "hostname", None),
             )
             # Before the consumer connects: Kombu's Redis transport restores at its
             # first poll (other transports never call it).
