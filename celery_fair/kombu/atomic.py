@@ -30,7 +30,7 @@ it over: mingle's ``hello`` polls its reply queue on the task consumer's
 channel, and the last of those ``BRPOP`` commands is still waiting for its
 reply when the worker's own consumers start.  Every reply on the connection
 is read in the order its command was sent, so the fetch keeps track of what
-is in flight (:attr:`AtomicFetch.pending`), starting with what Kombu left
+is in flight (:attr:`AtomicFetch.state`), starting with what Kombu left
 there, and reads a reply of Kombu's as Kombu would: a message it popped is
 delivered (or requeued by Kombu when its consumer is gone), never dropped.
 
@@ -45,6 +45,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from queue import Empty
 from time import monotonic, time
 from typing import Any, Protocol
@@ -53,16 +54,16 @@ from kombu.utils.json import loads
 from redis.exceptions import ResponseError
 
 from .. import compat
-from ..keys.layout import KeyedNames
 from ..keys.scripts import FETCH
 from ..keys.serving import KeyedServing
-from ..keys.store import fetch_args, text
+from ..keys.store import text
 from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
 from ..wire.replies import Idle, KeyedMessage, Malformed, Popped, decode_fetch
+from .fetch_request import FetchRequest
 from .wakeup import InvalidationListener
 
-__all__ = ("AtomicFetch", "AtomicFetchStatistics", "install_atomic_fetch")
+__all__ = ("TRANSITIONS", "AtomicFetch", "AtomicFetchStatistics", "State", "install_atomic_fetch")
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,45 @@ class AtomicFetchStatistics:
     listener_reconnects: int
 
 
-#: What is in flight on the fetch connection: the script, the idle wait, or
-#: a ``BRPOP`` of Kombu's own (sent before the fetch took the channel over).
-_FETCH, _WAIT, _BRPOP = "fetch", "wait", "brpop"
+class State(Enum):
+    """What the fetch connection carries, and so what the fetch does next."""
+
+    #: Nothing in flight; the next command is the fetch script.
+    READY = "ready"
+    #: The fetch script is in flight.
+    FETCHING = "fetching"
+    #: Nothing in flight; the last fetch found nothing, so the next command is the wait.
+    IDLE = "idle"
+    #: The wait (a ``BLPOP`` on the wake key) is in flight.
+    WAITING = "waiting"
+    #: A ``BRPOP`` of Kombu's own is in flight, sent before the fetch took the
+    #: channel over (mingle's last poll of its reply queue): read as Kombu would.
+    KOMBU_BRPOP = "kombu-brpop"
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a reply is due on the connection."""
+        return self in (State.FETCHING, State.WAITING, State.KOMBU_BRPOP)
+
+    @property
+    def fetch_follows(self) -> bool:
+        """Whether the next command is the fetch script, not the wait (which comes
+        first after a fetch that found nothing)."""
+        return self in (State.READY, State.FETCHING, State.KOMBU_BRPOP)
+
+
+#: Each state's allowed next states.  A state in flight goes to READY when its
+#: reply is read (or fails, or its connection is replaced), the fetch script's
+#: to IDLE when it found nothing.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    # Arm, send the script, wait (no queue has room to fetch from), adopt a reply.
+    State.READY: frozenset({State.READY, State.FETCHING, State.WAITING, State.KOMBU_BRPOP}),
+    # Arm (the wait starts over with a fetch), send the wait, adopt a reply.
+    State.IDLE: frozenset({State.READY, State.WAITING, State.KOMBU_BRPOP}),
+    State.FETCHING: frozenset({State.READY, State.IDLE}),
+    State.WAITING: frozenset({State.READY}),
+    State.KOMBU_BRPOP: frozenset({State.READY}),
+}
 
 
 class AtomicFetch:
@@ -94,63 +131,46 @@ class AtomicFetch:
     Installed by :func:`install_atomic_fetch`, which replaces the channel's
     ``_brpop_start`` / ``_brpop_read`` pair (Kombu's poller keeps driving
     them).  ``on_fetch(seconds)`` is told the round trip of every fetch
-    that returned a message (for adaptive prefetch).
+    that returned a message (for adaptive prefetch).  :attr:`state` moves
+    only through :meth:`_move`, along :data:`TRANSITIONS`.
     """
 
     def __init__(self, channel: Any, cycle: FetchCycle, keyed: KeyedServing | None = None) -> None:
         self.channel = channel
         self.cycle = cycle
         self.keyed = keyed
-        self.mode = _FETCH
-        #: The command whose reply is due next on the fetch connection, if any.
-        #: Kombu may have left a BRPOP in flight (mingle's last poll of its reply
-        #: queue): its reply comes first, and is read as Kombu would read it.
-        self.pending: str | None = _BRPOP if compat.poll_in_flight(channel) else None
+        self._request = FetchRequest(channel)
+        #: Kombu may have left a BRPOP in flight: its reply comes first.
+        self.state = State.KOMBU_BRPOP if compat.poll_in_flight(channel) else State.READY
+        self._warned: set[tuple[State, State]] = set()  # impossible moves logged
         self.recorded: Any = None  # delivery tag recorded by the script
         self.on_fetch: Callable[[float], None] | None = None
         self.fetches = self.waits = self.wakeups = self.malformed = 0
         self.tracking = False
         self.listener: InvalidationListener | None = None
-        self._waking = False
+        #: A wake-up was pushed since the last command was sent: the next is
+        #: not needed (set from the listener's thread, so not part of :attr:`state`).
+        self._wake_pushed = False
         self._sha: str | None = None
         self._armed_sock: Any = None
         self._armed_generation = -1
         self._sent_at = 0.0
         #: The thread that sends the fetches (the worker's loop), and whether key
-        #: slots were released on it, or on another (see :meth:`will_fetch`).
+        #: slots were ever released on it, or on another (see :meth:`will_fetch`).
         self._thread: int | None = None
-        self._released_here = self._released_elsewhere = False
+        self._released_on_fetch_thread = self._released_off_fetch_thread = False
         #: Set when the consumer stops: no fetch follows any more.
         self.stopped = False
-        self._prefix = compat.key_prefix(channel)
-        self._wake_key = f"{self._prefix}_fair.wake.{uuid.uuid4().hex}"
-        self._sep = compat.key_separator(channel)
-        self._malformed: dict[str, str] = {}  # queue key -> its "malformed" list key
-        self._unacked = tuple(self._prefix + key for key in compat.unacked_keys(channel))
-        # A keyed queue's other Kombu lists (priorities), as suffixes of its name.
-        self._suffixes = [
-            s
-            for s in (compat.queue_key(channel, "", p) for p in compat.priority_steps(channel))
-            if s
-        ]
-        self._default_key_weight = "1.0"
-        self._level_words: list[str] = []  # (suffix, weight) pairs: weighted levels
-        self.serve_keyed(keyed)
+        self._wake_key = f"{self._request.prefix}_fair.wake.{uuid.uuid4().hex}"
         self._due: float | None = None  # seconds until a limited key may go on
-        self._names: dict[str, KeyedNames] = {}  # keyed queue -> its Redis names
-        self._charged: dict[str, float] = {}  # keyed queue -> its charge in the pending fetch
+        self.serve_keyed(keyed)
 
     def serve_keyed(self, keyed: KeyedServing | None) -> None:
         """Serve ``keyed``'s queues in fair key order from the next fetch on."""
         self.keyed = keyed
         if keyed is not None:
             keyed.fetched_by(self)
-        self._default_key_weight = repr(keyed.terms.default_weight if keyed is not None else 1.0)
-        steps = sorted(compat.priority_steps(self.channel))
-        weights = keyed.terms.level_weights(steps) if keyed is not None else None
-        self._level_words = []
-        for step, weight in zip(steps, weights or (), strict=False):
-            self._level_words += [compat.queue_key(self.channel, "", step), repr(weight)]
+        self._request.serve_keyed(keyed)
 
     def listen(self) -> bool:
         """Start the invalidation listener; False if it could not subscribe."""
@@ -173,6 +193,27 @@ class AtomicFetch:
         if self.listener is not None:
             self.listener.close()
 
+    def _move(self, to: State, why: str) -> State:
+        """Go to state ``to``; ``why`` names the event, for the log.
+
+        A move :data:`TRANSITIONS` does not allow is a fault of the fetch's
+        bookkeeping: logged once per pair of states, at WARNING, and taken
+        all the same.  The caller sends its command, or has read its reply,
+        either way, and the state must say what the connection carries;
+        refusing a send would leave Kombu's poller waiting for a reply never
+        asked for, and raising would stop the worker's event loop.
+        """
+        was = self.state
+        if to not in TRANSITIONS[was] and (was, to) not in self._warned:
+            self._warned.add((was, to))
+            logger.warning(
+                "celery-fair: the atomic fetch moved from %s to %s (%s), which it never "
+                "should; it goes on from %s",
+                was.name, to.name, why, to.name,
+            )  # fmt: skip
+        self.state = to
+        return to
+
     # -- Kombu's poller calls these ---------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
@@ -187,34 +228,23 @@ class AtomicFetch:
         generation = listener.generation if listener is not None else 0
         if compat.socket_of(conn) is not self._armed_sock or generation != self._armed_generation:
             self._arm(conn)
-        keys: list[str] = []
-        if self.mode == _FETCH:
-            keys, words, watched = self._entries(queues)
-        if keys:
-            malformed = [self._malformed_key(key) for key in keys]  # cached per key
-            argv = fetch_args(
-                words,
-                sep=self._sep,
-                now=time(),
-                default_weight=self._default_key_weight,
-                suffixes=self._suffixes,
-                level_words=self._level_words,
-                charges=self._charges(),
-                releases=self._releases(),
-            )
+        command = self._request.command(queues) if self.state.fetch_follows else None
+        if command is not None:
             # From here on a wake-up must push the wake key: the script may
             # read the queues before the change that woke us (a lost wake-up
             # would leave the next wait to its timeout).
-            self.pending, self._waking = _FETCH, False
+            self._move(State.FETCHING, "the script is sent")
+            self._wake_pushed = False
             self._begin(conn)
-            conn.send_command(
-                "EVALSHA", self._sha, 2 * len(keys) + 2 + len(watched),
-                *keys, *malformed, *self._unacked, *watched, *argv,
-            )  # fmt: skip
+            conn.send_command("EVALSHA", self._sha, *command)
             return
         if self.keyed is not None:
             self.keyed.flush_releases()  # no fetch now to carry them
-        if self.mode == _FETCH and self._released_here and not self._released_elsewhere:
+        if (
+            self.state.fetch_follows
+            and self._released_on_fetch_thread
+            and not self._released_off_fetch_thread
+        ):
             # Every queue is keyed and at this worker's capacity (per-key limits),
             # and slots are freed on this thread: the loop calls this again after
             # the next release, whose fetch carries it. Nothing to wait for.
@@ -228,7 +258,8 @@ class AtomicFetch:
         # pushed before: that one ended the last wait, or ends this one at once.
         # Left set, a wake-up taken while the worker was full (no fetch, so no
         # reset) would swallow the next: a freed slot waits for the timeout.
-        self.pending, self._waking = _WAIT, False
+        self._move(State.WAITING, "the wait is sent")
+        self._wake_pushed = False
         self.waits += 1
         self._begin(conn)
         conn.send_command("BLPOP", self._wake_key, wait or 0)
@@ -248,50 +279,56 @@ class AtomicFetch:
         if self.stopped or self._thread is None:
             return False
         if threading.get_ident() != self._thread:
-            self._released_elsewhere = True
+            self._released_off_fetch_thread = True
             return False
-        self._released_here = True
-        return self.mode == _FETCH and self.pending != _WAIT
+        self._released_on_fetch_thread = True
+        return self.state.fetch_follows
 
     def read(self, **options: Any) -> Any:
         """Kombu's ``_brpop_read``: handle a fetch's reply, or a wait's end."""
         channel = self.channel
         conn = channel.client.connection
+        sent = self.state
         try:
-            pending, self.pending = self.pending, None
-            if pending is None:
+            if not sent.in_flight:
                 if not compat.reply_waiting(conn):
                     raise Empty()  # nothing was sent (no queue to fetch from)
                 # Nothing of ours is in flight, yet a reply is there: only
                 # Kombu's own fetch sends on this connection.
-                pending = _BRPOP
+                sent = self._move(State.KOMBU_BRPOP, "a reply nothing of ours asked for")
             try:
                 reply = conn.read_response()
             except ResponseError as error:
-                if pending == _BRPOP:
+                if sent is State.KOMBU_BRPOP or "NOSCRIPT" not in str(error):
                     raise
-                return self._script_error(error)
+                # The script cache was flushed (SCRIPT FLUSH, or a restart the
+                # connection survived): load it again on the next fetch.
+                self._armed_sock = None
+                raise Empty() from error
             except channel.connection_errors:
                 conn.disconnect()
-                self.mode, self._armed_sock = _FETCH, None
+                self._armed_sock = None
                 raise
-            if pending == _FETCH and self.keyed is not None:
+            if sent is State.FETCHING and self.keyed is not None:
                 self.keyed.releases.confirm()  # the script ran the ones it carried
-            if pending == _BRPOP:
+            if sent is State.KOMBU_BRPOP:
+                self._move(State.READY, "Kombu's fetch replied")
                 return self._deliver_popped(reply)
-            if pending == _WAIT:
-                # Woken by the listener, or the wait timed out: look again.
-                self.mode = _FETCH
+            if sent is State.WAITING:
+                self._move(State.READY, "the wait ended: woken, or timed out")
                 raise Empty()
             fetched = decode_fetch(reply)
             if isinstance(fetched, Idle):
                 # Nothing to fetch; with per-key limits, the reply says when a
                 # key held back may go on (nothing writes then to wake us).
-                self.mode = _WAIT
+                self._move(State.IDLE, "the fetch found nothing")
                 self._due = fetched.due
                 raise Empty()
+            self._move(State.READY, "the fetch replied with a payload")
             return self._deliver(fetched)
         finally:
+            if self.state.in_flight:  # an error reply, or none: the reply is gone
+                self._move(State.READY, "the reply failed")
             compat.end_poll(channel)
 
     def _deliver_popped(self, reply: Any) -> bool:
@@ -302,11 +339,9 @@ class AtomicFetch:
         message of a queue nobody consumes any more (mingle's reply queue) is
         requeued by Kombu's delivery; one that does not decode is parked.
         """
-        self.mode = _FETCH
         if not reply:
             raise Empty()
-        key, item = text(reply[0]), reply[1]
-        queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+        queue, item = self._request.queue_of(text(reply[0])), reply[1]
         # Counted as a fetch before it is decoded, as Kombu's own BRPOP path does:
         # a payload parked below releases its own credit.
         compat.queue_cycle(self.channel).rotate(queue)
@@ -318,71 +353,10 @@ class AtomicFetch:
         compat.deliver(self.channel, payload, queue)
         return True
 
-    def _entries(self, queues: list[str]) -> tuple[list[str], list[str], list[str]]:
-        """The lists to fetch from in order, each one's word for the script, and watched keys.
-
-        A plain queue has one list per priority (priority first, as Kombu's
-        BRPOP); a keyed queue has one entry, at its first place, whose word is
-        the charge at fetch (its priority lists are its unkeyed key).  The
-        watched keys wake an idle fetch: each keyed queue's active-key set
-        and other priority lists.
-        """
-        channel, prefix, keyed = self.channel, self._prefix, self.keyed
-        keys: list[str] = []
-        words: list[str] = []
-        if keyed is None:
-            for pri in compat.priority_steps(channel):
-                for queue in queues:
-                    keys.append(prefix + compat.queue_key(channel, queue, pri))
-            return keys, ["-"] * len(keys), []
-        watched: list[str] = []
-        charged = self._charged
-        charged.clear()
-        for pri in compat.priority_steps(channel):
-            for queue in queues:
-                if queue not in keyed.queues:
-                    keys.append(prefix + compat.queue_key(channel, queue, pri))
-                    words.append("-")
-                elif queue not in charged and keyed.leases.has_room(queue):
-                    charged[queue], word = keyed.terms.fetch_word(queue)
-                    keys.append(prefix + queue)
-                    words.append(word)
-                    names = self._keyed_names(queue)
-                    watched.append(names.active)
-                    for suffix in self._suffixes:  # the other priority levels
-                        watched += [names.base + suffix, names.level(suffix).active]
-        return keys, words, watched
-
-    def _releases(self) -> list[str]:
-        """Key slots to free with this fetch, flat (base, delivery tag)."""
-        keyed = self.keyed
-        if keyed is None or not keyed.limited:
-            return []
-        flat: list[str] = []
-        for queue, tag in keyed.releases.take():
-            flat.extend((self._prefix + queue, tag))
-        return flat
-
-    def _keyed_names(self, queue: str) -> KeyedNames:
-        found = self._names.get(queue)
-        if found is None:
-            found = self._names[queue] = KeyedNames(self._prefix + queue, self._sep)
-        return found
-
-    def _charges(self) -> list[Any]:
-        """Run-time corrections to send with this fetch, flat (base, level, key, delta)."""
-        keyed = self.keyed
-        if keyed is None or not keyed.terms.runtime:
-            return []
-        flat: list[Any] = []
-        for queue, level, key, user, delta in keyed.counters.take_charges():
-            flat.extend((self._prefix + queue, level, key, user, repr(delta)))
-        return flat
-
     def _deliver(self, fetched: Popped) -> bool:
         channel = self.channel
         self.fetches += 1
-        queue = fetched.key[len(self._prefix) :].rsplit(self._sep, 1)[0]
+        queue = self._request.queue_of(fetched.key)
         if isinstance(fetched, Malformed):
             # Fetched, then parked by the script: counted as a fetch (as Kombu's
             # BRPOP path rotates before it decodes), so that its release below
@@ -397,7 +371,7 @@ class AtomicFetch:
             self.keyed.served(queue, fetched.fair_key)
             headers = payload.get("headers")
             if isinstance(headers, dict):
-                charged = self._charged.get(queue, 1.0)
+                charged = self._request.charged.get(queue, 1.0)
                 headers[SERVED_HEADER] = fetched.served(charged).to_wire()
         compat.queue_cycle(channel).rotate(queue)
         self.recorded = payload["properties"]["delivery_tag"]
@@ -412,9 +386,13 @@ class AtomicFetch:
     def _arm(self, conn: Any) -> None:
         """A new connection (or a new listener): load the script, redirect tracking.
 
-        Reads its replies at once, so nothing else may be in flight.
+        Reads its replies at once.  Kombu's poller sends only when it sees
+        nothing in flight, so a reply still due here was due on a connection
+        Kombu has since dropped (a stale one, after its health check): it
+        went with that connection.
         """
-        assert self.pending is None, f"fetch connection busy ({self.pending})"
+        if self.state.in_flight:
+            self._move(State.READY, "the connection was replaced")
         listener = self.listener
         client_id = listener.client_id if listener is not None else None
         self.tracking = False
@@ -434,7 +412,7 @@ class AtomicFetch:
         self._sha = text(conn.read_response())
         self._armed_sock = compat.socket_of(conn)
         self._armed_generation = listener.generation if listener is not None else 0
-        self.mode = _FETCH
+        self._move(State.READY, "armed")
 
     def wake(self, pipe: Any = None) -> None:
         """End the current wait: something to fetch (the listener's thread, or a freed slot).
@@ -443,9 +421,9 @@ class AtomicFetch:
         rides on it, for instance with the release of a key slot.
         """
         self.wakeups += 1
-        if self._waking:
+        if self._wake_pushed:
             return
-        self._waking = True
+        self._wake_pushed = True
         # The wake key only ever ends a BLPOP of this channel; a value left
         # after a timeout costs one extra fetch, and expires.
         if pipe is not None:
@@ -455,21 +433,6 @@ class AtomicFetch:
             client.pipeline(transaction=False).lpush(self._wake_key, 1).expire(
                 self._wake_key, 60
             ).execute()
-
-    def _script_error(self, error: Exception) -> bool:
-        if "NOSCRIPT" in str(error):
-            # The script cache was flushed (SCRIPT FLUSH, or a restart the
-            # connection survived): load it again on the next fetch.
-            self._armed_sock = None
-            raise Empty()
-        raise error
-
-    def _malformed_key(self, key: str) -> str:
-        found = self._malformed.get(key)
-        if found is None:
-            queue = key[len(self._prefix) :].rsplit(self._sep, 1)[0]
-            found = self._malformed[key] = self._prefix + queue + PARKING_SUFFIX
-        return found
 
     def _report_malformed(self, queue: str, item: Any) -> None:
         self.malformed += 1
