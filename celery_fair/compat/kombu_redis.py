@@ -170,6 +170,11 @@ def wrap_task_sender(app: Any, hook: Callable[..., Any] | None, name: str = "key
     ones read.  ``hook=None`` takes a hook of that name off.
     """
     amqp = app.amqp
+    if hook is None and "send_task_message" not in vars(amqp):
+        # Nothing of ours to take off.  Reading the attribute would build Celery's
+        # task sender now (a cached property that makes an event dispatcher and so
+        # resolves the broker's transport), at import time, before the app is done.
+        return
     original = amqp.send_task_message
     if not _callable_with(original, "producer", "name", "message"):
         raise CompatibilityError(

@@ -387,6 +387,19 @@ def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
         job.apply_async((1,), queue="jobs")
 
 
+def test_install_without_keys_or_admission_leaves_celerys_task_sender_unbuilt() -> None:
+    # Building it at import would make an event dispatcher and resolve the
+    # broker's transport before the app module has registered it.
+    from celery import Celery
+
+    import celery_fair
+
+    app = Celery("no_sender_unit", broker="notregisteredyet://", set_as_current=False)
+    celery_fair.install(app)
+    celery_fair.install(app)
+    assert "send_task_message" not in vars(app.amqp)
+
+
 def test_registering_again_puts_the_settings_read_last_in_force() -> None:
     # install() reads fair_keys at import; the worker reads it again at start
     # (set after install, or corrected): the hook is replaced, not kept.
