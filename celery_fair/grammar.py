@@ -16,6 +16,7 @@ from typing import Any
 from .errors import FairConfigError
 
 __all__ = (
+    "as_int",
     "as_positive",
     "as_positive_int",
     "boolean",
@@ -57,16 +58,24 @@ def as_positive_int(value: object, *, text: bool = False) -> int | None:
     string such as ``"4"`` is read too.  A float is not an integer here,
     even ``4.0`` (a window or a count of 4.5 is a mistake, not a rounding).
     """
+    number = as_int(value, text=text)
+    return number if number is not None and number >= 1 else None
+
+
+def as_int(value: object, *, text: bool = False) -> int | None:
+    """``value`` as an integer, of any sign; None if it is not one.
+
+    ``True`` is not a number, a float is not an integer (even ``4.0``), and
+    with ``text`` a string such as ``"-4"`` is read too.
+    """
     if isinstance(value, bool):
         return None
     if isinstance(value, str) and text:
         try:
-            value = int(value.strip())
+            return int(value.strip())
         except ValueError:
             return None
-    if not isinstance(value, int) or value < 1:
-        return None
-    return value
+    return value if isinstance(value, int) else None
 
 
 def parse_pairs(
@@ -141,11 +150,7 @@ def integer(setting: str, *, at_least: int, none: bool = False) -> Callable[[Any
     def read(value: Any) -> int | None:
         if value is None and none:
             return None
-        number = None
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            number = int(value.strip())
-        elif isinstance(value, int) and not isinstance(value, bool):
-            number = value
+        number = as_int(value, text=True)
         if number is None or number < at_least:
             expected = "a positive integer" if at_least == 1 else f"an integer >= {at_least}"
             raise FairConfigError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FairConfigError
-from ..grammar import positive
+from ..grammar import as_int, positive
 from ..keys.limits import KeyLimits
 from ..scheduling.admission import AdmissionLimits, parse_admission
 from ..scheduling.codel import CoDelAction
@@ -100,8 +100,9 @@ def _codel(conf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``fair_codel_*`` settings, checked by the one CoDel validator."""
     action = _value(conf, "fair_codel_action")
     max_requeues = _value(conf, "fair_codel_max_requeues")
-    if isinstance(max_requeues, str) and max_requeues.strip().isdigit():
-        max_requeues = int(max_requeues)  # the one coercion rule: strings are read
+    if isinstance(max_requeues, str):  # the one coercion rule: strings are read
+        number = as_int(max_requeues, text=True)
+        max_requeues = max_requeues if number is None else number
     times = [conf.get("fair_codel_target"), conf.get("fair_codel_interval")]
     for i, value in enumerate(times):
         if isinstance(value, str):

@@ -77,6 +77,8 @@ def test_strings_from_the_environment_are_read_as_the_settings_type(
             "fair_priority must be one of 'strict', 'weighted'; got 'fifo'",
         ),
         ({"fair_unknown_task_max_returns": "-1"}, "must be an integer >= 0, got '-1'"),
+        ({"fair_credit": "--4"}, "fair_credit must be a positive integer or None, got '--4'"),
+        ({"fair_codel_max_requeues": "²"}, "fair_codel_max_requeues='²': must be an integer"),
         ({"fair_telemetry_dir": ""}, "fair_telemetry_dir must be a directory path"),
     ],
 )
