@@ -170,6 +170,13 @@ CAPABILITIES: dict[str, Capability] = {
             "logged, counted or repaired",
         ),
         Capability(
+            "celery.worker.pool_slots",
+            "the pool's size before the pool exists (WorkController.pool_cls, "
+            "concurrency, min_concurrency/max_concurrency set by the Pool bootstep)",
+            "the worker's --concurrency is taken as its size (too many for solo, too few "
+            "for --autoscale)",
+        ),
+        Capability(
             "celery.consumer.qos",
             "adaptive prefetch on Redis (the consumer QoS's value/_mutex/update)",
             "fair_prefetch='auto' keeps Celery's fixed window on Redis",

@@ -33,6 +33,9 @@ def probe_worker(worker: Any, probe: Probe) -> None:
         lacking.append("TaskPool.num_processes/limit")
     if lacking:
         probe.missing_capability("celery.worker.state_requests", "/".join(lacking))
+    lacking = _lacks(worker, ("pool_cls", "concurrency", "min_concurrency", "max_concurrency"))
+    if lacking:
+        probe.missing_capability("celery.worker.pool_slots", "WorkController." + "/".join(lacking))
     if "__slots__" in vars(Request) and "_request_dict" not in Request.__slots__:
         probe.missing_capability("celery.request.headers", "Request._request_dict")
 

@@ -180,6 +180,9 @@ class FakePool:
 
 class FakeWorker:
     def __init__(self, semaphore: Any) -> None:
+        # What the Pool bootstep sets before the pool exists.
+        self.pool_cls: Any = FakePool
+        self.concurrency = self.min_concurrency = self.max_concurrency = 2
         self.semaphore = semaphore
         self.pool = FakePool()
         self.process_task = self._process_task_sem
@@ -209,6 +212,20 @@ def test_a_pool_without_on_apply_stops_the_worker() -> None:
     worker.pool = object()
     with pytest.raises(CompatibilityError, match=r"missing \(WorkController\.pool\.on_apply\)"):
         compat.probe_worker(worker, Probe())
+
+
+def test_a_worker_without_its_pool_settings_counts_concurrency_and_says_so() -> None:
+    worker = FakeWorker(FakeSemaphore())
+    del worker.pool_cls
+    logged: list[str] = []
+    probe = Probe(log=logged.append)
+    compat.probe_worker(worker, probe)
+    assert not probe.has("celery.worker.pool_slots")
+    assert "WorkController.pool_cls" in logged[-1] and "--concurrency" in logged[-1]
+    assert compat.pool_slots(worker) == 2  # its concurrency
+    complete = Probe(log=logged.append)
+    compat.probe_worker(FakeWorker(FakeSemaphore()), complete)
+    assert complete.has("celery.worker.pool_slots")
 
 
 class FakeAmqpChannel:
