@@ -34,18 +34,19 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
 * With per-key limits (:mod:`celery_fair.keys.limits`): ``fair.lconf`` /
   ``fair.llive`` (limits, fields ``c:<key>`` and ``r:<key>``), ``fair.run``
   (tasks fetched and not finished, per key), ``fair.leases`` (task id ->
-  expiry) and ``fair.lease`` (task id -> key), ``fair.parked`` (keys at
-  their concurrency limit, set aside: ``AT_LIMIT`` in the code; "parked" is
-  bad input everywhere else, but the Redis name stays so that keys set aside
-  by a running worker are still found), ``fair.sleep`` (keys set aside by their
-  rate, scored by when they may go on) and ``fair.b.<key>`` (a key's token
-  bucket, expiring once full again). Throttling: ``fair.hsince`` (key ->
-  when it was set aside, while it is), ``fair.held`` (key -> seconds spent
-  set aside, the ``HELD_TOP`` longest kept), and in ``fair.state`` the
-  fields ``held_n`` (times a key was set aside) and ``held_s`` (seconds);
-  ``fair.howed`` (key -> seconds it was set aside, not yet reported): the
+  expiry) and ``fair.lease`` (task id -> key), ``fair.atlimit`` (keys at
+  their concurrency limit, set aside), ``fair.sleep`` (keys set aside by
+  their rate, scored by when they may go on) and ``fair.b.<key>`` (a key's
+  token bucket, expiring once full again).  A key set aside by either limit
+  is *throttled*: ``fair.tsince`` (key -> when it was throttled, while it
+  is), ``fair.throttled`` (key -> seconds spent throttled, the
+  ``THROTTLED_TOP`` longest kept), and in ``fair.state`` the fields
+  ``throttled_n`` (times a key was throttled) and ``throttled_s`` (seconds);
+  ``fair.towed`` (key -> seconds it was throttled, not yet reported): the
   next task served of the key carries them in its ``fair_served`` header
-  (:data:`celery_fair.wire.SERVED_HEADER`).
+  (:data:`celery_fair.wire.SERVED_HEADER`).  Earlier releases named these
+  ``fair.parked``, ``fair.hsince``, ``fair.held``, ``fair.howed``,
+  ``held_n`` and ``held_s`` (:data:`RENAMED`); ``tidy.lua`` moves them.
 * Two-level keys (``fair_keys`` with a pair of sources): a key (a tenant) has
   no list of its own but, per level, ``fair.u.<key>`` (its users with
   messages waiting, by start tag), ``fair.ul.<key>`` (their recent finish
@@ -73,10 +74,31 @@ ACTIVE, LAST, STATE, WEIGHTS_CONF, WEIGHTS_LIVE, KEY_LIST = (
     "fair.keys", "fair.last", "fair.state", "fair.wconf", "fair.wlive", "fair.k.",
 )  # fmt: skip
 LIMITS_CONF, LIMITS_LIVE, RUNNING, LEASES, LEASE_KEY, AT_LIMIT, SLEEP, BUCKET = (
-    "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.parked",
+    "fair.lconf", "fair.llive", "fair.run", "fair.leases", "fair.lease", "fair.atlimit",
     "fair.sleep", "fair.b.",
 )  # fmt: skip
-HELD_SINCE, HELD, HELD_OWED = "fair.hsince", "fair.held", "fair.howed"
+THROTTLED_SINCE, THROTTLED, THROTTLED_OWED = "fair.tsince", "fair.throttled", "fair.towed"
+#: Fields of ``fair.state``: times a key was throttled, and seconds throttled.
+THROTTLED_COUNT, THROTTLED_SECONDS = "throttled_n", "throttled_s"
+#: The names earlier releases gave the throttling records (old -> new): "held"
+#: and "parked" mean other things in celery-fair (a worker's unacknowledged
+#: messages; bad input set aside).  ``tidy.lua`` moves what it finds under an
+#: old name to the new one, merging with what is there already, at each
+#: worker connection and every ``KEYED_RECHECK`` seconds, so that a rolling
+#: upgrade (workers of both releases on one queue) loses nothing.  The last
+#: two are fields of ``fair.state``.
+OLD_AT_LIMIT, OLD_THROTTLED_SINCE, OLD_THROTTLED, OLD_THROTTLED_OWED = (
+    "fair.parked", "fair.hsince", "fair.held", "fair.howed",
+)  # fmt: skip
+OLD_THROTTLED_COUNT, OLD_THROTTLED_SECONDS = "held_n", "held_s"
+RENAMED: dict[str, str] = {
+    OLD_AT_LIMIT: AT_LIMIT,
+    OLD_THROTTLED_SINCE: THROTTLED_SINCE,
+    OLD_THROTTLED: THROTTLED,
+    OLD_THROTTLED_OWED: THROTTLED_OWED,
+    OLD_THROTTLED_COUNT: THROTTLED_COUNT,
+    OLD_THROTTLED_SECONDS: THROTTLED_SECONDS,
+}
 #: Sorted set: key -> messages waiting in its lists (the exporter's top keys).
 SIZES = "fair.sizes"
 #: Set: the suffixes of the priority levels keyed messages were published to
@@ -102,8 +124,8 @@ BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
 #: connection knows the broker lost the queue's state (a restart without its
 #: data, or a failover to a replica that had not received it).
 CONFIGURED_MARK = "configured"
-#: How many keys ``fair.held`` keeps (the longest held); trimmed at twice as many.
-HELD_TOP = 1000
+#: How many keys ``fair.throttled`` keeps (the longest throttled); trimmed at twice as many.
+THROTTLED_TOP = 1000
 
 
 def level_rank(level: str) -> int:
@@ -176,19 +198,19 @@ class KeyedNames:
         return self._name(SLEEP)
 
     @property
-    def held_since(self) -> str:
-        """Hash: key set aside by its limits -> when (broker clock)."""
-        return self._name(HELD_SINCE)
+    def throttled_since(self) -> str:
+        """Hash: key throttled by its limits -> since when (broker clock)."""
+        return self._name(THROTTLED_SINCE)
 
     @property
-    def held(self) -> str:
-        """Sorted set: key -> seconds it spent set aside by its limits (the longest)."""
-        return self._name(HELD)
+    def throttled(self) -> str:
+        """Sorted set: key -> seconds it spent throttled by its limits (the longest)."""
+        return self._name(THROTTLED)
 
     @property
-    def held_owed(self) -> str:
-        """Hash: key -> seconds set aside that its next served task reports."""
-        return self._name(HELD_OWED)
+    def throttled_owed(self) -> str:
+        """Hash: key -> seconds throttled that its next served task reports."""
+        return self._name(THROTTLED_OWED)
 
     @property
     def levels(self) -> str:

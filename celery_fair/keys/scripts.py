@@ -28,7 +28,9 @@ from ..parked import NOT_A_MESSAGE
 from ..wire import PUBLISHED_HEADER
 from . import layout
 
-__all__ = ("CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "TAKE", "UNKEY", "Script")
+__all__ = (
+    "CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "TAKE", "TIDY", "UNKEY", "Script",
+)  # fmt: skip
 
 #: What the scripts call ``N.<name>``: every Redis name suffix and constant they use.
 NAMES: dict[str, str | int] = {
@@ -46,10 +48,19 @@ NAMES: dict[str, str | int] = {
     "AT_LIMIT": layout.AT_LIMIT,
     "SLEEP": layout.SLEEP,
     "BUCKET": layout.BUCKET,
-    "HELD_SINCE": layout.HELD_SINCE,
-    "HELD": layout.HELD,
-    "HELD_OWED": layout.HELD_OWED,
-    "HELD_TOP": layout.HELD_TOP,
+    "THROTTLED_SINCE": layout.THROTTLED_SINCE,
+    "THROTTLED": layout.THROTTLED,
+    "THROTTLED_OWED": layout.THROTTLED_OWED,
+    "THROTTLED_TOP": layout.THROTTLED_TOP,
+    "THROTTLED_COUNT": layout.THROTTLED_COUNT,
+    "THROTTLED_SECONDS": layout.THROTTLED_SECONDS,
+    # Earlier releases' names of the same records (tidy.lua moves them).
+    "OLD_AT_LIMIT": layout.OLD_AT_LIMIT,
+    "OLD_THROTTLED_SINCE": layout.OLD_THROTTLED_SINCE,
+    "OLD_THROTTLED": layout.OLD_THROTTLED,
+    "OLD_THROTTLED_OWED": layout.OLD_THROTTLED_OWED,
+    "OLD_THROTTLED_COUNT": layout.OLD_THROTTLED_COUNT,
+    "OLD_THROTTLED_SECONDS": layout.OLD_THROTTLED_SECONDS,
     "SIZES": layout.SIZES,
     "LEVELS": layout.LEVELS,
     "LEVEL_TAGS": layout.LEVEL_TAGS,
@@ -130,5 +141,6 @@ RELEASE = Script("release", source("prelude.lua", "release.lua"))
 PURGE = Script("purge", source("prelude.lua", "purge.lua"))
 UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
 PAUSE = Script("pause", source("prelude.lua", "pause.lua"))
+TIDY = Script("tidy", source("prelude.lua", "tidy.lua"))
 FETCH = Script("fetch", source("prelude.lua", "unacked.lua", "keyed_pop.lua", "fetch.lua"))
 TAKE = Script("take", source("unacked.lua", "take.lua"))

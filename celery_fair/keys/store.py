@@ -12,7 +12,16 @@ from typing import Any
 
 from ..wire.replies import text
 from . import scripts
-from .layout import BACKLOG, CONFIGURED_MARK, UNKEYED, UNKEYED_MARK, KeyedNames, level_rank
+from .layout import (
+    BACKLOG,
+    CONFIGURED_MARK,
+    THROTTLED_COUNT,
+    THROTTLED_SECONDS,
+    UNKEYED,
+    UNKEYED_MARK,
+    KeyedNames,
+    level_rank,
+)
 
 __all__ = (
     "KeyControls",
@@ -34,6 +43,8 @@ __all__ = (
     "purge",
     "set_live_weights",
     "text",
+    "tidy",
+    "Tidied",
     "keyed_again",
     "unkey",
     "waiting_keyed",
@@ -44,8 +55,9 @@ __all__ = (
 PURGE_BATCH = 1000
 
 
-ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY, PAUSE = (
+ENQUEUE, CHARGE, PURGE, RELEASE, UNKEY, PAUSE, TIDY = (
     scripts.ENQUEUE, scripts.CHARGE, scripts.PURGE, scripts.RELEASE, scripts.UNKEY, scripts.PAUSE,
+    scripts.TIDY,
 )  # fmt: skip
 
 #: Messages ``unkey`` moves per script call (each call blocks Redis briefly).
@@ -209,8 +221,9 @@ def limits_state(client: Any, names: KeyedNames, top: int = 10) -> KeyedLimitsSt
     pipe = client.pipeline(transaction=False)
     pipe.hgetall(names.limits_conf).hgetall(names.limits_live).hgetall(names.running)
     pipe.scard(names.at_limit).zcard(names.sleep)
-    pipe.hmget(names.state, "held_n", "held_s").hscan(names.held_since, 0, count=HELD_SCAN)
-    pipe.zrevrange(names.held, 0, top - 1, withscores=True).time().smembers(names.levels)
+    pipe.hmget(names.state, THROTTLED_COUNT, THROTTLED_SECONDS)
+    pipe.hscan(names.throttled_since, 0, count=HELD_SCAN)
+    pipe.zrevrange(names.throttled, 0, top - 1, withscores=True).time().smembers(names.levels)
     conf, live, running, at_limit, sleeping, totals, since, longest, clock, others = pipe.execute()
     levels = [names, *(names.level(text(s)) for s in others)]
     limits = {text(k): text(v) for k, v in conf.items()}
@@ -308,6 +321,27 @@ def found(client: Any, names: KeyedNames) -> KeyedFound:
         leases=int(leases),
         live_settings=int(wlive) + int(llive),
     )
+
+
+@dataclass(frozen=True)
+class Tidied:
+    """What :func:`tidy` did, summed over the queues."""
+
+    #: Throttling records found under an earlier release's names, and moved.
+    moved: int
+    #: Keys set aside at their concurrency limit, below it now, put back in line.
+    readmitted: int
+
+
+def tidy(client: Any, sep: str, bases: Sequence[str]) -> Tidied:
+    """Move earlier releases' throttling records to their names; readmit keys below their limit.
+
+    See ``tidy.lua``.  Safe to run at any time, by any number of workers.
+    """
+    if not bases:
+        return Tidied(0, 0)
+    moved, readmitted = TIDY(client, sep, *bases)
+    return Tidied(int(moved), int(readmitted))
 
 
 def mark_configured(client: Any, names: KeyedNames) -> None:

@@ -22,12 +22,12 @@
 --                                hold their key's slot for at most <lease s>
 --       (the words are built by celery_fair.keys.serving.FetchTerms.fetch_word).
 -- Returns {key, item} for a message, {key, item, "key", fair key, key weight,
--- seconds held, level suffix, user ('' for a one-level key), seconds paused}
+-- seconds throttled, level suffix, user ('' for a one-level key), seconds paused}
 -- for one of a keyed queue
 -- (celery_fair.wire.SERVED_HEADER),
 -- {key, item, "malformed"} for a payload moved aside, or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
--- nil or the milliseconds until a key held back by its limits may go on.
+-- nil or the milliseconds until a key throttled by its limits may go on.
 SEP, DFLT = ARGV[3], tonumber(ARGV[4])
 local n = tonumber(ARGV[1])
 local ns = tonumber(ARGV[5])
@@ -56,7 +56,7 @@ if nr > 0 then
 end
 local flags = r + 2 * nr
 for i = 1, n do
-  local item, fkey, fweight, fheld, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
+  local item, fkey, fweight, fthrottled, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
   elseif string.sub(word, 1, 1) == 'L' then
@@ -64,10 +64,10 @@ for i = 1, n do
     local sep = string.find(word, ':', 2, true)
     ttl = tonumber(string.sub(word, sep + 1))
     now = now or server_now()
-    item, fkey, fweight, fheld, flevel, fuser, fpaused = keyed_pop(
+    item, fkey, fweight, fthrottled, flevel, fuser, fpaused = keyed_pop(
       KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now, lweights)
   else
-    item, fkey, fweight, fheld, flevel, fuser, fpaused = keyed_pop(
+    item, fkey, fweight, fthrottled, flevel, fuser, fpaused = keyed_pop(
       KEYS[i], suffixes, tonumber(word), false, 0, lweights)
   end
   if item then
@@ -82,7 +82,7 @@ for i = 1, n do
       lease(KEYS[i], fkey, tag, now, ttl)
     end
     if fkey then
-      return {KEYS[i], item, 'key', fkey, fweight, fheld or '0', flevel, fuser or '',
+      return {KEYS[i], item, 'key', fkey, fweight, fthrottled or '0', flevel, fuser or '',
               fpaused or '0'}
     end
     return {KEYS[i], item}

@@ -1,6 +1,6 @@
 -- The keyed branch of the fetch (fetch.lua): keyed_pop(base, suffixes, est,
 -- limited, now, lweights) serves a keyed queue's next message and returns item,
--- key, weight, held, level, user, paused (or nil when nothing may be served now).
+-- key, weight, throttled, level, user, paused (or nil when nothing may be served now).
 --   base      the queue's Redis name (its own list; the per-key names derive from it)
 --   suffixes  the suffixes of Kombu's other priority lists (its other levels)
 --   est       the charge at fetch (1 task, or the estimated run time)
@@ -10,7 +10,7 @@
 --             messages share the fetches by weight (start-time fair queuing
 --             over levels, their tags in N.LEVEL_TAGS, '*' their virtual time)
 --   weight    the key's weight, as text (a Lua number returned to Redis loses its fraction)
---   held      seconds the key was set aside by its limits since its previous
+--   throttled seconds the key was set aside by its limits since its previous
 --             task was served, as text, or nil
 --   level     the suffix of the level served ('' for the first)
 --   user      with two-level keys, the user served within the key (else nil)
@@ -84,12 +84,12 @@ local function pop_level(base, lb, est, limited, now, paused)
     local top = redis.call('ZRANGE', active, 0, 0, 'WITHSCORES')
     if #top == 0 then return nil end
     local key, tag = top[1], tonumber(top[2])
-    local held, bucket, tokens, rate = false, nil, nil, nil
+    local aside, bucket, tokens, rate = false, nil, nil, nil
     if paused and redis.call('SISMEMBER', kname(base, N.PAUSED), key) == 1 then
       -- Paused: set aside, keeping its place, until it is resumed.
       redis.call('ZREM', active, key)
       keep_tag(last, key, tag)
-      held = true
+      aside = true
     elseif limited then
       -- At its concurrency limit: set aside until one of its tasks finishes.
       local c
@@ -98,8 +98,8 @@ local function pop_level(base, lb, est, limited, now, paused)
         redis.call('ZREM', active, key)
         keep_tag(last, key, tag)
         redis.call('SADD', kname(base, N.AT_LIMIT), key)
-        hold(base, key, now)
-        held = true
+        throttle(base, key, now)
+        aside = true
       else
         -- Out of tokens: set aside until the bucket holds one again.
         if rate then
@@ -113,13 +113,13 @@ local function pop_level(base, lb, est, limited, now, paused)
             redis.call('ZREM', active, key)
             keep_tag(last, key, tag)
             redis.call('ZADD', kname(base, N.SLEEP), now + (1 - tokens) / rate, key)
-            hold(base, key, now)
-            held = true
+            throttle(base, key, now)
+            aside = true
           end
         end
       end
     end
-    if not held then
+    if not aside then
       local item, left, user = nil, 0, nil
       if key == N.UNKEYED then
         item = redis.call('RPOP', lb)
@@ -145,7 +145,7 @@ local function pop_level(base, lb, est, limited, now, paused)
       if item then
         -- The seconds the key was set aside, owed to this task's telemetry.
         local owed = nil
-        if limited then owed = redis.call('HGET', kname(base, N.HELD_OWED), key) end
+        if limited then owed = redis.call('HGET', kname(base, N.THROTTLED_OWED), key) end
         if tag > vtime(lb) then redis.call('HSET', kname(lb, N.STATE), 'vt', tag) end
         local w = weight(base, key)
         local finish = tag + est / w
@@ -161,7 +161,7 @@ local function pop_level(base, lb, est, limited, now, paused)
           redis.call('HSET', bucket, 't', tokens - 1, 's', now)
           redis.call('PEXPIRE', bucket, math.ceil((math.max(1, rate) - tokens + 1) / rate * 1000))
         end
-        if owed then redis.call('HDEL', kname(base, N.HELD_OWED), key) end
+        if owed then redis.call('HDEL', kname(base, N.THROTTLED_OWED), key) end
         -- The seconds the key was paused, owed to this task's telemetry likewise.
         local powed = redis.call('HGET', kname(base, N.PAUSED_OWED), key)
         if powed then redis.call('HDEL', kname(base, N.PAUSED_OWED), key) end
@@ -169,7 +169,7 @@ local function pop_level(base, lb, est, limited, now, paused)
       end
       -- Listed but empty (its list was deleted by hand): forget it.
       redis.call('ZREM', active, key)
-      if limited then redis.call('HDEL', kname(base, N.HELD_OWED), key) end
+      if limited then redis.call('HDEL', kname(base, N.THROTTLED_OWED), key) end
     end
   end
 end
@@ -187,7 +187,7 @@ local function keyed_pop(base, suffixes, est, limited, now, lweights)
     for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
       redis.call('ZREM', sleep, key)
       rejoin(base, key)
-      resume(base, key, now)
+      unthrottle(base, key, now)
     end
   end
   local levels = level_suffixes(base, suffixes)

@@ -145,26 +145,27 @@ local function server_now()
 end
 
 -- Throttling, for inspect and metrics: a key set aside by its limits (at its
--- concurrency limit or out of tokens) is timed until it goes back in line.
-local function hold(base, key, now)
-  if redis.call('HSETNX', kname(base, N.HELD_SINCE), key, now) == 1 then
-    redis.call('HINCRBY', kname(base, N.STATE), 'held_n', 1)
+-- concurrency limit or out of tokens) is throttled, and timed until it goes
+-- back in line.
+local function throttle(base, key, now)
+  if redis.call('HSETNX', kname(base, N.THROTTLED_SINCE), key, now) == 1 then
+    redis.call('HINCRBY', kname(base, N.STATE), N.THROTTLED_COUNT, 1)
   end
 end
 
-local function resume(base, key, now)
-  local since = kname(base, N.HELD_SINCE)
+local function unthrottle(base, key, now)
+  local since = kname(base, N.THROTTLED_SINCE)
   local t = tonumber(redis.call('HGET', since, key))
   if not t then return end
   redis.call('HDEL', since, key)
   local d = math.max(0, now - t)
-  redis.call('HINCRBYFLOAT', kname(base, N.STATE), 'held_s', d)
-  -- Reported by the key's next served task (telemetry's key_held).
-  redis.call('HINCRBYFLOAT', kname(base, N.HELD_OWED), key, d)
-  local held = kname(base, N.HELD)
-  redis.call('ZINCRBY', held, d, key)
-  if redis.call('ZCARD', held) > 2 * N.HELD_TOP then
-    redis.call('ZREMRANGEBYRANK', held, 0, -(N.HELD_TOP + 1))
+  redis.call('HINCRBYFLOAT', kname(base, N.STATE), N.THROTTLED_SECONDS, d)
+  -- Reported by the key's next served task (telemetry's key_throttled).
+  redis.call('HINCRBYFLOAT', kname(base, N.THROTTLED_OWED), key, d)
+  local longest = kname(base, N.THROTTLED)
+  redis.call('ZINCRBY', longest, d, key)
+  if redis.call('ZCARD', longest) > 2 * N.THROTTLED_TOP then
+    redis.call('ZREMRANGEBYRANK', longest, 0, -(N.THROTTLED_TOP + 1))
   end
 end
 
@@ -208,10 +209,10 @@ local function unpause(base, key, now)
 end
 
 -- A key set aside at its concurrency limit goes back in line.
-local function unpark(base, key, now)
+local function readmit(base, key, now)
   if redis.call('SREM', kname(base, N.AT_LIMIT), key) == 1 then
     rejoin(base, key)
-    resume(base, key, now)
+    unthrottle(base, key, now)
   end
 end
 
@@ -227,7 +228,7 @@ local function release(base, id, now)
   local n = redis.call('HINCRBY', running, key, -1)
   if n <= 0 then redis.call('HDEL', running, key) end
   local c = limits(base, key, 'c')
-  if not c or n < c then unpark(base, key, now) end
+  if not c or n < c then readmit(base, key, now) end
   return 1
 end
 

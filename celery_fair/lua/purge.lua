@@ -21,8 +21,8 @@ local function drop(key)
     end
     redis.call('ZREM', name(N.SIZES), key)
   end
-  redis.call('HDEL', name(N.HELD_SINCE), key)
-  redis.call('HDEL', name(N.HELD_OWED), key)
+  redis.call('HDEL', name(N.THROTTLED_SINCE), key)
+  redis.call('HDEL', name(N.THROTTLED_OWED), key)
   visited = visited + 1
 end
 for _, s in ipairs(levels) do

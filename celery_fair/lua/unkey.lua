@@ -89,8 +89,8 @@ for key in pairs(keyset) do
     redis.call('ZREM', name(N.SIZES), key)
     redis.call('SREM', name(N.AT_LIMIT), key)
     redis.call('ZREM', name(N.SLEEP), key)
-    redis.call('HDEL', name(N.HELD_SINCE), key)
-    redis.call('HDEL', name(N.HELD_OWED), key)
+    redis.call('HDEL', name(N.THROTTLED_SINCE), key)
+    redis.call('HDEL', name(N.THROTTLED_OWED), key)
   end
 end
 local left = tonumber(redis.call('HGET', name(N.STATE), N.BACKLOG)) or 0

@@ -160,7 +160,7 @@ def read_redis(
             pipe.scard(names.at_limit).zcard(names.sleep)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
-            pipe.hscan(names.held_since, 0, count=HELD_SCAN)
+            pipe.hscan(names.throttled_since, 0, count=HELD_SCAN)
             parking = prefix + queue + PARKING_SUFFIX
             pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
         unacked_key = prefix + compat.unacked_keys(channel)[0]

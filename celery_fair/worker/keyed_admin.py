@@ -112,8 +112,38 @@ class KeyedAdmin:
             return
         try:
             self.adopt_backlogs(channel, cycle.items)
+            keyed = self.attachment.keyed
+            if keyed is not None:
+                self.tidy(channel, keyed.queues)
         except connection_errors(channel) as exc:
             logger.debug("celery-fair: keyed backlog check skipped (%r)", exc)
+        except Exception as exc:
+            if not compat.broker_full(exc):
+                raise
+            logger.debug("celery-fair: keyed queues not tidied, the broker is full (%r)", exc)
+
+    def tidy(self, channel: Any, queues: Iterable[str]) -> store.Tidied:
+        """Keep the keyed ``queues``' throttling records true (``tidy.lua``): records
+        under an earlier release's names are moved, and keys set aside at a
+        concurrency limit they are below go back in line."""
+        queues = sorted(queues)
+        with compat.redis_client(channel) as client:
+            sep = compat.key_separator(channel)
+            done = store.tidy(client, sep, [names_for(channel, q).base for q in queues])
+        if done.moved:
+            logger.info(
+                "celery-fair: moved %d throttling record(s) of keyed queue(s) %s from the "
+                "names of an earlier release (a rolling upgrade)",
+                done.moved, ", ".join(queues),
+            )  # fmt: skip
+        if done.readmitted:
+            logger.info(
+                "celery-fair: %d key(s) of keyed queue(s) %s were set aside at a concurrency "
+                "limit they are below now and went back in line (a limit raised or removed, "
+                "or a slot freed by a worker of an earlier release)",
+                done.readmitted, ", ".join(queues),
+            )  # fmt: skip
+        return done
 
     def publish_settings(
         self, channel: Any, when_full: Callable[[Callable[[], None], Exception], None]
@@ -158,6 +188,8 @@ class KeyedAdmin:
                 store.write_configured_limits(client, names, limits)
                 store.keyed_again(client, names)
                 store.mark_configured(client, names)
+        # After the limits are written: a key they now let go goes back in line.
+        self.tidy(channel, self.settings.keys)
 
     def _say_found(self, queue: str, found: store.KeyedFound) -> None:
         """Log what this connection found of keyed ``queue`` on the broker."""

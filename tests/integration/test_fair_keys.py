@@ -77,13 +77,13 @@ def test_purge_deletes_the_messages_of_keys_held_back_by_their_limits(
     client.zrem(names.active, "b", "c")
     client.sadd(names.at_limit, "b")
     client.zadd(names.sleep, {"c": 1e12})
-    client.hset(names.held_since, mapping={"b": 1.0, "c": 1.0})
-    client.hset(names.held_owed, mapping={"a": 2.0})  # a hold its next task would report
+    client.hset(names.throttled_since, mapping={"b": 1.0, "c": 1.0})
+    client.hset(names.throttled_owed, mapping={"a": 2.0})  # a hold its next task would report
     assert store.purge(client, names) == 9
     assert all(client.llen(names.key_list(k)) == 0 for k in "abc")
     assert int(client.hget(names.state, "backlog") or 0) == 0
     assert client.scard(names.at_limit) == client.zcard(names.sleep) == 0
-    assert client.hlen(names.held_since) == client.hlen(names.held_owed) == 0
+    assert client.hlen(names.throttled_since) == client.hlen(names.throttled_owed) == 0
 
 
 def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> None:

@@ -236,7 +236,7 @@ def test_a_rate_limit_puts_a_key_to_sleep_and_says_when_it_may_go_on(
     due = fetch(client, "L1:30")
     assert isinstance(due, int) and 0 < due <= 501  # the next token, in ms
     assert client.zscore(NAMES.sleep, "a") is not None
-    assert client.hexists(NAMES.held_since, "a")
+    assert client.hexists(NAMES.throttled_since, "a")
 
 
 def test_purge_deletes_every_keys_messages_the_keys_set_aside_included(
