@@ -19,7 +19,7 @@ from celery_fair.analytics import quantiles as Q
 from celery_fair.analytics import transforms as T
 from celery_fair.analytics.grains import BucketedKeys, ExactKeys, KeyGrain
 from celery_fair.analytics.noisy import DEFAULT_RULES, NoisyRules
-from celery_fair.telemetry.schema import SCHEMA
+from celery_fair.telemetry.schema import RENAMED_COLUMNS, SCHEMA
 
 __all__ = ("NICE_WINDOWS", "compute", "read_telemetry", "spark_ddl")
 
@@ -63,8 +63,20 @@ def spark_ddl() -> str:
 
 
 def read_telemetry(spark: SparkSession, path: str) -> DataFrame:
-    """All Parquet files under ``path`` (hidden temporary files are skipped)."""
-    return spark.read.schema(spark_ddl()).option("recursiveFileLookup", "true").parquet(path)
+    """All Parquet files under ``path`` (hidden temporary files are skipped).
+
+    A column an earlier schema version named otherwise is read under its
+    current name (:data:`~celery_fair.telemetry.schema.RENAMED_COLUMNS`).
+    """
+    old = ", ".join(
+        f"`{name}` {_SPARK_TYPES[str(SCHEMA.field(new).type)]}"
+        for name, new in RENAMED_COLUMNS.items()
+    )
+    reader = spark.read.schema(f"{spark_ddl()}, {old}").option("recursiveFileLookup", "true")
+    df = reader.parquet(path)
+    for name, new in RENAMED_COLUMNS.items():
+        df = df.withColumn(new, F.coalesce(F.col(new), F.col(name))).drop(name)
+    return df
 
 
 def _rows(df: DataFrame, order: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -246,7 +258,7 @@ def compute(
         out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
         out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
         out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
-        out["held_keys"] = _rows(keys.transform(T.held_keys))
+        out["throttled_keys"] = _rows(keys.transform(T.throttled_keys))
         out["paused_keys"] = _rows(keys.transform(T.paused_keys))
         out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
         # The findings' keys over every queue that served them (a tenant routed

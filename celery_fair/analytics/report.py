@@ -249,7 +249,7 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         "priorities": _priorities(data),
         "hot_keys": _with_totals(data["hot_keys"], data.get("across_queues", [])),
         # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
-        "held_keys": data.get("held_keys", []),
+        "throttled_keys": data.get("throttled_keys", []),
         # Keys paused by control fair_key_pause, longest first (schema 4 telemetry).
         "paused_keys": data.get("paused_keys", []),
         "noisy_tenants": findings(
@@ -357,10 +357,12 @@ def format_summary(report: dict[str, Any]) -> str:
                 f"{_f(level.get('wait_p50'), '.3f')}s p99 {_f(level.get('wait_p99'), '.3f')}s; "
                 f"keys {level['largest'] or '-'}"
             )
-    held = report.get("held_keys") or []
-    if held:
-        shown = ", ".join(f"{h['fair_key']} ({h['queue']}) {h['held']:.1f}s" for h in held[:5])
-        lines.append(f"held back by per-key limits: {shown}")
+    throttled = report.get("throttled_keys") or []
+    if throttled:
+        shown = ", ".join(
+            f"{h['fair_key']} ({h['queue']}) {h['throttled']:.1f}s" for h in throttled[:5]
+        )
+        lines.append(f"throttled by per-key limits: {shown}")
     paused = report.get("paused_keys") or []
     if paused:
         shown = ", ".join(f"{p['fair_key']} ({p['queue']}) {p['paused']:.1f}s" for p in paused[:5])

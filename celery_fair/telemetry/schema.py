@@ -16,8 +16,8 @@ A record is written when a task leaves the worker, whatever the outcome:
                 that never ran (CoDel requeue/reject, revoked)
 ``runtime``     the task's run time as Celery measures it (seconds)
 ``key_weight``  a task of a keyed queue: its key's weight when it was fetched
-``key_held``    a task of a keyed queue: the seconds its key had spent set
-                aside by its per-key limits since the key's previous task was
+``key_throttled`` a task of a keyed queue: the seconds its key had spent
+                throttled (set aside by its per-key limits) since the key's previous task was
                 fetched (0 when it was not; summed over a key's records, the
                 time it spent at its limits)
 ``priority``    the message's Celery priority as published (null without one;
@@ -45,6 +45,7 @@ import pyarrow as pa
 
 __all__ = (
     "FIELDS",
+    "RENAMED_COLUMNS",
     "OUTCOMES",
     "SCHEMA",
     "SCHEMA_VERSION",
@@ -53,8 +54,14 @@ __all__ = (
 )
 
 #: 2 added ``key_weight`` and ``key_held``, 3 ``priority``, 4 ``key_user`` and
-#: ``key_paused``; files of an earlier version read the columns they lack as null.
-SCHEMA_VERSION = 4
+#: ``key_paused``, 5 renamed ``key_held`` to ``key_throttled`` ("held" is kept
+#: for the tasks a worker holds); files of an earlier version read the columns
+#: they lack as null, and ``key_held`` as ``key_throttled``
+#: (:data:`RENAMED_COLUMNS`).
+SCHEMA_VERSION = 5
+
+#: Columns of earlier schema versions under their current names (old -> new).
+RENAMED_COLUMNS: dict[str, str] = {"key_held": "key_throttled"}
 
 #: The outcomes a record may carry. Only the first three ran on the pool.
 OUTCOMES: tuple[str, ...] = (
@@ -86,7 +93,7 @@ class TaskRecord:
     cost: float | None = None
     target_weight: float | None = None
     key_weight: float | None = None
-    key_held: float | None = None
+    key_throttled: float | None = None
     hostname: str | None = None
     pid: int | None = None
     source: str = "worker"
@@ -112,7 +119,7 @@ SCHEMA = pa.schema(
         pa.field("cost", pa.float64()),
         pa.field("target_weight", pa.float64()),
         pa.field("key_weight", pa.float64()),
-        pa.field("key_held", pa.float64()),
+        pa.field("key_throttled", pa.float64()),
         pa.field("hostname", pa.string()),
         pa.field("pid", pa.int32()),
         pa.field("source", pa.string()),

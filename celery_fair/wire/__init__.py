@@ -55,16 +55,16 @@ ADMIT_HEADER = "fair_admit"
 # -- the worker ----------------------------------------------------------------
 
 #: Stamped by the worker on a message it fetched from a keyed queue:
-#: ``[key, charge, weight, held, level, user, paused]``: the key served, the cost charged to
+#: ``[key, charge, weight, throttled, level, user, paused]``: the key served, the cost charged to
 #: it at fetch time (run-time mode corrects it when the task finishes), the
-#: key's weight when it was served, the seconds the key had spent set aside by
-#: its limits since its previous task was served (0 without limits), and the
+#: key's weight when it was served, the seconds the key had spent throttled
+#: (set aside by its limits) since its previous task was served (0 without limits), and the
 #: suffix of the priority level it was served from (``""``: the first level;
 #: absent from workers before priority levels), the user served within a
 #: two-level key (``""`` for a one-level key) and the seconds the key had been
 #: paused since its previous task was served (both absent before two-level keys).
-#: Telemetry records weight, held, user and paused as ``key_weight``,
-#: ``key_held``, ``key_user`` and ``key_paused``.  Written and read only as
+#: Telemetry records weight, throttled, user and paused as ``key_weight``,
+#: ``key_throttled``, ``key_user`` and ``key_paused``.  Written and read only as
 #: :class:`celery_fair.wire.served.Served`.
 SERVED_HEADER = "fair_served"
 #: Request stamps of the main process, for telemetry: wall times of receipt and

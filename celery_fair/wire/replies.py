@@ -6,11 +6,11 @@ caller counts fields or indexes them:
 
 * :class:`Message`: ``{key, item}``, a message popped from a list;
 * :class:`KeyedMessage`: ``{key, item, "key", fair key, key weight, seconds
-  held, level suffix, user, seconds paused}``, a message of a keyed queue,
+  throttled, level suffix, user, seconds paused}``, a message of a keyed queue,
   with what its :class:`~celery_fair.wire.served.Served` record needs;
 * :class:`Malformed`: ``{key, item, "malformed"}``, a payload that is not a
   Kombu message, moved aside to the queue's parking list by the script;
-* :class:`Idle`: nil, or the milliseconds until a key held back by its
+* :class:`Idle`: nil, or the milliseconds until a key throttled by its
   limits may go on: every queue was empty.
 """
 
@@ -60,8 +60,8 @@ class KeyedMessage(Popped):
     fair_key: str
     #: The key's weight when it was served.
     weight: float
-    #: Seconds the key spent set aside by its limits since its previous task.
-    held: float
+    #: Seconds the key spent throttled (set aside by its limits) since its previous task.
+    throttled: float
     #: The priority level's list suffix (``""``: the first level).
     level: str
     #: The user served within a two-level key (``""`` for a one-level key).
@@ -75,7 +75,7 @@ class KeyedMessage(Popped):
             key=self.fair_key,
             charge=charge,
             weight=self.weight,
-            held=self.held,
+            throttled=self.throttled,
             level=self.level,
             user=self.user,
             paused=self.paused,
@@ -89,7 +89,7 @@ class Malformed(Popped):
 
 @dataclass(frozen=True)
 class Idle:
-    """Nothing fetched; ``due``: seconds until a key held back may go on (None: no such key)."""
+    """Nothing fetched; ``due``: seconds until a key throttled may go on (None: no such key)."""
 
     due: float | None
 
@@ -115,13 +115,13 @@ def decode_fetch(reply: Any) -> FetchReply:
     if kind == _MALFORMED:
         return Malformed(key, item)
     if kind == _KEYED:
-        # Numbers come as text or, when Lua held a number, as a Redis integer.
+        # Numbers come as text or, when Lua kept a number, as a Redis integer.
         return KeyedMessage(
             key=key,
             item=item,
             fair_key=text(reply[3]),
             weight=float(reply[4]),
-            held=float(reply[5]),
+            throttled=float(reply[5]),
             level=text(reply[6]),
             user=text(reply[7]),
             paused=float(reply[8]),

@@ -1,7 +1,7 @@
 """The served record: what a worker stamps on a message it fetched from a keyed queue.
 
 It travels as the :data:`~celery_fair.wire.SERVED_HEADER` header, a JSON list
-``[key, charge, weight, held, level, user, paused]``.  Messages outlive the
+``[key, charge, weight, throttled, level, user, paused]``.  Messages outlive the
 worker that stamped them (a restore, a requeue, a rolling upgrade), so
 :meth:`Served.from_wire` reads every shorter form an older worker wrote,
 and :meth:`Served.to_wire` writes the list in the same order as always.
@@ -32,9 +32,9 @@ class Served:
     charge: float | None
     #: The key's weight when it was served (absent before telemetry's schema 2).
     weight: float | None = None
-    #: Seconds the key spent set aside by its limits since its previous task
-    #: was served (0 without limits; absent before telemetry's schema 2).
-    held: float | None = None
+    #: Seconds the key spent throttled (set aside by its limits) since its
+    #: previous task was served (0 without limits; absent before telemetry's schema 2).
+    throttled: float | None = None
     #: The suffix of the priority level it came from: ``""`` is the first
     #: level, the only one before priority levels.
     level: str = ""
@@ -47,15 +47,17 @@ class Served:
 
     def to_wire(self) -> list[Any]:
         """The header's value: the seven fields in their wire order."""
-        return [self.key, self.charge, self.weight, self.held, self.level, self.user, self.paused]
+        return [
+            self.key, self.charge, self.weight, self.throttled, self.level, self.user, self.paused,
+        ]  # fmt: skip
 
     @classmethod
     def from_wire(cls, value: Any) -> Served | None:
         """The record a header value holds; None if it is not one (absent, not a list, empty).
 
         Each form a worker ever wrote is read: ``[key, charge]`` (before
-        telemetry's schema 2), then weight and held, then the level (before
-        two-level keys), then user and paused.  Weight and held are read only
+        telemetry's schema 2), then weight and seconds throttled, then the level (before
+        two-level keys), then user and paused.  Those two are read only
         as the pair they were always written as.
         """
         if not isinstance(value, (list, tuple)) or not value:
@@ -67,7 +69,7 @@ class Served:
             key=str(value[0]),
             charge=_float(value[1]) if n >= 2 else None,
             weight=_number(value[2]) if n >= 4 else None,
-            held=_number(value[3]) if n >= 4 else None,
+            throttled=_number(value[3]) if n >= 4 else None,
             level=level if isinstance(level, str) else "",
             user=user if isinstance(user, str) else "",
             paused=_number(value[6]) if n >= 7 else None,

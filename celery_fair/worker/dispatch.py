@@ -33,7 +33,7 @@ __all__ = (
     "FairGate",
     "admission",
     "buffered_requests",
-    "hold_during_drain",
+    "close_during_drain",
     "install_on_semaphore",
     "release_waiters",
     "wake_while_busy",
@@ -184,7 +184,7 @@ class FairGate:
         self.service = service
         self.slots = max(1, slots)
         self.free = self.slots
-        self._held = False
+        self._closed = False
         self._pumping = False
         self._lock = service.lock
         self._admit = admission(service, _gate_request)
@@ -214,17 +214,18 @@ class FairGate:
             self.pump()
         return lost
 
-    def hold(self) -> None:
-        self._held = True
+    def close(self) -> None:
+        """Start nothing until :meth:`open` (a burst of deliveries is being collected)."""
+        self._closed = True
 
     def open(self) -> None:
-        self._held = False
+        self._closed = False
         self.pump()
 
     def pump(self) -> None:
         """Start waiting tasks, in DWRR order, while slots are free."""
         with self._lock:
-            if self._pumping or self._held:
+            if self._pumping or self._closed:
                 return
             self._pumping = True
         try:
@@ -278,15 +279,15 @@ class FairGate:
         return gated
 
 
-def hold_during_drain(connection: Any, gate: FairGate) -> None:
+def close_during_drain(connection: Any, gate: FairGate) -> None:
     """Collect every delivery already received before dispatching any.
 
     The solo pool runs a task inline, inside the delivery callback; without
     this the first delivery of a burst would always run first.
     """
 
-    def hold(drain: Any, timeout: float | None, **kwargs: Any) -> Any:
-        gate.hold()
+    def collect(drain: Any, timeout: float | None, **kwargs: Any) -> Any:
+        gate.close()
         try:
             result = drain(timeout=timeout, **kwargs)
             for _ in range(1000):
@@ -298,7 +299,7 @@ def hold_during_drain(connection: Any, gate: FairGate) -> None:
         finally:
             gate.open()
 
-    compat.wrap_drain_events(connection, hold)
+    compat.wrap_drain_events(connection, collect)
 
 
 #: Seconds the consumer's drain may block while the gate has tasks (green pools, Redis).

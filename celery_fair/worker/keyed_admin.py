@@ -197,7 +197,7 @@ class KeyedAdmin:
         self._configured.add(queue)
         counts = (
             f"{found.messages} message(s) waiting, {found.in_line} key(s) in line, "
-            f"{found.at_limit} at their concurrency limit, {found.sleeping} held by their "
+            f"{found.at_limit} at their concurrency limit, {found.sleeping} throttled by their "
             f"rate, {found.paused} paused, {found.leases} task(s) holding a key slot, "
             f"{found.live_settings} live setting(s)"
         )

@@ -54,7 +54,7 @@ class PausedKeys:
             (now.update if paused else now.difference_update)(keys)
             self._paused = {**self._paused, queue: frozenset(now)}
 
-    def holds(self, queue: str, key: str | None) -> bool:
+    def is_paused(self, queue: str, key: str | None) -> bool:
         """Whether ``key`` of keyed ``queue`` is paused."""
         return key is not None and key in self._paused.get(queue, ())
 
@@ -64,7 +64,7 @@ class PausedKeys:
     def check(self, queue: str, key: str | None) -> SendBack | None:
         """The admission loop's pause check: a paused key's task goes back with its key's
         other buffered tasks, to the front of the key's list."""
-        return SendBack("paused", queue, key=key) if self.holds(queue, key) else None
+        return SendBack("paused", queue, key=key) if self.is_paused(queue, key) else None
 
     def send_back(
         self, entries: list[Any], back: SendBack, request_of: Callable[[Any], Any],

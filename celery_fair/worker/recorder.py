@@ -188,7 +188,7 @@ class PoolRecorder:
                 runtime if self.runtime_cost else 1.0,  # cost
                 as_float(getattr(request, WEIGHT_STAMP, None)),  # target_weight
                 served.weight,  # key_weight
-                served.held,  # key_held
+                served.throttled,  # key_throttled
                 self.hostname,  # hostname
                 self.pid,  # pid
                 "worker",  # source

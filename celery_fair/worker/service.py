@@ -22,7 +22,7 @@ from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
-from .dispatch import FairGate, hold_during_drain, wake_while_busy
+from .dispatch import FairGate, close_during_drain, wake_while_busy
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
 from .pauses import PausedKeys
@@ -166,7 +166,7 @@ class FairService:
                 # solo: order each burst of deliveries before running any.  Not
                 # for pools that run tasks concurrently (gevent, eventlet): a
                 # task finishing during a blocking drain must start the next.
-                hold_during_drain(consumer.connection, gate)
+                close_during_drain(consumer.connection, gate)
         # After attaching: a keyed backlog found on the channel may add keyed queues.
         if self.attachment.keyed is not None:
             self.refresh_paused()

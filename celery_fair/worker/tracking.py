@@ -264,7 +264,7 @@ class TaskTracker:
                 dispatched=as_float(get(DISPATCHED_STAMP)),
                 target_weight=None if queue is None else self.service.scheduler.weight(queue),
                 key_weight=served.weight,
-                key_held=served.held,
+                key_throttled=served.throttled,
                 hostname=self.hostname,
                 pid=self.pid,
                 priority=as_int((info or {}).get("priority")),

@@ -39,7 +39,7 @@ def _records(start: float) -> list[TaskRecord]:
                     fair_key=key,
                     target_weight=1.0,
                     key_weight=1.0,
-                    key_held=0.0,
+                    key_throttled=0.0,
                     priority=priority,
                 )  # fmt: skip
             )

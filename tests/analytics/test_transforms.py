@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -279,28 +280,28 @@ def test_routing_skew_and_hot_keys(spark: SparkSession) -> None:
     )
 
 
-def test_key_weights_set_targets_held_time_and_jain(spark: SparkSession) -> None:
+def test_key_weights_set_targets_throttled_time_and_jain(spark: SparkSession) -> None:
     # Queue "jobs": gold (weight 3) served 3 s, free (weight 1) 1 s, in one
     # window: weighted-fair, so Jain's index over keys is 1. Free's key was
-    # held 2.5 s by its limits, told by two of its records.
+    # throttled 2.5 s by its limits, told by two of its records.
     raw = frame(
         spark,
         [rec("jobs", fair_key="gold", cost=1.0, key_weight=3.0) for _ in range(3)]
-        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_held=2.0)]
-        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_held=0.5)]
+        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_throttled=2.0)]
+        + [rec("jobs", fair_key="free", cost=0.5, key_weight=1.0, key_throttled=0.5)]
         + [rec("jobs", cost=1.0)],  # no key: no weight, no target
     )
     usage = raw.transform(T.normalize, 10.0).transform(T.usage_by_window)
     keys = usage.transform(T.key_shares)
-    got = keys.select("fair_key", "weight", "target_in_queue", "held")
+    got = keys.select("fair_key", "weight", "target_in_queue", "throttled")
     expected = spark.createDataFrame(
         [("gold", 3.0, 0.75, 0.0), ("free", 1.0, 0.25, 2.5), ("(none)", None, None, 0.0)],
-        "fair_key string, weight double, target_in_queue double, held double",
+        "fair_key string, weight double, target_in_queue double, throttled double",
     )
     assertDataFrameEqual(got, expected)
-    held = keys.transform(T.held_keys).select("fair_key", "held")
+    throttled = keys.transform(T.throttled_keys).select("fair_key", "throttled")
     assertDataFrameEqual(
-        held, spark.createDataFrame([("free", 2.5)], "fair_key string, held double")
+        throttled, spark.createDataFrame([("free", 2.5)], "fair_key string, throttled double")
     )
     jain = usage.transform(T.served_by_window, "fair_key").transform(T.jain_by_window)
     assertDataFrameEqual(
@@ -310,8 +311,8 @@ def test_key_weights_set_targets_held_time_and_jain(spark: SparkSession) -> None
         ),
     )
     # Records of schema 1 carry no weight: every key weighs 1, and gold's 3x is unfair.
-    old = raw.drop("key_weight", "key_held").selectExpr(
-        "*", "CAST(NULL AS DOUBLE) AS key_weight", "CAST(NULL AS DOUBLE) AS key_held"
+    old = raw.drop("key_weight", "key_throttled").selectExpr(
+        "*", "CAST(NULL AS DOUBLE) AS key_weight", "CAST(NULL AS DOUBLE) AS key_throttled"
     )
     flat = old.transform(T.normalize, 10.0).transform(T.usage_by_window)
     row = flat.transform(T.served_by_window, "fair_key").transform(T.jain_by_window).first()
@@ -334,3 +335,24 @@ def test_paused_time_is_summed_per_key_and_listed_longest_first(spark: SparkSess
     old = raw.drop("key_paused").selectExpr("*", "CAST(NULL AS DOUBLE) AS key_paused")
     flat = old.transform(T.normalize, 10.0).transform(T.usage_by_window).transform(T.key_shares)
     assert flat.where("paused > 0").count() == 0
+
+
+def test_a_schema_4_files_key_held_is_read_as_key_throttled(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from celery_fair.analytics.pipeline import read_telemetry
+    from celery_fair.telemetry.schema import SCHEMA, records_to_table
+
+    current = records_to_table([rec("jobs", fair_key="a", key_throttled=1.5)])
+    # The same record as schema 4 wrote it: the column under its old name.
+    names = ["key_held" if n == "key_throttled" else n for n in current.schema.names]
+    old = pa.Table.from_arrays(current.columns, names=names)
+    pq.write_table(current, tmp_path / "new.parquet")
+    (tmp_path / "old").mkdir()
+    pq.write_table(old, tmp_path / "old" / "old.parquet")
+    df = read_telemetry(spark, str(tmp_path))
+    assert df.columns == SCHEMA.names
+    assert sorted(r["key_throttled"] for r in df.collect()) == [1.5, 1.5]

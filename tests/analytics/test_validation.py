@@ -31,7 +31,7 @@ def _good(n: int, key: str, start: float = 1_800_000_000.0) -> list[TaskRecord]:
             fair_key=key,
             target_weight=1.0,
             key_weight=1.0,
-            key_held=0.0,
+            key_throttled=0.0,
         )  # fmt: skip
         for i in range(n)
     ]

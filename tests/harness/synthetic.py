@@ -38,7 +38,7 @@ stay in the queues drawn for them, so that one tenant holds
 
 Every record carries its key's weight (``key_weights``, else 1), as a keyed
 queue's fetch stamps it, unless ``keyed`` is false (queues routed by key
-without ``fair_keys``: no weight), and a ``key_held`` of 0: synthetic keys
+without ``fair_keys``: no weight), and a ``key_throttled`` of 0: synthetic keys
 are never held back by limits.
 """
 
@@ -268,7 +268,7 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "cost": pa.array(np.where(ran, runtime, 0.0)),
         "target_weight": pa.array(weights),
         "key_weight": pc.take(key_weights, pa.array(key_index)),
-        "key_held": pa.array(np.zeros(n)),
+        "key_throttled": pa.array(np.zeros(n)),
         "hostname": pc.take(host_names, pa.array(host)),
         "pid": pa.array(1000 + host, type=pa.int32()),
         "source": pa.array(["synthetic"] * n),

@@ -116,7 +116,7 @@ def test_gate_on_the_solo_pool_orders_a_held_burst() -> None:
 
     gate = FairGate(svc, slots=1)
     gated = gate.wrap(process, pool)
-    gate.hold()  # a burst of deliveries from one drain
+    gate.close()  # a burst of deliveries from one drain
     for i in range(3):
         gated(FakeRequest("a", i))
     for i in range(3):

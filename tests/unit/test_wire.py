@@ -17,12 +17,14 @@ LEVEL = "\x06\x169"
 
 
 def test_a_served_record_goes_through_json_and_back_unchanged() -> None:
-    served = Served("gold", 0.005, weight=2.0, held=0.25, level=LEVEL, user="alice", paused=1.5)
+    served = Served(
+        "gold", 0.005, weight=2.0, throttled=0.25, level=LEVEL, user="alice", paused=1.5
+    )
     assert Served.from_wire(json.loads(json.dumps(served.to_wire()))) == served
 
 
 def test_the_header_is_written_as_the_seven_field_list_it_always_was() -> None:
-    served = Served("gold", 0.005, weight=2.0, held=0.0, level="", user="", paused=0.0)
+    served = Served("gold", 0.005, weight=2.0, throttled=0.0, level="", user="", paused=0.0)
     assert json.dumps(served.to_wire()) == '["gold", 0.005, 2.0, 0.0, "", "", 0.0]'
 
 
@@ -33,7 +35,7 @@ def test_the_header_is_written_as_the_seven_field_list_it_always_was() -> None:
         (["gold", 0.5], Served("gold", 0.5)),
         # Weight and held were written as a pair: a lone weight is not read.
         (["gold", 0.5, 2.0], Served("gold", 0.5)),
-        (["gold", 0.5, 2.0, 0.1], Served("gold", 0.5, weight=2.0, held=0.1)),
+        (["gold", 0.5, 2.0, 0.1], Served("gold", 0.5, weight=2.0, throttled=0.1)),
         # Before two-level keys: the level, no user, no pause.
         (["gold", 0.5, 2.0, 0.1, LEVEL], Served("gold", 0.5, 2.0, 0.1, LEVEL)),
         (["t", 0.5, 2.0, 0.1, "", "alice"], Served("t", 0.5, 2.0, 0.1, "", "alice")),
@@ -50,7 +52,7 @@ def test_what_is_not_a_field_of_its_kind_reads_as_unknown() -> None:
     served = Served.from_wire([7, "0.5", "2", None, 9, None, "x"])
     # The key as text; the charge as float() reads it; telemetry's numbers
     # only as JSON numbers; level and user only as text.
-    assert served == Served("7", 0.5, weight=None, held=None, level="", user="", paused=None)
+    assert served == Served("7", 0.5, weight=None, throttled=None, level="", user="", paused=None)
     assert Served.from_wire(["gold", "a lot"]) == Served("gold", None)
 
 
@@ -69,7 +71,8 @@ def test_the_record_is_read_from_headers() -> None:
 
 def test_nothing_served_is_no_key_on_the_first_level() -> None:
     assert (NOT_SERVED.key, NOT_SERVED.level, NOT_SERVED.user) == ("", "", "")
-    assert NOT_SERVED.charge is NOT_SERVED.weight is NOT_SERVED.held is NOT_SERVED.paused is None
+    assert NOT_SERVED.charge is NOT_SERVED.weight is None
+    assert NOT_SERVED.throttled is NOT_SERVED.paused is None
 
 
 # -- the fetch script's replies ----------------------------------------------------
@@ -96,7 +99,7 @@ def test_a_keyed_message_names_every_field() -> None:
         item=b"{}",
         fair_key="gold",
         weight=2.5,
-        held=0.0,
+        throttled=0.0,
         level=LEVEL,
         user="alice",
         paused=0.25,

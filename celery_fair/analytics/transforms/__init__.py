@@ -43,13 +43,13 @@ from .buckets import (
 from .findings import (
     MAX_ROUND_TRIP,
     across_queues,
-    held_keys,
     hot_keys,
     noisy_keys,
     noisy_windows,
     paused_keys,
     recommendations,
     routing_skew,
+    throttled_keys,
     window_totals,
 )
 from .levels import key_shares_by_priority, waits_by_priority
@@ -102,7 +102,7 @@ __all__ = (
     "bucket_rows",
     "codel_rates",
     "across_queues",
-    "held_keys",
+    "throttled_keys",
     "paused_keys",
     "hot_keys",
     "jain_by_window",

@@ -46,7 +46,7 @@ def key_bucket(buckets: int) -> Column:
 #: shuffle; the outcome figures count ``outcome_code``.
 _SHUFFLED = (
     "queue", "fair_key", "key_bucket", "outcome_code", "cost", "in_flight", "busy",
-    "left_at", "weight", "key_held", "key_weight", "key_paused", "bad",
+    "left_at", "weight", "key_throttled", "key_weight", "key_paused", "bad",
 )  # fmt: skip
 
 
@@ -139,7 +139,7 @@ def key_rows(both: DataFrame) -> DataFrame:
     """The per-key rows of :func:`keys_and_buckets`, as :func:`shares_by_key` reads them."""
     return both.where(F.col("grain") == GRAIN_KEY).select(
         "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues",
-        F.col("key_held").alias("held"), F.col("key_weight").alias("weight"), "present",
+        F.col("key_throttled").alias("throttled"), F.col("key_weight").alias("weight"), "present",
         F.col("key_paused").alias("paused"),
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Findings: prefetch advice, routing skew, hot, held and noisy keys and windows."""
+"""Findings: prefetch advice, routing skew, hot, throttled and noisy keys and windows."""
 
 from __future__ import annotations
 
@@ -108,17 +108,17 @@ def across_queues(keys: DataFrame, names: list[str]) -> DataFrame:
     )
 
 
-def held_keys(keys: DataFrame, top: int = 20) -> DataFrame:
+def throttled_keys(keys: DataFrame, top: int = 20) -> DataFrame:
     """The ``top`` keys that spent longest set aside by their limits, from ``key_shares``.
 
     Collected apart from the most served keys: a throttled key is served
     little, by design, and could be missing from those.
     """
     return (
-        keys.where(F.col("held") > 0)
-        .orderBy(F.col("held").desc(), "queue", "fair_key")
+        keys.where(F.col("throttled") > 0)
+        .orderBy(F.col("throttled").desc(), "queue", "fair_key")
         .limit(top)
-        .select("queue", "fair_key", "held", "served_tasks", "weight")
+        .select("queue", "fair_key", "throttled", "served_tasks", "weight")
     )
 
 

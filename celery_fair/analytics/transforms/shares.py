@@ -74,7 +74,7 @@ def key_shares(usage: DataFrame) -> DataFrame:
         F.sum("served_tasks").alias("served_tasks"),
         F.sum("served_cost").alias("served_cost"),
         F.sum("codel_requeues").alias("codel_requeues"),
-        F.sum("key_held").alias("held"),
+        F.sum("key_throttled").alias("throttled"),
         F.sum("key_paused").alias("paused"),
         F.max_by("key_weight", "last_at").alias("weight"),
     )
@@ -123,15 +123,15 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
     ``target_in_queue`` is it over the sum of the weights of the queue's
     keys: the share weighted fairness gives the key while every key of the
     queue has work waiting (a key that is often idle gets less and leaves its
-    part to the others). ``held`` is the seconds the key spent set aside by
+    part to the others). ``throttled`` is the seconds the key spent set aside by
     its per-key limits, ``paused`` the seconds it was paused;
     ``codel_requeues`` feeds :func:`routing_skew`.
 
     ``totals`` are :func:`key_totals` of ``per_key``, when already made.
     """
     rows = per_key.select(
-        "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues", "held",
-        "paused", _key_weight().alias("weight"),
+        "queue", "fair_key", "records", "served_tasks", "served_cost", "codel_requeues",
+        "throttled", "paused", _key_weight().alias("weight"),
         # Only a keyed queue's fetch stamps the key's weight (SERVED_HEADER).
         F.col("weight").isNotNull().alias("keyed"),
     )  # fmt: skip
@@ -149,7 +149,7 @@ def shares_by_key(per_key: DataFrame, totals: DataFrame | None = None) -> DataFr
         "keys_overall",
         "weight",
         ratio(F.col("weight"), F.col("queue_weight")).alias("target_in_queue"),
-        "held",
+        "throttled",
         "paused",
         "codel_requeues",
         "keyed",

@@ -69,7 +69,7 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
     stamp the message); ``sojourn`` is the buffer sojourn receive -> dispatch
     (receive -> start when dispatch is not recorded, as from Celery events);
     ``transfer`` is publish -> receive. ``key_weight`` is the key's weight
-    (null in records of schema 1), ``key_held`` the seconds its key spent set
+    (null in records of schema 1), ``key_throttled`` the seconds its key spent set
     aside by its per-key limits (0 when unknown), ``key_paused`` the seconds it
     was paused (0 when unknown, and in records before schema 4). ``in_flight`` is receive -> finish,
     the time the worker held the task (0 when unknown); ``busy`` its run time
@@ -95,7 +95,7 @@ def normalize(raw: DataFrame, window_seconds: float = 60.0) -> DataFrame:
         F.when(ran, F.coalesce("cost", "runtime", F.lit(1.0))).otherwise(0.0).alias("cost"),
         F.col("target_weight").alias("weight"),
         F.col("key_weight"),
-        F.coalesce("key_held", F.lit(0.0)).alias("key_held"),
+        F.coalesce("key_throttled", F.lit(0.0)).alias("key_throttled"),
         F.coalesce("key_paused", F.lit(0.0)).alias("key_paused"),
         (F.col("started") - F.coalesce("published", "received")).alias("wait"),
         (F.coalesce("dispatched", "started") - F.col("received")).alias("sojourn"),
@@ -139,7 +139,7 @@ def _code_of(outcome: str) -> int:
 #: The additive figures of a usage row, after the columns naming it.
 USAGE_FIGURES = (
     "records", "served_tasks", "served_cost", "in_flight", "busy", "codel_requeues",
-    "codel_rejects", "failures", "retries", "revoked", "last_at", "weight", "key_held",
+    "codel_rejects", "failures", "retries", "revoked", "last_at", "weight", "key_throttled",
     "key_weight", "key_paused", "bad_records",
 )  # fmt: skip
 
@@ -180,7 +180,7 @@ def _usage_sums(coded: bool = False) -> list[Column]:
         count_of("revoked").alias("revoked"),
         F.max("left_at").alias("last_at"),
         F.max_by("weight", "left_at").alias("weight"),
-        F.sum("key_held").alias("key_held"),
+        F.sum("key_throttled").alias("key_throttled"),
         F.max_by("key_weight", "left_at").alias("key_weight"),
         F.sum("key_paused").alias("key_paused"),
         F.sum(F.col("bad").cast("long")).alias("bad_records"),
@@ -195,7 +195,7 @@ def usage_by_window(tasks: DataFrame) -> DataFrame:
     sums of these columns, computed from this small table (windows x keys
     rows) instead of each scanning the data again. ``weight`` is the group's
     latest target weight, with ``last_at`` the time it was seen, and
-    ``key_weight`` the key's; ``key_held`` the seconds the key spent set
+    ``key_weight`` the key's; ``key_throttled`` the seconds the key spent set
     aside by its per-key limits, ``key_paused`` the seconds it was paused;
     ``bad_records`` the records with a value out of range (see
     :mod:`.validation`).

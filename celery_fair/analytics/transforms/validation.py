@@ -66,7 +66,7 @@ RULES: tuple[Rule, ...] = (
     Rule("target_weight", POSITIVE),
     Rule("runtime", NOT_NEGATIVE),
     Rule("cost", NOT_NEGATIVE),
-    Rule("key_held", NOT_NEGATIVE),
+    Rule("key_throttled", NOT_NEGATIVE),
     Rule("key_paused", NOT_NEGATIVE),
     Rule("outcome", KNOWN_OUTCOME),
 )
