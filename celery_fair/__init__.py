@@ -14,15 +14,18 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-#: Public name -> the module that defines it.
+#: Public name -> the module that defines it.  What a Celery user reaches for;
+#: the scheduler's parts (``celery_fair.scheduling``), the worker's
+#: (``celery_fair.worker``) and the rest stay importable from their modules.
 _EXPORTS: dict[str, str] = {
     "BrokerMemoryHigh": "celery_fair.errors",
+    "CompatibilityError": "celery_fair.errors",
     "ConsistentHashRouter": "celery_fair.routing.router",
-    "DeficitRoundRobin": "celery_fair.scheduling.drr",
     "FairConfigError": "celery_fair.errors",
-    "FairScheduler": "celery_fair.scheduling.scheduler",
-    "KeyBacklogFull": "celery_fair.errors",
+    "FairConsumerMixin": "celery_fair.kombu.mixin",
     "HashRing": "celery_fair.routing.ring",
+    "IsolationPolicy": "celery_fair.routing.isolation",
+    "KeyBacklogFull": "celery_fair.errors",
     "MissingRouteKeyError": "celery_fair.routing.router",
     "PublishRefused": "celery_fair.errors",
     "declare_consistent_hash_exchange": "celery_fair.routing.rabbitmq",
@@ -31,11 +34,12 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = (
     "BrokerMemoryHigh",
+    "CompatibilityError",
     "ConsistentHashRouter",
-    "DeficitRoundRobin",
     "FairConfigError",
-    "FairScheduler",
+    "FairConsumerMixin",
     "HashRing",
+    "IsolationPolicy",
     "KeyBacklogFull",
     "MissingRouteKeyError",
     "PublishRefused",
@@ -45,13 +49,19 @@ __all__ = (
 )
 
 if TYPE_CHECKING:
-    from .errors import BrokerMemoryHigh, FairConfigError, KeyBacklogFull, PublishRefused
+    from .errors import (
+        BrokerMemoryHigh,
+        CompatibilityError,
+        FairConfigError,
+        KeyBacklogFull,
+        PublishRefused,
+    )
     from .install import install
+    from .kombu.mixin import FairConsumerMixin
+    from .routing.isolation import IsolationPolicy
     from .routing.rabbitmq import declare_consistent_hash_exchange
     from .routing.ring import HashRing
     from .routing.router import ConsistentHashRouter, MissingRouteKeyError
-    from .scheduling.drr import DeficitRoundRobin
-    from .scheduling.scheduler import FairScheduler
 
 
 __getattr__ = lazy_exports(__name__, globals(), _EXPORTS)

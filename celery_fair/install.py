@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from .wire import PUBLISHED_HEADER
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 __all__ = ("install",)
 
+App = TypeVar("App", bound="Celery")
 
-def install(app: Any) -> Any:
+
+def install(app: App) -> App:
     """Add the celery-fair bootsteps and the ``--fair-weights`` worker option.
 
     Adds to the app's configuration and never replaces any of it; calling it
