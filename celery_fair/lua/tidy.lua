@@ -26,24 +26,18 @@ local function merge_set(old, new)
   return n
 end
 
--- Hash of key -> since when: the earlier time wins.
-local function merge_since(old, new)
+-- A hash of key -> number: ``earliest`` keeps the earlier of two times
+-- (since when a key was throttled), else the two are summed (seconds owed).
+local function merge_hash(old, new, earliest)
   local flat = redis.call('HGETALL', old)
   for i = 1, #flat, 2 do
-    local mine = tonumber(redis.call('HGET', new, flat[i]))
-    if not mine or tonumber(flat[i + 1]) < mine then
-      redis.call('HSET', new, flat[i], flat[i + 1])
+    local key, value = flat[i], flat[i + 1]
+    if not earliest then
+      redis.call('HINCRBYFLOAT', new, key, value)
+    else
+      local mine = tonumber(redis.call('HGET', new, key))
+      if not mine or tonumber(value) < mine then redis.call('HSET', new, key, value) end
     end
-  end
-  redis.call('DEL', old)
-  return #flat / 2
-end
-
--- Hash of key -> seconds: summed.
-local function merge_sums(old, new)
-  local flat = redis.call('HGETALL', old)
-  for i = 1, #flat, 2 do
-    redis.call('HINCRBYFLOAT', new, flat[i], flat[i + 1])
   end
   redis.call('DEL', old)
   return #flat / 2
@@ -78,9 +72,9 @@ for i = 2, #ARGV do
      or redis.call('HEXISTS', state, N.OLD_THROTTLED_SECONDS) == 1 then
     moved = moved
       + merge_set(kname(base, N.OLD_AT_LIMIT), kname(base, N.AT_LIMIT))
-      + merge_since(kname(base, N.OLD_THROTTLED_SINCE), kname(base, N.THROTTLED_SINCE))
+      + merge_hash(kname(base, N.OLD_THROTTLED_SINCE), kname(base, N.THROTTLED_SINCE), true)
       + merge_longest(kname(base, N.OLD_THROTTLED), kname(base, N.THROTTLED))
-      + merge_sums(kname(base, N.OLD_THROTTLED_OWED), kname(base, N.THROTTLED_OWED))
+      + merge_hash(kname(base, N.OLD_THROTTLED_OWED), kname(base, N.THROTTLED_OWED), false)
       + merge_field(state, N.OLD_THROTTLED_COUNT, N.THROTTLED_COUNT, 'HINCRBY')
       + merge_field(state, N.OLD_THROTTLED_SECONDS, N.THROTTLED_SECONDS, 'HINCRBYFLOAT')
   end

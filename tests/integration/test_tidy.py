@@ -4,9 +4,6 @@ and a real worker that finds a queue as an earlier release left it runs everythi
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +11,7 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 
-from celery_fair.keys import scripts, store
+from celery_fair.keys import store
 from celery_fair.keys.layout import (
     OLD_AT_LIMIT,
     OLD_THROTTLED,
@@ -26,17 +23,15 @@ from celery_fair.keys.layout import (
     THROTTLED_SECONDS,
     KeyedNames,
 )
-from celery_fair.keys.store import enqueue_args
 from celery_fair.wire.replies import Idle, KeyedMessage, decode_fetch
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key
 from tests.harness.ledger import Ledger
+from tests.harness.scripts import NAMES, SEP, Q, message
+from tests.harness.scripts import enqueue as enqueue_raw
+from tests.harness.scripts import fetch as fetch_raw
 
 pytestmark = [pytest.mark.integration]
-
-Q = "jobs"
-SEP = "\x06\x16"
-NAMES = KeyedNames(Q, SEP)
 
 
 @pytest.fixture
@@ -49,32 +44,13 @@ def old(suffix: str) -> str:
     return f"{Q}{SEP}{suffix}"
 
 
-def enqueue(client: Any, key: str) -> None:
-    payload = json.dumps(
-        {
-            "body": "",
-            "headers": {"fair_key": key},
-            "properties": {
-                "delivery_tag": str(uuid.uuid4()),
-                "delivery_info": {"exchange": Q, "routing_key": Q},
-            },
-        }
-    )
-    scripts.ENQUEUE(client, *enqueue_args(NAMES, key, payload))
-
-
 def fetch(client: Any, word: str = "L1:30") -> Any:
-    return decode_fetch(
-        client.eval(
-            scripts.FETCH.text,
-            4,
-            Q,
-            Q + ".fair-malformed",
-            "unacked",
-            "unacked_index",
-            *store.fetch_args([word], sep=SEP, now=time.time(), suffixes=[]),
-        )  # fmt: skip
-    )
+    """One fetch of the keyed queue with per-key limits (leases of 30 s), decoded."""
+    return decode_fetch(fetch_raw(client, word))
+
+
+def enqueue(client: Any, key: str) -> None:
+    enqueue_raw(client, key, message(key))
 
 
 def test_an_earlier_releases_records_are_merged_into_the_current_names(
