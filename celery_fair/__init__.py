@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 #: Public name -> the module that defines it.  What a Celery user reaches for;
 #: the scheduler's parts (``celery_fair.scheduling``), the worker's

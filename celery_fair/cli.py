@@ -1,10 +1,14 @@
-"""The ``celery-fair`` command: one argparse parser, one module per subcommand.
+"""``celery-fair`` and ``celery fair``: one argparse parser, one module per subcommand.
 
 A subcommand lives in its own module exposing ``register(subparsers)``, which
 adds its parser and sets ``handler`` (``argparse.Namespace -> int``) with
 ``set_defaults``. Add the module's dotted path to ``SUBCOMMANDS``; keep heavy
 imports (PySpark, Celery apps) inside the handler so that ``celery-fair ring``
 does not pay for ``celery-fair report``.
+
+Exit status: 0 done; 1 the command ran and says what is left to do; 2 bad
+input (an option, an argument, an app that cannot be loaded); 3 the broker
+could not be reached.  Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,8 +17,16 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ("SUBCOMMANDS", "build_parser", "main")
+from ._version import __version__
+from .cli_options import APP_GIVEN, UsageError
+from .errors import FairConfigError
+
+__all__ = ("BAD_INPUT", "BROKER_AWAY", "SUBCOMMANDS", "build_parser", "main")
+
+#: Exit statuses besides 0 and 1 (see the module's docstring).
+BAD_INPUT, BROKER_AWAY = 2, 3
 
 #: Modules that each define ``register(subparsers) -> None``.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -27,23 +39,78 @@ SUBCOMMANDS: tuple[str, ...] = (
 )
 
 
-def build_parser(subcommands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """Refuses an abbreviated option (``--queue`` for ``--queues``) rather than guessing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser(
+    subcommands: Sequence[str] = SUBCOMMANDS, prog: str = "celery-fair"
+) -> argparse.ArgumentParser:
     """Build the top-level parser from the ``register`` function of each subcommand module."""
-    parser = argparse.ArgumentParser(
-        prog="celery-fair", description="Weighted fair queueing tools for Celery."
+    parser = _Parser(
+        prog=prog,
+        description="Weighted fair queueing tools for Celery.",
+        epilog="Exit status: 0 done, 1 something is left to do (said), 2 bad input, "
+        "3 the broker could not be reached.",
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"celery-fair {__version__}")
+    subparsers = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        parser_class=_Parser,
+    )
     for module_name in subcommands:
         importlib.import_module(module_name).register(subparsers)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``celery-fair``; returns the process exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    status: int = args.handler(args)
+def main(argv: Sequence[str] | None = None, app: Any = None, prog: str = "celery-fair") -> int:
+    """Run ``celery-fair``; returns the process exit status.
+
+    ``app``: the Celery app of ``celery -A proj fair`` (then ``-A`` and ``-b``
+    are optional: the subcommands use its broker and settings).
+    """
+    token = APP_GIVEN.set(app is not None)
+    try:
+        parser = build_parser(prog=prog)
+        args = parser.parse_args(argv)
+    finally:
+        APP_GIVEN.reset(token)
+    given = hasattr(args, "app") and (args.app or getattr(args, "broker", None))
+    if app is not None and hasattr(args, "app") and not given:
+        args.app = app
+    try:
+        status: int = args.handler(args)
+    except (UsageError, FairConfigError) as exc:
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    except ImportError as exc:  # -A naming no module, or an extra not installed
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if not _broker_away(exc):
+            raise
+        print(f"{prog} {args.command}: cannot reach the broker: {exc}", file=sys.stderr)
+        return BROKER_AWAY
     return status
+
+
+def _broker_away(exc: BaseException) -> bool:
+    """A connection error of Kombu, redis-py or py-amqp (or the socket under them)."""
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, (OperationalError, OSError)) or type(exc).__name__ in (
+        "ConnectionError",
+        "TimeoutError",
+        "AMQPConnectionError",
+    )
 
 
 if __name__ == "__main__":

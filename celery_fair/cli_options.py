@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+from contextvars import ContextVar
 from typing import Any
 
 from .errors import FairConfigError
 from .grammar import as_positive, as_positive_int, parse_pairs
 
 __all__ = (
+    "APP_GIVEN",
+    "UsageError",
     "add_broker_options",
     "broker_connection",
     "positive_float",
@@ -17,22 +21,41 @@ __all__ = (
 )
 
 
+#: Whether the app comes from ``celery -A proj fair`` (then ``-A``/``-b`` are optional).
+APP_GIVEN: ContextVar[bool] = ContextVar("celery_fair_app_given", default=False)
+
+
+class UsageError(Exception):
+    """A command's input is wrong: said in one line, exit status 2."""
+
+
 def add_broker_options(parser: argparse.ArgumentParser) -> None:
     """``-A/--app`` (the app's broker and transport options) or ``-b/--broker`` (a URL)."""
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group(required=not APP_GIVEN.get())
     where.add_argument("--app", "-A", help="the Celery app (module or module:attr): its broker")
     where.add_argument("--broker", "-b", help="a broker URL (without the app's transport options)")
 
 
+def load_app(app: Any) -> Any:
+    """The Celery app ``-A`` names (module or module:attr), or ``app`` itself if it is one.
+
+    Raises :class:`UsageError` naming what could not be loaded.
+    """
+    from celery.app.utils import find_app
+
+    try:
+        return find_app(app)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"-A {app!r}: cannot load the Celery app: {exc}") from None
+
+
 def broker_connection(args: argparse.Namespace) -> Any:
     """A Kombu connection to the broker named by :func:`add_broker_options`' options."""
-    if args.app:
-        from celery.app.utils import find_app
+    if args.broker:
+        from kombu.connection import Connection
 
-        return find_app(args.app).connection_for_write()
-    from kombu.connection import Connection
-
-    return Connection(args.broker)  # type: ignore[no-untyped-call]
+        return Connection(args.broker)  # type: ignore[no-untyped-call]
+    return load_app(args.app).connection_for_write()
 
 
 def positive_int(text: str) -> int:
@@ -61,5 +84,10 @@ def queue_weights(text: str) -> dict[str, float]:
     bad = {name: pairs[name] for name, weight in weights.items() if weight is None}
     if bad:
         name, value = next(iter(bad.items()))
-        raise argparse.ArgumentTypeError(f"weight of queue {name!r} must be positive: {value}")
-    return {name: float(weight) for name, weight in weights.items() if weight is not None}
+        raise argparse.ArgumentTypeError(
+            f"weight of queue {name!r} must be a positive number, not {value!r}"
+        )
+    found = {name: float(weight) for name, weight in weights.items() if weight is not None}
+    if not math.isfinite(sum(found.values())):
+        raise argparse.ArgumentTypeError(f"weights too large to add up: {text!r}")
+    return found

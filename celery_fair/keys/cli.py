@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from ..cli_options import add_broker_options, broker_connection, positive_int
+from ..cli_options import UsageError, add_broker_options, broker_connection, positive_int
 
 __all__ = ("register", "run")
 
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from . import store
     from .publish import names_for
 
+    if args.action in ("pause", "resume") and not args.keys:
+        raise UsageError("name the keys after the queue")
     with broker_connection(args) as connection:
         channel = connection.default_channel
         if not compat.is_redis_channel(channel):
@@ -64,9 +66,6 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         names = names_for(channel, args.queue)
-        if args.action in ("pause", "resume") and not args.keys:
-            print(f"celery-fair keys {args.action}: name the keys after the queue", file=sys.stderr)
-            return 2
         with compat.redis_client(channel) as client:
             if args.action == "backlog":
                 return _backlog(client, names, args)

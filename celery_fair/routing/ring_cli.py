@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from celery_fair.cli_options import positive_float, positive_int, queue_weights
+from celery_fair.cli_options import APP_GIVEN, positive_float, positive_int, queue_weights
 from celery_fair.routing.ring import ALGORITHMS, HashRing, ideal_moved_fraction
 
 __all__ = ("register", "ring_of_app", "ring_report", "run")
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
             "against the least fraction any mapping must move. --key shows where given keys go."
         ),
     )
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group(required=not APP_GIVEN.get())
     where.add_argument(
         "--queues",
         type=queue_weights,
@@ -258,7 +258,7 @@ def ring_of_app(name: str) -> HashRing:
 def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair ring``."""
     try:
-        if args.app:
+        if args.app and not args.queues:
             ring = ring_of_app(args.app)
             args.algorithm = ring.algorithm
         else:

@@ -1,0 +1,3 @@
+"""The release, in one place (the package root and the commands read it)."""
+
+__version__ = "0.1.0"
