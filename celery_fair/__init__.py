@@ -18,6 +18,7 @@ from ._version import __version__
 #: (``celery_fair.worker``) and the rest stay importable from their modules.
 _EXPORTS: dict[str, str] = {
     "BrokerMemoryHigh": "celery_fair.errors",
+    "check": "celery_fair.checking",
     "CompatibilityError": "celery_fair.errors",
     "ConsistentHashRouter": "celery_fair.routing.router",
     "FairConfigError": "celery_fair.errors",
@@ -43,11 +44,13 @@ __all__ = (
     "MissingRouteKeyError",
     "PublishRefused",
     "__version__",
+    "check",
     "declare_consistent_hash_exchange",
     "install",
 )
 
 if TYPE_CHECKING:
+    from .checking import check
     from .errors import (
         BrokerMemoryHigh,
         CompatibilityError,

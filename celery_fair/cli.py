@@ -36,6 +36,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "celery_fair.parking.cli",
     "celery_fair.keys.cli",
     "celery_fair.monitoring.exporter",
+    "celery_fair.checking",
 )
 
 

@@ -17,7 +17,7 @@ from tests.harness.keys import keyed_app, publish_by_key
 
 pytestmark = [pytest.mark.integration]
 
-SUBCOMMANDS = ("ring", "capture", "report", "parked", "keys", "exporter")
+SUBCOMMANDS = ("ring", "capture", "report", "parked", "keys", "exporter", "check")
 
 
 def unused_port() -> int:
@@ -92,6 +92,8 @@ def test_celery_fair_is_a_celery_subcommand_with_the_apps_broker(
     ring = run(project, "-A", "proj", "fair", "ring", "--keys", "1000", "--json")
     assert ring.returncode == 0, ring.stderr
     assert '"p1"' in ring.stdout
+    checked = run(project, "-A", "proj", "fair", "check")
+    assert checked.returncode == 0 and "fair_keys" in checked.stdout, checked.stderr
     version = run(project, "fair", "--version")
     assert version.returncode == 0 and version.stdout.startswith("celery-fair ")
 

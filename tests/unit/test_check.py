@@ -1,0 +1,47 @@
+"""``celery_fair.check(app)``: the settings checked as a worker checks them, and shown."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+import celery_fair
+from celery_fair.cli import BAD_INPUT, main
+
+
+def app_with(**conf: object) -> Celery:
+    app = Celery("proj", broker="memory://", set_as_current=False)
+    app.conf.update(conf)
+    return celery_fair.install(app)
+
+
+def test_check_returns_what_is_in_force_and_warns_of_unknown_names() -> None:
+    found = celery_fair.check(app_with(fair_weights={"a": 3}, fair_costs="runtime"))
+    assert dict(found.settings.weights) == {"a": 3.0}
+    rows = {name: (value, is_set) for name, value, is_set in found.in_force}
+    assert rows["fair_weights"] == ({"a": 3}, True)
+    assert rows["fair_cost"] == ("count", False)
+    assert len(found.warnings) == 1 and "fair_costs" in found.warnings[0]
+    assert "fair_cost" in found.warnings[0]  # the closest name
+
+
+def test_check_refuses_what_a_worker_would_refuse() -> None:
+    with pytest.raises(celery_fair.FairConfigError, match="fair_key_concurrency"):
+        celery_fair.check(app_with(fair_key_concurrency={"*": 2}))
+    with pytest.raises(celery_fair.FairConfigError, match="fair_default_weight"):
+        celery_fair.check(app_with(fair_default_weight=-1))
+
+
+def test_the_check_command_prints_the_settings_or_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["check"], app=app_with(fair_weights={"a": 3})) == 0
+    out = capsys.readouterr().out
+    assert "fair_weights  {'a': 3}" in out and "ok: a worker would start" in out
+    assert "fair_cost" not in out  # left at its default: shown with --all
+    assert main(["check", "--all"], app=app_with()) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["fair_cost", "'count'", "(default)"] in lines
+    assert main(["check"], app=app_with(fair_default_weight="x")) == BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("celery-fair check: ") and "'x'" in err[0], err
