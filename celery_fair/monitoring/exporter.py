@@ -25,13 +25,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..cli_options import add_broker_options, broker_connection
+from ..keys.gauges import PREFIX, keys_throttled
+from ..keys.store import Throttled
 from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "celery_fair"
 #: The exporter's port unless ``--port`` says otherwise.
 DEFAULT_PORT = 9808
 
@@ -179,14 +180,10 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         "queue_parked", "Messages parked next to the queue, by cause.", ("queue", "reason")
     )
     active = gauge("keyed_active_keys", "Keys of a keyed queue with messages waiting in line.")
-    held = gauge(
-        "keyed_held_keys",
-        "Keys of a keyed queue set aside by their limits, by limit.",
-        ("queue", "limit"),
-    )
+    throttled: dict[str, Throttled] = {}
     longest = gauge(
-        "keyed_longest_held_seconds",
-        "Seconds the key held back longest by its limits has been held, now.",
+        "keyed_longest_throttled_seconds",
+        "Seconds the key throttled longest by its limits has been, now.",
     )
     key_backlog = gauge(
         "key_backlog",
@@ -212,14 +209,14 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         if keyed is None:
             continue
         active.add_metric([r.queue], float(keyed.active_keys))
-        held.add_metric([r.queue, "concurrency"], float(keyed.held_concurrency))
-        held.add_metric([r.queue, "rate"], float(keyed.held_rate))
-        longest.add_metric([r.queue], keyed.longest_held or 0.0)
+        throttled[r.queue] = keyed.throttled
+        longest.add_metric([r.queue], keyed.longest_throttled or 0.0)
         for key in keyed.top:
             key_backlog.add_metric([r.queue, key.key], float(key.backlog))
             if key.oldest_age is not None:
                 key_oldest.add_metric([r.queue, key.key], key.oldest_age)
-    yield from (backlog, oldest, unacked, consumers, parked, active, held, longest)
+    yield from (backlog, oldest, unacked, consumers, parked, active)
+    yield from (keys_throttled(throttled), longest)
     yield from (key_backlog, key_oldest)
 
 

@@ -5,7 +5,7 @@ queue, in the per-key lists (``LLEN`` of the queue's own list misses those);
 the age of the oldest waiting message found; the messages delivered and not
 acknowledged (Kombu's ``unacked`` hash); the messages parked next to the
 queue, by cause.  For a keyed queue also the keys with messages waiting, the
-keys held back by their limits, and the largest backlogs (the ``fair.sizes``
+keys throttled by their limits, and the largest backlogs (the ``fair.sizes``
 sorted set) with the age of each one's oldest message.
 
 Every figure costs a fixed number of broker commands per queue plus one per
@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
+from ..keys import store
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parked import PARKING_SUFFIX, cause_of, decode_record
@@ -55,8 +56,6 @@ __all__ = (
 UNACKED_BATCH = 1000
 #: Parked messages read per queue to count their causes (the rest count as ``unread``).
 PARKED_SCAN = 1000
-#: Keys held back by their limits looked at per queue for the longest hold.
-HELD_SCAN = 1000
 
 
 @dataclass(frozen=True)
@@ -74,13 +73,12 @@ class KeyedReading:
 
     #: Keys with messages waiting in line (the unkeyed key included).
     active_keys: int
-    #: Keys set aside at their concurrency limit, and by their rate limit.
-    held_concurrency: int
-    held_rate: int
+    #: Keys throttled now: at their concurrency limit, and by their rate limit.
+    throttled: store.Throttled
     #: The keys with the largest backlogs, largest first.
     top: tuple[KeyReading, ...]
-    #: Seconds the key held back longest has been held, now (among :data:`HELD_SCAN`).
-    longest_held: float | None = None
+    #: Seconds the key throttled longest has been, now (among ``THROTTLED_SCAN`` keys).
+    longest_throttled: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +147,7 @@ def read_redis(
     levels = [compat.queue_key(channel, "", pri) for pri in steps]
     with compat.redis_client(channel) as client:
         pipe = client.pipeline(transaction=False)
+        throttled: dict[str, Callable[[Iterator[Any]], store.Throttled]] = {}
         for queue in queues:
             for pri in steps:
                 plain = prefix + compat.queue_key(channel, queue, pri)
@@ -157,10 +156,9 @@ def read_redis(
             pipe.hget(names.state, BACKLOG)
             for level in levels:
                 pipe.zcard(names.level(level).active)
-            pipe.scard(names.at_limit).zcard(names.sleep)
+            throttled[queue] = store.read_throttled(pipe, names)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
-            pipe.hscan(names.throttled_since, 0, count=HELD_SCAN)
             parking = prefix + queue + PARKING_SUFFIX
             pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
         unacked_key = prefix + compat.unacked_keys(channel)[0]
@@ -174,17 +172,14 @@ def read_redis(
                 "plain_oldest": [_published(item) for _, item in lists],
                 "keyed": int(next(replies) or 0),
                 "active": sum(int(next(replies)) for _ in levels),
-                "at_limit_keys": int(next(replies)),
-                "sleeping": int(next(replies)),
+                "throttled": throttled[queue](replies),
                 "sizes": [(text(k), int(n)) for k, n in next(replies)],
                 "next": [text(k) for k in next(replies)],
-                "held_since": [float(v) for v in next(replies)[1].values()],
                 "parked": int(next(replies)),
                 "parked_items": next(replies),
             }
         in_flight = int(next(replies))
-        seconds, micros = next(replies)
-        broker_now = int(seconds) + int(micros) / 1e6  # the clock of the hold times
+        broker_now = store.broker_clock(next(replies))  # the clock of the throttling times
         # The oldest message of each key looked at: its list's last item.
         keys_of = {q: _keys_to_look_at(r) for q, r in raw.items()}
         pipe = client.pipeline(transaction=False)
@@ -201,7 +196,7 @@ def read_redis(
         unacked = _unacked_by_queue(client, unacked_key, in_flight, unacked_limit)
     now = clock()
     for found in raw.values():
-        found["longest_held"] = _oldest([_age(broker_now, t) for t in found["held_since"]])
+        found["longest_throttled"] = found["throttled"].longest(broker_now)
     return [_redis_reading(queue, raw[queue], oldest_of[queue], unacked, now) for queue in queues]
 
 
@@ -241,13 +236,13 @@ def _redis_reading(
     if unread > 0:
         parked["unread"] = unread
     keyed = None
-    if raw["keyed"] or raw["active"] or raw["at_limit_keys"] or raw["sleeping"] or raw["sizes"]:
+    throttled: store.Throttled = raw["throttled"]
+    if raw["keyed"] or raw["active"] or throttled.at_limit or throttled.sleeping or raw["sizes"]:
         keyed = KeyedReading(
             active_keys=raw["active"],
-            held_concurrency=raw["at_limit_keys"],
-            held_rate=raw["sleeping"],
+            throttled=throttled,
             top=tuple(KeyReading(k, n, _age(now, oldest.get(k))) for k, n in raw["sizes"]),
-            longest_held=raw["longest_held"],
+            longest_throttled=raw["longest_throttled"],
         )
     ages = [_age(now, s) for s in raw["plain_oldest"]] + [_age(now, s) for s in oldest.values()]
     return QueueReading(

@@ -14,13 +14,15 @@ when Prometheus scrapes, by a custom collector (:class:`FairCollector`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import FairConfigError
+from ..keys.gauges import PREFIX, keys_throttled
 from ..scheduling.stalls import PLACES
 
 if TYPE_CHECKING:
@@ -35,13 +37,15 @@ __all__ = (
     "require_prometheus_client",
 )
 
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
 #: Upper bounds (seconds) of the sojourn histogram's buckets; +Inf is implied.
 SOJOURN_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
-
-PREFIX = "celery_fair"
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,8 @@ class FairCollector:
         self.service = service
         self.meter = meter
         self.worker = worker
+        #: The broker reads failing now (each logged once, when it started failing).
+        self._broker_away: set[str] = set()
 
     def describe(self) -> list[Any]:
         # Registering must not run a collection (the worker is not started yet).
@@ -293,10 +299,7 @@ class FairCollector:
         """Paused keys (``control fair_key_pause``), read from the broker at scrape."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        try:
-            controls = self.service.keys.controls()
-        except Exception:  # the broker is away: the next scrape tries again
-            return
+        controls = self._from_broker("paused keys", self.service.keys.controls)
         if not controls:
             return
         w = self.worker
@@ -317,59 +320,68 @@ class FairCollector:
         )
 
     def _throttling(self) -> Iterator[Any]:
-        """Per-key limits: how much keys were held back, read from the broker at scrape.
+        """Per-key limits: how much keys were throttled, read from the broker at scrape.
 
-        Queue-wide counters, and the seconds of the keys held back longest
+        Queue-wide counters, and the seconds of the keys throttled longest
         (top keys only, as above). A broker that cannot answer leaves these
         out of this scrape; the worker's own metrics are still served.
         """
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        try:
-            states = self.service.keys.limits_state()
-        except Exception:  # the broker is away: the next scrape tries again
-            return
+        states = self._from_broker("per-key limits", self.service.keys.limits_state)
         if not states:
             return
         w = self.worker
         yield _per_queue(
             CounterMetricFamily,
-            "key_held_back",
-            "Times a key was set aside by its concurrency or rate limit, per keyed queue "
-            "(all workers: read from the broker).",
+            "key_throttled",
+            "Times a key was throttled (set aside by its concurrency or rate limit), per "
+            "keyed queue (all workers: read from the broker).",
             w,
-            {queue: state.held_back for queue, state in states.items()},
+            {queue: state.throttled_count for queue, state in states.items()},
         )
         yield _per_queue(
             CounterMetricFamily,
-            "key_held_seconds",
-            "Seconds keys spent set aside by their limits, summed over keys, per keyed queue.",
+            "key_throttled_seconds",
+            "Seconds keys spent throttled by their limits, summed over keys, per keyed queue.",
             w,
-            {queue: state.held_seconds for queue, state in states.items()},
+            {queue: state.throttled_seconds for queue, state in states.items()},
         )
         yield _per_queue(
             GaugeMetricFamily,
-            "key_tasks_held",
-            "Messages waiting in the keys set aside now (they stay on the broker).",
+            "key_throttled_tasks",
+            "Messages waiting in the keys throttled now (they stay on the broker).",
             w,
-            {queue: state.tasks_held for queue, state in states.items()},
-        )
-        keys_held = GaugeMetricFamily(
-            f"{PREFIX}_keys_held",
-            "Keys set aside now, by reason (concurrency or rate).",
-            labels=["worker", "queue", "reason"],
+            {queue: state.throttled_tasks for queue, state in states.items()},
         )
         top = GaugeMetricFamily(
-            f"{PREFIX}_top_key_held_seconds",
-            "Seconds set aside by its limits, for the keys held back longest.",
+            f"{PREFIX}_top_key_throttled_seconds",
+            "Seconds throttled by its limits, for the keys throttled longest.",
             labels=["worker", "queue", "key"],
         )
         for queue, state in sorted(states.items()):
-            keys_held.add_metric([w, queue, "concurrency"], float(state.at_limit))
-            keys_held.add_metric([w, queue, "rate"], float(state.sleeping))
-            for key, held in state.top_held[:TOP_KEYS]:
-                top.add_metric([w, queue, key], held)
-        yield from (keys_held, top)
+            for key, seconds in state.top_throttled[:TOP_KEYS]:
+                top.add_metric([w, queue, key], seconds)
+        yield from (keys_throttled(states, worker=w), top)
+
+    def _from_broker(self, what: str, read: Callable[[], T]) -> T | None:
+        """``read()``, or None when the broker cannot answer: logged once per outage (a
+        warning with the error), and once when it answers again."""
+        try:
+            found = read()
+        except Exception as exc:
+            if what not in self._broker_away:
+                self._broker_away.add(what)
+                logger.warning(
+                    "celery-fair metrics: %s not read from the broker (%r); served again "
+                    "when it answers",
+                    what, exc,
+                )  # fmt: skip
+            return None
+        if what in self._broker_away:
+            self._broker_away.discard(what)
+            logger.info("celery-fair metrics: %s read from the broker again", what)
+        return found
 
 
 def _per_queue(kind: Any, name: str, doc: str, worker: str, values: dict[str, Any]) -> Any:

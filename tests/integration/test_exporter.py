@@ -121,7 +121,7 @@ def test_the_exporter_follows_a_running_worker_and_a_limit(redis_url: str) -> No
 
         exporter.wait_until(consistent)
         exporter.wait_until(
-            lambda s: value(s, "celery_fair_keyed_held_keys", queue=KEYED, limit="concurrency") == 1
+            lambda s: value(s, "celery_fair_keys_throttled", queue=KEYED, limit="concurrency") == 1
         )
         records = [json.loads(r) for r in client.hvals("unacked")]
         assert all(r[2] == KEYED for r in records)

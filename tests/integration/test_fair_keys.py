@@ -65,7 +65,7 @@ def test_publish_keeps_each_key_apart_and_in_order(redis_url: str, producer: Cel
     assert client.zcard(names.sizes) == 0
 
 
-def test_purge_deletes_the_messages_of_keys_held_back_by_their_limits(
+def test_purge_deletes_the_messages_of_keys_throttled_by_their_limits(
     redis_url: str, producer: Celery
 ) -> None:
     from celery_fair.keys import store

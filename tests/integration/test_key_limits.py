@@ -59,10 +59,10 @@ def test_concurrency_limits_hold_across_two_workers(redis_url: str, producer: Ce
     assert limits["limits"] == {"c:*": "1", "c:wide": "3"}
     assert limits["running"] == {}  # every slot came back
     # Throttling, as the broker timed it: keys were held back, and none is now.
-    assert limits["held_back"] > 0 and limits["held_seconds"] > 0, limits
-    assert limits["tasks_held"] == 0 and limits["at_limit"] == 0, limits
-    held_keys = {key for key, _ in limits["top_held"]}
-    assert held_keys and held_keys <= {*singles, "wide"}, limits["top_held"]
+    assert limits["throttled_count"] > 0 and limits["throttled_seconds"] > 0, limits
+    assert limits["throttled_tasks"] == 0 and limits["at_limit"] == 0, limits
+    throttled_keys = {key for key, _ in limits["top_throttled"]}
+    assert throttled_keys and throttled_keys <= {*singles, "wide"}, limits["top_throttled"]
 
 
 def test_a_rate_limited_key_runs_at_its_rate(
@@ -83,8 +83,8 @@ def test_a_rate_limited_key_runs_at_its_rate(
         stats = wait_fair_stats(redis_url)
     # Out of tokens, the key was set aside again and again, and timed.
     limits = stats["keys"]["limits_state"][QUEUE]
-    assert limits["held_back"] >= 20 and limits["held_seconds"] > 1.0, limits
-    assert [key for key, _ in limits["top_held"]] == ["slow"], limits["top_held"]
+    assert limits["throttled_count"] >= 20 and limits["throttled_seconds"] > 1.0, limits
+    assert [key for key, _ in limits["top_throttled"]] == ["slow"], limits["top_throttled"]
     entries = sorted(ledger.entries(), key=lambda e: e.started)
     slow = [e.started for e in entries if e.tenant == "slow"]
     # After the bucket's first second's worth (10 tokens), 10 per second.
@@ -101,7 +101,7 @@ def test_a_rate_limited_key_runs_at_its_rate(
     weights = {r["fair_key"]: r["key_weight"] for r in rows}
     assert weights == {"slow": 1.0, "free0": 3.0, "free1": 1.0, "free2": 1.0, "free3": 1.0}
     throttled = {k: sum(r["key_throttled"] for r in rows if r["fair_key"] == k) for k in weights}
-    assert throttled["slow"] == pytest.approx(limits["held_seconds"], rel=1e-6), (
+    assert throttled["slow"] == pytest.approx(limits["throttled_seconds"], rel=1e-6), (
         throttled, limits,
     )  # fmt: skip
     assert all(throttled[k] == 0 for k in weights if k != "slow"), throttled

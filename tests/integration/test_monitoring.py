@@ -118,7 +118,7 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(redis_url: st
                 **queries,
                 "the plain worker, found": "celery_fair_keyed_plain_consumers{queue='jobs2'} == 1",
                 "the parked message": "sum(celery_fair_queue_parked{queue='fast'}) == 1",
-                "the key at its limit": "max(celery_fair_keyed_held_keys) >= 1",
+                "the key at its limit": "max(celery_fair_keys_throttled) >= 1",
                 "CoDel returning": "sum(rate(celery_fair_codel_requeued_total[5m])) > 0",
                 "tasks without a key": "sum(celery_fair_keyed_unkeyed_tasks_total) >= 1",
             }

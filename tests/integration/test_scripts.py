@@ -367,4 +367,4 @@ def test_the_limits_state_counts_a_held_keys_messages_in_every_level(
     assert served(client, 1, "L1:30") == ["a"]
     assert isinstance(fetch(client, "L1:30"), int)  # a is at its limit: set aside
     state = limits_state(client, NAMES)
-    assert state.at_limit == 1 and state.tasks_held == 2  # one in each level
+    assert state.at_limit == 1 and state.throttled_tasks == 2  # one in each level

@@ -200,19 +200,20 @@ def test_throttling_is_exported_from_the_brokers_limits_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     state = KeyedLimitsState(
-        limits={"c:*": "1"}, running={"a": 1}, at_limit=2, sleeping=1, held_back=7,
-        held_seconds=3.5, tasks_held=12, top_held=[("a", 2.5), ("b", 1.0)],
+        limits={"c:*": "1"}, running={"a": 1}, at_limit=2, sleeping=1,
+        throttled_count=7, throttled_seconds=3.5, throttled_tasks=12,
+        top_throttled=[("a", 2.5), ("b", 1.0)],
     )  # fmt: skip
     service = _limited_service(monkeypatch, {"jobs": state})
     samples = _samples(FairCollector(service, DispatchMeter(), worker="w"))
     queue = (("queue", "jobs"), ("worker", "w"))
-    assert samples[("celery_fair_key_held_back_total", queue)] == 7
-    assert samples[("celery_fair_key_held_seconds_total", queue)] == 3.5
-    assert samples[("celery_fair_key_tasks_held", queue)] == 12
-    reason = (("queue", "jobs"), ("reason", "concurrency"), ("worker", "w"))
-    assert samples[("celery_fair_keys_held", reason)] == 2
+    assert samples[("celery_fair_key_throttled_total", queue)] == 7
+    assert samples[("celery_fair_key_throttled_seconds_total", queue)] == 3.5
+    assert samples[("celery_fair_key_throttled_tasks", queue)] == 12
+    limit = (("limit", "concurrency"), ("queue", "jobs"), ("worker", "w"))
+    assert samples[("celery_fair_keys_throttled", limit)] == 2
     top = (("key", "a"), ("queue", "jobs"), ("worker", "w"))
-    assert samples[("celery_fair_top_key_held_seconds", top)] == 2.5
+    assert samples[("celery_fair_top_key_throttled_seconds", top)] == 2.5
 
 
 def test_a_broker_away_leaves_only_the_throttling_metrics_out(
@@ -224,7 +225,7 @@ def test_a_broker_away_leaves_only_the_throttling_metrics_out(
     collector = FairCollector(service, DispatchMeter())
     names = {name for name, _ in _samples(collector)}
     assert "celery_fair_keyed_served_tasks_total" in names
-    assert not any("held" in name for name in names)
+    assert not any("throttled" in name for name in names)
 
 
 def test_codel_and_deficit_metrics_read_the_typed_records() -> None:
@@ -258,3 +259,34 @@ def test_fair_stats_keeps_its_fields() -> None:
     }  # fmt: skip
     assert set(stats["drr"]["queues"]["b"]) >= {"quantum", "deficit"}  # type: ignore[index]
     assert stats["bad_input"] == {"parked": {}, "returned": 0, "returning": 0, "errors": 0}
+
+
+def test_a_broker_away_is_logged_once_per_outage_and_its_return_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = KeyedLimitsState(limits={}, running={}, at_limit=1, sleeping=0)
+    outcome: list[object] = [ConnectionError("away")]
+    service = FairService(FairSettings(keys={"jobs": "tenant_id"}))
+
+    def read() -> object:
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    monkeypatch.setattr(service.keys, "limits_state", read)
+    monkeypatch.setattr(service.keys, "controls", lambda: {})
+    assert service.attachment.keyed is not None
+    service.attachment.keyed.served("jobs", "tenant-1")
+    collector = FairCollector(service, DispatchMeter(), worker="w")
+    caplog.set_level("INFO", logger="celery_fair.worker.metrics")
+    for _ in range(3):  # three scrapes during the outage
+        _samples(collector)
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "per-key limits" in warnings[0].getMessage()
+    assert "away" in warnings[0].getMessage()
+    outcome[0] = {"jobs": state}
+    for _ in range(2):
+        names = {name for name, _ in _samples(collector)}
+    assert "celery_fair_keys_throttled" in names
+    back = [r for r in caplog.records if r.levelname == "INFO" and "again" in r.getMessage()]
+    assert len(back) == 1
