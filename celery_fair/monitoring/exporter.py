@@ -248,7 +248,7 @@ def register(subparsers: Any) -> None:
             "Read the broker at each scrape and serve /metrics: per queue the backlog "
             "(keyed and priority lists included), the oldest message's age, the messages in "
             "flight and parked; per keyed queue the active keys, the largest backlogs and "
-            "the keys held at their limits. Needs no worker."
+            "the keys throttled by their limits. Needs no worker."
         ),
     )
     add_broker_options(parser)

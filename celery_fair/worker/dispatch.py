@@ -175,7 +175,7 @@ def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
 class FairGate:
     """At most ``slots`` tasks in the pool; the rest wait in DWRR order.
 
-    ``hold()``/``open()`` bracket a burst of deliveries (one event-loop drain)
+    ``close()``/``open()`` bracket a burst of deliveries (one event-loop drain)
     so that tasks delivered together are ordered before the first one runs:
     the solo pool runs a task inline, so without it there is never a choice.
     """

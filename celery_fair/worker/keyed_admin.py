@@ -306,7 +306,7 @@ class KeyedAdmin:
         return self._on_keyed_queues("fair_stats", store.controls)
 
     def limits_state(self) -> dict[str, store.KeyedLimitsState]:
-        """Each keyed queue's limits in force, running counts and keys held back."""
+        """Each keyed queue's limits in force, running counts and keys throttled."""
         keyed = self.attachment.keyed
         if keyed is None or not keyed.limited or self.attachment.channel is None:
             return {}
