@@ -17,8 +17,8 @@ PREFIX = "celery_fair"
 
 
 class Counts(Protocol):
-    """Keys throttled now (a :class:`~celery_fair.keys.store.Throttled` or a
-    :class:`~celery_fair.keys.store.KeyedLimitsState`)."""
+    """Keys throttled now (a :class:`~celery_fair.keys.throttling.Throttled` or a
+    :class:`~celery_fair.keys.throttling.KeyedLimitsState`)."""
 
     @property
     def at_limit(self) -> int: ...

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..cli_options import add_broker_options, broker_connection
 from ..keys.gauges import PREFIX, keys_throttled
-from ..keys.store import Throttled
+from ..keys.throttling import Throttled
 from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")

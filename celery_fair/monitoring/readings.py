@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
-from ..keys import store
+from ..keys import throttling
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parked import PARKING_SUFFIX, cause_of, decode_record
@@ -74,7 +74,7 @@ class KeyedReading:
     #: Keys with messages waiting in line (the unkeyed key included).
     active_keys: int
     #: Keys throttled now: at their concurrency limit, and by their rate limit.
-    throttled: store.Throttled
+    throttled: throttling.Throttled
     #: The keys with the largest backlogs, largest first.
     top: tuple[KeyReading, ...]
     #: Seconds the key throttled longest has been, now (among ``THROTTLED_SCAN`` keys).
@@ -147,7 +147,7 @@ def read_redis(
     levels = [compat.queue_key(channel, "", pri) for pri in steps]
     with compat.redis_client(channel) as client:
         pipe = client.pipeline(transaction=False)
-        throttled: dict[str, Callable[[Iterator[Any]], store.Throttled]] = {}
+        throttled: dict[str, Callable[[Iterator[Any]], throttling.Throttled]] = {}
         for queue in queues:
             for pri in steps:
                 plain = prefix + compat.queue_key(channel, queue, pri)
@@ -156,7 +156,7 @@ def read_redis(
             pipe.hget(names.state, BACKLOG)
             for level in levels:
                 pipe.zcard(names.level(level).active)
-            throttled[queue] = store.read_throttled(pipe, names)
+            throttled[queue] = throttling.read_throttled(pipe, names)
             pipe.zrevrange(names.sizes, 0, top - 1, withscores=True)
             pipe.zrange(names.active, 0, top - 1)
             parking = prefix + queue + PARKING_SUFFIX
@@ -179,7 +179,7 @@ def read_redis(
                 "parked_items": next(replies),
             }
         in_flight = int(next(replies))
-        broker_now = store.broker_clock(next(replies))  # the clock of the throttling times
+        broker_now = throttling.broker_clock(next(replies))  # the clock of the throttling times
         # The oldest message of each key looked at: its list's last item.
         keys_of = {q: _keys_to_look_at(r) for q, r in raw.items()}
         pipe = client.pipeline(transaction=False)
@@ -236,7 +236,7 @@ def _redis_reading(
     if unread > 0:
         parked["unread"] = unread
     keyed = None
-    throttled: store.Throttled = raw["throttled"]
+    throttled: throttling.Throttled = raw["throttled"]
     if raw["keyed"] or raw["active"] or throttled.at_limit or throttled.sleeping or raw["sizes"]:
         keyed = KeyedReading(
             active_keys=raw["active"],

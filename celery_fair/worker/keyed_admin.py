@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from .. import compat
 from ..errors import FairConfigError
-from ..keys import store
+from ..keys import store, throttling
 from ..keys.layout import KeyedNames
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing
@@ -305,12 +305,12 @@ class KeyedAdmin:
             return {}
         return self._on_keyed_queues("fair_stats", store.controls)
 
-    def limits_state(self) -> dict[str, store.KeyedLimitsState]:
+    def limits_state(self) -> dict[str, throttling.KeyedLimitsState]:
         """Each keyed queue's limits in force, running counts and keys throttled."""
         keyed = self.attachment.keyed
         if keyed is None or not keyed.limited or self.attachment.channel is None:
             return {}
-        return self._on_keyed_queues("fair_stats", store.limits_state)
+        return self._on_keyed_queues("fair_stats", throttling.limits_state)
 
     def backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
         """Each keyed queue's waiting messages and next keys, read from the broker."""

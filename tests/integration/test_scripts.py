@@ -358,7 +358,7 @@ def test_the_backlog_counts_every_level_and_names_the_next_keys_in_order(
 def test_the_limits_state_counts_a_held_keys_messages_in_every_level(
     client: redis_lib.Redis,
 ) -> None:
-    from celery_fair.keys.store import limits_state
+    from celery_fair.keys.throttling import limits_state
 
     client.hset(NAMES.limits_conf, "c:a", "1")
     enqueue(client, "a", message("a", 0))

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from celery_fair.errors import FairConfigError
-from celery_fair.keys.store import KeyControls, KeyedLimitsState
+from celery_fair.keys.store import KeyControls
+from celery_fair.keys.throttling import KeyedLimitsState
 from celery_fair.worker.metrics import (
     SOJOURN_BUCKETS,
     DispatchMeter,
