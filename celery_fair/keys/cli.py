@@ -12,6 +12,7 @@ last step of a return to plain Celery (docs/migrating.md gives the order).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -45,6 +46,7 @@ def register(subparsers: Any) -> None:
         "--batch", type=positive_int, default=None, help="messages moved per step (unkey)"
     )
     parser.add_argument("--top", type=positive_int, default=10, help="next keys shown (backlog)")
+    parser.add_argument("--json", action="store_true", help="print JSON (backlog, pause, resume)")
     parser.set_defaults(handler=run)
 
 
@@ -73,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
                 pairs = [(names.base, key) for key in args.keys]
                 changed = store.pause(client, names.sep, pairs, args.action == "pause")
                 done = "paused" if args.action == "pause" else "resumed"
-                print(f"{args.queue}: {done} {changed} of {len(pairs)} key(s)")
+                if args.json:
+                    print(json.dumps({"queue": args.queue, done: changed, "of": len(pairs)}))
+                else:
+                    print(f"{args.queue}: {done} {changed} of {len(pairs)} key(s)")
                 return 0
             return _unkey(client, names, _suffixes(channel, args.queue), args)
 
@@ -82,10 +87,21 @@ def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:
     from . import store
 
     found = store.backlog(client, names, top=args.top)
+    controls = store.controls(client, names, top=args.top)
+    if args.json:
+        record = {
+            "queue": args.queue,
+            "messages": found.messages,
+            "keys": found.keys,
+            "next_keys": [{"key": k, "messages": n} for k, n in found.next_keys],
+            "paused": controls.paused,
+            "top_users": {k: dict(users) for k, users in controls.top_users.items()},
+        }
+        print(json.dumps(record, indent=2))
+        return 0
     print(f"{args.queue}: {found.messages} message(s) in {found.keys} key(s)")
     for key, waiting in found.next_keys:
         print(f"  {key or '(unkeyed)'}: {waiting}")
-    controls = store.controls(client, names, top=args.top)
     if controls.paused:
         shown = ", ".join(f"{k or '(unkeyed)'} ({s:.0f} s)" for k, s in controls.paused.items())
         print(f"paused: {shown}")

@@ -3,6 +3,7 @@ runs them (the ``celery`` program in a subprocess, a project module, a real Redi
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -88,6 +89,13 @@ def test_celery_fair_is_a_celery_subcommand_with_the_apps_broker(
     backlog = run(project, "-A", "proj", "fair", "keys", "backlog", "jobs")
     assert backlog.returncode == 0, backlog.stderr
     assert backlog.stdout.splitlines()[0] == "jobs: 5 message(s) in 2 key(s)", backlog.stdout
+    as_json = run(project, "-A", "proj", "fair", "keys", "backlog", "jobs", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert (found["messages"], found["keys"]) == (5, 2), found
+    assert sorted(k["key"] for k in found["next_keys"]) == ["a", "b"], found
+    paused = run(project, "-A", "proj", "fair", "keys", "pause", "jobs", "a", "--json")
+    assert json.loads(paused.stdout) == {"queue": "jobs", "paused": 1, "of": 1}, paused
     # ... and its routes.
     ring = run(project, "-A", "proj", "fair", "ring", "--keys", "1000", "--json")
     assert ring.returncode == 0, ring.stderr
