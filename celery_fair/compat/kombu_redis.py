@@ -313,6 +313,30 @@ def key_separator(channel: Any) -> str:
     return getattr(channel, "sep", "\x06\x16")
 
 
+def declared_queues(channel: Any, limit: int = 10_000) -> list[str]:
+    """The queues bound on the channel's Redis (Kombu's ``_kombu.binding.<exchange>`` sets).
+
+    Every queue a producer or worker declared is there, a queue named only at
+    the call (``apply_async(queue="x")``) included.  Celery's own broadcast and
+    event exchanges (``*pidbox``, ``celeryev``) are left out.  Found by ``SCAN``
+    of the binding keys (one per exchange), at most ``limit`` queues.
+    """
+    start = key_prefix(channel) + (channel.keyprefix_queue % ("",))
+    pattern, sep = start + "*", key_separator(channel)
+    found: dict[str, None] = {}
+    with redis_client(channel) as client:
+        for key in client.scan_iter(match=pattern, count=1000):
+            exchange = (key.decode() if isinstance(key, bytes) else key)[len(start) :]
+            if "pidbox" in exchange or exchange.startswith("celeryev"):
+                continue
+            for member in client.smembers(key):
+                text = member.decode() if isinstance(member, bytes) else member
+                found.setdefault(text.split(sep)[-1], None)
+                if len(found) >= limit:
+                    return list(found)
+    return [queue for queue in found if queue]
+
+
 def unacked_keys(channel: Any) -> tuple[str, str]:
     """The unacked hash and index keys, without the global key prefix."""
     return channel.unacked_key, channel.unacked_index_key

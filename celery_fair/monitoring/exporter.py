@@ -276,6 +276,13 @@ def register(subparsers: Any) -> None:
         help="with -A: ask the workers this often (s) which consume a keyed queue without "
         "celery-fair (0: never)",
     )
+    parser.add_argument(
+        "--discover-every",
+        type=float,
+        default=60.0,
+        help="Redis: look for the queues bound on the broker this often (s), besides the "
+        "ones named (0: only those named)",
+    )
     parser.add_argument("--once", action="store_true", help="print one scrape and exit")
     parser.set_defaults(handler=run)
 
@@ -293,16 +300,25 @@ def run(args: argparse.Namespace) -> int:
 
         app = find_app(args.app)
         queues = list(dict.fromkeys(app_queues(app) + queues))
-    if not queues:
-        print("celery-fair exporter: no queues: give --queues or -A", file=sys.stderr)
-        return 2
     connection = broker_connection(args)
     broker = connection.as_uri()
     memory: Callable[[], BrokerMemory] | None = None  # Redis only
     if compat.is_redis_channel(connection.default_channel):
         channel = connection.default_channel
+        named = list(queues)
+        looked = [-float("inf")]
+
+        def discover() -> None:
+            # Queues named only at the call or by a worker's -Q are bound on the
+            # broker, not in the app's settings.
+            if args.discover_every > 0 and time.monotonic() - looked[0] >= args.discover_every:
+                looked[0] = time.monotonic()
+                queues[:] = list(dict.fromkeys(named + compat.declared_queues(channel)))
+
+        discover()
 
         def read() -> list[QueueReading]:
+            discover()
             return read_redis(channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit)
 
         def read_memory() -> BrokerMemory:
@@ -311,6 +327,9 @@ def run(args: argparse.Namespace) -> int:
         memory = read_memory
     else:
         management = _management(args.rabbitmq_api, connection) if args.rabbitmq_api else None
+        if not queues:
+            print("celery-fair exporter: no queues: give --queues or -A", file=sys.stderr)
+            return 2
 
         def read() -> list[QueueReading]:
             connection.ensure_connection(max_retries=1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -13,7 +15,7 @@ from celery import Celery
 import celery_fair
 from celery_fair.keys.layout import KeyedNames
 from celery_fair.parked import NOT_A_MESSAGE, encode_record
-from tests.harness.exporter import ExporterProcess, Samples
+from tests.harness.exporter import ExporterProcess, Samples, parse_samples
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key
 
@@ -179,3 +181,29 @@ def test_the_exporter_counts_rabbitmqs_unacknowledged_through_the_management_api
 
             samples = exporter.wait_until(in_flight, timeout=90)
         assert value(samples, "celery_fair_queue_consumers", queue="held_q") == 1
+
+
+def test_the_exporter_finds_a_queue_named_only_at_the_call(
+    redis_url: str, plain_app: Celery
+) -> None:
+    # No task_queues, no route, no setting names it: only the call does.
+    for _ in range(3):
+        plain_app.send_task("x", queue="adhoc-only")
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_fair.cli", "exporter", "-b", redis_url, "--once"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    samples = parse_samples(done.stdout)
+    assert value(samples, "celery_fair_queue_backlog", queue="adhoc-only") == 3, done.stdout
+    # Celery's own broadcast queues are not reported.
+    assert not any("pidbox" in dict(labels).get("queue", "") for _, labels in samples)
+    # Without discovery only the named queues are read.
+    named = subprocess.run(
+        [sys.executable, "-m", "celery_fair.cli", "exporter", "-b", redis_url, "--once",
+         "--discover-every", "0", "--queues", "celery"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (
+        value(parse_samples(named.stdout), "celery_fair_queue_backlog", queue="adhoc-only") is None
+    )
