@@ -82,8 +82,7 @@ def main(argv: Sequence[str] | None = None, app: Any = None, prog: str = "celery
         args = parser.parse_args(argv)
     finally:
         APP_GIVEN.reset(token)
-    given = hasattr(args, "app") and (args.app or getattr(args, "broker", None))
-    if app is not None and hasattr(args, "app") and not given:
+    if app is not None and hasattr(args, "app") and not (args.app or getattr(args, "broker", None)):
         args.app = app
     try:
         status: int = args.handler(args)
@@ -104,10 +103,17 @@ def main(argv: Sequence[str] | None = None, app: Any = None, prog: str = "celery
 
 
 def _broker_away(exc: BaseException) -> bool:
-    """A connection error of Kombu, redis-py or py-amqp (or the socket under them)."""
+    """A connection error of Kombu, redis-py or py-amqp, or of the socket under them.
+
+    Not any ``OSError``: a missing input file (``report``) is not the broker.
+    """
+    import socket
+
     from kombu.exceptions import OperationalError
 
-    return isinstance(exc, (OperationalError, OSError)) or type(exc).__name__ in (
+    builtin = (OperationalError, ConnectionError, TimeoutError, socket.gaierror)
+    # redis-py's and py-amqp's connection errors do not derive from the builtin ones.
+    return isinstance(exc, builtin) or type(exc).__name__ in (
         "ConnectionError",
         "TimeoutError",
         "AMQPConnectionError",

@@ -46,7 +46,7 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   next task served of the key carries them in its ``fair_served`` header
   (:data:`celery_fair.wire.SERVED_HEADER`).  Earlier releases named these
   ``fair.parked``, ``fair.hsince``, ``fair.held``, ``fair.howed``,
-  ``held_n`` and ``held_s`` (:data:`RENAMED`); ``tidy.lua`` moves them.
+  ``held_n`` and ``held_s`` (the ``OLD_*`` names below); ``tidy.lua`` moves them.
 * Two-level keys (``fair_keys`` with a pair of sources): a key (a tenant) has
   no list of its own but, per level, ``fair.u.<key>`` (its users with
   messages waiting, by start tag), ``fair.ul.<key>`` (their recent finish
@@ -91,14 +91,6 @@ OLD_AT_LIMIT, OLD_THROTTLED_SINCE, OLD_THROTTLED, OLD_THROTTLED_OWED = (
     "fair.parked", "fair.hsince", "fair.held", "fair.howed",
 )  # fmt: skip
 OLD_THROTTLED_COUNT, OLD_THROTTLED_SECONDS = "held_n", "held_s"
-RENAMED: dict[str, str] = {
-    OLD_AT_LIMIT: AT_LIMIT,
-    OLD_THROTTLED_SINCE: THROTTLED_SINCE,
-    OLD_THROTTLED: THROTTLED,
-    OLD_THROTTLED_OWED: THROTTLED_OWED,
-    OLD_THROTTLED_COUNT: THROTTLED_COUNT,
-    OLD_THROTTLED_SECONDS: THROTTLED_SECONDS,
-}
 #: Sorted set: key -> messages waiting in its lists (the exporter's top keys).
 SIZES = "fair.sizes"
 #: Set: the suffixes of the priority levels keyed messages were published to
