@@ -34,6 +34,7 @@ __all__ = (
     "OPTIONS",
     "PRIORITY_MODES",
     "Option",
+    "as_written",
     "parse_weights",
     "reference_page",
     "reference_rows",
@@ -506,3 +507,26 @@ def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
             hint = f"; did you mean {namespace}{suggestion}?"
         messages.append(f"celery-fair: unknown setting {name} (it is ignored){hint}")
     return messages
+
+
+def as_written(message: str, conf: Mapping[str, Any]) -> str:
+    """``message`` with each setting's name as the app's configuration spells it.
+
+    A Django project configured with ``namespace="CELERY"`` writes
+    ``CELERY_FAIR_CREDIT``; Celery reads it as ``fair_credit``, and an error
+    naming ``fair_credit`` would send its reader looking for a name that is in
+    no file of theirs.
+    """
+    import re
+
+    written: dict[str, str] = {}
+    for key in list(conf.keys()):
+        if not isinstance(key, str):
+            continue
+        lowered = key.lower()
+        bare = lowered[len("celery_") :] if lowered.startswith("celery_fair_") else lowered
+        if bare in DEFAULTS and key != bare:
+            written[bare] = key
+    if not written:
+        return message
+    return re.sub(r"\bfair_[a-z_]+\b", lambda m: written.get(m.group(0), m.group(0)), message)

@@ -21,7 +21,7 @@ from ..scheduling.admission import AdmissionLimits, parse_admission
 from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import CostMode
 from ..scheduling.shedding import CoDelOptions, check_codel
-from .options import BY_NAME, DEFAULTS, parse_weights, unknown_settings
+from .options import BY_NAME, DEFAULTS, as_written, parse_weights, unknown_settings
 
 __all__ = (
     "DEFAULTS",
@@ -205,8 +205,19 @@ class FairSettings:
         """Read and check the ``fair_*`` settings of a Celery config.
 
         ``cli_weights`` (the worker's ``--fair-weights``) replaces
-        ``fair_weights`` when given.
+        ``fair_weights`` when given.  An error names each setting as the
+        configuration spells it (``CELERY_FAIR_CREDIT`` with Django's namespace).
         """
+        try:
+            return cls._from_conf(conf, cli_weights)
+        except FairConfigError as exc:
+            message = as_written(str(exc), conf)
+            if message == str(exc):
+                raise
+            raise type(exc)(message) from None
+
+    @classmethod
+    def _from_conf(cls, conf: Mapping[str, Any], cli_weights: str | None) -> FairSettings:
 
         read = {name: _read(conf, name) for name, option in BY_NAME.items() if option.read}
         if cli_weights is not None:

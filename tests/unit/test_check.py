@@ -45,3 +45,22 @@ def test_the_check_command_prints_the_settings_or_one_line(
     assert main(["check"], app=app_with(fair_default_weight="x")) == BAD_INPUT
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("celery-fair check: ") and "'x'" in err[0], err
+
+
+def test_errors_name_a_setting_as_a_django_project_spells_it() -> None:
+    class Settings:
+        CELERY_BROKER_URL = "memory://"
+        CELERY_FAIR_CREDIT = "abc"
+        CELERY_FAIR_KEY_CONCURRENCY = {"*": 2}
+
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+    celery_fair.install(app)
+    with pytest.raises(celery_fair.FairConfigError) as found:
+        celery_fair.check(app)
+    message = str(found.value)
+    assert "CELERY_FAIR_CREDIT" in message and "'abc'" in message
+    assert "fair_credit" not in message
+    # Without a namespace, the names stay as the settings spell them.
+    with pytest.raises(celery_fair.FairConfigError, match=r"^fair_credit must"):
+        celery_fair.check(app_with(fair_credit="abc"))
