@@ -202,7 +202,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", required=True, help="directory of the Parquet files")
     parser.add_argument("--duration", type=float, default=None, help="seconds to capture")
     parser.add_argument(
-        "--weights", type=queue_weights, default=None, help="q=weight pairs (targets)"
+        "--queues", type=queue_weights, default=None, help="q=weight pairs (targets)"
     )
     parser.add_argument(
         "--cost", choices=COST_MODES, default="runtime", help="cost charged per task"
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         app,
         args.out,
         duration=args.duration,
-        weights=args.weights,
+        weights=args.queues,
         cost=args.cost,
         stop=stop,
         on_ready=ready,

@@ -24,7 +24,7 @@ def _start_capture(redis_url: str, out: Path) -> subprocess.Popen[str]:
     env = dict(os.environ, CELERY_FAIR_BROKER=redis_url, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery_fair.cli", "capture", "--app", WORKLOAD,
-         "--out", str(out), "--weights", "alpha=3,beta=1", "--duration", "120"],
+         "--out", str(out), "--queues", "alpha=3,beta=1", "--duration", "120"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
