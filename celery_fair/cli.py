@@ -17,10 +17,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ._version import __version__
-from .cli_options import APP_GIVEN, UsageError
+from .cli_options import APP_GIVEN, HelpFormatter, UsageError
 from .errors import FairConfigError
 
 __all__ = ("BAD_INPUT", "BROKER_AWAY", "SUBCOMMANDS", "build_parser", "main")
@@ -41,11 +41,74 @@ SUBCOMMANDS: tuple[str, ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """Refuses an abbreviated option (``--queue`` for ``--queues``) rather than guessing."""
+    """Refuses an abbreviated option (``--queue`` for ``--queues``) rather than guessing,
+    names the option meant for a misspelt one, and shows the defaults in ``--help``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """argparse's ``parse_args``; an unknown option is answered with the closest known one.
+
+        The subcommand's parser says it (its usage, its options): the unknown
+        arguments of a subcommand reach the top parser only, which does not
+        know that subcommand's options.
+        """
+        found, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen = self._chosen(found)
+            chosen.error(chosen.unrecognized(extras))
+        return found
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's ``parse_known_args``, keeping the arguments for :meth:`error`."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error; a missing option is reported as the misspelt one given for it.
+
+        argparse checks the required options before it reports the unknown
+        ones, so ``--queus`` (for the required ``--queues``) would be answered
+        "--queues is required" without a word on the typo.
+        """
+        if "required" in message:
+            unknown = [
+                given
+                for given in getattr(self, "_given", ())
+                if given.startswith("--")
+                and given.split("=", 1)[0] not in self._option_string_actions
+            ]
+            if unknown:
+                message = self.unrecognized(unknown)
+        super().error(message)
+
+    def _chosen(self, namespace: argparse.Namespace) -> _Parser:
+        """The (sub)parser that parsed the last subcommand named in ``namespace``."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(namespace, action.dest or "", None) or "")
+                if isinstance(sub, _Parser):
+                    return sub._chosen(namespace)
+        return self
+
+    def unrecognized(self, extras: Sequence[str]) -> str:
+        """argparse's message for ``extras``, each misspelt option followed by the closest one."""
+        import difflib
+
+        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        said = []
+        for extra in extras:
+            name = extra.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1) if name.startswith("--") else []
+            said.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+        return "unrecognized arguments: " + " ".join(said)
 
 
 def build_parser(

@@ -84,7 +84,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=field,
             type=kind,
             default=getattr(DEFAULT_RULES, field),
-            help=f"{text} (default %(default)s)",
+            help=text,
         )
 
 
@@ -431,7 +431,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit .../report.py DIR [--out OUT]`` lands here."""
-    parser = argparse.ArgumentParser(prog="celery-fair report")
+    from celery_fair.cli_options import HelpFormatter
+
+    parser = argparse.ArgumentParser(prog="celery-fair report", formatter_class=HelpFormatter)
     _add_arguments(parser)
     return run(parser.parse_args(argv))
 
