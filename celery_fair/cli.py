@@ -31,7 +31,7 @@ BAD_INPUT, BROKER_AWAY = 2, 3
 #: Modules that each define ``register(subparsers) -> None``.
 SUBCOMMANDS: tuple[str, ...] = (
     "celery_fair.routing.ring_cli",
-    "celery_fair.telemetry.capture",
+    "celery_fair.monitoring.capture_cli",
     "celery_fair.analytics.report",
     "celery_fair.parking.cli",
     "celery_fair.keys.cli",
