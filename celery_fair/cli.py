@@ -23,10 +23,26 @@ from ._version import __version__
 from .cli_options import APP_GIVEN, HelpFormatter, UsageError
 from .errors import FairConfigError
 
-__all__ = ("BAD_INPUT", "BROKER_AWAY", "SUBCOMMANDS", "build_parser", "main")
+__all__ = (
+    "BAD_INPUT",
+    "BROKER_AWAY",
+    "EXIT_STATUSES",
+    "SUBCOMMANDS",
+    "build_parser",
+    "main",
+    "reference_page",
+)
 
 #: Exit statuses besides 0 and 1 (see the module's docstring).
 BAD_INPUT, BROKER_AWAY = 2, 3
+
+#: Each exit status and its meaning: the epilog of ``--help`` and docs/cli.md say these.
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (0, "done"),
+    (1, "something is left to do (said)"),
+    (BAD_INPUT, "bad input"),
+    (BROKER_AWAY, "the broker could not be reached"),
+)
 
 #: Modules that each define ``register(subparsers) -> None``.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -118,8 +134,7 @@ def build_parser(
     parser = _Parser(
         prog=prog,
         description="Weighted fair queueing tools for Celery.",
-        epilog="Exit status: 0 done, 1 something is left to do (said), 2 bad input, "
-        "3 the broker could not be reached.",
+        epilog="Exit status: " + ", ".join(f"{n} {said}" for n, said in EXIT_STATUSES) + ".",
     )
     parser.add_argument("--version", action="version", version=f"celery-fair {__version__}")
     subparsers = parser.add_subparsers(
@@ -181,6 +196,99 @@ def _broker_away(exc: BaseException) -> bool:
         "TimeoutError",
         "AMQPConnectionError",
     )
+
+
+#: What docs/cli.md says of the exit statuses besides :data:`EXIT_STATUSES`' words.
+_EXIT_DETAILS = {
+    1: "the command ran; what is left is said on stderr (`keys unkey`: messages arrived "
+    "while it ran; `report`: no records)",
+    BAD_INPUT: "an option, an argument, a setting, a path or an app that cannot be loaded: "
+    "one line on stderr, no traceback",
+    BROKER_AWAY: "a connection error of the broker: one line on stderr",
+}
+
+
+def reference_page(prog: str = "celery fair", width: int = 88) -> str:
+    """docs/cli.md: each command's usage, description, options and defaults, from its parser.
+
+    ``scripts/cli_reference.py`` writes it; a unit test fails while the page
+    and the parsers differ.  Usage lines are wrapped at ``width`` columns
+    whatever the terminal (argparse otherwise follows ``$COLUMNS``).
+    """
+    parser = build_parser(prog=prog)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    lines = [
+        "# Command-line reference",
+        "",
+        "<!-- Written by scripts/cli_reference.py from the commands' parsers: edit the "
+        "commands, then run it (tests/unit/test_cli_reference.py fails while they differ). -->",
+        "",
+        f"The tools run as `{prog} COMMAND ...` inside `celery` (`celery -A proj fair keys "
+        "backlog jobs`: the app, broker and settings of Celery's `-A`/`-b`; then a command's "
+        "own `--app`/`--broker` may be left out) and as `celery-fair COMMAND ...`, a program "
+        "of its own, where a command that reads the broker needs `--app` or `--broker`. "
+        "Every command takes `-h`/`--help`; an option's default, where it has one, is in "
+        "its `--help` as here.",
+        "",
+        "## Exit status",
+        "",
+        "Every command exits with one of these:",
+        "",
+        "| status | meaning |",
+        "|---|---|",
+    ]
+    lines += [f"| {n} | {_EXIT_DETAILS.get(n, said)} |" for n, said in EXIT_STATUSES]
+    lines += _reference_section(parser, width)
+    lines += ["", "Commands:", "", "| command | what it does |", "|---|---|"]
+    lines += [
+        f"| [`{a.dest}`](#{prog.replace(' ', '-')}-{a.dest}) | {_cell(a.help)} |"
+        for a in commands._choices_actions
+    ]
+    for sub in commands.choices.values():
+        lines += _reference_section(sub, width)
+    return "\n".join(lines) + "\n"
+
+
+def _reference_section(parser: argparse.ArgumentParser, width: int) -> list[str]:
+    """One command's heading, description, usage and table of options."""
+    import functools
+
+    from .cli_options import shown_default
+
+    parser.formatter_class = functools.partial(HelpFormatter, width=width)
+    lines = ["", f"## {parser.prog}", ""]
+    if parser.description:
+        lines += [parser.description, ""]
+    lines += ["```text", parser.format_usage().strip(), "```"]
+    rows = []
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        invocation = formatter._format_action_invocation(action)
+        default = shown_default(action)
+        rows.append(
+            f"| `{_cell(invocation)}` | {'' if default is None else f'`{_cell(default)}`'} "
+            f"| {_cell(_expanded_help(parser, action))} |"
+        )
+    if rows:
+        lines += ["", "| option | default | meaning |", "|---|---|---|", *rows]
+    return lines
+
+
+def _expanded_help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help of ``action`` with its ``%(...)s`` filled in, as argparse fills them."""
+    params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
+    params["prog"] = parser.prog
+    if params.get("choices") is not None:
+        params["choices"] = ", ".join(str(c) for c in params["choices"])
+    text = action.help or ""
+    return text % params if "%(" in text else text
+
+
+def _cell(text: str | None) -> str:
+    """``text`` in a Markdown table cell: its pipes escaped, on one line."""
+    return " ".join((text or "").split()).replace("|", "\\|")
 
 
 if __name__ == "__main__":
