@@ -12,12 +12,14 @@ from .grammar import as_positive, as_positive_int, parse_pairs
 
 __all__ = (
     "APP_GIVEN",
+    "HelpFormatter",
     "UsageError",
     "add_broker_options",
     "broker_connection",
     "positive_float",
     "positive_int",
     "queue_weights",
+    "shown_default",
 )
 
 
@@ -27,6 +29,33 @@ APP_GIVEN: ContextVar[bool] = ContextVar("celery_fair_app_given", default=False)
 
 class UsageError(Exception):
     """A command's input is wrong: said in one line, exit status 2."""
+
+
+def shown_default(action: argparse.Action) -> str | None:
+    """The default of ``action`` as ``--help`` and docs/cli.md show it; None: not shown.
+
+    Only a default that says something is shown: not None (no value), not a
+    flag's False, not an empty string or list, and not when the help text
+    already speaks of its default (``%(default)s`` or words of its own).
+    """
+    text = action.help
+    if text is None or text is argparse.SUPPRESS or "default" in text:
+        return None
+    default = action.default
+    if default is None or default is False or default in ("", [], argparse.SUPPRESS):
+        return None
+    if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+        return None  # a required positional is never left to its default
+    return str(default)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, with each option's default after its help (:func:`shown_default`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if shown_default(action) is None:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
 
 
 def add_broker_options(parser: argparse.ArgumentParser) -> None:

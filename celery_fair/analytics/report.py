@@ -33,7 +33,15 @@ from celery_fair.analytics.noisy import (  # noqa: E402
     share_across,
 )
 
-__all__ = ("build_report", "format_summary", "register", "run", "session")
+__all__ = (
+    "build_report",
+    "check_directory",
+    "format_summary",
+    "register",
+    "run",
+    "session",
+    "written_summary",
+)
 
 DEFAULT_MASTER = "local[*]"
 #: Where a local report's Spark listens (see ``session``).
@@ -67,6 +75,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-keys", type=int, default=100, help="keys per queue in the JSON")
     parser.add_argument("--no-charts", action="store_true", help="skip PNG charts and HTML")
+    parser.add_argument(
+        "--json", action="store_true", help="print what was written (paths, counts) as JSON"
+    )
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (local)")
     parser.add_argument(
         "--conf",
@@ -84,7 +95,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=field,
             type=kind,
             default=getattr(DEFAULT_RULES, field),
-            help=f"{text} (default %(default)s)",
+            help=text,
         )
 
 
@@ -389,15 +400,44 @@ def format_summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_directory(directory: str) -> None:
+    """Refuse a local telemetry ``directory`` that is missing or holds no file to read.
+
+    Spark would answer either with a traceback (a missing path) or with an
+    empty report, and only after its JVM started.  A URI of another file
+    system (``s3a://``, ``hdfs://``) is left to Spark.  A file's name starting
+    with ``.`` or ``_`` is one Spark skips (``_SUCCESS``, ``.crc``), and so is
+    a directory's.  Raises :class:`~celery_fair.cli_options.UsageError`.
+    """
+    from urllib.parse import urlsplit
+
+    from celery_fair.cli_options import UsageError
+
+    parsed = urlsplit(directory)
+    if parsed.scheme not in ("", "file") and len(parsed.scheme) > 1:  # C:\... is local
+        return
+    path = Path(parsed.path if parsed.scheme == "file" else directory)
+    if not path.exists():
+        raise UsageError(f"{directory}: no such telemetry directory")
+    if path.is_file():
+        return
+    for _, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        if any(not name.startswith((".", "_")) for name in files):
+            return
+    raise UsageError(f"{directory}: no telemetry files in it (an empty directory)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of ``celery-fair report``."""
     from celery_fair.analytics.pipeline import compute
+    from celery_fair.cli_options import UsageError
 
     try:
         rules, conf = rules_from(args), _confs(args.conf)
     except ValueError as exc:
-        print(f"celery-fair report: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    check_directory(args.directory)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     spark = session(args.master, args.driver_memory, conf)
@@ -416,24 +456,50 @@ def run(args: argparse.Namespace) -> int:
         return 1
     report = build_report(data, max_keys=args.max_keys)
     t0 = time.perf_counter()
-    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    written = {"report.json": out / "report.json"}
+    written["report.json"].write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
     if not args.no_charts:
         from celery_fair.analytics.charts import write_charts
         from celery_fair.analytics.html import write_html
 
         charts = write_charts(report, out)
-        write_html(report, charts, out / "report.html")
+        written["report.html"] = write_html(report, charts, out / "report.html")
+        written.update((f"{name}.png", chart) for name, chart in charts.items())
     report["meta"]["timings"]["outputs"] = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(written_summary(report, written, args.directory), indent=2))
+        return 0
     print(format_summary(report))
     print(f"\nwrote {out / 'report.json'}" + ("" if args.no_charts else " and report.html"))
     return 0
 
 
+def written_summary(
+    report: dict[str, Any], written: dict[str, Path], directory: str
+) -> dict[str, Any]:
+    """``report --json``: what was read and written, and how much of it (not the report)."""
+    return {
+        "directory": directory,
+        "records": report["meta"]["records"],
+        "queues": len(report["queues"]),
+        "keys": sum(len(keys) for keys in report["keys"].values()),
+        "noisy_tenants": len(report["noisy_tenants"]),
+        "written": {name: str(path) for name, path in written.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """``spark-submit .../report.py DIR [--out OUT]`` lands here."""
-    parser = argparse.ArgumentParser(prog="celery-fair report")
+    from celery_fair.cli_options import HelpFormatter, UsageError
+
+    parser = argparse.ArgumentParser(prog="celery-fair report", formatter_class=HelpFormatter)
     _add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as exc:  # as celery-fair's main says it: one line, status 2
+        print(f"celery-fair report: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

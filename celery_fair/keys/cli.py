@@ -38,7 +38,9 @@ def register(subparsers: Any) -> None:
             "one atomic step: stopping it half way loses and duplicates nothing)."
         ),
     )
-    parser.add_argument("action", choices=("backlog", "pause", "resume", "unkey"))
+    parser.add_argument(
+        "action", choices=("backlog", "pause", "resume", "unkey"), help="what to do (see above)"
+    )
     parser.add_argument("queue", metavar="QUEUE", help="the keyed queue")
     parser.add_argument("keys", metavar="KEY", nargs="*", help="the keys (pause, resume)")
     add_broker_options(parser)

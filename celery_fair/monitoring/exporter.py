@@ -257,7 +257,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0: any free one)")
     parser.add_argument("--addr", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--top-keys", type=int, default=10, help="largest keys per keyed queue")
+    parser.add_argument("--top", type=int, default=10, help="largest keys per keyed queue")
     parser.add_argument(
         "--unacked-limit",
         type=int,
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
 
         def read() -> list[QueueReading]:
             discover()
-            return read_redis(channel, queues, top=args.top_keys, unacked_limit=args.unacked_limit)
+            return read_redis(channel, queues, top=args.top, unacked_limit=args.unacked_limit)
 
         def read_memory() -> BrokerMemory:
             return read_redis_memory(channel)

@@ -1,4 +1,4 @@
-"""``celery-fair capture``: Celery's own task events folded into telemetry records.
+"""Celery's own task events folded into telemetry records (``celery-fair capture``).
 
 For deployments that do not run the celery-fair bootstep yet: workers started
 with ``-E`` (or after ``celery control enable_events``) publish task events,
@@ -20,12 +20,14 @@ Events carry no dispatch time, no fairness key and no charged cost: those
 stay null (the report then uses start for dispatch, and the run time or a
 count for cost). ``task-rejected`` is not an outcome of the schema and is
 ignored.
+
+The command itself (its options, and their defaults from the app's
+settings) is :mod:`celery_fair.monitoring.capture_cli`: the settings'
+reader is the worker's, a layer above this one.
 """
 
 from __future__ import annotations
 
-import argparse
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,7 +38,7 @@ from ..scheduling.cost import COST_MODES
 if TYPE_CHECKING:
     from celery_fair.telemetry.schema import TaskRecord
 
-__all__ = ("EventCapture", "capture_events", "register", "run")
+__all__ = ("EventCapture", "capture_events")
 
 _TERMINAL = {
     "task-succeeded": "success",
@@ -183,58 +185,3 @@ def capture_events(
         "dropped": stats.dropped,
         "files": stats.files,
     }
-
-
-def register(subparsers: Any) -> None:
-    """Add the ``capture`` subcommand to the ``celery-fair`` parser."""
-    from celery_fair.cli_options import queue_weights
-
-    parser = subparsers.add_parser(
-        "capture",
-        help="record Celery's task events (workers run with -E) as telemetry",
-        description=(
-            "Receive task events from the broker of --app and write one telemetry record "
-            "per finished task to --out, in the schema the worker's telemetry uses. "
-            "Stops after --duration seconds, or on Ctrl-C / SIGTERM."
-        ),
-    )
-    parser.add_argument("--app", "-A", required=True, help="the Celery app (module or module:attr)")
-    parser.add_argument("--out", required=True, help="directory of the Parquet files")
-    parser.add_argument("--duration", type=float, default=None, help="seconds to capture")
-    parser.add_argument(
-        "--weights", type=queue_weights, default=None, help="q=weight pairs (targets)"
-    )
-    parser.add_argument(
-        "--cost", choices=COST_MODES, default="runtime", help="cost charged per task"
-    )
-    parser.add_argument(
-        "--enable-events", action="store_true", help="ask running workers to send task events"
-    )
-    parser.set_defaults(handler=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Handler of ``celery-fair capture``."""
-    from celery.app.utils import find_app
-
-    app = find_app(args.app)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    if args.enable_events:
-        app.control.enable_events()
-
-    def ready() -> None:
-        print(f"capturing task events into {args.out}", flush=True)
-
-    counts = capture_events(
-        app,
-        args.out,
-        duration=args.duration,
-        weights=args.weights,
-        cost=args.cost,
-        stop=stop,
-        on_ready=ready,
-    )
-    print(", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
-    return 0

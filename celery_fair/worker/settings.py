@@ -27,6 +27,7 @@ __all__ = (
     "DEFAULTS",
     "FairSettings",
     "parse_weights",
+    "read_setting",
     "unknown_settings",
 )
 
@@ -37,8 +38,12 @@ def _value(conf: Mapping[str, Any], name: str) -> Any:
     return DEFAULTS[name] if value is None else value
 
 
-def _read(conf: Mapping[str, Any], name: str) -> Any:
-    """The setting's value, checked by its row of the table."""
+def read_setting(conf: Mapping[str, Any], name: str) -> Any:
+    """The setting ``name`` of ``conf`` (its default when absent), checked by its row of the table.
+
+    The one reader of a single setting: the worker reads each through it, and
+    so do the commands that take their defaults from the app (``capture``).
+    """
     read = BY_NAME[name].read
     assert read is not None, name
     return read(_value(conf, name))
@@ -50,7 +55,7 @@ def _priority(conf: Mapping[str, Any]) -> dict[int, float] | None:
     None: strict priority (the first non-empty level is served); else the
     weights by Celery priority (empty: each level half the one before it).
     """
-    mode = _read(conf, "fair_priority")
+    mode = read_setting(conf, "fair_priority")
     raw = conf.get("fair_priority_weights")
     if mode == "strict":
         if raw:
@@ -219,7 +224,7 @@ class FairSettings:
     @classmethod
     def _from_conf(cls, conf: Mapping[str, Any], cli_weights: str | None) -> FairSettings:
 
-        read = {name: _read(conf, name) for name, option in BY_NAME.items() if option.read}
+        read = {name: read_setting(conf, name) for name, option in BY_NAME.items() if option.read}
         if cli_weights is not None:
             read["fair_weights"] = parse_weights(cli_weights, setting="--fair-weights")
         prefetch = read["fair_prefetch"]

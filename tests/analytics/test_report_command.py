@@ -54,3 +54,22 @@ def test_a_local_report_listens_on_loopback_only() -> None:
     addresses = json.loads(proc.stdout.strip().splitlines()[-1])
     assert addresses  # the driver listens somewhere
     assert set(addresses) <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
+
+
+def test_report_json_says_what_was_written(tmp_path: Path) -> None:
+    """--json: stdout is one object (what was read, counted and written), not the summary."""
+    from tests.harness.synthetic import SyntheticSpec
+
+    write_synthetic(SyntheticSpec(records=2_000), tmp_path / "telemetry")
+    out = tmp_path / "out"
+    proc, report = run_report(tmp_path / "telemetry", out, "--json")
+    said = json.loads(proc.stdout)
+    assert said == {
+        "directory": str(tmp_path / "telemetry"),
+        "records": 2_000,
+        "queues": len(report["queues"]),
+        "keys": sum(len(keys) for keys in report["keys"].values()),
+        "noisy_tenants": len(report["noisy_tenants"]),
+        "written": {"report.json": str(out / "report.json")},  # --no-charts: no PNG, no HTML
+    }
+    assert said["queues"] > 1 and said["keys"] > 0

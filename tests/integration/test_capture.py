@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,10 +22,15 @@ pytestmark = pytest.mark.integration
 
 
 def _start_capture(redis_url: str, out: Path) -> subprocess.Popen[str]:
-    env = dict(os.environ, CELERY_FAIR_BROKER=redis_url, PYTHONUNBUFFERED="1")
+    # The app's settings give the defaults: fair_cost "runtime" (not count, the
+    # setting's own default); its fair_weights yield to --queues.
+    env = dict(
+        os.environ, CELERY_FAIR_BROKER=redis_url, PYTHONUNBUFFERED="1",
+        CELERY_FAIR_COST="runtime", CELERY_FAIR_WEIGHTS="alpha=1,beta=1",
+    )  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery_fair.cli", "capture", "--app", WORKLOAD,
-         "--out", str(out), "--weights", "alpha=3,beta=1", "--duration", "120"],
+         "--out", str(out), "--queues", "alpha=3,beta=1", "--duration", "120", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -65,6 +71,9 @@ def test_capture_maps_task_events_to_records(redis_url: str, tmp_path: Path) -> 
     table = pq.read_table(out, schema=SCHEMA)
     rows = table.to_pylist()
     assert len(rows) == 19, output
+    # --json: the last line is the counts, one object.
+    counts = json.loads(output.strip().splitlines()[-1])
+    assert counts["records"] == counts["written"] == 19 and counts["dropped"] == 0, output
     by_outcome = {o: [r for r in rows if r["outcome"] == o] for o in ("success", "failure")}
     assert len(by_outcome["success"]) == 18 and len(by_outcome["failure"]) == 1
     assert {r["queue"] for r in rows} == {"alpha", "beta"}

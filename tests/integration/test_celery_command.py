@@ -20,6 +20,17 @@ pytestmark = [pytest.mark.integration]
 
 SUBCOMMANDS = ("ring", "capture", "report", "parked", "keys", "exporter", "check")
 
+#: A default each subcommand's --help shows (where it has one worth showing).
+DEFAULTS_SHOWN = {
+    "ring": "number of keys (default: 100000)",
+    "capture": "(default: the app's fair_cost, count when unset)",
+    "report": "output directory (local) (default: fair-report)",
+    "parked": "at most this many (oldest first)",  # no default: all of them
+    "keys": "next keys shown (backlog) (default: 10)",
+    "exporter": "largest keys per keyed queue (default: 10)",
+    "check": "list the settings left at their defaults too",  # a flag: nothing to show
+}
+
 
 def unused_port() -> int:
     """A loopback port nothing listens on (bound, then closed)."""
@@ -45,6 +56,13 @@ def project(tmp_path: Path, redis_url: str) -> Path:
             """
         )
     )
+    # An app whose settings a worker would refuse, and a telemetry directory with nothing in it.
+    (tmp_path / "badcost.py").write_text(
+        "from celery import Celery\n"
+        f"app = Celery('badcost', broker={redis_url!r})\n"
+        "app.conf.fair_cost = 'bogus'\n"
+    )
+    (tmp_path / "empty").mkdir()
     return tmp_path
 
 
@@ -80,6 +98,10 @@ def test_celery_fair_is_a_celery_subcommand_with_the_apps_broker(
         assert each.returncode == 0 and each.stdout.startswith(f"usage: celery fair {name}"), (
             name, each.stdout, each.stderr,
         )  # fmt: skip
+        # The defaults are shown (argparse's help wraps lines: compare the words).
+        words = " ".join(each.stdout.split())
+        assert DEFAULTS_SHOWN[name] in words, (name, each.stdout)
+        assert "(default: None)" not in words and "(default: False)" not in words, name
     app = keyed_app(redis_url, {"jobs": "tenant_id"})
     try:
         publish_by_key(app, "jobs", {"a": 3, "b": 2}, ms=1)
@@ -100,6 +122,14 @@ def test_celery_fair_is_a_celery_subcommand_with_the_apps_broker(
     ring = run(project, "-A", "proj", "fair", "ring", "--keys", "1000", "--json")
     assert ring.returncode == 0, ring.stderr
     assert '"p1"' in ring.stdout
+    # ... and its broker for capture (no --app): stdout is the one JSON object of counts.
+    captured = run(project, "-A", "proj", "fair", "capture", "--out", "t", "--duration", "0.5",
+                   "--json")  # fmt: skip
+    assert captured.returncode == 0, captured.stderr
+    assert json.loads(captured.stdout) == {
+        "records": 0, "unfinished": 0, "written": 0, "dropped": 0, "files": 0,
+    }  # fmt: skip
+    assert "capturing task events into t" in captured.stderr
     checked = run(project, "-A", "proj", "fair", "check")
     assert checked.returncode == 0 and "fair_keys" in checked.stdout, checked.stderr
     version = run(project, "fair", "--version")
@@ -122,7 +152,40 @@ def test_bad_input_is_one_line_with_its_exit_status(project: Path) -> None:
         done = run(project, *argv)
         assert done.returncode == status, (argv, done.returncode, done.stderr)
         assert said in one_line_error(done), (argv, done.stderr)
+    for argv, said in BAD_INPUT_PER_COMMAND:
+        done = run(project, *argv)
+        assert done.returncode == BAD_INPUT, (argv, done.returncode, done.stderr)
+        assert said in one_line_error(done), (argv, done.stderr)
     # The program of its own: an app that cannot be loaded.
     done = run(project, "keys", "backlog", "jobs", "-A", "nosuchmod", program="celery-fair")
     assert done.returncode == BAD_INPUT, done.stderr
     assert "cannot load the Celery app" in one_line_error(done)
+    done = run(project, "capture", "-A", "nosuchmod", "--out", "t", program="celery-fair")
+    assert done.returncode == BAD_INPUT, done.stderr
+    assert "cannot load the Celery app" in one_line_error(done)
+
+
+#: Bad input of each subcommand, said in one line with exit status 2 by the
+#: celery program (proj: the project's app; badcost: an app with fair_cost "bogus").
+BAD_INPUT_PER_COMMAND: list[tuple[tuple[str, ...], str]] = [
+    (("-A", "proj", "fair", "ring", "--queus", "p0=1"),
+     "unrecognized arguments: --queus (did you mean --queues?)"),
+    (("-A", "proj", "fair", "capture", "--out", "t", "--queues", "p0=abc"),
+     "positive number, not 'abc'"),
+    (("-A", "badcost", "fair", "capture", "--out", "t"),
+     "fair_cost must be one of 'count', 'runtime'; got 'bogus'"),
+    (("fair", "capture", "-A", "nosuchmod", "--out", "t"), "cannot load the Celery app"),
+    (("-A", "proj", "fair", "capture", "--out", "t", "--weights", "p0=1"),
+     "unrecognized arguments: --weights"),
+    (("fair", "report", "no-such-dir"), "no-such-dir: no such telemetry directory"),
+    (("fair", "report", "empty"), "empty: no telemetry files in it"),
+    (("fair", "report", "empty", "--noisy-in-flight", "1.5"), "--noisy-in-flight"),
+    (("-A", "proj", "fair", "parked"), "the following arguments are required: QUEUE"),
+    (("-A", "proj", "fair", "parked", "jobs", "--limit", "0"), "at least 1, not '0'"),
+    (("-A", "proj", "fair", "keys", "backlog", "jobs", "--tops", "3"),
+     "unrecognized arguments: --tops (did you mean --top?) 3"),
+    (("-A", "proj", "fair", "exporter", "--top-keys", "3"),
+     "unrecognized arguments: --top-keys (did you mean --top?) 3"),
+    (("-A", "proj", "fair", "exporter", "--port", "abc"), "argument --port: invalid int value"),
+    (("-A", "badcost", "fair", "check"), "fair_cost must be one of"),
+]  # fmt: skip
