@@ -18,12 +18,13 @@ nothing is autouse.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from .broker import Broker, BrokerUnavailable, find_broker, use_broker
+from .broker import BROKER_URL_ENV, Broker, BrokerUnavailable, find_broker, use_broker
 from .clock import FakeClock
 from .worker import FairWorker
 
@@ -32,11 +33,17 @@ __all__ = ("fair_broker", "fair_broker_url", "fair_clock", "fair_worker")
 
 @pytest.fixture(scope="session")
 def fair_broker() -> Iterator[Broker]:
-    """The session's broker (a Redis it starts, or ``$CELERY_FAIR_TEST_BROKER_URL``)."""
+    """The session's broker (a Redis it starts, or ``$CELERY_FAIR_TEST_BROKER_URL``).
+
+    Without either, the tests that need it are skipped with the reason; a
+    ``$CELERY_FAIR_TEST_BROKER_URL`` that nothing answers at is an error.
+    """
+    found = find_broker()
     try:
-        found = find_broker()
         broker = found.__enter__()
     except BrokerUnavailable as exc:
+        if os.environ.get(BROKER_URL_ENV, "").strip():
+            pytest.fail(f"celery_fair.testing: {exc}", pytrace=False)
         pytest.skip(f"celery_fair.testing: {exc}")
     try:
         yield broker
