@@ -14,6 +14,7 @@ import pytest
 from celery import Celery
 
 from celery_fair.scheduling.codel import CoDelController
+from celery_fair.scheduling.drr import DeficitRoundRobin
 from celery_fair.testing import (
     FairWorker,
     FakeClock,
@@ -80,3 +81,16 @@ def test_codel_sheds_on_a_fake_clock() -> None:
     assert codel.should_drop(0.5, backlog=4)
     assert not codel.should_drop(0.05, backlog=3)  # below target: it stops dropping
     assert not codel.dropping
+
+
+def test_dwrr_order_needs_no_clock() -> None:
+    # DWRR's decisions depend on what was served, not on time: no clock at all.
+    drr = DeficitRoundRobin({"p0": 4, "p1": 1})
+    drr.activate("p0")
+    drr.activate("p1")
+    order = []
+    for _ in range(10):
+        queue = drr.head()
+        drr.served(queue, 1)  # the cost of the task taken: 1 (fair_cost="count")
+        order.append(queue)
+    assert order == ["p0"] * 4 + ["p1"] + ["p0"] * 4 + ["p1"]
