@@ -166,3 +166,24 @@ def test_the_sessions_own_redis_is_emptied_between_tests(tmp_path: Path) -> None
     """
     done = run_pytest(tmp_path, test)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.rabbitmq
+def test_a_worker_on_rabbitmq_records_and_shares_by_weight(
+    rabbitmq_server: object, tmp_path: Path
+) -> None:
+    import uuid
+
+    url = rabbitmq_server.url  # type: ignore[attr-defined]
+    p0, p1 = (f"t{i}-{uuid.uuid4().hex[:6]}" for i in range(2))
+    publish(url, {p0: 120, p1: 120})
+    worker = FairWorker(
+        APP, url, queues=[p0, p1], concurrency=2, workdir=tmp_path,
+        settings={"fair_weights": {p0: 3, p1: 1}},
+    )  # fmt: skip
+    with worker:
+        pids = worker.pids()
+        records = worker.wait_for_records(240, timeout=60)
+    assert not any(_alive(pid) for pid in pids), pids
+    assert {r.queue for r in records} == {p0, p1}
+    assert_shares(records, {p0: 3, p1: 1}, tolerance=0.2)
