@@ -35,19 +35,42 @@ class WorkerFailed(RuntimeError):
 
 
 def app_path(app: Celery | str) -> str:
-    """The ``-A`` argument that names ``app``: a string is taken as it is; for an app
-    object, ``module:attribute`` of the (non-``__main__``) module that holds it."""
+    """The ``-A`` argument that names ``app``.
+
+    A string is taken as it is.  For an app object: ``module:attribute`` of
+    a module that holds it, preferring the module named as the app
+    (``Celery("proj")``), then one that defines its tasks, then any but a
+    test module; Celery's, Kombu's and pytest's own modules are left out.
+    """
     if isinstance(app, str):
         return app
-    for name, module in list(sys.modules.items()):
+    tasks = getattr(app, "tasks", None) or {}
+    task_modules = {
+        getattr(task, "__module__", None) for name, task in tasks.items()
+        if not name.startswith("celery.")
+    }  # fmt: skip
+    found: list[tuple[tuple[bool, bool, bool], int, str]] = []
+    for order, (name, module) in enumerate(list(sys.modules.items())):
         if name == "__main__" or not isinstance(module, ModuleType):
+            continue
+        if name.split(".")[0] in _FOREIGN:
             continue
         for attr, value in list(vars(module).items()):
             if value is app:
-                return f"{name}:{attr}"
-    raise ValueError(
-        f"cannot find a module holding {app!r}: pass the app's -A path, e.g. 'proj.celery:app'"
-    )
+                leaf = name.rsplit(".", 1)[-1]
+                testish = leaf.startswith("test_") or leaf == "conftest"
+                rank = (name == getattr(app, "main", None), name in task_modules, not testish)
+                found.append((rank, -order, f"{name}:{attr}"))
+                break
+    if not found:
+        raise ValueError(
+            f"cannot find a module holding {app!r}: pass the app's -A path, e.g. 'proj.celery:app'"
+        )
+    return max(found)[2]
+
+
+#: Packages whose modules may hold a reference to an app without naming it for ``-A``.
+_FOREIGN = frozenset({"celery", "kombu", "billiard", "pytest", "_pytest", "pluggy"})
 
 
 def _children(pid: int) -> set[int]:

@@ -155,3 +155,20 @@ def test_an_app_object_is_found_by_its_module() -> None:
 
     with pytest.raises(ValueError, match="pass the app's -A path"):
         app_path(Celery("nowhere", set_as_current=False))
+
+
+def test_the_apps_own_module_is_preferred_to_a_test_module_holding_it() -> None:
+    import types
+
+    from celery import Celery
+
+    app = Celery("real_home", set_as_current=False)
+    modules = {name: types.ModuleType(name) for name in ("test_uses_it", "real_home")}
+    for module in modules.values():  # the test module first, as an import order may have it
+        module.app = app  # type: ignore[attr-defined]
+        sys.modules[module.__name__] = module
+    try:
+        assert app_path(app) == "real_home:app"
+    finally:
+        for name in modules:
+            del sys.modules[name]
