@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,8 @@ __all__ = ()
 
 _started: dict[str, float] = {}
 _file: dict[int, IO[str]] = {}
+#: The threads (and green threads) of one pool process write one line at a time.
+_lock = threading.Lock()
 
 
 def _out(directory: str) -> IO[str]:
@@ -60,9 +63,11 @@ def _on_postrun(
         "finished": finished,
         "state": state,
     }
-    out = _out(directory)
-    out.write(json.dumps(record) + "\n")
-    out.flush()
+    line = json.dumps(record) + "\n"
+    with _lock:
+        out = _out(directory)
+        out.write(line)
+        out.flush()
 
 
 if os.environ.get(RECORD_DIR_ENV):

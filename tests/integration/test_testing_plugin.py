@@ -68,6 +68,19 @@ def test_plain_celery_fails_the_share_assertion(
     assert shares(records)["p0"] == pytest.approx(0.5, abs=0.1)
 
 
+def test_a_threads_pool_records_every_task_once(
+    fair_worker: Callable[..., FairWorker], fair_broker_url: str
+) -> None:
+    # Several threads of one process write to one file: whole lines, none lost.
+    publish(fair_broker_url, {"p0": 150}, ms=2)
+    with fair_worker(APP, queues=["p0"], pool="threads", concurrency=6) as worker:
+        records = worker.wait_for_records(150, timeout=60)
+        main = worker.pid
+        assert worker.pids() == {main}  # threads: no pool process
+    assert len({r.id for r in records}) == len(records) == 150
+    assert {r.pid for r in records} == {main}
+
+
 def test_a_worker_past_its_stop_timeout_is_killed_with_its_pool(
     fair_broker_url: str, tmp_path: Path
 ) -> None:
