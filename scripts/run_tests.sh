@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: tests/ and the benchmarks' own tests (bench/tests).
+# Runs the whole test suite: tests/, the benchmarks' own tests (bench/tests) and the
+# example of celery_fair.testing (examples/testing).
 # pytest exits 5 when it collects no test; that must fail loudly rather than
 # pass as an empty success.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m pytest tests bench/tests "$@"
+.venv/bin/python -m pytest tests bench/tests examples/testing "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
     echo "run_tests: pytest collected no tests" >&2

@@ -21,21 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from celery_fair.testing import poll_until
+
 from .brokers import broker_for
 
 __all__ = ("RunResult", "WorkerProcess", "fill_queues", "poll_until", "run_backlogged")
 
 WORKLOAD = "tests.harness.workload"
-
-
-def poll_until(condition: Callable[[], object], timeout: float, every: float = 0.05) -> bool:
-    """Poll ``condition`` until it is true (True) or ``timeout`` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every)
-    return True
 
 
 def fill_queues(

@@ -15,11 +15,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import kombu
+
+from celery_fair.testing import RedisServer as BaseRedisServer
+from celery_fair.testing import free_port, stop_process
 
 from .tls import Certificates
 
@@ -62,30 +64,8 @@ def _default_executable() -> str:
     return valkey_server() if server_kind() == "valkey" else "redis-server"
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, *, kill: bool = False) -> None:
-    """Stop a server process we started (SIGTERM, or SIGKILL with ``kill``), and reap it."""
-    if proc is None or proc.poll() is not None:
-        return
-    if kill:
-        proc.kill()
-    else:
-        proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-class RedisServer:
-    """Run ``redis-server`` in a temporary directory, bound to loopback only.
+class RedisServer(BaseRedisServer):
+    """:class:`celery_fair.testing.RedisServer` with the options of the project's tests.
 
     ``appendonly`` turns on AOF persistence (``appendfsync always``) so a
     restart on the same directory keeps the data; ``restart()`` reuses the
@@ -120,21 +100,13 @@ class RedisServer:
                 f"{executable!r} not found: run `make setup` (it installs the Debian "
                 "package redis-server)"
             )
-        self.executable = exe
-        self.port = port or free_port()
+        super().__init__(port=port, executable=exe)
         self.appendonly = appendonly
         self.replica_of = replica_of
         self.tls = tls
         self.client_certs = client_certs
         self.password = password
         self.users = tuple(users)
-        self.dir = Path(tempfile.mkdtemp(prefix="celery-fair-redis-"))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        """The server binary's name (``redis-server``, ``valkey-server``)."""
-        return Path(self.executable).name
 
     @property
     def url(self) -> str:
@@ -176,28 +148,11 @@ class RedisServer:
             password = self.password
         return redis.Redis.from_url(self.url_with_ssl(username, password))
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        args = [
-            self.executable,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.dir),
-            "--save",
-            "",
-            "--protected-mode",
-            "yes",
-            "--logfile",
-            str(self.dir / "redis.log"),
-            "--daemonize",
-            "no",
-        ]
+    def arguments(self) -> list[str]:
+        args = super().arguments()
         if self.appendonly:
-            args += ["--appendonly", "yes", "--appendfsync", "always"]
-        else:
-            args += ["--appendonly", "no"]
+            at = args.index("--appendonly")
+            args[at : at + 2] = ["--appendonly", "yes", "--appendfsync", "always"]
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         if self.tls is not None:
@@ -212,17 +167,7 @@ class RedisServer:
             args += ["--requirepass", self.password]
         for rule in self.users:
             args += ["--user", *rule.split()]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {log}")
-            if self.ping():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"{self.name} did not answer on port {self.port} in {timeout}s")
+        return args
 
     def ping(self) -> bool:
         """Whether the server answers (a refusal for want of a password is an answer)."""
@@ -231,35 +176,11 @@ class RedisServer:
                 return bool(self.client().ping())
             except Exception:  # noqa: BLE001 - not up yet (refused, handshake, loading)
                 return False
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
-        except OSError:
-            return False
-
-    def stop(self, *, kill: bool = False) -> None:
-        proc, self.proc = self.proc, None
-        stop_process(proc, kill=kill)
+        return super().ping()
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)
         self.start()
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class RedisSentinel:
