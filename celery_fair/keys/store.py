@@ -48,6 +48,7 @@ __all__ = (
     "Tidied",
     "keyed_again",
     "unkey",
+    "unschedule",
     "waiting_keyed",
     "write_configured_weights",
 )
@@ -225,6 +226,23 @@ def promote(
         client, names.base, names.sep, limit, "" if now is None else str(now)
     )  # fmt: skip
     return int(moved), int(left)
+
+
+def unschedule(
+    client: Any, names: KeyedNames, batch: int = UNKEY_BATCH
+) -> Iterator[tuple[int, int]]:
+    """Move every message of the queue's schedule into the queue, due or not, batch by batch.
+
+    Each batch is one atomic step (PROMOTE with no due time): a stop half way
+    loses and duplicates nothing.  Yields ``(moved, left)``; stops when a batch
+    moves nothing or nothing is left.
+    """
+    while True:
+        moved, left = promote(client, names, limit=batch, now="+inf")
+        if moved:
+            yield moved, left
+        if not moved or not left:
+            return
 
 
 def scheduled(client: Any, names: KeyedNames) -> int:

@@ -12,10 +12,13 @@ before its eta; a retry's countdown goes the same way.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +34,7 @@ from tests.harness.harness import WorkerProcess, poll_until
 
 SEP = "\x06\x16"
 PLAIN, KEYED = "sched", "jobs"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def payload(n: int, priority: int | None = None) -> str:
@@ -242,3 +246,62 @@ def test_a_retry_countdown_waits_on_the_broker(redis_url: str) -> None:
         assert store.scheduled(ledger, names) == 0
     finally:
         worker.stop()
+
+
+# -- two-level keys, a queue moved back to plain lists, the move back, the counts -----
+
+
+def test_a_two_level_keyed_message_comes_due_in_its_users_list(client: Any) -> None:
+    names = KeyedNames(KEYED, SEP)
+    store.schedule(client, names, time.time() - 1, payload(1), key="t", user="u1")
+    assert store.promote(client, names, limit=10) == (1, 0)
+    assert client.llen(names.user_list("t", "u1")) == 1
+    assert [u.decode() for u in client.zrange(names.users("t"), 0, -1)] == ["u1"]
+    assert client.zscore(names.active, "t") is not None
+
+
+def test_a_keyed_message_comes_due_in_kombus_list_once_the_queue_is_unkeyed(client: Any) -> None:
+    names = KeyedNames(KEYED, SEP)
+    client.hset(names.state, "unkeyed", 1)  # as celery-fair keys unkey leaves it
+    store.schedule(client, names, time.time() - 1, payload(1), key="a")
+    assert store.promote(client, names, limit=10) == (1, 0)
+    assert client.llen(KEYED) == 1 and client.llen(names.key_list("a")) == 0
+
+
+def _cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_fair.cli", "keys", *args, "-b", redis_url],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_unschedule_moves_every_scheduled_message_in_and_backlog_counts_them(
+    redis_url: str, client: Any
+) -> None:
+    from kombu import Connection
+
+    from celery_fair.monitoring.readings import read_redis
+
+    plain, keyed = KeyedNames(PLAIN, SEP), KeyedNames(KEYED, SEP)
+    later = time.time() + 3600
+    for n in range(5):
+        store.schedule(client, plain, later + n, payload(n))
+    for n in range(3):
+        store.schedule(client, keyed, later + n, payload(n), key="a")
+    shown = _cli(redis_url, "backlog", PLAIN, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["scheduled"] == 5
+    with Connection(redis_url) as connection:
+        readings = {r.queue: r for r in read_redis(connection.default_channel, [PLAIN, KEYED])}
+    assert (readings[PLAIN].scheduled, readings[PLAIN].backlog) == (5, 0)
+    assert (readings[KEYED].scheduled, readings[KEYED].backlog) == (3, 0)
+
+    moved = _cli(redis_url, "unschedule", PLAIN, "--batch", "2")
+    assert moved.returncode == 0, moved.stderr
+    assert "5 scheduled message(s) moved" in moved.stdout
+    assert client.llen(PLAIN) == 5 and store.scheduled(client, plain) == 0
+    moved = _cli(redis_url, "unschedule", KEYED)
+    assert moved.returncode == 0, moved.stderr
+    assert client.llen(keyed.key_list("a")) == 3 and store.scheduled(client, keyed) == 0
+    # In publish order within the plain queue (LPUSH, fetched from the other end).
+    assert [number(client.rpop(PLAIN)) for _ in range(5)] == list(range(5))
