@@ -18,7 +18,8 @@ class once per process (through :mod:`celery_fair.compat`, probed):
   key in its level, and frees its key's slot (per-key limits);
 * ``_size``, ``_purge`` and ``_has_queue``: count, delete and see the
   per-key lists too, so ``celery purge`` and ``queue_declare(passive=True)``
-  tell the truth.
+  tell the truth (``_purge`` deletes the queue's schedule too; ``_size``
+  counts only what can be fetched now).
 
 The decision travels with each message, so several apps in one process, with
 and without ``fair_keys``, publish each as configured.
@@ -495,8 +496,10 @@ def _fair_size(original: Any, channel: Any, queue: str) -> int:
 
 def _fair_purge(original: Any, channel: Any, queue: str) -> int:
     purged = int(original(channel, queue))
+    names = names_for(channel, queue)
     with compat.redis_client(channel) as client:
-        purged += store.purge(client, names_for(channel, queue))
+        purged += store.purge(client, names)
+        purged += store.purge_schedule(client, names)
     return purged
 
 

@@ -35,6 +35,7 @@ __all__ = (
     "mark_configured",
     "pause",
     "promote",
+    "purge_schedule",
     "refused",
     "schedule",
     "scheduled",
@@ -243,6 +244,18 @@ def unschedule(
             yield moved, left
         if not moved or not left:
             return
+
+
+def purge_schedule(client: Any, names: KeyedNames) -> int:
+    """Delete the queue's schedule (``celery purge``); returns how many messages it held.
+
+    Without ``MULTI`` (a Redis at its ``maxmemory`` refuses transactions): a
+    message scheduled between the count and the delete is deleted uncounted.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(names.schedule).delete(names.schedule)
+    count, _ = pipe.execute()
+    return int(count)
 
 
 def scheduled(client: Any, names: KeyedNames) -> int:

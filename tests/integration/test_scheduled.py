@@ -305,3 +305,17 @@ def test_unschedule_moves_every_scheduled_message_in_and_backlog_counts_them(
     assert client.llen(keyed.key_list("a")) == 3 and store.scheduled(client, keyed) == 0
     # In publish order within the plain queue (LPUSH, fetched from the other end).
     assert [number(client.rpop(PLAIN)) for _ in range(5)] == list(range(5))
+
+
+def test_celery_purge_deletes_the_schedule_too(redis_url: str, client: Any) -> None:
+    from kombu import Connection
+
+    from celery_fair.keys.publish import wrap_kombu
+
+    wrap_kombu()  # as install() does for an app with fair_eta="broker"
+    for n in range(3):
+        store.schedule(client, KeyedNames(PLAIN, SEP), time.time() + 3600, payload(n))
+    client.lpush(PLAIN, payload(9))
+    with Connection(redis_url) as connection:
+        assert connection.default_channel.queue_purge(PLAIN) == 4
+    assert store.scheduled(client, KeyedNames(PLAIN, SEP)) == 0 and client.llen(PLAIN) == 0
