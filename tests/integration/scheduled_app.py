@@ -5,6 +5,7 @@
 ``SCHED_KEYS``          ``fair_keys`` as ``queue=spec`` (unset: no keyed queue)
 ``SCHED_LEDGER``        Redis URL of the list ``sched.ran``: one JSON record per run
 ``SCHED_FAIR``          "0": plain Celery, without ``celery_fair.install``
+``SCHED_VISIBILITY``    Redis ``visibility_timeout`` (s), Kombu's restore sweep every second
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 import celery_fair
 
@@ -26,6 +27,13 @@ if os.environ.get("SCHED_ETA"):
 if os.environ.get("SCHED_KEYS"):
     queue, spec = os.environ["SCHED_KEYS"].split("=", 1)
     app.conf.fair_keys = {queue: spec}
+if os.environ.get("SCHED_VISIBILITY"):
+    # Kombu's option names (kombu/transport/redis.py): a sweep at every call, every second.
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["SCHED_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 if os.environ.get("SCHED_FAIR", "1") == "1":
     celery_fair.install(app)
 
@@ -55,3 +63,10 @@ def retry_later(self: Any, n: int, countdown: float) -> int:
     if self.request.retries == 0:
         raise self.retry(countdown=countdown)
     return n
+
+
+@signals.task_revoked.connect
+def _revoked(request: Any = None, expired: bool = False, **_: Any) -> None:
+    """Record a task the worker discarded (an expired one: ``expires`` passed)."""
+    entry = {"id": getattr(request, "id", None), "expired": bool(expired)}
+    redis.Redis.from_url(os.environ["SCHED_LEDGER"]).rpush("sched.revoked", json.dumps(entry))

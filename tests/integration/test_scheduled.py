@@ -319,3 +319,69 @@ def test_celery_purge_deletes_the_schedule_too(redis_url: str, client: Any) -> N
     with Connection(redis_url) as connection:
         assert connection.default_channel.queue_purge(PLAIN) == 4
     assert store.scheduled(client, KeyedNames(PLAIN, SEP)) == 0 and client.llen(PLAIN) == 0
+
+
+def test_a_task_that_expired_while_it_waited_is_discarded_when_due(redis_url: str) -> None:
+    ledger = redis.Redis.from_url(redis_url)
+    producer = _producer(redis_url, None)
+    worker = _worker(redis_url, PLAIN, None).start()
+    try:
+        assert poll_until(lambda: " ready." in worker.log(), 60), worker.log()
+        result = producer.send_task("sched.record", args=[1], countdown=4, expires=1, queue=PLAIN)
+        assert store.scheduled(ledger, KeyedNames(PLAIN, SEP)) == 1
+        assert poll_until(lambda: ledger.llen("sched.revoked") >= 1, 60), worker.log()
+        revoked = [json.loads(r) for r in ledger.lrange("sched.revoked", 0, -1)]
+        assert revoked == [{"id": result.id, "expired": True}]
+        assert _runs(ledger) == [] and store.scheduled(ledger, KeyedNames(PLAIN, SEP)) == 0
+    finally:
+        worker.stop()
+
+
+#: Past the visibility timeout: Kombu restores what a worker holds unacknowledged longer.
+VISIBILITY, LONG_COUNTDOWN = 3.0, 8.0
+
+
+@pytest.mark.parametrize(("queue", "keys"), [(PLAIN, None), (KEYED, f"{KEYED}=tenant_id")])
+def test_past_the_visibility_timeout_each_scheduled_task_runs_once(
+    redis_url: str, queue: str, keys: str | None
+) -> None:
+    ledger = redis.Redis.from_url(redis_url)
+    producer = _producer(redis_url, keys)
+    worker = _worker(redis_url, queue, keys)
+    worker.env = {**worker.env, "SCHED_VISIBILITY": str(VISIBILITY)}
+    worker.start()
+    try:
+        assert poll_until(lambda: " ready." in worker.log(), 60), worker.log()
+        for n in range(COUNT):
+            producer.send_task(
+                "sched.record", args=[n], kwargs={"tenant_id": f"t{n % 3}"},
+                countdown=LONG_COUNTDOWN, queue=queue,
+            )  # fmt: skip
+        assert poll_until(lambda: ledger.llen("sched.ran") >= COUNT, LONG_COUNTDOWN + 60)
+        # Nothing left unacknowledged, so nothing left that Kombu could restore and run again.
+        assert poll_until(lambda: ledger.hlen("unacked") == 0, 30), worker.log()
+        runs = Counter(r["n"] for r in _runs(ledger))
+        assert runs == Counter(range(COUNT)), runs
+    finally:
+        worker.stop()
+
+
+def test_plain_celery_runs_a_task_held_past_the_visibility_timeout_again(redis_url: str) -> None:
+    """The anchor: the same tasks with Celery's behaviour (no celery-fair) run more than once."""
+    ledger = redis.Redis.from_url(redis_url)
+    producer = Celery("sched_plain_producer", broker=redis_url, set_as_current=False)
+    worker = WorkerProcess(
+        redis_url, [PLAIN], concurrency=2, app="tests.integration.scheduled_app",
+        env={"SCHED_FAIR": "0", "SCHED_LEDGER": redis_url, "SCHED_VISIBILITY": str(VISIBILITY)},
+    ).start()  # fmt: skip
+    try:
+        assert poll_until(lambda: " ready." in worker.log(), 60), worker.log()
+        for n in range(COUNT):
+            producer.send_task("sched.record", args=[n], countdown=LONG_COUNTDOWN, queue=PLAIN)
+
+        def repeated() -> bool:
+            return any(c > 1 for c in Counter(r["n"] for r in _runs(ledger)).values())
+
+        assert poll_until(repeated, LONG_COUNTDOWN + 60), _runs(ledger)
+    finally:
+        worker.stop()
