@@ -27,6 +27,7 @@ def install(app: App) -> App:
     """
     from celery.signals import before_task_publish
 
+    from .keys import eta
     from .keys import publish as keys
     from .kombu import admission
     from .worker import control  # noqa: F401  (registers the remote-control commands)
@@ -38,6 +39,8 @@ def install(app: App) -> App:
     admission.register_app(app)
     # Keyed queues (fair_keys): the key in a header, the message in its key's list.
     keys.register_app(app)
+    # Scheduled tasks on the broker (fair_eta="broker"): a future eta's due time in a header.
+    eta.register_app(app)
     app.steps["worker"].update(WORKER_STEPS)
     app.steps["consumer"].update(CONSUMER_STEPS)
     options = app.user_options["worker"]

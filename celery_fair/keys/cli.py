@@ -7,6 +7,9 @@ on the broker, as ``celery control fair_key_pause`` does without a worker.
 ``celery-fair keys unkey QUEUE`` moves every waiting message back into the
 queue's own Kombu lists, where a worker without celery-fair finds it: the
 last step of a return to plain Celery (docs/migrating.md gives the order).
+``celery-fair keys unschedule QUEUE`` moves every message of a queue's
+schedule (``fair_eta="broker"``), keyed or plain, into the queue now, due
+or not: workers then hold them until their eta, as Celery does.
 """
 
 from __future__ import annotations
@@ -35,17 +38,24 @@ def register(subparsers: Any) -> None:
             "nothing of a paused key is fetched by any worker until it is resumed. "
             "unkey: move it all back "
             "to the queue's own lists, where any Celery worker consumes it (each batch is "
-            "one atomic step: stopping it half way loses and duplicates nothing)."
+            "one atomic step: stopping it half way loses and duplicates nothing). "
+            "unschedule: move every message of the queue's schedule (fair_eta='broker', "
+            "keyed or plain queue) into the queue now, due or not (atomic batches too)."
         ),
     )
     parser.add_argument(
-        "action", choices=("backlog", "pause", "resume", "unkey"), help="what to do (see above)"
+        "action",
+        choices=("backlog", "pause", "resume", "unkey", "unschedule"),
+        help="what to do (see above)",
     )
-    parser.add_argument("queue", metavar="QUEUE", help="the keyed queue")
+    parser.add_argument("queue", metavar="QUEUE", help="the keyed queue (unschedule: any queue)")
     parser.add_argument("keys", metavar="KEY", nargs="*", help="the keys (pause, resume)")
     add_broker_options(parser)
     parser.add_argument(
-        "--batch", type=positive_int, default=None, help="messages moved per step (unkey)"
+        "--batch",
+        type=positive_int,
+        default=None,
+        help="messages moved per step (unkey, unschedule)",
     )
     parser.add_argument("--top", type=positive_int, default=10, help="next keys shown (backlog)")
     parser.add_argument("--json", action="store_true", help="print JSON (backlog, pause, resume)")
@@ -82,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     print(f"{args.queue}: {done} {changed} of {len(pairs)} key(s)")
                 return 0
+            if args.action == "unschedule":
+                return _unschedule(client, names, args)
             return _unkey(client, names, _suffixes(channel, args.queue), args)
 
 
@@ -97,11 +109,15 @@ def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:
             "keys": found.keys,
             "next_keys": [{"key": k, "messages": n} for k, n in found.next_keys],
             "paused": controls.paused,
+            "scheduled": store.scheduled(client, names),
             "top_users": {k: dict(users) for k, users in controls.top_users.items()},
         }
         print(json.dumps(record, indent=2))
         return 0
     print(f"{args.queue}: {found.messages} message(s) in {found.keys} key(s)")
+    scheduled = store.scheduled(client, names)
+    if scheduled:
+        print(f"scheduled (fair_eta='broker'): {scheduled} message(s) not moved in yet")
     for key, waiting in found.next_keys:
         print(f"  {key or '(unkeyed)'}: {waiting}")
     if controls.paused:
@@ -141,6 +157,28 @@ def _unkey(
         print(
             f"{args.queue}: {remaining} message(s) arrived in the per-key lists meanwhile; "
             "stop keyed publishing (fair_keys in the producers) and run this again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _unschedule(client: Any, names: Any, args: argparse.Namespace) -> int:
+    from . import store
+
+    total, shown = 0, time.monotonic()
+    for moved, left in store.unschedule(client, names, args.batch or store.UNKEY_BATCH):
+        total += moved
+        if time.monotonic() - shown >= PROGRESS_EVERY:
+            shown = time.monotonic()
+            print(f"moved {total} message(s), {left} left", flush=True)
+    print(f"{args.queue}: {total} scheduled message(s) moved into the queue")
+    remaining = store.scheduled(client, names)
+    if remaining:
+        # Scheduled while the move ran: a producer still has fair_eta="broker".
+        print(
+            f"{args.queue}: {remaining} message(s) were scheduled meanwhile; stop scheduling "
+            "on the broker (fair_eta in the producers) and run this again",
             file=sys.stderr,
         )
         return 1

@@ -52,6 +52,11 @@ A keyed queue ``jobs`` (with Kombu's key prefix, if any) is:
   messages waiting, by start tag), ``fair.ul.<key>`` (their recent finish
   tags), a field in ``fair.uvt`` (their virtual time) and one list per user,
   ``jobs\x06\x16fair.k.<key>\x06\x16<user>``.
+* Scheduled messages (``fair_eta = "broker"``, :mod:`celery_fair.keys.eta`), in
+  keyed and plain queues alike: ``jobs\x06\x16fair.eta``, a sorted set of
+  envelopes (the payload, its priority level, its key and user) scored by
+  when each is due; the fetch moves the due ones into the queue
+  (``promote.lua``), at most ``ETA_BATCH`` per queue and fetch.
 * Paused keys (``control fair_key_pause``): ``fair.paused``, ``fair.psince``
   (since when), ``fair.powed`` (seconds its next served task reports), and in
   ``fair.state`` ``paused_n`` and ``paused_s``.
@@ -116,6 +121,11 @@ BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
 #: connection knows the broker lost the queue's state (a restart without its
 #: data, or a failover to a replica that had not received it).
 CONFIGURED_MARK = "configured"
+#: Sorted set, per queue (keyed or plain): scheduled messages by due time (``fair_eta``).
+SCHEDULE = "fair.eta"
+#: The most scheduled messages of one queue a fetch moves into it (due ones, oldest first):
+#: a large backlog coming due at once is moved over several fetches, none of them long.
+ETA_BATCH = 100
 #: How many keys ``fair.throttled`` keeps (the longest throttled); trimmed at twice as many.
 THROTTLED_TOP = 1000
 
@@ -229,6 +239,11 @@ class KeyedNames:
     def user_list(self, key: str, user: str) -> str:
         """Two-level keys: the list of ``user``'s waiting messages within ``key``."""
         return self.key_list(key) + self.sep + user
+
+    @property
+    def schedule(self) -> str:
+        """Sorted set: the queue's scheduled messages (envelopes) by due time."""
+        return self._name(SCHEDULE)
 
     @property
     def paused(self) -> str:

@@ -10,12 +10,16 @@ class once per process (through :mod:`celery_fair.compat`, probed):
   to, with a key, goes to that key's list in the level of its priority (the
   ``ENQUEUE`` script); any other
   goes to the queue's own list, as Kombu puts it (served as the unkeyed key);
+  a message stamped with a due time still ahead (:data:`DUE_HEADER`, an app
+  with ``fair_eta="broker"``: :mod:`celery_fair.keys.eta`), keyed or not, goes
+  to its queue's schedule instead (the ``SCHEDULE`` script);
 * ``_do_restore_message``: a restored message (visibility timeout, a
   worker's ``restore_unacked``, ``reject(requeue=True)``) goes back to its
   key in its level, and frees its key's slot (per-key limits);
 * ``_size``, ``_purge`` and ``_has_queue``: count, delete and see the
   per-key lists too, so ``celery purge`` and ``queue_declare(passive=True)``
-  tell the truth.
+  tell the truth (``_purge`` deletes the queue's schedule too; ``_size``
+  counts only what can be fetched now).
 
 The decision travels with each message, so several apps in one process, with
 and without ``fair_keys``, publish each as configured.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from time import time
 from typing import Any
 
 from kombu.utils.json import dumps as _dumps
@@ -34,7 +39,14 @@ from .. import compat
 from ..errors import BrokerMemoryHigh, FairConfigError, KeyBacklogFull
 from ..grammar import as_positive_int, parse_pairs
 from ..routing.keys import KeySource, key_of, parse_key_spec
-from ..wire import ADMIT_HEADER, KEY_HEADER, KEYED_HEADER, MAX_BACKLOG_HEADER, USER_HEADER
+from ..wire import (
+    ADMIT_HEADER,
+    DUE_HEADER,
+    KEY_HEADER,
+    KEYED_HEADER,
+    MAX_BACKLOG_HEADER,
+    USER_HEADER,
+)
 from . import store
 from .layout import KeyedNames
 
@@ -342,6 +354,9 @@ def level_of(channel: Any, payload: Any) -> str:
 def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: Any) -> Any:
     admit = take_admission(message)
     key = message_key(message, queue)
+    due = message_due(message)
+    if due is not None:
+        return _schedule(channel, queue, message, key, due, admit, kwargs)
     if key is None:
         return original(channel, queue, message, **kwargs)
     names = names_for(channel, queue)
@@ -362,12 +377,56 @@ def _fair_put(original: Any, channel: Any, queue: str, message: Any, **kwargs: A
         reply = store.enqueue(
             client, names, key, dumps(message), level=level, user=user, cap=limit
         )  # fmt: skip
+    _raise_if_refused(reply, queue, key, cap, admit)
+    return None
+
+
+def _raise_if_refused(
+    reply: Any, queue: str, key: str, cap: int | None, admit: tuple[int, int, int] | None
+) -> None:
+    """Raise the producer's error when a push script refused the message at its cap."""
     full = store.refused(reply)
     if full is None:
-        return None
+        return
     if admit is None or (cap is not None and full >= cap):
         raise KeyBacklogFull(queue, key, cap or 0, full)
     raise BrokerMemoryHigh(queue, key, full, *admit)
+
+
+def message_due(message: Any) -> float | None:
+    """When a payload stamped by ``fair_eta="broker"`` is due, if that is still ahead; else None."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    due = headers.get(DUE_HEADER) if isinstance(headers, Mapping) else None
+    if isinstance(due, (int, float)) and not isinstance(due, bool) and due > time():
+        return float(due)
+    return None
+
+
+def _schedule(
+    channel: Any,
+    queue: str,
+    message: Any,
+    key: str | None,
+    due: float,
+    admit: tuple[int, int, int] | None,
+    kwargs: dict[str, Any],
+) -> None:
+    """Put a message with a future eta in its queue's schedule (:mod:`celery_fair.keys.eta`)."""
+    batch = kwargs.pop("_publish_batch", None)  # Kombu >= 5.7 batch publishing
+    if batch is not None:
+        batch.flush()  # the batch's earlier messages go first
+    names = names_for(channel, queue)
+    level = level_of(channel, message)
+    user = message_user(message) if key is not None else None
+    cap = message_cap(message) if key is not None else None
+    ceiling = admit[0] if admit is not None and key is not None else None
+    limit = min((c for c in (cap, ceiling) if c is not None), default=None)
+    with compat.redis_client(channel) as client:
+        reply = store.schedule(
+            client, names, due, dumps(message), level=level, key=key, user=user, cap=limit
+        )  # fmt: skip
+    if key is not None:
+        _raise_if_refused(reply, queue, key, cap, admit)
 
 
 def take_admission(message: Any) -> tuple[int, int, int] | None:
@@ -437,8 +496,10 @@ def _fair_size(original: Any, channel: Any, queue: str) -> int:
 
 def _fair_purge(original: Any, channel: Any, queue: str) -> int:
     purged = int(original(channel, queue))
+    names = names_for(channel, queue)
     with compat.redis_client(channel) as client:
-        purged += store.purge(client, names_for(channel, queue))
+        purged += store.purge(client, names)
+        purged += store.purge_schedule(client, names)
     return purged
 
 

@@ -4,7 +4,8 @@ The scripts live in :mod:`celery_fair.lua` as Lua files, each with its KEYS,
 ARGV and reply documented at its top.  A script is sent as one text: a header
 this module writes (``N``, the Redis names and constants of
 :mod:`celery_fair.keys.layout`, and the locals ``SEP`` and ``DFLT``), the
-shared helpers it needs (``prelude.lua``, ``unacked.lua``, ``keyed_pop.lua``), then its own
+shared helpers it needs (``prelude.lua``, ``unacked.lua``, ``keyed_pop.lua``,
+``enqueue_one.lua``, ``promote.lua``), then its own
 file.  Names come from one place, and the Lua stays Lua.
 
 :class:`Script` runs a script by its SHA1 and loads it on the first
@@ -29,7 +30,8 @@ from ..wire import PUBLISHED_HEADER
 from . import layout
 
 __all__ = (
-    "CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PURGE", "RELEASE", "TAKE", "TIDY", "UNKEY", "Script",
+    "CHARGE", "ENQUEUE", "FETCH", "PAUSE", "PROMOTE", "PURGE", "RELEASE", "SCHEDULE", "TAKE",
+    "TIDY", "UNKEY", "Script",
 )  # fmt: skip
 
 #: What the scripts call ``N.<name>``: every Redis name suffix and constant they use.
@@ -73,6 +75,8 @@ NAMES: dict[str, str | int] = {
     "BACKLOG": layout.BACKLOG,
     "UNKEYED": layout.UNKEYED,
     "UNKEYED_MARK": layout.UNKEYED_MARK,
+    "SCHEDULE": layout.SCHEDULE,
+    "ETA_BATCH": layout.ETA_BATCH,
     "NOT_A_MESSAGE": NOT_A_MESSAGE,
     "PUBLISHED_HEADER": PUBLISHED_HEADER,
 }
@@ -135,12 +139,26 @@ class Script:
         raise AssertionError("unreachable")
 
 
-ENQUEUE = Script("enqueue", source("prelude.lua", "enqueue.lua"))
+ENQUEUE = Script("enqueue", source("prelude.lua", "enqueue_one.lua", "enqueue.lua"))
 CHARGE = Script("charge", source("prelude.lua", "charge.lua"))
 RELEASE = Script("release", source("prelude.lua", "release.lua"))
 PURGE = Script("purge", source("prelude.lua", "purge.lua"))
 UNKEY = Script("unkey", source("prelude.lua", "unkey.lua"))
 PAUSE = Script("pause", source("prelude.lua", "pause.lua"))
 TIDY = Script("tidy", source("prelude.lua", "tidy.lua"))
-FETCH = Script("fetch", source("prelude.lua", "unacked.lua", "keyed_pop.lua", "fetch.lua"))
+FETCH = Script(
+    "fetch",
+    source(
+        "prelude.lua",
+        "unacked.lua",
+        "keyed_pop.lua",
+        "enqueue_one.lua",
+        "promote.lua",
+        "fetch.lua",
+    ),
+)
+SCHEDULE = Script("schedule", source("prelude.lua", "schedule.lua"))
+PROMOTE = Script(
+    "promote", source("prelude.lua", "enqueue_one.lua", "promote.lua", "promote_now.lua")
+)
 TAKE = Script("take", source("unacked.lua", "take.lua"))

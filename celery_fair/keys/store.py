@@ -6,6 +6,7 @@ pipeline) and a :class:`~celery_fair.keys.layout.KeyedNames`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,11 @@ __all__ = (
     "found",
     "mark_configured",
     "pause",
+    "promote",
+    "purge_schedule",
     "refused",
+    "schedule",
+    "scheduled",
     "release",
     "set_live_limits",
     "write_configured_limits",
@@ -44,6 +49,7 @@ __all__ = (
     "Tidied",
     "keyed_again",
     "unkey",
+    "unschedule",
     "waiting_keyed",
     "write_configured_weights",
 )
@@ -159,13 +165,15 @@ def fetch_args(
     level_words: Sequence[str] = (),
     charges: Sequence[Any] = (),
     releases: Sequence[str] = (),
+    schedules: Sequence[str] = (),
 ) -> list[Any]:
     """The ``FETCH`` script's arguments (lua/fetch.lua), one word per queue key.
 
     ``suffixes``: a keyed queue's other priority lists; ``level_words``: flat
     (level suffix, weight) pairs, none for strict priority; ``charges``: flat
     (base, level suffix, key, user, delta) run-time corrections; ``releases``:
-    flat (base, delivery tag) key slots to free before the pop.
+    flat (base, delivery tag) key slots to free before the pop; ``schedules``:
+    the bases of the queues whose due scheduled messages move in before the pop.
     """
     return [
         len(words), repr(now), sep, default_weight,
@@ -173,8 +181,86 @@ def fetch_args(
         len(level_words) // 2, *level_words,
         len(charges) // 5, *charges,
         len(releases) // 2, *releases,
+        len(schedules), *schedules,
         *words,
     ]  # fmt: skip
+
+
+def schedule(
+    client: Any,
+    names: KeyedNames,
+    due: float,
+    payload: str,
+    *,
+    level: str = "",
+    key: str | None = None,
+    user: str | None = None,
+    cap: int | None = None,
+) -> Any:
+    """Put ``payload`` in its queue's schedule, due at ``due`` (epoch seconds).
+
+    ``level``: the suffix of its priority level; ``key`` (and ``user``): a
+    keyed message's key, None for a plain one; ``cap``: the key's backlog cap,
+    checked against its messages waiting now.  :func:`refused` reads the reply.
+    """
+    envelope: dict[str, str] = {"l": level, "m": payload}
+    if key is not None:
+        envelope["k"] = key
+        if user is not None:
+            envelope["u"] = user
+    packed = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    args = (names.base, names.sep, repr(float(due)), packed, key or "", "" if cap is None else cap)
+    if _is_pipeline(client):
+        return scripts.SCHEDULE.add_to(client, *args)
+    return scripts.SCHEDULE(client, *args)
+
+
+def promote(
+    client: Any, names: KeyedNames, *, limit: int, now: float | str | None = None
+) -> tuple[int, int]:
+    """Move up to ``limit`` due messages of the queue's schedule into the queue.
+
+    ``now``: None for the broker's clock, a time, or ``"+inf"`` (every
+    message, due or not).  Returns (moved, left in the schedule).
+    """
+    moved, left = scripts.PROMOTE(
+        client, names.base, names.sep, limit, "" if now is None else str(now)
+    )  # fmt: skip
+    return int(moved), int(left)
+
+
+def unschedule(
+    client: Any, names: KeyedNames, batch: int = UNKEY_BATCH
+) -> Iterator[tuple[int, int]]:
+    """Move every message of the queue's schedule into the queue, due or not, batch by batch.
+
+    Each batch is one atomic step (PROMOTE with no due time): a stop half way
+    loses and duplicates nothing.  Yields ``(moved, left)``; stops when a batch
+    moves nothing or nothing is left.
+    """
+    while True:
+        moved, left = promote(client, names, limit=batch, now="+inf")
+        if moved:
+            yield moved, left
+        if not moved or not left:
+            return
+
+
+def purge_schedule(client: Any, names: KeyedNames) -> int:
+    """Delete the queue's schedule (``celery purge``); returns how many messages it held.
+
+    Without ``MULTI`` (a Redis at its ``maxmemory`` refuses transactions): a
+    message scheduled between the count and the delete is deleted uncounted.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(names.schedule).delete(names.schedule)
+    count, _ = pipe.execute()
+    return int(count)
+
+
+def scheduled(client: Any, names: KeyedNames) -> int:
+    """How many messages wait in the queue's schedule."""
+    return int(client.zcard(names.schedule))
 
 
 def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:

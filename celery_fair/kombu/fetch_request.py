@@ -3,7 +3,8 @@
 The lists to pop from in order, each with its word (a keyed queue's charge
 at fetch), the lists a payload that does not decode is moved to, the keys
 of the unacknowledged record, the keys an idle fetch watches, and what rides
-on the fetch: key slots released and run-time charges.
+on the fetch: key slots released, run-time charges, and the queues whose
+scheduled messages (``fair_eta="broker"``) move in when due.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class FetchRequest:
         keys, words, watched = self._entries(queues)
         if not keys:
             return None
+        # Every queue's schedule (fair_eta="broker"): its due messages move in
+        # before the pop, and a message scheduled sooner wakes an idle fetch.
+        bases = [self.prefix + queue for queue in dict.fromkeys(queues)]
+        watched += [self._keyed_names(queue).schedule for queue in dict.fromkeys(queues)]
         malformed = [self._malformed_key(key) for key in keys]  # cached per key
         argv = fetch_args(
             words,
@@ -76,6 +81,7 @@ class FetchRequest:
             level_words=self._level_words,
             charges=self._charges(),
             releases=self._releases(),
+            schedules=bases,
         )
         count = 2 * len(keys) + 2 + len(watched)
         return [count, *keys, *malformed, *self._unacked, *watched, *argv]

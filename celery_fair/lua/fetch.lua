@@ -15,6 +15,10 @@
 --       nr and nr (base, delivery tag) releases: key slots of tasks finished
 --       since the last fetch (per-key limits; release.lua sends them when no
 --       fetch follows),
+--       ne and ne bases: the queues whose schedules (fair_eta = "broker") are
+--       looked at: before the pop, up to N.ETA_BATCH due messages of each go
+--       into their queue (promote.lua), so that a large due backlog is moved
+--       over several fetches and never stalls one,
 --       then one word per queue key:
 --         "-"                    a plain list;
 --         "<charge>"             a keyed queue: its charge at fetch;
@@ -27,7 +31,8 @@
 -- (celery_fair.wire.SERVED_HEADER),
 -- {key, item, "malformed"} for a payload moved aside, or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
--- nil or the milliseconds until a key throttled by its limits may go on.
+-- nil or the milliseconds until a key throttled by its limits may go on or the
+-- next scheduled message is due.
 SEP, DFLT = ARGV[3], tonumber(ARGV[4])
 local n = tonumber(ARGV[1])
 local ns = tonumber(ARGV[5])
@@ -54,7 +59,13 @@ if nr > 0 then
   now = server_now()
   for j = 0, nr - 1 do release(ARGV[r + 2 * j + 1], ARGV[r + 2 * j + 2], now) end
 end
-local flags = r + 2 * nr
+local e = r + 2 * nr + 1
+local ne = tonumber(ARGV[e])
+if ne > 0 then
+  now = now or server_now()
+  for j = 1, ne do promote_due(ARGV[e + j], now, N.ETA_BATCH) end
+end
+local flags = e + ne
 for i = 1, n do
   local item, fkey, fweight, fthrottled, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
@@ -98,6 +109,10 @@ for i = 1, n do
     local due = next_event(KEYS[i], now or server_now())
     if due and (not soonest or due < soonest) then soonest = due end
   end
+end
+for j = 1, ne do
+  local due = next_due(ARGV[e + j], now)
+  if due and (not soonest or due < soonest) then soonest = due end
 end
 if soonest then return math.floor(soonest * 1000) + 1 end
 return nil

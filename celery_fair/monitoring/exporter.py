@@ -175,6 +175,11 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         "install; on a keyed queue, among its largest keys and those next in line).",
     )
     unacked = gauge("queue_unacked", "Messages delivered to workers and not acknowledged.")
+    scheduled = gauge(
+        "queue_scheduled",
+        "Messages in the queue's schedule (fair_eta='broker'; Redis): waiting for their eta, "
+        "or due and not yet moved in by a worker's fetch; not in the backlog.",
+    )
     consumers = gauge("queue_consumers", "Consumers of the queue (RabbitMQ).")
     parked = gauge(
         "queue_parked", "Messages parked next to the queue, by cause.", ("queue", "reason")
@@ -203,6 +208,8 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
             unacked.add_metric([r.queue], float(r.unacked))
         if r.consumers is not None:
             consumers.add_metric([r.queue], float(r.consumers))
+        if r.scheduled is not None:
+            scheduled.add_metric([r.queue], float(r.scheduled))
         for cause, count in sorted(r.parked.items()):
             parked.add_metric([r.queue, cause], float(count))
         keyed = r.keyed
@@ -215,7 +222,7 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
             key_backlog.add_metric([r.queue, key.key], float(key.backlog))
             if key.oldest_age is not None:
                 key_oldest.add_metric([r.queue, key.key], key.oldest_age)
-    yield from (backlog, oldest, unacked, consumers, parked, active)
+    yield from (backlog, oldest, unacked, consumers, parked, scheduled, active)
     yield from (keys_throttled(throttled), longest)
     yield from (key_backlog, key_oldest)
 

@@ -97,6 +97,9 @@ class QueueReading:
     #: Messages parked next to the queue, by cause (``unread`` beyond the scan).
     parked: dict[str, int] = field(default_factory=dict)
     keyed: KeyedReading | None = None
+    #: Messages in the queue's schedule (``fair_eta="broker"``; Redis; None on
+    #: RabbitMQ), due or not, not yet moved into the queue: not in ``backlog``.
+    scheduled: int | None = None
 
 
 def _published(item: Any) -> float | None:
@@ -161,6 +164,7 @@ def read_redis(
             pipe.zrange(names.active, 0, top - 1)
             parking = prefix + queue + PARKING_SUFFIX
             pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
+            pipe.zcard(names.schedule)
         unacked_key = prefix + compat.unacked_keys(channel)[0]
         pipe.hlen(unacked_key).time()
         replies = iter(pipe.execute())
@@ -177,6 +181,7 @@ def read_redis(
                 "next": [text(k) for k in next(replies)],
                 "parked": int(next(replies)),
                 "parked_items": next(replies),
+                "scheduled": int(next(replies)),
             }
         in_flight = int(next(replies))
         broker_now = throttling.broker_clock(next(replies))  # the clock of the throttling times
@@ -252,6 +257,7 @@ def _redis_reading(
         unacked=None if unacked is None else unacked.get(queue, 0),
         parked=parked,
         keyed=keyed,
+        scheduled=raw["scheduled"],
     )
 
 

@@ -23,6 +23,7 @@ __all__ = (
     "REQUEUE_HEADER",
     "RETURNS_HEADER",
     "SERVED_HEADER",
+    "DUE_HEADER",
     "USER_HEADER",
     "WEIGHT_STAMP",
 )
@@ -51,6 +52,11 @@ MAX_BACKLOG_HEADER = "fair_max_backlog"
 #: takes it off the message and passes the ceiling to the push script, which
 #: compares it with the key's own backlog; it is never stored.
 ADMIT_HEADER = "fair_admit"
+#: A task whose ``eta`` (or countdown) is in the future, sent by an app with
+#: ``fair_eta = "broker"``: when it is due, in epoch seconds.  Kombu's Redis
+#: ``_put`` puts such a message in its queue's schedule instead of its queue
+#: when that time is still ahead.
+DUE_HEADER = "fair_due"
 
 # -- the worker ----------------------------------------------------------------
 

@@ -9,11 +9,13 @@ worker's events.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .. import compat
 from ..errors import FairConfigError
+from ..keys.eta import register_app as eta_register_app
 from ..keys.publish import register_app
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
@@ -21,6 +23,8 @@ from .pauses import PAUSED_RECHECK
 from .service import FairService
 from .settings import FairSettings
 from .watchdog import PoolWatchdog
+
+logger = logging.getLogger(__name__)
 
 __all__ = (
     "KEYED_RECHECK",
@@ -49,6 +53,8 @@ def build(
         _check_dead_lettering(app)
     if settings.keys:
         _check_keyed_broker(app, settings)
+    if settings.eta == "broker":
+        _schedule_on_broker(app)
     if settings.telemetry_dir is not None:
         _require_pyarrow()
     return service
@@ -161,6 +167,25 @@ def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
     # install() registered the app already; again here in case fair_keys was set
     # after it (register_app wraps Kombu's channel, probed, when there are keys).
     register_app(app)
+
+
+def _schedule_on_broker(app: Any) -> None:
+    """``fair_eta="broker"``: the worker's own sends (retries) go to the schedule on Redis.
+
+    On another broker the setting changes nothing (Celery's behaviour: the
+    worker holds a task until its eta), said once at start.
+    """
+    driver = _broker_driver(app)
+    if driver != "redis":
+        logger.warning(
+            "celery-fair: fair_eta='broker' applies to the Redis broker only; this broker's "
+            "transport is %r, so tasks with an eta wait in the worker, as Celery does "
+            "(docs/scheduled.md)",
+            driver,
+        )
+        return
+    # install() registered the app already; again here in case fair_eta was set after it.
+    eta_register_app(app)
 
 
 def _check_dead_lettering(app: Any) -> None:

@@ -115,6 +115,12 @@ def _directory(value: Any) -> str | None:
     return os.fspath(value)
 
 
+def _eta_mode(value: Any) -> str:
+    from ..keys.eta import parse_eta_mode
+
+    return parse_eta_mode(value)
+
+
 def _fair_keys(value: Any) -> Any:
     from ..keys.publish import parse_fair_keys
 
@@ -274,6 +280,21 @@ OPTIONS: tuple[Option, ...] = (
             "record from the client)"
         ),
         read=boolean("fair_atomic_fetch"),
+    ),
+    Option(
+        "fair_eta",
+        "worker",
+        "Fetch (Redis)",
+        accepts=(
+            '`"worker"` or `"broker"`; `"broker"` needs the Redis broker and '
+            "`fair_atomic_fetch=True`; set it on producers too"
+        ),
+        meaning=(
+            "where a task with a future `eta`/`countdown` (a retry's too) waits: in a worker, "
+            "as Celery does, or in its queue's schedule on the broker until due, then in "
+            "line, fairly and once ([scheduled tasks](scheduled.md))"
+        ),
+        read=_eta_mode,
     ),
     Option(
         "fair_keys",

@@ -166,6 +166,8 @@ class FairSettings:
     codel_action: CoDelAction = DEFAULTS["fair_codel_action"]
     codel_max_requeues: int = DEFAULTS["fair_codel_max_requeues"]
     atomic_fetch: bool = DEFAULTS["fair_atomic_fetch"]
+    #: Where a task with a future eta waits: "worker" (Celery's) or "broker" (Redis).
+    eta: str = DEFAULTS["fair_eta"]
     metrics_port: int | None = None
     metrics_addr: str = DEFAULTS["fair_metrics_addr"]
     #: Keyed queues: queue -> where a message's key is (:mod:`celery_fair.keys`).
@@ -242,6 +244,11 @@ class FairSettings:
                 f"fair_keys={dict(conf.get('fair_keys') or {})!r} needs fair_atomic_fetch=True "
                 "(keyed queues are served by the atomic fetch script)"
             )
+        if read["fair_eta"] == "broker" and not atomic:
+            raise FairConfigError(
+                "fair_eta='broker' needs fair_atomic_fetch=True (scheduled messages come "
+                "due in the atomic fetch script)"
+            )
         limits = _key_limits(conf)
         if limits and not keys:
             raise FairConfigError(
@@ -266,6 +273,7 @@ class FairSettings:
             telemetry_dir=read["fair_telemetry_dir"],
             **_codel(conf),
             atomic_fetch=atomic,
+            eta=read["fair_eta"],
             **_metrics(conf),
             keys=dict(keys),
             key_weights=read["fair_key_weights"],

@@ -167,8 +167,9 @@ def test_a_misspelt_setting_is_named_with_the_closest_known_one() -> None:
         "did you mean CELERY_FAIR_WEIGHTS?",
         "celery-fair: unknown setting fair_costs (it is ignored); did you mean fair_cost?",
     ]
-    app.conf.fair_zzz = 1
-    assert "celery-fair: unknown setting fair_zzz (it is ignored)" in unknown_settings(app.conf)
+    app.conf.fair_zzzzzzzz = 1  # close to no known name (fair_eta is close to "fair_zzz")
+    unknown = unknown_settings(app.conf)
+    assert "celery-fair: unknown setting fair_zzzzzzzz (it is ignored)" in unknown
 
 
 def test_django_style_settings_reach_the_worker() -> None:
