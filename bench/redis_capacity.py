@@ -14,7 +14,10 @@ one message and fetches one):
   random key; ``FETCH`` (start-time fair order); the ack;
 * ``limits-N``: the same with ``fair_key_concurrency = {"*": 4}``: ``FETCH``
   leases the key's slot and frees the previous task's (a worker carries a
-  finished task's release in its next fetch); the last one goes by ``RELEASE``.
+  finished task's release in its next fetch); the last one goes by ``RELEASE``;
+* ``PATH+eta`` and ``PATH+etaN``: PATH with the queue's schedule (``fair_eta``)
+  looked at by every fetch, as a worker does: empty, or N messages due in an
+  hour (``atomic+eta``, ``keyed-10+eta1000000``).
 
 Per path: the broker's CPU per task (``used_cpu_user`` + ``used_cpu_sys`` of
 ``INFO cpu``, network included), the time inside its commands per task (the
@@ -68,7 +71,22 @@ PATHS = (
 
 
 def _keys(path: str) -> int:
-    return int(path.split("-")[1]) if "-" in path else 0
+    base = path.partition("+")[0]
+    return int(base.split("-")[1]) if "-" in base else 0
+
+
+def _scheduled(path: str) -> int | None:
+    """``+eta``: the fetch also looks at the queue's schedule (``fair_eta``), which
+    holds ``+etaN`` messages due in an hour (none with ``+eta``); None without it.
+
+    A worker passes every atomic-fetch queue's schedule to the fetch, whatever its
+    own ``fair_eta``, so ``atomic+eta`` is what a worker of this release costs.
+    """
+    _, plus, extra = path.partition("+")
+    if not plus:
+        return None
+    assert extra.startswith("eta"), path
+    return int(extra[3:] or 0)
 
 
 def _word(path: str) -> str:
@@ -107,11 +125,24 @@ def _preload(client: Any, path: str, backlog: int) -> None:
         write_configured_limits(client, NAMES, KeyLimits(concurrency={"*": 4}).as_fields())
 
 
+def _preload_schedule(client: Any, path: str) -> None:
+    """``+etaN``: N messages in the queue's schedule, due in an hour (never in the run)."""
+    pipe = client.pipeline(transaction=False)
+    later = time.time() + 3600
+    for i in range(_scheduled(path) or 0):
+        envelope = json.dumps({"m": _plain_payload(), "l": ""})
+        pipe.zadd(NAMES.schedule, {envelope: later + i * 1e-3})
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+
+
 def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: Any) -> None:
     """One client: ``tasks`` times publish, fetch, ack (and release)."""
     client = redis_lib.Redis.from_url(url)
     rng = random.Random(seed)
     keys, word = _keys(path), _word(path)
+    schedules = [NAMES.base] if _scheduled(path) is not None else []
     carried: list[str] = []  # the last task's release, sent with the next fetch
     start.wait()
     for _ in range(tasks):
@@ -127,7 +158,9 @@ def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: An
                 "unacked", tag, item
             ).execute()
         else:
-            args = fetch_args([word], sep=NAMES.sep, now=time.time(), releases=carried)
+            args = fetch_args(
+                [word], sep=NAMES.sep, now=time.time(), releases=carried, schedules=schedules
+            )
             reply = client.evalsha(FETCH.sha, 4, *FETCH_KEYS, *args)
             tag = json.loads(reply[1])["properties"]["delivery_tag"]
         client.pipeline().zrem("unacked_index", tag).hdel("unacked", tag).execute()
@@ -148,6 +181,7 @@ def run(path: str, executable: str, clients: int, tasks: int, backlog: int) -> d
     with RedisServer(executable=executable) as server:
         client = redis_lib.Redis.from_url(server.url)
         _preload(client, path, max(backlog, _keys(path)))
+        _preload_schedule(client, path)
         for script in (FETCH, RELEASE, ENQUEUE):
             client.script_load(script.text)
         ctx = multiprocessing.get_context("fork")
