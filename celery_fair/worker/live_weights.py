@@ -205,7 +205,11 @@ class LiveWeights:
         clock = self.clock()
         with self.lock:
             self.scheduler.set_weights(live)
-            self.deadlines = {q: clock + s for q, s in left.items() if s > 0}
+            # A weight in force here but not on the broker (lost with its data)
+            # keeps its deadline; one the broker has is timed by the broker.
+            for q in live:
+                self.deadlines.pop(q, None)
+            self.deadlines.update({q: clock + s for q, s in left.items() if s > 0})
         if live:
             logger.info(
                 "celery-fair: weights set live earlier, from the broker: %s%s",
