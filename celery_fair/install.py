@@ -90,6 +90,8 @@ def _warn_about_settings(app: Any) -> None:
         except FairConfigError:
             then += ", and every task this app sends raises it"
         messages = [f"celery-fair: invalid setting: {exc} ({then})"]
+    except Exception as exc:  # noqa: BLE001 - a check that fails must not stop the app booting
+        messages = [f"celery-fair: the fair_* settings could not be checked: {exc!r}"]
     seen = _warned.setdefault(app, set())
     for message in messages:
         if message not in seen:
