@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "CompatibilityError": "celery_fair.errors",
     "ConsistentHashRouter": "celery_fair.routing.router",
     "FairConfigError": "celery_fair.errors",
+    "FairConfigWarning": "celery_fair.errors",
     "FairConsumerMixin": "celery_fair.kombu.mixin",
     "HashRing": "celery_fair.routing.ring",
     "IsolationPolicy": "celery_fair.routing.isolation",
@@ -37,6 +38,7 @@ __all__ = (
     "CompatibilityError",
     "ConsistentHashRouter",
     "FairConfigError",
+    "FairConfigWarning",
     "FairConsumerMixin",
     "HashRing",
     "IsolationPolicy",
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
         BrokerMemoryHigh,
         CompatibilityError,
         FairConfigError,
+        FairConfigWarning,
         KeyBacklogFull,
         PublishRefused,
     )

@@ -6,6 +6,7 @@ __all__ = (
     "BrokerMemoryHigh",
     "CompatibilityError",
     "FairConfigError",
+    "FairConfigWarning",
     "KeyBacklogFull",
     "PublishRefused",
 )
@@ -18,6 +19,17 @@ class FairConfigError(ValueError):
     starts, the worker's steps turn it into Celery's one-line ``Error: ...``
     (:class:`celery_fair.worker.steps.StartError`) and the worker exits with
     status 1.
+    """
+
+
+class FairConfigWarning(UserWarning):
+    """A ``fair_*`` setting a worker would refuse, or one celery-fair does not know.
+
+    Issued by :func:`celery_fair.install` in any process, a producer
+    included, where settings are otherwise checked only when a worker
+    starts: the app still boots.  Filter it as any warning:
+    ``-W error::celery_fair.FairConfigWarning`` (or ``filterwarnings`` in a
+    test suite) turns it into an error, ``ignore::...`` silences it.
     """
 
 

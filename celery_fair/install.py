@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -21,9 +23,15 @@ def install(app: App) -> App:
     """Add the celery-fair bootsteps and the ``--fair-weights`` worker option.
 
     Adds to the app's configuration and never replaces any of it; calling it
-    twice is harmless.  Settings are validated when a worker starts.  Celery's
-    worker and remote-control modules are imported here, not by ``import
-    celery_fair``: a producer or a pure-core user does not pay for them.
+    twice is harmless.  A worker refuses invalid settings when it starts; in
+    any process, a producer too, install checks them as :func:`celery_fair.check`
+    does and issues a :class:`~celery_fair.errors.FairConfigWarning` for an
+    invalid one (naming the setting and its value) or an unknown name, without
+    raising: the app still boots.  The check is made again when the app's
+    configuration is read anew (``config_from_object`` after ``install``);
+    each message is issued once per app.  Celery's worker and remote-control
+    modules are imported here, not by ``import celery_fair``: a producer or a
+    pure-core user does not pay for them.
     """
     from celery.signals import before_task_publish
 
@@ -41,6 +49,10 @@ def install(app: App) -> App:
     keys.register_app(app)
     # Scheduled tasks on the broker (fair_eta="broker"): a future eta's due time in a header.
     eta.register_app(app)
+    _warn_about_settings(app)
+    app.on_after_configure.connect(
+        _settings_read, sender=app, weak=False, dispatch_uid="celery_fair.settings"
+    )
     app.steps["worker"].update(WORKER_STEPS)
     app.steps["consumer"].update(CONSUMER_STEPS)
     options = app.user_options["worker"]
@@ -53,6 +65,41 @@ def install(app: App) -> App:
             )
         )
     return app
+
+
+#: The warnings issued for each app: each once.
+_warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _settings_read(sender: Any = None, **kwargs: Any) -> None:
+    """``app.on_after_configure``: the configuration was (re)read."""
+    if sender is not None:
+        _warn_about_settings(sender)
+
+
+def _warn_about_settings(app: Any) -> None:
+    """Warn (:class:`FairConfigWarning`) of each setting a worker would refuse or not know."""
+    from .checking import check
+    from .errors import FairConfigError, FairConfigWarning
+    from .keys.publish import parse_fair_keys, parse_max_backlog
+
+    try:
+        messages = check(app).warnings
+    except FairConfigError as exc:
+        then = "a worker refuses to start with it"
+        try:
+            parse_fair_keys(app.conf.get("fair_keys"))
+            parse_max_backlog(app.conf.get("fair_key_max_backlog"))
+        except FairConfigError:
+            then += ", and every task this app sends raises it"
+        messages = [f"celery-fair: invalid setting: {exc} ({then})"]
+    except Exception as exc:  # noqa: BLE001 - a check that fails must not stop the app booting
+        messages = [f"celery-fair: the fair_* settings could not be checked: {exc!r}"]
+    seen = _warned.setdefault(app, set())
+    for message in messages:
+        if message not in seen:
+            seen.add(message)
+            warnings.warn(message, FairConfigWarning, stacklevel=3)
 
 
 def _stamp_published(headers: dict[str, Any] | None = None, **kwargs: Any) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from ..cli_options import add_broker_options, broker_connection
 from ..keys.gauges import PREFIX, keys_throttled
 from ..keys.throttling import Throttled
+from ..parked import PARKING_SUFFIX
 from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")
@@ -274,7 +275,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--rabbitmq-api",
         default=None,
-        help="RabbitMQ management API (http://host:15672): adds the unacknowledged counts",
+        help="RabbitMQ management API (http://host:15672): adds the unacknowledged counts, "
+        "and the vhost's queues are found there (--discover-every)",
     )
     parser.add_argument(
         "--consumers-every",
@@ -287,8 +289,9 @@ def register(subparsers: Any) -> None:
         "--discover-every",
         type=float,
         default=60.0,
-        help="Redis: look for the queues bound on the broker this often (s), besides the "
-        "ones named (0: only those named)",
+        help="look for the queues on the broker this often (s), besides the ones named: "
+        "Redis's bindings, or RabbitMQ's management API (--rabbitmq-api) (0: only those "
+        "named)",
     )
     parser.add_argument("--once", action="store_true", help="print one scrape and exit")
     parser.set_defaults(handler=run)
@@ -334,11 +337,34 @@ def run(args: argparse.Namespace) -> int:
         memory = read_memory
     else:
         management = _management(args.rabbitmq_api, connection) if args.rabbitmq_api else None
-        if not queues:
-            print("celery-fair exporter: no queues: give --queues or -A", file=sys.stderr)
+        listing = (
+            _management_queues(args.rabbitmq_api, connection)
+            if args.rabbitmq_api and args.discover_every > 0
+            else None
+        )
+        if not queues and listing is None:
+            print(
+                "celery-fair exporter: no queues: give --queues, -A or --rabbitmq-api",
+                file=sys.stderr,
+            )
             return 2
+        amqp_named = list(queues)
+        amqp_looked = [-float("inf")]
+
+        def amqp_discover() -> None:
+            # The vhost's queues from the management API: a queue declared only
+            # by a producer's call (apply_async(queue="x")) is there too.
+            if listing is None or time.monotonic() - amqp_looked[0] < args.discover_every:
+                return
+            amqp_looked[0] = time.monotonic()
+            found = listing()
+            if found is not None:
+                queues[:] = list(dict.fromkeys(amqp_named + found))
+
+        amqp_discover()
 
         def read() -> list[QueueReading]:
+            amqp_discover()
             connection.ensure_connection(max_retries=1)
             return read_rabbitmq(connection, queues, management=management)
 
@@ -367,28 +393,81 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _management(url: str, connection: Any) -> Callable[[str], dict[str, Any] | None]:
-    """``queue -> its details`` from the RabbitMQ management API (None when unreachable)."""
+def _management_get(url: str, connection: Any) -> Callable[[str], Any]:
+    """``path -> the JSON`` under the vhost's ``/api/queues/<vhost>`` of the management API.
+
+    Raises ``OSError`` (``URLError``) or ``ValueError`` when it cannot be read.
+    """
     import base64
-    import urllib.error
+    import json
     import urllib.parse
     import urllib.request
 
     vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
     token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()
 
-    def details(queue: str) -> dict[str, Any] | None:
-        import json
-
+    def get(path: str) -> Any:
         request = urllib.request.Request(
-            f"{url.rstrip('/')}/api/queues/{vhost}/{urllib.parse.quote(queue, safe='')}",
+            f"{url.rstrip('/')}/api/queues/{vhost}{path}",
             headers={"Authorization": f"Basic {token}"},
         )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    return get
+
+
+def _management(url: str, connection: Any) -> Callable[[str], dict[str, Any] | None]:
+    """``queue -> its details`` from the RabbitMQ management API (None when unreachable)."""
+    import urllib.parse
+
+    get = _management_get(url, connection)
+
+    def details(queue: str) -> dict[str, Any] | None:
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                found = json.loads(response.read())
-        except (urllib.error.URLError, ValueError, OSError):
+            found = get("/" + urllib.parse.quote(queue, safe=""))
+        except (ValueError, OSError):
             return None
         return found if isinstance(found, dict) else None
 
     return details
+
+
+def celery_internal(queue: str) -> bool:
+    """Whether ``queue`` is Celery's own or the broker's, not one of the app's work queues.
+
+    Celery's broadcast (``<node>.celery.pidbox``) and remote-control reply
+    (``<x>.reply.celery.pidbox``) queues, its event queues (``celeryev.*``),
+    server-named queues (``amq.gen-*``; every ``amq.`` name is the broker's),
+    and celery-fair's own parking queues (``<queue>.fair-malformed``, read as
+    the parked figure of their queue).
+    """
+    return (
+        queue.endswith(".pidbox")
+        or queue.startswith(("celeryev.", "amq."))
+        or queue.endswith(PARKING_SUFFIX)
+        or not queue
+    )
+
+
+def _management_queues(url: str, connection: Any) -> Callable[[], list[str] | None]:
+    """``() -> the vhost's queues`` (Celery's own left out; None when unreachable, logged)."""
+    get = _management_get(url, connection)
+
+    def listing() -> list[str] | None:
+        try:
+            found = get("?columns=name&disable_stats=true")
+        except (ValueError, OSError) as exc:
+            logger.warning(
+                "celery-fair exporter: listing the queues from the management API %s failed "
+                "(%s): reading the queues found before",
+                url,
+                exc,
+            )
+            return None
+        if not isinstance(found, list):
+            return None
+        names = (item.get("name") for item in found if isinstance(item, dict))
+        return sorted(n for n in names if isinstance(n, str) and not celery_internal(n))
+
+    return listing

@@ -12,8 +12,9 @@ from typing import Any
 from celery.worker.control import control_command, inspect_command
 
 from ..errors import FairConfigError
-from ..grammar import parse_pairs
+from ..grammar import boolean, parse_pairs
 from ..keys.limits import CONCURRENCY, RATE, KeyLimits, limit_field, parse_concurrency, parse_rates
+from .options import BY_NAME
 from .settings import parse_weights
 
 __all__ = (
@@ -39,6 +40,8 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
     if service is None:
         return {"error": NOT_INSTALLED}
     stats = service.statistics()
+    # Seconds left of each live weight that lapses (kept ones are not listed).
+    stats["live_weights_expire_in"] = service.live_weights.expires_in()
     if stats.get("keys") is not None:
         # Read from the broker: what waits in each keyed queue, and who is next.
         try:
@@ -63,30 +66,46 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
     return stats
 
 
-@control_command(variadic="weights", signature="QUEUE=WEIGHT [QUEUE=WEIGHT ...]")
+@control_command(
+    variadic="weights",
+    signature="QUEUE=WEIGHT|QUEUE=default [QUEUE=WEIGHT ...] [ttl=SECONDS|keep] | clear",
+)
 def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Change queue weights at run time; invalid input changes nothing.
+    """Change queue weights at run time, for a while; invalid input changes nothing.
 
-    On Redis they are also stored on the broker, so a worker that starts later
-    uses them (over its settings); ``QUEUE=default`` goes back to the
-    configured weight, and ``default`` alone clears every live weight.
+    They lapse after ``fair_live_weights_ttl`` seconds (``ttl=SECONDS`` for
+    this command; ``keep``, or ``ttl=0``: until cleared), and the worker goes
+    back to its settings.  On Redis they are also stored on the broker, so a
+    worker that starts later uses them (over its settings) until they lapse;
+    ``QUEUE=default`` goes back to the configured weight, and ``clear`` (or
+    ``default``) alone clears every live weight.
     """
     service = _service(state)
     if service is None:
         return {"error": NOT_INSTALLED}
     words = list(weights) if isinstance(weights, (list, tuple)) else str(weights or "").split()
-    if words == ["default"]:
+    if [str(w) for w in words] in (["default"], ["clear"]):
         service.live_weights.clear()
         return {"ok": f"live weights cleared; weights now {service.scheduler.weights}"}
     try:
-        reset, rest = _split_defaults(weights, "fair_weights", "QUEUE=WEIGHT")
+        ttl, words = _live_ttl(words)
+        reset, rest = _split_defaults(words, "fair_weights", "QUEUE=WEIGHT")
         parsed = parse_weights(rest, setting="fair_weights")
         if not parsed and not reset:
             raise FairConfigError(f"fair_weights: no QUEUE=WEIGHT given, got {weights!r}")
     except FairConfigError as exc:
         return {"error": str(exc)}
-    service.live_weights.set(parsed, reset=reset)
-    reply = {"ok": f"weights now {service.scheduler.weights}"}
+    service.live_weights.set(parsed, reset=reset, ttl=ttl)
+    if ttl is None:
+        ttl = service.settings.live_weights_ttl
+    said = f"weights now {service.scheduler.weights}"
+    if parsed:
+        said += (
+            "; live weights kept until cleared ('fair_weights clear')"
+            if ttl == 0
+            else f"; they lapse in {ttl:g} s (keep: until cleared)"
+        )
+    reply = {"ok": said}
     elsewhere = sorted(q for q in parsed if q not in service.scheduler.queues)
     if elsewhere:
         reply["warning"] = (
@@ -95,6 +114,40 @@ def fair_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, An
             "'fair_weights QUEUE=default' removes it"
         )
     return reply
+
+
+def _live_ttl(words: list[Any]) -> tuple[float | None, list[str]]:
+    """``["a=2", "ttl=60"]`` -> (60.0, ``["a=2"]``); ``keep`` (``keep=true``) -> 0.0.
+
+    None: no ``ttl``/``keep`` given (the worker's ``fair_live_weights_ttl``).
+    ``ttl`` and ``keep`` are words of the command, not queue names.
+    """
+    ttl: float | None = None
+    rest: list[str] = []
+    for word in words:
+        for token in str(word).split(","):
+            token = token.strip()
+            name, _, value = token.partition("=")
+            name = name.strip().lower()
+            if token.lower() == "keep" or name == "keep":
+                keep = True if token.lower() == "keep" else boolean("fair_weights keep")(value)
+                if keep:
+                    ttl = 0.0
+                elif ttl == 0.0:
+                    ttl = None
+            elif name == "ttl":
+                read = BY_NAME["fair_live_weights_ttl"].read
+                assert read is not None
+                try:
+                    ttl = read(value.strip())
+                except FairConfigError:
+                    raise FairConfigError(
+                        f"fair_weights: ttl must be a number of seconds >= 0 (0: keep until "
+                        f"cleared), got {value!r}"
+                    ) from None
+            elif token:
+                rest.append(token)
+    return ttl, rest
 
 
 def _split_defaults(value: Any, setting: str, what: str) -> tuple[list[str], dict[str, Any]]:

@@ -1,15 +1,27 @@
 """Queue weights changed at run time (``control fair_weights``), kept on the broker.
 
-On Redis a live weight is stored in one hash under Kombu's key prefix, where
-a worker that starts later, or the same worker after a redeploy, finds it:
-live weights beat the settings until they are cleared (docs/operations.md).
+A live weight is an override: it lapses after ``fair_live_weights_ttl``
+seconds (an hour by default), or the ``ttl=SECONDS`` of the command, and the
+worker goes back to its settings' weight and logs it once.  ``keep`` (or
+``ttl=0``, or ``fair_live_weights_ttl = 0``) makes one that lasts until it is
+cleared.
+
+On Redis a live weight is stored in one hash under Kombu's key prefix
+(:data:`LIVE_WEIGHTS`), and the time it lapses, on the broker's clock, in a
+second one (:data:`LIVE_WEIGHTS_EXPIRY`; a kept weight has no field there).
+A worker that starts later, or the same worker after a redeploy, finds them:
+it applies the weights that have not lapsed, for the time they have left
+(docs/operations.md).  On other brokers live weights are kept by each worker
+only, until they lapse or the worker stops.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from time import monotonic
+from typing import Any
 
 from .. import compat
 from ..keys.store import text
@@ -17,16 +29,25 @@ from ..scheduling.scheduler import FairScheduler
 from .attachment import Attachment
 from .settings import FairSettings, parse_weights
 
-__all__ = ("LIVE_WEIGHTS", "LiveWeights")
+__all__ = ("LIVE_WEIGHTS", "LIVE_WEIGHTS_EXPIRY", "LIVE_WEIGHTS_RECHECK", "LiveWeights")
 
 logger = logging.getLogger(__name__)
 
 #: Redis hash (under Kombu's key prefix) of queue weights set by ``control fair_weights``.
 LIVE_WEIGHTS = "_fair.queue_weights"
+#: Redis hash: queue -> when its live weight lapses (Unix seconds, the broker's clock).
+LIVE_WEIGHTS_EXPIRY = "_fair.queue_weights.expires"
+#: Seconds between two looks for live weights that have lapsed (the consumer's timer).
+LIVE_WEIGHTS_RECHECK = 1.0
+
+
+def _broker_now(client: Any) -> float:
+    seconds, micros = client.time()
+    return float(seconds) + float(micros) / 1e6
 
 
 class LiveWeights:
-    """Applies weights to the scheduler at once and stores them on a Redis broker."""
+    """Applies weights to the scheduler at once, lets them lapse, and stores them on Redis."""
 
     def __init__(
         self,
@@ -34,56 +55,182 @@ class LiveWeights:
         scheduler: FairScheduler,
         lock: threading.RLock,
         attachment: Attachment,
+        clock: Callable[[], float] = monotonic,
     ) -> None:
         self.settings = settings
         self.scheduler = scheduler
         self.lock = lock
         self.attachment = attachment
+        self.clock = clock
+        #: Queue -> when (on :attr:`clock`) its live weight lapses; kept weights are absent.
+        self.deadlines: dict[str, float] = {}
 
-    def set(self, weights: dict[str, float], *, reset: Iterable[str] = ()) -> None:
+    def configured(self, queue: str) -> float:
+        """The queue's weight by the settings."""
+        return self.settings.weights.get(queue, self.settings.default_weight)
+
+    def expires_in(self) -> dict[str, float]:
+        """Seconds left of each live weight that lapses (``inspect fair_stats``)."""
+        now = self.clock()
+        with self.lock:
+            return {q: max(0.0, round(d - now, 3)) for q, d in sorted(self.deadlines.items())}
+
+    def set(
+        self, weights: Mapping[str, float], *, reset: Iterable[str] = (), ttl: float | None = None
+    ) -> None:
         """Change weights; they act on the very next fetch.
 
-        ``reset``: queues that go back to their configured weight.  On Redis
-        the change is also stored on the broker (:data:`LIVE_WEIGHTS`).
+        ``reset``: queues that go back to their configured weight.  ``ttl``:
+        seconds until ``weights`` lapse (None: ``fair_live_weights_ttl``;
+        0: never).  On Redis the change is also stored on the broker
+        (:data:`LIVE_WEIGHTS`, :data:`LIVE_WEIGHTS_EXPIRY`).
         """
-        settings = self.settings
-        back = {q: settings.weights.get(q, settings.default_weight) for q in reset}
+        if ttl is None:
+            ttl = self.settings.live_weights_ttl
+        back = {q: self.configured(q) for q in reset}
         with self.lock:
             self.scheduler.set_weights({**weights, **back})
+            for q in list(weights) + list(back):
+                self.deadlines.pop(q, None)
+            if ttl > 0:
+                deadline = self.clock() + ttl
+                self.deadlines.update(dict.fromkeys(weights, deadline))
         channel = self.attachment.channel
         if channel is not None and compat.is_redis_channel(channel):
-            key = compat.key_prefix(channel) + LIVE_WEIGHTS
+            prefix = compat.key_prefix(channel)
+            key, expiry = prefix + LIVE_WEIGHTS, prefix + LIVE_WEIGHTS_EXPIRY
             with compat.redis_client(channel) as client:
+                until = _broker_now(client) + ttl if weights and ttl > 0 else None
                 pipe = client.pipeline(transaction=True)
                 if weights:
                     pipe.hset(key, mapping={q: repr(float(w)) for q, w in weights.items()})
+                    if until is not None:
+                        pipe.hset(expiry, mapping=dict.fromkeys(weights, repr(until)))
+                    else:
+                        pipe.hdel(expiry, *weights)
                 if back:
                     pipe.hdel(key, *back)
+                    pipe.hdel(expiry, *back)
                 pipe.execute()
 
     def clear(self) -> None:
         """Every queue back to its configured weight; on Redis, the stored live weights go."""
-        settings = self.settings
         with self.lock:
-            live = set(self.scheduler.queues) | set(settings.weights)
-            self.scheduler.set_weights(
-                {q: settings.weights.get(q, settings.default_weight) for q in live}
-            )
+            live = set(self.scheduler.queues) | set(self.settings.weights) | set(self.deadlines)
+            self.scheduler.set_weights({q: self.configured(q) for q in live})
+            self.deadlines.clear()
         channel = self.attachment.channel
         if channel is not None and compat.is_redis_channel(channel):
+            prefix = compat.key_prefix(channel)
             with compat.redis_client(channel) as client:
-                client.delete(compat.key_prefix(channel) + LIVE_WEIGHTS)
+                client.delete(prefix + LIVE_WEIGHTS, prefix + LIVE_WEIGHTS_EXPIRY)
+
+    def expire(self) -> list[str]:
+        """Live weights whose time is up go back to the settings' weights (a timer calls this).
+
+        Logged once per lapse; on Redis the lapsed entries are removed from
+        the broker, unless a later command set them again.  Returns the
+        queues that went back.
+        """
+        now = self.clock()
+        with self.lock:
+            due = sorted(q for q, d in self.deadlines.items() if d <= now)
+            if not due:
+                return []
+            was = {q: self.scheduler.weight(q) for q in due}
+            back = {q: self.configured(q) for q in due}
+            self.scheduler.set_weights(back)
+            for q in due:
+                del self.deadlines[q]
+        logger.info(
+            "celery-fair: live weight(s) expired, back to the configured weights: %s",
+            ", ".join(f"{q}={back[q]:g} (was {was[q]:g})" for q in due),
+        )
+        channel = self.attachment.channel
+        if channel is not None and compat.is_redis_channel(channel):
+            try:
+                self._remove_lapsed(channel, due)
+            except Exception as exc:  # the timer must go on; a later start skips them anyway
+                logger.warning(
+                    "celery-fair: could not remove lapsed live weights from the broker: %r", exc
+                )
+        return due
+
+    def _remove_lapsed(self, channel: Any, queues: list[str]) -> None:
+        """Remove ``queues``' live weights from Redis if they have lapsed there too."""
+        prefix = compat.key_prefix(channel)
+        key, expiry = prefix + LIVE_WEIGHTS, prefix + LIVE_WEIGHTS_EXPIRY
+
+        def remove(pipe: Any) -> None:
+            until = pipe.hmget(expiry, queues)
+            now = _broker_now(pipe)
+            lapsed = [
+                q for q, u in zip(queues, until, strict=True) if u is not None and _lapsed(u, now)
+            ]
+            pipe.multi()
+            if lapsed:
+                pipe.hdel(key, *lapsed)
+                pipe.hdel(expiry, *lapsed)
+
+        with compat.redis_client(channel) as client:
+            client.transaction(remove, key, expiry)
 
     def adopt(self, channel: object) -> None:
-        """Redis: apply the weights set live earlier, kept on the broker."""
-        key = compat.key_prefix(channel) + LIVE_WEIGHTS
+        """Redis: apply the weights set live earlier, kept on the broker, that have not lapsed."""
+        prefix = compat.key_prefix(channel)
+        key, expiry = prefix + LIVE_WEIGHTS, prefix + LIVE_WEIGHTS_EXPIRY
         with compat.redis_client(channel) as client:
-            stored = client.hgetall(key)
+            pipe = client.pipeline(transaction=True)
+            pipe.hgetall(key)
+            pipe.hgetall(expiry)
+            pipe.time()
+            stored, until, (seconds, micros) = pipe.execute()
         if not stored:
             return
+        now = float(seconds) + float(micros) / 1e6
         live = parse_weights(
             {text(q): text(w) for q, w in stored.items()}, setting=f"{key} (Redis)"
         )
+        left = {}
+        for q, u in until.items():
+            name = text(q)
+            if name in live:
+                try:
+                    left[name] = float(text(u)) - now
+                except ValueError:
+                    left[name] = 0.0  # unreadable: treated as lapsed
+        lapsed = sorted(q for q, s in left.items() if s <= 0)
+        for q in lapsed:
+            del live[q]
+        clock = self.clock()
         with self.lock:
             self.scheduler.set_weights(live)
-        logger.info("celery-fair: weights set live earlier, from the broker: %s", live)
+            # A weight in force here but not on the broker (lost with its data)
+            # keeps its deadline; one the broker has is timed by the broker.
+            for q in live:
+                self.deadlines.pop(q, None)
+            self.deadlines.update({q: clock + s for q, s in left.items() if s > 0})
+        if live:
+            logger.info(
+                "celery-fair: weights set live earlier, from the broker: %s%s",
+                live,
+                "".join(f"; {q} lapses in {left[q]:.0f} s" for q in sorted(live) if q in left),
+            )
+        if lapsed:
+            logger.info(
+                "celery-fair: live weight(s) on the broker had expired, not applied: %s",
+                ", ".join(lapsed),
+            )
+            try:
+                self._remove_lapsed(channel, lapsed)
+            except Exception as exc:
+                logger.warning(
+                    "celery-fair: could not remove lapsed live weights from the broker: %r", exc
+                )
+
+
+def _lapsed(until: Any, now: float) -> bool:
+    try:
+        return float(text(until)) <= now
+    except ValueError:
+        return True

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FairConfigError
-from ..grammar import boolean, integer, one_of, parse_pairs, positive
+from ..grammar import as_positive, boolean, integer, one_of, parse_pairs, positive
 from ..scheduling.admission import DEFAULT_HARD
 from ..scheduling.cost import COST_MODES
 
@@ -107,6 +107,23 @@ def _prefetch(value: Any) -> int | dict[str, int] | str | None:
     return _window("fair_prefetch", value)
 
 
+def _live_weights_ttl(value: Any) -> float:
+    """``fair_live_weights_ttl``: seconds >= 0, finite (0: live weights never lapse)."""
+    if not isinstance(value, bool) and as_positive(value, text=True) is None:
+        try:
+            if float(value) == 0:
+                return 0.0
+        except (TypeError, ValueError):
+            pass
+    number = as_positive(value, text=True)
+    if number is None:
+        raise FairConfigError(
+            f"fair_live_weights_ttl must be a number of seconds >= 0 (0: never expire), "
+            f"got {value!r}"
+        )
+    return number
+
+
 def _directory(value: Any) -> str | None:
     if value is None:
         return None
@@ -177,6 +194,18 @@ OPTIONS: tuple[Option, ...] = (
             "concurrency`, or twice the queue's expected share of the window if larger"
         ),
         read=integer("fair_credit", at_least=1, none=True),
+    ),
+    Option(
+        "fair_live_weights_ttl",
+        3600.0,
+        "Weights and cost",
+        accepts="number >= 0 (`0`: never)",
+        meaning=(
+            "seconds a weight set with `control fair_weights` lasts before the worker goes "
+            "back to `fair_weights` (logged once); `control fair_weights ... ttl=S` or "
+            "`keep` overrides it for one command"
+        ),
+        read=_live_weights_ttl,
     ),
     Option(
         "fair_prefetch",

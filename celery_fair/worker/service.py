@@ -113,7 +113,9 @@ class FairService:
         )
         #: Keyed queues (``fair_keys``), served in fair key order by the fetch script.
         self.attachment.keyed = self.keys.serving()
-        self.live_weights = LiveWeights(settings, self.scheduler, self.lock, self.attachment)
+        self.live_weights = LiveWeights(
+            settings, self.scheduler, self.lock, self.attachment, clock=clock
+        )
         self.prefetch = PrefetchWindows(
             settings,
             self.scheduler,

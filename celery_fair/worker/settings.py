@@ -155,6 +155,8 @@ class FairSettings:
 
     weights: Mapping[str, float] = field(default_factory=dict)
     default_weight: float = DEFAULTS["fair_default_weight"]
+    #: Seconds a weight set live (``control fair_weights``) lasts; 0: until cleared.
+    live_weights_ttl: float = DEFAULTS["fair_live_weights_ttl"]
     cost: CostMode = DEFAULTS["fair_cost"]
     runtime_quantum: float = DEFAULTS["fair_runtime_quantum"]
     credit: int | None = None
@@ -265,6 +267,7 @@ class FairSettings:
         return cls(
             weights=read["fair_weights"],
             default_weight=read["fair_default_weight"],
+            live_weights_ttl=read["fair_live_weights_ttl"],
             cost=read["fair_cost"],
             runtime_quantum=read["fair_runtime_quantum"],
             credit=read["fair_credit"],

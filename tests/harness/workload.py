@@ -35,6 +35,7 @@ and celery-fair side by side:
 ``CELERY_FAIR_PRIORITY_WEIGHTS``  the ``fair_priority_weights`` setting, as ``0=4,9=1``
 ``CELERY_FAIR_KEYPREFIX``  Kombu's Redis ``global_keyprefix`` transport option
 ``CELERY_FAIR_UNKNOWN_MAX_RETURNS``  the ``fair_unknown_task_max_returns`` setting
+``CELERY_FAIR_LIVE_WEIGHTS_TTL``  the ``fair_live_weights_ttl`` setting (seconds)
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ if os.environ.get("CELERY_FAIR_TELEMETRY_DIR"):
     app.conf.fair_telemetry_dir = os.environ["CELERY_FAIR_TELEMETRY_DIR"]
 if os.environ.get("CELERY_FAIR_WEIGHTS"):
     app.conf.fair_weights = os.environ["CELERY_FAIR_WEIGHTS"]
+if os.environ.get("CELERY_FAIR_LIVE_WEIGHTS_TTL"):
+    app.conf.fair_live_weights_ttl = os.environ["CELERY_FAIR_LIVE_WEIGHTS_TTL"]
 if os.environ.get("CELERY_FAIR_QUORUM_QUEUES"):
     # Declare these queues as quorum queues (Celery then uses per-consumer QoS).
     from kombu.entity import Queue
