@@ -28,8 +28,10 @@ class FairConfigWarning(UserWarning):
     Issued by :func:`celery_fair.install` in any process, a producer
     included, where settings are otherwise checked only when a worker
     starts: the app still boots.  Filter it as any warning:
-    ``-W error::celery_fair.FairConfigWarning`` (or ``filterwarnings`` in a
-    test suite) turns it into an error, ``ignore::...`` silences it.
+    ``warnings.simplefilter("error", FairConfigWarning)`` (or pytest's
+    ``filterwarnings = ["error::celery_fair.FairConfigWarning"]``) turns it
+    into an error, ``"ignore"`` silences it.  Python's ``-W`` cannot name it:
+    the option is read before any package can be imported.
     """
 
 
