@@ -9,7 +9,7 @@ the broker for an idle worker.
     celery -A proj worker -P prefork -c 2 -Q premium,std.0,std.1,std.2,std.3
     python publish.py --tasks 400
     celery -A proj inspect fair_stats
-    celery -A proj control fair_weights premium=8
+    celery -A proj control fair_weights premium=8    # for an hour; add keep to make it last
 
 ``BROKER_URL`` chooses the broker (default: a local Redis).
 """
