@@ -180,7 +180,10 @@ class LiveWeights:
         prefix = compat.key_prefix(channel)
         key, expiry = prefix + LIVE_WEIGHTS, prefix + LIVE_WEIGHTS_EXPIRY
         with compat.redis_client(channel) as client:
-            pipe = client.pipeline(transaction=True)
+            # No MULTI: Redis refuses every command queued in a transaction while
+            # it is over maxmemory, and a worker must start against a full broker
+            # (docs/operations.md).  Three reads need no atomicity here.
+            pipe = client.pipeline(transaction=False)
             pipe.hgetall(key)
             pipe.hgetall(expiry)
             pipe.time()
