@@ -127,6 +127,8 @@ def test_records_are_read_back_whole_lines_only(tmp_path: Path) -> None:
 
 
 def test_the_worker_command_is_celerys_own(tmp_path: Path) -> None:
+    # No worker starts here: --without-mingle only stands for any extra argument,
+    # to show that it reaches Celery's command line as given.
     worker = FairWorker(
         "proj.celery:app", "redis://127.0.0.1:1/0", queues=["p0", "p1"], concurrency=2,
         settings={"fair_weights": {"p0": 4, "p1": 1}}, args=["--without-mingle"], workdir=tmp_path,
