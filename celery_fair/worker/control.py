@@ -42,6 +42,11 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
     stats = service.statistics()
     # Seconds left of each live weight that lapses (kept ones are not listed).
     stats["live_weights_expire_in"] = service.live_weights.expires_in()
+    # Read from the broker: what waits in each consumed queue's schedule (fair_eta).
+    try:
+        stats["scheduled"] = service.keys.scheduled()
+    except Exception as exc:  # a broker error must not fail the whole reply
+        stats["scheduled"] = {"error": repr(exc)}
     if stats.get("keys") is not None:
         # Read from the broker: what waits in each keyed queue, and who is next.
         try:

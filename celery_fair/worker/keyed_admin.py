@@ -312,6 +312,22 @@ class KeyedAdmin:
             return {}
         return self._on_keyed_queues("fair_stats", throttling.limits_state)
 
+    def scheduled(self) -> dict[str, int] | None:
+        """How many messages wait in each consumed queue's schedule (``fair_eta="broker"``).
+
+        None without ``fair_eta="broker"`` or before the first connection on Redis.
+        """
+        channel, cycle = self.attachment.channel, self.attachment.cycle
+        if self.settings.eta != "broker" or channel is None or cycle is None:
+            return None
+        queues = sorted(set(cycle.items))
+        with compat.redis_client(channel) as client:
+            pipe = client.pipeline(transaction=False)  # reads, refused in MULTI over maxmemory
+            for q in queues:
+                pipe.zcard(names_for(channel, q).schedule)
+            counts = pipe.execute()
+        return {q: int(n) for q, n in zip(queues, counts, strict=True)}
+
     def backlogs(self, top: int = 10) -> dict[str, store.KeyedBacklog]:
         """Each keyed queue's waiting messages and next keys, read from the broker."""
         if self.attachment.keyed is None or self.attachment.channel is None:

@@ -30,6 +30,7 @@ from celery_fair.keys import scripts, store
 from celery_fair.keys.eta import due_time
 from celery_fair.keys.layout import ETA_BATCH, KeyedNames
 from celery_fair.wire.replies import Idle, KeyedMessage, Message, decode_fetch
+from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess, poll_until
 
 SEP = "\x06\x16"
@@ -204,6 +205,8 @@ def test_countdown_tasks_wait_on_the_broker_and_run_once_not_early(
         assert all(not tasks for tasks in scheduled.values()), scheduled
         assert all(not tasks for tasks in reserved.values()), reserved
         assert still_waiting == COUNT, "inspected while every task still waited"
+        # The worker's own count of what waits on the broker for its queues.
+        assert wait_fair_stats(redis_url)["scheduled"] == {queue: COUNT}
         assert time.time() - sent < COUNTDOWN, "inspected before any task was due"
         assert _runs(ledger) == []
 
@@ -383,5 +386,36 @@ def test_plain_celery_runs_a_task_held_past_the_visibility_timeout_again(redis_u
             return any(c > 1 for c in Counter(r["n"] for r in _runs(ledger)).values())
 
         assert poll_until(repeated, LONG_COUNTDOWN + 60), _runs(ledger)
+    finally:
+        worker.stop()
+
+
+@pytest.mark.rabbitmq
+def test_on_rabbitmq_the_worker_says_so_and_celerys_behaviour_stays(
+    redis_url: str, rabbitmq_server: Any
+) -> None:
+    """``fair_eta="broker"`` on RabbitMQ: one line at start, and the worker holds the task."""
+    ledger = redis.Redis.from_url(redis_url)
+    queue = f"sched-{uuid.uuid4().hex[:8]}"
+    producer = _producer(rabbitmq_server.url, None)
+    worker = WorkerProcess(
+        rabbitmq_server.url, [queue], concurrency=2, app="tests.integration.scheduled_app",
+        env={"SCHED_ETA": "broker", "SCHED_LEDGER": redis_url},
+    ).start()  # fmt: skip
+    try:
+        assert poll_until(lambda: " ready." in worker.log(), 90), worker.log()
+        assert worker.log().count("applies to the Redis broker only") == 1, worker.log()
+        producer.send_task("sched.record", args=[1], countdown=COUNTDOWN, queue=queue)
+
+        def held() -> int:
+            replies = producer.control.inspect(timeout=2.0).scheduled() or {}
+            return sum(len(tasks) for tasks in replies.values())
+
+        # Celery's behaviour: the worker holds the task until its eta.
+        assert poll_until(lambda: held() == 1, COUNTDOWN), worker.log()
+        assert poll_until(lambda: ledger.llen("sched.ran") >= 1, COUNTDOWN + 60), worker.log()
+        (run,) = _runs(ledger)
+        eta = due_time(run["eta"])
+        assert eta is not None and run["start"] >= eta
     finally:
         worker.stop()
