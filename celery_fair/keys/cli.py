@@ -110,6 +110,7 @@ def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:
             "next_keys": [{"key": k, "messages": n} for k, n in found.next_keys],
             "paused": controls.paused,
             "scheduled": store.scheduled(client, names),
+            "scheduled_keys": dict(store.scheduled_keys(client, names, args.top)),
             "top_users": {k: dict(users) for k, users in controls.top_users.items()},
         }
         print(json.dumps(record, indent=2))
@@ -118,6 +119,8 @@ def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:
     scheduled = store.scheduled(client, names)
     if scheduled:
         print(f"scheduled (fair_eta='broker'): {scheduled} message(s) not moved in yet")
+        for key, waiting in store.scheduled_keys(client, names, args.top):
+            print(f"  scheduled {key}: {waiting}")
     for key, waiting in found.next_keys:
         print(f"  {key or '(unkeyed)'}: {waiting}")
     if controls.paused:

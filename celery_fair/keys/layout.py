@@ -123,6 +123,8 @@ BACKLOG, UNKEYED_MARK = "backlog", "unkeyed"
 CONFIGURED_MARK = "configured"
 #: Sorted set, per queue (keyed or plain): scheduled messages by due time (``fair_eta``).
 SCHEDULE = "fair.eta"
+#: Sorted set, per keyed queue: key -> how many of its messages wait in the schedule.
+SCHEDULED_KEYS = "fair.etakeys"
 #: The most scheduled messages of one queue a fetch moves into it (due ones, oldest first):
 #: a large backlog coming due at once is moved over several fetches, none of them long.
 ETA_BATCH = 100
@@ -244,6 +246,11 @@ class KeyedNames:
     def schedule(self) -> str:
         """Sorted set: the queue's scheduled messages (envelopes) by due time."""
         return self._name(SCHEDULE)
+
+    @property
+    def scheduled_keys(self) -> str:
+        """Sorted set: key -> how many of its messages wait in the schedule."""
+        return self._name(SCHEDULED_KEYS)
 
     @property
     def paused(self) -> str:

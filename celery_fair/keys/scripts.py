@@ -76,6 +76,7 @@ NAMES: dict[str, str | int] = {
     "UNKEYED": layout.UNKEYED,
     "UNKEYED_MARK": layout.UNKEYED_MARK,
     "SCHEDULE": layout.SCHEDULE,
+    "SCHEDULED_KEYS": layout.SCHEDULED_KEYS,
     "ETA_BATCH": layout.ETA_BATCH,
     "NOT_A_MESSAGE": NOT_A_MESSAGE,
     "PUBLISHED_HEADER": PUBLISHED_HEADER,

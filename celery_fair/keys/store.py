@@ -39,6 +39,7 @@ __all__ = (
     "refused",
     "schedule",
     "scheduled",
+    "scheduled_keys",
     "release",
     "set_live_limits",
     "write_configured_limits",
@@ -253,7 +254,7 @@ def purge_schedule(client: Any, names: KeyedNames) -> int:
     message scheduled between the count and the delete is deleted uncounted.
     """
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(names.schedule).delete(names.schedule)
+    pipe.zcard(names.schedule).delete(names.schedule, names.scheduled_keys)
     count, _ = pipe.execute()
     return int(count)
 
@@ -261,6 +262,14 @@ def purge_schedule(client: Any, names: KeyedNames) -> int:
 def scheduled(client: Any, names: KeyedNames) -> int:
     """How many messages wait in the queue's schedule."""
     return int(client.zcard(names.schedule))
+
+
+def scheduled_keys(client: Any, names: KeyedNames, top: int) -> tuple[tuple[str, int], ...]:
+    """The ``top`` keys with the most messages in a keyed queue's schedule, with their counts."""
+    if top <= 0:
+        return ()
+    found = client.zrevrange(names.scheduled_keys, 0, top - 1, withscores=True)
+    return tuple((text(key), int(count)) for key, count in found)
 
 
 def write_configured_limits(client: Any, names: KeyedNames, fields: Mapping[str, str]) -> None:

@@ -3,7 +3,17 @@
 -- seconds, the producer's reading of the task's eta).  An envelope is a JSON
 -- object: "m" the Kombu payload, "l" the suffix of its priority level ('' for
 -- the first), and for a keyed message "k" its key and, with two-level keys,
--- "u" its user.  Needs prelude.lua and enqueue_one.lua before it.
+-- "u" its user.  <queue><SEP>fair.etakeys counts each key's scheduled messages
+-- (schedule.lua adds, the promotion takes away).  Needs prelude.lua and
+-- enqueue_one.lua before it.
+
+-- One message of ``key`` left the schedule of ``base``.
+local function unschedule_key(base, key)
+  local counts = kname(base, N.SCHEDULED_KEYS)
+  if tonumber(redis.call('ZINCRBY', counts, -1, key)) <= 0 then
+    redis.call('ZREM', counts, key)
+  end
+end
 
 -- Move up to ``limit`` messages of queue ``base`` due by ``now`` (the broker's
 -- clock) into their queue, in due order: a keyed one to the tail of its key's
@@ -24,6 +34,7 @@ local function promote_due(base, now, limit)
       if type(level) ~= 'string' then level = '' end
       if type(user) ~= 'string' then user = nil end
       if type(key) == 'string' and key ~= N.UNKEYED then
+        if key ~= '' then unschedule_key(base, key) end
         enqueue_message(base, key, e['m'], false, level, nil, nil, user)
       else
         redis.call('LPUSH', base .. level, e['m'])

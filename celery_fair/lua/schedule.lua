@@ -17,4 +17,7 @@ if cap and key ~= N.UNKEYED then
   if waiting >= cap then return {'full', waiting} end
 end
 redis.call('ZADD', kname(base, N.SCHEDULE), due, envelope)
+if key ~= N.UNKEYED and key ~= '' then
+  redis.call('ZINCRBY', kname(base, N.SCHEDULED_KEYS), 1, key)
+end
 return 1

@@ -201,8 +201,15 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         "Seconds the oldest waiting message of a key has waited, for the largest keys.",
         ("queue", "key"),
     )
+    key_scheduled = gauge(
+        "key_scheduled",
+        "Messages in the schedule (fair_eta='broker'), for the keys with the most there.",
+        ("queue", "key"),
+    )
     for r in readings:
         backlog.add_metric([r.queue], float(r.backlog))
+        for key_name, count in r.scheduled_keys:
+            key_scheduled.add_metric([r.queue, key_name], float(count))
         if r.oldest_age is not None:
             oldest.add_metric([r.queue], r.oldest_age)
         if r.unacked is not None:
@@ -225,7 +232,7 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
                 key_oldest.add_metric([r.queue, key.key], key.oldest_age)
     yield from (backlog, oldest, unacked, consumers, parked, scheduled, active)
     yield from (keys_throttled(throttled), longest)
-    yield from (key_backlog, key_oldest)
+    yield from (key_backlog, key_oldest, key_scheduled)
 
 
 def app_queues(app: Any) -> list[str]:

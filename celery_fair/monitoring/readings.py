@@ -100,6 +100,8 @@ class QueueReading:
     #: Messages in the queue's schedule (``fair_eta="broker"``; Redis; None on
     #: RabbitMQ), due or not, not yet moved into the queue: not in ``backlog``.
     scheduled: int | None = None
+    #: The keys with the most messages in the schedule (a keyed queue), with their counts.
+    scheduled_keys: tuple[tuple[str, int], ...] = ()
 
 
 def _published(item: Any) -> float | None:
@@ -165,6 +167,7 @@ def read_redis(
             parking = prefix + queue + PARKING_SUFFIX
             pipe.llen(parking).lrange(parking, 0, PARKED_SCAN - 1)
             pipe.zcard(names.schedule)
+            pipe.zrevrange(names.scheduled_keys, 0, top - 1, withscores=True)
         unacked_key = prefix + compat.unacked_keys(channel)[0]
         pipe.hlen(unacked_key).time()
         replies = iter(pipe.execute())
@@ -182,6 +185,7 @@ def read_redis(
                 "parked": int(next(replies)),
                 "parked_items": next(replies),
                 "scheduled": int(next(replies)),
+                "scheduled_keys": tuple((text(k), int(n)) for k, n in next(replies)),
             }
         in_flight = int(next(replies))
         broker_now = throttling.broker_clock(next(replies))  # the clock of the throttling times
@@ -258,6 +262,7 @@ def _redis_reading(
         parked=parked,
         keyed=keyed,
         scheduled=raw["scheduled"],
+        scheduled_keys=raw["scheduled_keys"],
     )
 
 

@@ -116,9 +116,13 @@ def test_a_keyed_message_comes_due_in_its_keys_list_and_is_served_fairly(client:
         store.schedule(client, names, past + n * 0.001, payload(n), key="a")
     store.schedule(client, names, past + 1, payload(100), key="b")
     store.schedule(client, names, time.time() + 3600, payload(200), key="b")
+    assert store.scheduled_keys(client, names, 10) == (("a", 6), ("b", 2))
     # The standalone script moves at most its limit, due ones only.
     assert store.promote(client, names, limit=4) == (4, 4)
+    assert store.scheduled_keys(client, names, 10) == (("b", 2), ("a", 2))
     assert store.promote(client, names, limit=100) == (3, 1)
+    # Each key's count goes with its last scheduled message.
+    assert store.scheduled_keys(client, names, 10) == (("b", 1),)
     # The keyed publish's bookkeeping: the key's list, its size, its place in line.
     assert client.llen(names.key_list("a")) == 6 and client.llen(names.key_list("b")) == 1
     assert client.zscore(names.sizes, "a") == 6 and client.zscore(names.sizes, "b") == 1
@@ -283,6 +287,7 @@ def test_unschedule_moves_every_scheduled_message_in_and_backlog_counts_them(
 ) -> None:
     from kombu import Connection
 
+    from celery_fair.monitoring.exporter import families
     from celery_fair.monitoring.readings import read_redis
 
     plain, keyed = KeyedNames(PLAIN, SEP), KeyedNames(KEYED, SEP)
@@ -291,13 +296,25 @@ def test_unschedule_moves_every_scheduled_message_in_and_backlog_counts_them(
         store.schedule(client, plain, later + n, payload(n))
     for n in range(3):
         store.schedule(client, keyed, later + n, payload(n), key="a")
+    store.schedule(client, keyed, later, payload(9), key="b")
     shown = _cli(redis_url, "backlog", PLAIN, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["scheduled"] == 5
+    shown = _cli(redis_url, "backlog", KEYED, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["scheduled_keys"] == {"a": 3, "b": 1}
     with Connection(redis_url) as connection:
         readings = {r.queue: r for r in read_redis(connection.default_channel, [PLAIN, KEYED])}
     assert (readings[PLAIN].scheduled, readings[PLAIN].backlog) == (5, 0)
-    assert (readings[KEYED].scheduled, readings[KEYED].backlog) == (3, 0)
+    assert (readings[KEYED].scheduled, readings[KEYED].backlog) == (4, 0)
+    assert readings[KEYED].scheduled_keys == (("a", 3), ("b", 1))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in families(list(readings.values()))
+        for s in family.samples
+    }
+    assert samples[("celery_fair_queue_scheduled", (("queue", KEYED),))] == 4
+    assert samples[("celery_fair_key_scheduled", (("key", "a"), ("queue", KEYED)))] == 3
 
     moved = _cli(redis_url, "unschedule", PLAIN, "--batch", "2")
     assert moved.returncode == 0, moved.stderr
@@ -306,6 +323,7 @@ def test_unschedule_moves_every_scheduled_message_in_and_backlog_counts_them(
     moved = _cli(redis_url, "unschedule", KEYED)
     assert moved.returncode == 0, moved.stderr
     assert client.llen(keyed.key_list("a")) == 3 and store.scheduled(client, keyed) == 0
+    assert store.scheduled_keys(client, keyed, 10) == ()
     # In publish order within the plain queue (LPUSH, fetched from the other end).
     assert [number(client.rpop(PLAIN)) for _ in range(5)] == list(range(5))
 
@@ -319,9 +337,13 @@ def test_celery_purge_deletes_the_schedule_too(redis_url: str, client: Any) -> N
     for n in range(3):
         store.schedule(client, KeyedNames(PLAIN, SEP), time.time() + 3600, payload(n))
     client.lpush(PLAIN, payload(9))
+    keyed = KeyedNames(KEYED, SEP)
+    store.schedule(client, keyed, time.time() + 3600, payload(5), key="a")
     with Connection(redis_url) as connection:
         assert connection.default_channel.queue_purge(PLAIN) == 4
+        assert connection.default_channel.queue_purge(KEYED) == 1
     assert store.scheduled(client, KeyedNames(PLAIN, SEP)) == 0 and client.llen(PLAIN) == 0
+    assert store.scheduled(client, keyed) == 0 and not client.exists(keyed.scheduled_keys)
 
 
 def test_a_task_that_expired_while_it_waited_is_discarded_when_due(redis_url: str) -> None:
