@@ -441,3 +441,45 @@ def test_on_rabbitmq_the_worker_says_so_and_celerys_behaviour_stays(
         assert eta is not None and run["start"] >= eta
     finally:
         worker.stop()
+
+
+def test_rolling_back_to_plain_workers_with_unschedule_runs_every_task_once(
+    redis_url: str,
+) -> None:
+    """docs/migrating.md's order back: producers, ``keys unschedule``, plain workers.
+
+    A plain Celery worker never looks at the schedule: the tasks wait there
+    past their eta until the move, then the plain worker holds the ones not
+    yet due until their eta, as Celery does, and runs each once.
+    """
+    ledger = redis.Redis.from_url(redis_url)
+    producer = _producer(redis_url, None)
+    names = KeyedNames(PLAIN, SEP)
+    for n in range(COUNT):
+        # Half already due when the move comes, half still to come after it.
+        producer.send_task("sched.record", args=[n], countdown=2 if n % 2 else 15, queue=PLAIN)
+    assert store.scheduled(ledger, names) == COUNT
+    worker = WorkerProcess(
+        redis_url, [PLAIN], concurrency=2, app="tests.integration.scheduled_app",
+        env={"SCHED_FAIR": "0", "SCHED_LEDGER": redis_url},
+    ).start()  # fmt: skip
+    try:
+        assert poll_until(lambda: " ready." in worker.log(), 60), worker.log()
+        # Past the first etas, the plain worker has run none: they wait on the broker.
+        first_due = min(due for _, due in ledger.zrange(names.schedule, 0, 0, withscores=True))
+        assert poll_until(lambda: time.time() > first_due + 2, 30)
+        assert _runs(ledger) == [] and store.scheduled(ledger, names) == COUNT
+
+        last_due = max(due for _, due in ledger.zrange(names.schedule, -1, -1, withscores=True))
+        moved = _cli(redis_url, "unschedule", PLAIN)
+        assert moved.returncode == 0, moved.stderr
+        assert store.scheduled(ledger, names) == 0
+        assert time.time() < last_due, "some were moved before they were due"
+        assert poll_until(lambda: ledger.llen("sched.ran") >= COUNT, 60), worker.log()
+        runs = _runs(ledger)
+        assert Counter(r["n"] for r in runs) == Counter(range(COUNT)), runs
+        for r in runs:
+            eta = due_time(r["eta"])
+            assert eta is not None and r["start"] >= eta, r
+    finally:
+        worker.stop()
