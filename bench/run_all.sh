@@ -66,7 +66,7 @@ $PY -m bench.mixin_idle --duration 5.0 --reps 1 --shares-reps 9 --handled 20000 
 $PY -m bench.mixin_idle --duration 2.0 --reps 1 --shares-reps 9 --handled 20000 --only rabbitmq \
     --name mixin_idle_rabbitmq
 
-# Operations (docs/operations.md, docs/monitoring.md)
+# Operations (docs/operations.md, docs/monitoring.md, docs/scheduled.md)
 $PY -m bench.redis_capacity --reps 3 --tasks 12000 --servers redis,valkey
 $PY -m bench.redis_capacity --reps 3 --tasks 20000 --servers redis,valkey \
     --paths keyed-10,limits-10,limits-10000 --name redis_capacity_hmget
@@ -74,6 +74,7 @@ $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8
 CELERY_FAIR_TEST_SERVER=valkey $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8 \
     --name broker_full_valkey
 $PY -m bench.redis_crash_loss --runs 10 --tasks 1500 --modes plain,fair
+$PY -m bench.scheduled --scenarios visibility,hoard,ontime
 $PY -m bench.failover --reps 1 --failovers 10 --rate 60 --modes plain,fair
 $PY -m bench.exporter_scrape --keys 10 10000 1000000 --reps 7
 $PY -m bench.soak --churn --tasks 100000 --reps 1
