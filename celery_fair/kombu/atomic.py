@@ -61,7 +61,7 @@ from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
 from ..wire.replies import Idle, KeyedMessage, Malformed, Popped, decode_fetch
 from .fetch_request import FetchRequest
-from .wakeup import InvalidationListener
+from .wakeup import Alarm, InvalidationListener
 
 __all__ = ("TRANSITIONS", "AtomicFetch", "AtomicFetchStatistics", "State", "install_atomic_fetch")
 
@@ -162,7 +162,10 @@ class AtomicFetch:
         #: Set when the consumer stops: no fetch follows any more.
         self.stopped = False
         self._wake_key = f"{self._request.prefix}_fair.wake.{uuid.uuid4().hex}"
-        self._due: float | None = None  # seconds until a limited key may go on
+        #: Seconds until a throttled key may go on or a scheduled message is due.
+        self._due: float | None = None
+        #: Ends a wait at ``_due`` on time (a blocking timeout ends at Redis's tick).
+        self.alarm = Alarm(self.wake)
         self.serve_keyed(keyed)
 
     def serve_keyed(self, keyed: KeyedServing | None) -> None:
@@ -190,6 +193,7 @@ class AtomicFetch:
         return False
 
     def close(self) -> None:
+        self.alarm.close()
         if self.listener is not None:
             self.listener.close()
 
@@ -260,6 +264,8 @@ class AtomicFetch:
         # reset) would swallow the next: a freed slot waits for the timeout.
         self._move(State.WAITING, "the wait is sent")
         self._wake_pushed = False
+        if self._due is not None:
+            self.alarm.set(self._due)  # after the reset above, or its push is swallowed
         self.waits += 1
         self._begin(conn)
         conn.send_command("BLPOP", self._wake_key, wait or 0)
@@ -315,6 +321,7 @@ class AtomicFetch:
                 self._move(State.READY, "Kombu's fetch replied")
                 return self._deliver_popped(reply)
             if sent is State.WAITING:
+                self.alarm.cancel()
                 self._move(State.READY, "the wait ended: woken, or timed out")
                 raise Empty()
             fetched = decode_fetch(reply)
@@ -324,6 +331,7 @@ class AtomicFetch:
                 self._move(State.IDLE, "the fetch found nothing")
                 self._due = fetched.due
                 raise Empty()
+            self._due = None  # an idle fetch says again when to look
             self._move(State.READY, "the fetch replied with a payload")
             return self._deliver(fetched)
         finally:

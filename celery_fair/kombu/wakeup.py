@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from redis.exceptions import ResponseError
 
 from .. import compat
 
-__all__ = ("INVALIDATE_CHANNEL", "InvalidationListener")
+__all__ = ("INVALIDATE_CHANNEL", "Alarm", "InvalidationListener")
 
 logger = logging.getLogger(__name__)
 
@@ -143,3 +144,67 @@ class InvalidationListener:
                 self._ready.set()
             self._stop.wait(backoff)
             backoff = min(2 * backoff, REFUSED_RETRY if self.refused else 2.0)
+
+
+class Alarm:
+    """Calls ``ring`` once at a deadline, from a thread of its own (started at first use).
+
+    Redis ends a blocking command's timeout at its ``hz`` tick (10 a second by
+    default), so a fetch that waits until a scheduled message or a throttled
+    key is due would wake up to 100 ms late.  The alarm wakes it on time with
+    a push to its wake key, which Redis answers at once; the wait's own
+    timeout stays as the fallback.
+    """
+
+    def __init__(self, ring: Callable[[], None], *, name: str = "celery-fair-alarm") -> None:
+        self.ring = ring
+        self.name = name
+        self.rung = 0
+        self._deadline: float | None = None
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def set(self, delay: float) -> None:
+        """Ring in ``delay`` seconds (replaces a deadline not yet reached)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._deadline = time.monotonic() + max(0.0, delay)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def cancel(self) -> None:
+        """Do not ring for the deadline set."""
+        with self._cond:
+            self._deadline = None
+
+    def close(self) -> None:
+        """Stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._deadline = None
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    deadline = self._deadline
+                    if deadline is None:
+                        self._cond.wait()
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._deadline = None
+                        break
+                    self._cond.wait(left)
+                if self._closed:
+                    return
+            self.rung += 1
+            try:
+                self.ring()
+            except Exception as exc:  # the wait's own timeout still ends it
+                logger.debug("celery-fair: the alarm could not wake the fetch (%r)", exc)

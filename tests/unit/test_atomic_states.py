@@ -358,3 +358,33 @@ def test_one_wake_up_per_command_sent() -> None:
     third = FakePipe()
     fetch.wake(third)
     assert third.pushed == [fetch._wake_key]
+
+
+def test_the_alarm_rings_once_at_its_deadline_and_not_after_a_cancel() -> None:
+    import threading
+    import time as clock
+
+    from celery_fair.kombu.wakeup import Alarm
+    from celery_fair.testing import poll_until
+
+    rang: list[float] = []
+    done = threading.Event()
+
+    def ring() -> None:
+        rang.append(clock.monotonic())
+        done.set()
+
+    alarm = Alarm(ring)
+    try:
+        alarm.set(3600.0)
+        alarm.cancel()  # replaced: the one below rings, this one never does
+        set_at = clock.monotonic()
+        alarm.set(0.05)
+        assert done.wait(10), "the alarm rang"
+        assert rang[0] - set_at >= 0.05
+        # A second deadline rings again; the first rang once only.
+        alarm.set(0.0)
+        assert poll_until(lambda: len(rang) == 2, 10)
+        assert alarm.rung == 2
+    finally:
+        alarm.close()
