@@ -49,6 +49,13 @@ import redis as redis_lib
 
 from celery_fair.keys import store
 from celery_fair.keys.layout import KeyedNames
+from tests.harness.crash import (
+    DUPLICATE_CLASSES,
+    classify_duplicates,
+    leftovers,
+    schedule_tasks,
+    scheduled_count,
+)
 from tests.harness.harness import WorkerProcess, fill_queues
 from tests.harness.redis import RedisServer
 
@@ -140,104 +147,6 @@ def _restore_and_check_levels(url: str) -> dict[str, int]:
     return found
 
 
-def _schedule_tasks(
-    url: str, per_queue: int, keyed: bool, first_due: float, spread: float
-) -> set[str]:
-    """Send ``per_queue`` ledger tasks to each queue with an eta, from an app with
-    ``fair_eta = "broker"``: due evenly from ``first_due`` over ``spread`` seconds,
-    the queues alternating (and, keyed, the keys in turn)."""
-    from datetime import datetime, timezone
-
-    from celery import Celery
-
-    import celery_fair
-
-    app = Celery("crash-producer", broker=url, set_as_current=False)
-    app.conf.update(fair_eta="broker", task_ignore_result=True)
-    if keyed:
-        app.conf.fair_keys = dict.fromkeys(QUEUES, "tenant_id")
-    celery_fair.install(app)
-    total = per_queue * len(QUEUES)
-    ids: set[str] = set()
-    with app.producer_or_acquire() as producer:
-        for i in range(total):
-            due = first_due + spread * i / max(total - 1, 1)
-            result = app.send_task(
-                "ledger", args=(1,), queue=QUEUES[i % len(QUEUES)], producer=producer,
-                kwargs={"tenant_id": f"k{(i // len(QUEUES)) % KEYS_PER_QUEUE}"},
-                eta=datetime.fromtimestamp(due, tz=timezone.utc),
-            )  # fmt: skip
-            ids.add(result.id)
-    app.close()
-    return ids
-
-
-def _scheduled(client: Any) -> int:
-    """Messages waiting in the queues' schedules."""
-    return sum(store.scheduled(client, KeyedNames(q)) for q in QUEUES)
-
-
-def _leftovers(client: Any) -> dict[str, int]:
-    """What is left on the broker: scheduled, waiting (lists and keys), unacknowledged."""
-    names = [KeyedNames(q) for q in QUEUES]
-    return {
-        "scheduled": _scheduled(client),
-        "queued": sum(int(client.llen(q)) for q in QUEUES)
-        + sum(store.waiting_keyed(client, names)),
-        "unacked": int(client.hlen("unacked")),
-        "unacked_index": int(client.zcard("unacked_index")),
-    }
-
-
-def classify_duplicates(
-    ids: set[str], starts: list[dict[str, Any]], ends: list[dict[str, Any]]
-) -> tuple[Counter[str], list[dict[str, Any]]]:
-    """Each extra run of a task, by what explains it (the classes of :data:`DUPLICATE_CLASSES`).
-
-    A run is a ``ledger:started`` record; it finished if ``ledger`` has an entry
-    with its id and start time.  Returns the extra runs per class and the
-    duplicated tasks' runs.
-    """
-    finished = {(e["id"], e["started"]): e["finished"] for e in ends}
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for start in starts:
-        if start["id"] in ids:
-            runs.setdefault(start["id"], []).append(start)
-    classes: Counter[str] = Counter(dict.fromkeys(DUPLICATE_CLASSES, 0))
-    details = []
-    for tid, each in runs.items():
-        if len(each) < 2:
-            continue
-        each.sort(key=lambda r: r["started"])
-        if sum(1 for r in each if not r["redelivered"]) > 1:
-            kind = "delivered twice"
-        elif (tid, each[0]["started"]) not in finished:
-            kind = "first run killed midway"
-        else:
-            kind = "first run finished, redelivered"
-        classes[kind] += len(each) - 1
-        details.append(
-            {
-                "id": tid,
-                "class": kind,
-                "runs": [{**r, "finished": finished.get((tid, r["started"]))} for r in each],
-            }
-        )
-    return classes, details
-
-
-#: Why a task ran more than once: its first run was killed before it finished
-#: (late acks: the message is restored); it finished but its message was
-#: restored and delivered again (its ack lost to a crash, or Kombu's restore of a
-#: closing channel's unacked messages); or it was delivered twice without any
-#: restore (two copies of one message: a defect, e.g. promoted twice).
-DUPLICATE_CLASSES = (
-    "first run killed midway",
-    "first run finished, redelivered",
-    "delivered twice",
-)
-
-
 def one_run(
     mode: str,
     tasks: int,
@@ -270,11 +179,10 @@ def one_run(
             # The first due a few seconds on, once the worker is up: every task
             # waits in a schedule at the start and comes due during the run.
             start = time.time()
-            ids = _schedule_tasks(
-                broker.url, per_queue, "CELERY_FAIR_KEYS" in MODES[mode], start + 3.0, spread
-            )
+            keyed = "CELERY_FAIR_KEYS" in MODES[mode]
+            ids = schedule_tasks(broker.url, QUEUES, per_queue, keyed, start + 3.0, spread)
             events["published_s"] = time.time() - start
-            events["scheduled_at_start"] = _scheduled(client)
+            events["scheduled_at_start"] = scheduled_count(client, QUEUES)
         elif "CELERY_FAIR_KEYS" in MODES[mode]:
             ids = _fill_keyed(broker.url, per_queue, priorities)
         else:
@@ -284,7 +192,7 @@ def one_run(
         try:
             _wait(lambda: ledger.llen("ledger") >= tasks // 3, 120, "first third")
             if scheduled:
-                events["scheduled_at_broker_kill"] = _scheduled(client)
+                events["scheduled_at_broker_kill"] = scheduled_count(client, QUEUES)
                 events["broker_kill"] = time.time()
             if broker_crash:
                 broker.restart(kill=True)
@@ -307,7 +215,7 @@ def one_run(
             if first.proc is not None and first.proc.poll() is None:
                 if scheduled:
                     with contextlib.suppress(redis_lib.RedisError):
-                        events["scheduled_at_worker_kill"] = _scheduled(client)
+                        events["scheduled_at_worker_kill"] = scheduled_count(client, QUEUES)
                     events["worker_kill"] = time.time()
                 os.killpg(first.proc.pid, signal.SIGKILL)
             first.wait(timeout=30)
@@ -322,8 +230,8 @@ def one_run(
                 # Then until nothing is left: a message of the killed worker that
                 # ran is restored past the visibility timeout and runs again.
                 with contextlib.suppress(TimeoutError):
-                    _wait(lambda: not any(_leftovers(client).values()), 30, "nothing left")
-        left = _leftovers(client) if scheduled else None
+                    _wait(lambda: not any(leftovers(client, QUEUES).values()), 30, "nothing left")
+        left = leftovers(client, QUEUES) if scheduled else None
         client.close()
     counts = ran()
     lost = len(ids - set(counts))
