@@ -20,6 +20,16 @@ each): the keyed fetch script and the restore to each key's list.
 last level) and the rest at 0; after the worker kill it restores the unacked
 messages itself and counts any found in a level not their priority's.
 
+``fair-scheduled`` and ``fair-keyed-scheduled`` (plain, then keyed queues)
+publish every task with an eta (``fair_eta = "broker"``): all wait in their
+queue's schedule at the start, due evenly over ``--spread`` seconds, so the
+broker and the worker are killed while the fetch moves due messages from the
+schedule into the queue.  Each run also records its start, so that a duplicate
+is classified: its first run was killed midway, or it finished and a
+redelivery (a restore from Kombu's unacked index) ran it again, or, a defect,
+two deliveries that were not redeliveries.  After the run the schedules,
+queues and unacked index must be empty.
+
     python -m bench.redis_crash_loss [--runs 10] [--tasks 1500] [--modes plain,fair,fair-keyed]
 """
 
@@ -39,6 +49,13 @@ import redis as redis_lib
 
 from celery_fair.keys import store
 from celery_fair.keys.layout import KeyedNames
+from tests.harness.crash import (
+    DUPLICATE_CLASSES,
+    classify_duplicates,
+    leftovers,
+    schedule_tasks,
+    scheduled_count,
+)
 from tests.harness.harness import WorkerProcess, fill_queues
 from tests.harness.redis import RedisServer
 
@@ -57,6 +74,15 @@ MODES: dict[str, dict[str, str]] = {
         "CELERY_FAIR_KEYS": "crash-a=tenant_id,crash-b=tenant_id",
     },
 }
+#: Every task sent with an eta, due over the run (``fair_eta = "broker"``).
+SCHEDULED = {
+    "fair-scheduled": {"CELERY_FAIR": "1"},
+    "fair-keyed-scheduled": {
+        "CELERY_FAIR": "1",
+        "CELERY_FAIR_KEYS": "crash-a=tenant_id,crash-b=tenant_id",
+    },
+}
+MODES.update(SCHEDULED)
 #: The priority levels of ``fair-keyed-priorities``: Celery priority -> Kombu's list suffix.
 LEVELS = {0: "", 9: "\x06\x169"}
 QUEUES = ["crash-a", "crash-b"]
@@ -121,10 +147,19 @@ def _restore_and_check_levels(url: str) -> dict[str, int]:
     return found
 
 
-def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
+def one_run(
+    mode: str,
+    tasks: int,
+    ledger_url: str,
+    *,
+    spread: float = 20.0,
+    broker_crash: bool = True,
+) -> dict[str, Any]:
     """One crash run; returns lost and duplicate counts."""
     ledger = redis_lib.Redis.from_url(ledger_url)
-    ledger.delete("ledger")
+    ledger.delete("ledger", "ledger:started")
+    scheduled = mode in SCHEDULED
+    events: dict[str, float] = {}
 
     def ran() -> Counter[str]:
         return Counter(json.loads(e)["id"] for e in ledger.lrange("ledger", 0, -1))
@@ -134,21 +169,34 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
         "CELERY_FAIR_LEDGER": ledger_url,
         "CELERY_FAIR_ACKS_LATE": "1",
         "CELERY_FAIR_VISIBILITY": "10",
+        **({"CELERY_FAIR_LEDGER_STARTS": "1"} if scheduled else {}),
     }
     with RedisServer(appendonly=True) as broker:
         per_queue = tasks // len(QUEUES)
         priorities = mode == "fair-keyed-priorities"
-        if "CELERY_FAIR_KEYS" in MODES[mode]:
+        client = redis_lib.Redis.from_url(broker.url)
+        if scheduled:
+            # The first due a few seconds on, once the worker is up: every task
+            # waits in a schedule at the start and comes due during the run.
+            start = time.time()
+            keyed = "CELERY_FAIR_KEYS" in MODES[mode]
+            ids = schedule_tasks(broker.url, QUEUES, per_queue, keyed, start + 3.0, spread)
+            events["published_s"] = time.time() - start
+            events["scheduled_at_start"] = scheduled_count(client, QUEUES)
+        elif "CELERY_FAIR_KEYS" in MODES[mode]:
             ids = _fill_keyed(broker.url, per_queue, priorities)
         else:
             fill_queues(broker.url, dict.fromkeys(QUEUES, per_queue), task="ledger", args=(1,))
-            client = redis_lib.Redis.from_url(broker.url)
             ids = {json.loads(r)["headers"]["id"] for q in QUEUES for r in client.lrange(q, 0, -1)}
-            client.close()
         first = WorkerProcess(broker.url, QUEUES, fair=mode != "plain", env=env).start()
         try:
             _wait(lambda: ledger.llen("ledger") >= tasks // 3, 120, "first third")
-            broker.restart(kill=True)
+            if scheduled:
+                events["scheduled_at_broker_kill"] = scheduled_count(client, QUEUES)
+                events["broker_kill"] = time.time()
+            if broker_crash:
+                broker.restart(kill=True)
+            events["broker_back"] = time.time()
             mark = ledger.llen("ledger")
             # The worker should rejoin and go on; if it exits or stalls instead,
             # the run goes on to the worker kill all the same (and says so).
@@ -165,6 +213,10 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
             resumed = ledger.llen("ledger") >= mark + tasks // 4
         finally:
             if first.proc is not None and first.proc.poll() is None:
+                if scheduled:
+                    with contextlib.suppress(redis_lib.RedisError):
+                        events["scheduled_at_worker_kill"] = scheduled_count(client, QUEUES)
+                    events["worker_kill"] = time.time()
                 os.killpg(first.proc.pid, signal.SIGKILL)
             first.wait(timeout=30)
         levels = _restore_and_check_levels(broker.url) if priorities else None
@@ -174,6 +226,13 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
             with contextlib.suppress(TimeoutError):
                 _wait(lambda: ids <= set(ran()), 70, "all ids")
             settle = time.monotonic() - started
+            if scheduled:
+                # Then until nothing is left: a message of the killed worker that
+                # ran is restored past the visibility timeout and runs again.
+                with contextlib.suppress(TimeoutError):
+                    _wait(lambda: not any(leftovers(client, QUEUES).values()), 30, "nothing left")
+        left = leftovers(client, QUEUES) if scheduled else None
+        client.close()
     counts = ran()
     lost = len(ids - set(counts))
     duplicates = sum(n - 1 for i, n in counts.items() if i in ids and n > 1)
@@ -185,7 +244,72 @@ def one_run(mode: str, tasks: int, ledger_url: str) -> dict[str, Any]:
         "resumed_after_restart": resumed,
         "worker_exited_at_restart": exited,
         **({"levels": levels} if levels is not None else {}),
+        **(_scheduled_report(ids, ledger, events, left) if left is not None else {}),
     }
+
+
+def _scheduled_report(
+    ids: set[str], ledger: Any, events: dict[str, float], left: dict[str, int]
+) -> dict[str, Any]:
+    starts = [json.loads(e) for e in ledger.lrange("ledger:started", 0, -1)]
+    ends = [json.loads(e) for e in ledger.lrange("ledger", 0, -1)]
+    classes, details = classify_duplicates(ids, starts, ends)
+    kills = [events[k] for k in ("broker_kill", "worker_kill") if k in events]
+    for each in details:
+        # How far from a kill the first run finished: its ack, sent just after,
+        # fails while the broker is down or the worker dead.
+        done = each["runs"][0]["finished"]
+        near = [abs(k - done) for k in kills if done is not None]
+        each["first_finished_from_kill_s"] = min(near) if near else None
+    return {
+        "events": events,
+        "left_after": left,
+        "duplicate_classes": dict(classes),
+        "unfinished_runs": len(starts) - len(ends),
+        "duplicated": details,
+    }
+
+
+def _scheduled_table(
+    modes: list[str], runs: dict[str, list[dict[str, Any]]], data: dict[str, Any]
+) -> list[str]:
+    """The scheduled modes' lines: scheduled at each kill, extra runs by class, leftovers."""
+    chosen = [m for m in modes if m in SCHEDULED]
+    if not chosen:
+        return []
+    lines = [
+        "",
+        'Scheduled modes: every task sent with an eta (`fair_eta = "broker"`), all in '
+        "their queue's schedule at the start and due evenly over the run.",
+        "",
+        "| mode | runs | in the schedule at the broker kill (min, max) "
+        "| at the worker kill (min, max) "
+        + "".join(f"| extra runs: {c} (total) " for c in DUPLICATE_CLASSES)
+        + "| first run finished, redelivered: its finish from the nearest kill (max) "
+        + "| runs leaving anything scheduled, queued or unacked |",
+        "|---|---|---|---|" + "---|" * len(DUPLICATE_CLASSES) + "---|---|",
+    ]
+    for mode in chosen:
+        each = runs[mode]
+        at_broker = [r["events"].get("scheduled_at_broker_kill", 0) for r in each]
+        at_worker = [r["events"].get("scheduled_at_worker_kill", 0) for r in each]
+        totals = {c: sum(r["duplicate_classes"][c] for r in each) for c in DUPLICATE_CLASSES}
+        leftover = sum(1 for r in each if any(r["left_after"].values()))
+        gaps = [
+            d["first_finished_from_kill_s"]
+            for r in each
+            for d in r["duplicated"]
+            if d["class"] == "first run finished, redelivered"
+        ]
+        gap = "-" if not gaps else "unfinished" if None in gaps else f"{max(gaps) * 1000:.0f} ms"
+        data["modes"][mode].update(duplicate_classes=totals, runs_with_leftovers=leftover)
+        lines.append(
+            f"| {mode} | {len(each)} | {min(at_broker)}, {max(at_broker)} "
+            f"| {min(at_worker)}, {max(at_worker)} | "
+            + "".join(f"{totals[c]} | " for c in DUPLICATE_CLASSES)
+            + f"{gap} | {leftover} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=1500)
     parser.add_argument("--modes", default="plain,fair")
     parser.add_argument("--name", default="redis_crash_loss")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=20.0,
+        help="scheduled modes: seconds over which tasks come due",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
@@ -204,12 +334,19 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.runs):
             order = modes if rep % 2 == 0 else modes[::-1]
             for mode in order:
-                result = one_run(mode, args.tasks, ledger_server.url)
+                result = one_run(mode, args.tasks, ledger_server.url, spread=args.spread)
                 runs[mode].append(result)
                 print(
                     f"run {rep + 1}/{args.runs} {mode:>10}: lost {result['lost']}, "
                     + (f"levels {result['levels']}, " if "levels" in result else "")
                     + f"duplicates {result['duplicates']} of {result['tasks']}"
+                    + (
+                        f", classes {result['duplicate_classes']}, left {result['left_after']}, "
+                        f"scheduled at the kills {result['events'].get('scheduled_at_broker_kill')}"
+                        f"/{result['events'].get('scheduled_at_worker_kill')}"
+                        if "duplicate_classes" in result
+                        else ""
+                    )
                     + ("" if result["resumed_after_restart"] else ", stalled after the restart")
                     + (", worker exited" if result["worker_exited_at_restart"] else ""),
                     flush=True,
@@ -234,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{summary([float(d) for d in dups])['median']:.0f}, {max(dups)} | "
             f"{sum(1 for r in runs[mode] if not r['resumed_after_restart'])} |"
         )
+    table += _scheduled_table(modes, runs, data)
     levels = [r["levels"] for m in modes for r in runs[m] if "levels" in r]
     if levels:
         restored = sum(x["restored"] for x in levels)
@@ -250,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             "# Broker crash, then worker crash: tasks lost (Redis, AOF always, late acks)",
             "",
             f"`python -m bench.redis_crash_loss --runs {args.runs} --tasks {args.tasks} "
-            f"--modes {args.modes}`",
+            f"--modes {args.modes}"
+            + (f" --spread {args.spread:g}" if any(m in SCHEDULED for m in modes) else "")
+            + (f" --name {args.name}" if args.name != "redis_crash_loss" else "")
+            + "`",
             "",
             f"{args.tasks} tasks per run; the broker is SIGKILLed after a third ran and "
             "restarted on the same data; the worker is SIGKILLed a quarter later and "

@@ -15,6 +15,7 @@ and celery-fair side by side:
 ``CELERY_FAIR_PREFETCH``  the ``fair_prefetch`` setting (``auto`` or a number)
 ``CELERY_FAIR_PREFETCH_MULTIPLIER``  ``worker_prefetch_multiplier``
 ``CELERY_FAIR_LEDGER``  Redis URL where the ``ledger`` task records each run
+``CELERY_FAIR_LEDGER_STARTS``  "1": the ``ledger`` task also records each start (``ledger:started``)
 ``CELERY_FAIR_SLOW_MS``  extra milliseconds every ``ledger`` task sleeps here
 ``CELERY_FAIR_SLOW_FROM``  wall time (epoch seconds) from which the slowdown applies
 ``CELERY_FAIR_ACKS_LATE``  "1": acknowledge after the task ran (``task_acks_late``)
@@ -216,21 +217,27 @@ def ledger(
     The entry names the task, the worker, the queue it came from, its tenant
     (``tenant_id``, the key the showcase routes by; ``user_id``, a user within
     it for two-level keys), when it was published and
-    when it started and finished.  A per-tenant counter in the hash
+    when it started and finished, and whether the message was redelivered
+    (restored from Kombu's unacked index).  A per-tenant counter in the hash
     ``ledger:tenants`` lets a driver follow progress without reading the list.
     """
     import json
 
     started = time.time()
+    url = os.environ.get("CELERY_FAIR_LEDGER")
+    request = self.request  # type: ignore[attr-defined]
+    delivery = getattr(request, "delivery_info", None) or {}
+    redelivered = bool(delivery.get("redelivered"))
+    if url and os.environ.get("CELERY_FAIR_LEDGER_STARTS") == "1":
+        # Before the run: a start with no entry in ``ledger`` is a run killed midway.
+        start = {"id": request.id, "started": started, "redelivered": redelivered}
+        _ledger_client(url).rpush("ledger:started", json.dumps(start))  # type: ignore[attr-defined]
     slow = float(os.environ.get("CELERY_FAIR_SLOW_MS", "0") or 0)
     if started < float(os.environ.get("CELERY_FAIR_SLOW_FROM", "0") or 0):
         slow = 0.0
     if ms or slow:
         time.sleep((ms + slow) / 1000.0)
-    url = os.environ.get("CELERY_FAIR_LEDGER")
     if url:
-        request = self.request  # type: ignore[attr-defined]
-        delivery = getattr(request, "delivery_info", None) or {}
         entry = {
             "id": request.id,
             "worker": request.hostname,
@@ -241,6 +248,7 @@ def ledger(
             "tenant": tenant_id,
             "user": user_id,
             "queue": delivery.get("routing_key"),
+            "redelivered": redelivered,
         }
         pipe = _ledger_client(url).pipeline(transaction=False)  # type: ignore[attr-defined]
         pipe.rpush("ledger", json.dumps(entry))
