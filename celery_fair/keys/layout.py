@@ -125,6 +125,10 @@ CONFIGURED_MARK = "configured"
 SCHEDULE = "fair.eta"
 #: Sorted set, per keyed queue: key -> how many of its messages wait in the schedule.
 SCHEDULED_KEYS = "fair.etakeys"
+#: String, per queue: the due time of a message scheduled ahead of every other, written
+#: only then.  Idle fetches watch it, not the schedule: a message due after the
+#: next one changes nothing for them (they wake when the next one is due).
+SCHEDULE_NEXT = "fair.etanext"
 #: The most scheduled messages of one queue a fetch moves into it (due ones, oldest first):
 #: a large backlog coming due at once is moved over several fetches, none of them long.
 ETA_BATCH = 100
@@ -246,6 +250,11 @@ class KeyedNames:
     def schedule(self) -> str:
         """Sorted set: the queue's scheduled messages (envelopes) by due time."""
         return self._name(SCHEDULE)
+
+    @property
+    def schedule_next(self) -> str:
+        """String: the due time of the last message scheduled ahead of all others."""
+        return self._name(SCHEDULE_NEXT)
 
     @property
     def scheduled_keys(self) -> str:

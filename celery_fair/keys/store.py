@@ -254,7 +254,7 @@ def purge_schedule(client: Any, names: KeyedNames) -> int:
     message scheduled between the count and the delete is deleted uncounted.
     """
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(names.schedule).delete(names.schedule, names.scheduled_keys)
+    pipe.zcard(names.schedule).delete(names.schedule, names.scheduled_keys, names.schedule_next)
     count, _ = pipe.execute()
     return int(count)
 

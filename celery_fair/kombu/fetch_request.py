@@ -70,7 +70,7 @@ class FetchRequest:
         # Every queue's schedule (fair_eta="broker"): its due messages move in
         # before the pop, and a message scheduled sooner wakes an idle fetch.
         bases = [self.prefix + queue for queue in dict.fromkeys(queues)]
-        watched += [self._keyed_names(queue).schedule for queue in dict.fromkeys(queues)]
+        watched += [self._keyed_names(queue).schedule_next for queue in dict.fromkeys(queues)]
         malformed = [self._malformed_key(key) for key in keys]  # cached per key
         argv = fetch_args(
             words,

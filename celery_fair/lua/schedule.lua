@@ -16,7 +16,14 @@ if cap and key ~= N.UNKEYED then
   local waiting = tonumber(redis.call('ZSCORE', kname(base, N.SIZES), key)) or 0
   if waiting >= cap then return {'full', waiting} end
 end
-redis.call('ZADD', kname(base, N.SCHEDULE), due, envelope)
+local sched = kname(base, N.SCHEDULE)
+local first = redis.call('ZRANGE', sched, 0, 0, 'WITHSCORES')
+redis.call('ZADD', sched, due, envelope)
+if #first == 0 or tonumber(due) < tonumber(first[2]) then
+  -- Due before every other: idle fetches watch this key (fetch.lua), and
+  -- wake to wait for this one instead.
+  redis.call('SET', kname(base, N.SCHEDULE_NEXT), due)
+end
 if key ~= N.UNKEYED and key ~= '' then
   redis.call('ZINCRBY', kname(base, N.SCHEDULED_KEYS), 1, key)
 end

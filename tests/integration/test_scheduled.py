@@ -61,7 +61,7 @@ def fetch(client: Any, queue: str, word: str = "-") -> Any:
         scripts.FETCH.text,
         5,
         queue, queue + ".fair-malformed", "unacked", "unacked_index",
-        KeyedNames(queue, SEP).schedule,
+        KeyedNames(queue, SEP).schedule_next,
         *store.fetch_args([word], sep=SEP, now=time.time(), schedules=[queue]),
     )  # fmt: skip
 
@@ -483,3 +483,35 @@ def test_rolling_back_to_plain_workers_with_unschedule_runs_every_task_once(
             assert eta is not None and r["start"] >= eta, r
     finally:
         worker.stop()
+
+
+def test_only_a_message_due_before_every_other_touches_what_idle_fetches_watch(
+    client: Any,
+) -> None:
+    """Idle fetches watch ``schedule_next``: a message due later than the next changes
+    nothing for them (they wake when the next is due), so it must not wake them."""
+    names = KeyedNames(PLAIN, SEP)
+    now = time.time()
+    store.schedule(client, names, now + 60, payload(1))
+    assert float(client.get(names.schedule_next)) == pytest.approx(now + 60)
+
+    def untouched_while(action: Any) -> bool:
+        """Whether ``action`` left the watched key unwritten (WATCH sees any write)."""
+        with client.pipeline() as pipe:
+            pipe.watch(names.schedule_next)
+            action()
+            pipe.multi()
+            pipe.get(names.schedule_next)
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                return False
+            return True
+
+    # Later than the next: no write to the watched key.
+    assert untouched_while(lambda: store.schedule(client, names, now + 120, payload(2)))
+    assert float(client.get(names.schedule_next)) == pytest.approx(now + 60)
+    # Sooner: written, so the watchers wake.
+    assert not untouched_while(lambda: store.schedule(client, names, now + 30, payload(9)))
+    assert float(client.get(names.schedule_next)) == pytest.approx(now + 30)
+    assert store.scheduled(client, names) == 3
