@@ -30,7 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="A,B,C,D", help="comma-separated, e.g. A,D")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="the demo's short versions")
-    parser.add_argument("--flood", type=int, default=None, help="scenario A's burst size")
+    parser.add_argument(
+        "--flood", type=int, default=None, help="scenario A's (and K's, KS's) burst size"
+    )
+    parser.add_argument(
+        "--due-after",
+        type=float,
+        default=None,
+        help="scenario KS: the flood's eta, seconds after its burst starts",
+    )
     parser.add_argument(
         "--modes", default=None, help="only these modes, e.g. fair,fair-isolated (default: all)"
     )
@@ -40,14 +48,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     scenarios = tuple(s.strip().upper() for s in args.scenarios.split(",") if s.strip())
-    if "K" in scenarios and args.broker != "redis":
-        parser.error("--scenarios K: fairness keys need the Redis broker; use I on RabbitMQ")
+    if {"K", "KS"} & set(scenarios) and args.broker != "redis":
+        parser.error("--scenarios K, KS: fairness keys need the Redis broker; use I on RabbitMQ")
     modes = tuple(m.strip() for m in args.modes.split(",")) if args.modes else None
     config = (ShowcaseConfig.quick if args.quick else ShowcaseConfig)(
         scenarios=scenarios, reps=args.reps, modes=modes
     )
     if args.flood is not None:
-        config = replace(config, flood=replace(config.flood, flood=args.flood))
+        config = replace(
+            config,
+            flood=replace(config.flood, flood=args.flood),
+            scheduled=replace(config.scheduled, flood=args.flood),
+        )
+    if args.due_after is not None:
+        config = replace(config, scheduled=replace(config.scheduled, due_after=args.due_after))
     name = args.name or f"noisy_neighbour_{args.broker}" + ("_quick" if args.quick else "")
     if args.resummarise:
         # Rebuild the tables and the chart from the runs stored in the JSON file.
@@ -58,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer() as ledger_server, server_for(args.broker) as broker:
         live.line(f"{args.broker} on 127.0.0.1, ledger on its own redis-server; {name}")
         runs = run_showcase(config, broker.url, ledger_server.url, live)
-    stored_config = {**config.to_dict(), "modes_arg": args.modes}
+    stored_config = {
+        **config.to_dict(),
+        "modes_arg": args.modes,
+        "flood_arg": args.flood,
+        "due_after_arg": args.due_after,
+    }
     publish(name, args.broker, stored_config, runs, environment(), quick=args.quick)
     return 0
 
@@ -96,6 +115,8 @@ def publish(
     flags = f"--broker {broker} --scenarios {','.join(config['scenarios'])} --reps {reps}"
     flags += " --quick" if quick else ""
     flags += f" --modes {config['modes_arg']}" if config.get("modes_arg") else ""
+    flags += f" --flood {config['flood_arg']}" if config.get("flood_arg") is not None else ""
+    flags += f" --due-after {config['due_after_arg']:g}" if config.get("due_after_arg") else ""
     default_name = f"noisy_neighbour_{broker}" + ("_quick" if quick else "")
     flags += f" --name {name}" if name != default_name else ""
     loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
@@ -141,6 +162,20 @@ def _setup(config: dict[str, Any]) -> str:
             f"{f['flood']:,} tasks; every tenant publishes to one queue keyed by `tenant_id` "
             "(`fair_keys`), against plain Celery with the same one queue (a FIFO) and with "
             "A's shard queues."
+        )
+    if "KS" in ran:
+        s = config["KS"]
+        parts.append(
+            f"KS (fair when due): as K ({s['baseline']:g} s unloaded, one worker "
+            f"`-P prefork -c {s['concurrency']}` with Celery's defaults), but the flood's "
+            f"{s['flood']:,} tasks are all published with one eta, {s['due_after']:g} s after "
+            "the burst starts (a few seconds after it is published), while the quiet tenants "
+            "go on sending tasks without one. Plain Celery (one queue) and celery-fair's keyed "
+            "queue with Celery's `fair_eta` default (`worker`) deliver the flood at once and the "
+            "worker holds it until due; with `fair_eta` `broker` on the producer it waits in the "
+            "queue's schedule and joins the flood tenant's key when due. *During the flood* "
+            "counts quiet tasks published from the due time until the flood's last task "
+            "started; throughput is counted from the due time."
         )
     if "I" in ran:
         parts.append(

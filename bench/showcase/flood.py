@@ -1,4 +1,4 @@
-"""Scenarios A and D: one tenant floods while quiet tenants trickle.
+"""Scenarios A, D, K and KS: one tenant floods while quiet tenants trickle.
 
 One run, for one mode (:data:`~bench.showcase.layout.MODES`):
 
@@ -14,9 +14,13 @@ One run, for one mode (:data:`~bench.showcase.layout.MODES`):
 4. the trickle stops, the run waits until every published task is in the
    ledger, and the workers are stopped.
 
+With ``due_after`` (scenario KS) the burst's tasks are all published with
+one eta, ``due_after`` seconds after the flood's start (a few seconds after
+the burst is published): the *flood phase* then begins when they come due.
+
 Waits are publish -> start from the ledger, per quiet tenant and phase; the
 flood's throughput is its task count over the time from its first publish
-to its last finish. The ledger also proves that no task was lost or run
+(or its due time) to its last finish. The ledger also proves that no task was lost or run
 twice and that every task ran from its tenant's queue.
 """
 
@@ -72,6 +76,10 @@ class FloodParams:
     # full-speed publisher takes a core from the worker and the broker.
     burst_nice: int = 19
     telemetry_dir: str | None = None  # fair modes: the workers' fair_telemetry_dir
+    # Scenario KS: every flood task is published with eta = the flood's start +
+    # this many seconds (0: no eta). The burst should be published by then: the
+    # record's flood.due_margin says by how much it was (negative: it was not).
+    due_after: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The parameters as a plain record (for result files)."""
@@ -148,6 +156,9 @@ def run_flood(
             raise TimeoutError("workers took too long to start for the planned slowdown")
         marks["counted_from"] = min(ready + params.settle, flood_at - 1.0)
         marks["flood_at"] = flood_at
+        due = flood_at + params.due_after if params.due_after else None
+        if due is not None:
+            marks["flood_due"] = due
         total_rate = params.rate * len(layout.quiet)
         flooder: Any = None  # the burst's process
         fork = multiprocessing.get_context("fork")
@@ -156,7 +167,7 @@ def run_flood(
         t0 = time.time()
         next_report = 0.0
         drained_at: float | None = None
-        deadline = flood_at + params.timeout
+        deadline = (due or flood_at) + params.timeout
         with producer.app.producer_pool.acquire(block=True) as prod:
             while drained_at is None:
                 now = time.time()
@@ -169,7 +180,7 @@ def run_flood(
                     marks["flood_published_from"] = time.time()
                     flooder = fork.Process(
                         target=_burst,
-                        args=(broker_url, layout, mode, params, flood_ids, published_to),
+                        args=(broker_url, layout, mode, params, flood_ids, published_to, due),
                         name="celery-fair-showcase-burst",
                         daemon=True,
                     )
@@ -181,6 +192,8 @@ def run_flood(
                     quiet_done = sum(v for t, v in counts.items() if t != layout.flood)
                     if progress is not None:
                         phase = "unloaded" if flooder is None else "flood"
+                        if due is not None and flooder is not None and now < due:
+                            phase = "not due"
                         progress(
                             f"{phase:8} flood {done:6}/{params.flood} started, "
                             f"quiet {quiet_done:5}/{len(published):5}"
@@ -204,7 +217,7 @@ def run_flood(
             marks["flood_published_to"] = float(published_to.value)
         marks["drained_at"] = drained_at
         for tid in flood_ids:
-            published[tid] = (layout.flood, marks["flood_published_from"])
+            published[tid] = (layout.flood, due or marks["flood_published_from"])
         complete = ledger.wait_for(len(published), timeout=120, alive=workers)
         marks["complete"] = float(complete)
     finally:
@@ -223,13 +236,14 @@ def _burst(
     params: FloodParams,
     ids: list[str],
     published_to: Any,
+    due: float | None = None,
 ) -> None:
-    """The burst's process: publish one flood task per id, then note the time."""
+    """The burst's process: publish one flood task per id (eta ``due``), then note the time."""
     if params.burst_nice:
         os.nice(params.burst_nice)
     producer = TenantProducer(broker_url, layout, mode)
     try:
-        producer.burst(layout.flood, params.task_ms, ids)
+        producer.burst(layout.flood, params.task_ms, ids, eta=due)
     finally:
         producer.close()
     published_to.value = time.time()
@@ -264,6 +278,11 @@ def analyse_flood(
     within twice the unloaded p99 of all quiet tenants of the same run (a
     tenant's own unloaded phase holds too few tasks for a p99).
 
+    With ``marks["flood_due"]`` (scenario KS: the flood's tasks all have that
+    eta) the flood phase begins at the due time instead, the flood's rates are
+    counted from it, and quiet tasks published between the flood's start and
+    its due time (while it is published and waits) are ``quiet_others_before_due``.
+
     Two measurements separate what the worker does from what the test rig
     costs (both were measured on a 2-core machine on RabbitMQ):
 
@@ -297,17 +316,22 @@ def analyse_flood(
     flood_start = float(marks["flood_at"] or 0.0)
     counted_from = float(marks["counted_from"] or 0.0)
     flood_published = float(marks.get("flood_published_from") or flood_start)
+    due = marks.get("flood_due")
+    loaded_from = float(due) if due is not None else flood_start
     last_flood_start = max((e.started for e in flood_runs), default=math.nan)
     last_flood_finish = max((e.finished for e in flood_runs), default=math.nan)
     unloaded: dict[str, list[Entry]] = {t: [] for t in layout.quiet}
     loaded: dict[str, list[Entry]] = {t: [] for t in layout.quiet}
+    not_due: dict[str, list[Entry]] = {t: [] for t in layout.quiet}
     for e in first.values():
         if e.tenant not in unloaded or e.published is None:
             continue
         if counted_from <= e.published < flood_start:
             unloaded[e.tenant].append(e)
-        elif flood_start <= e.published < last_flood_start:
+        elif loaded_from <= e.published < last_flood_start:
             loaded[e.tenant].append(e)
+        elif flood_start <= e.published < loaded_from:
+            not_due[e.tenant].append(e)
     all_unloaded = [w for t in layout.quiet for w in _waits(unloaded[t])]
     base = _p(all_unloaded)
     neighbours = set(layout.neighbours)
@@ -324,7 +348,8 @@ def analyse_flood(
     others = [t for t in layout.quiet if t not in neighbours]
     other_waits = [w for t in others for w in _waits(loaded[t])]
     neighbour_waits = [w for t in neighbours for w in _waits(loaded[t])]
-    drain = last_flood_finish - flood_published
+    drain_from = loaded_from if due is not None else flood_published
+    drain = last_flood_finish - drain_from
     published_to = float(marks.get("flood_published_to") or flood_published)
     publishing: list[float] = []
     after: dict[str, list[float]] = {t: [] for t in others}
@@ -333,7 +358,7 @@ def analyse_flood(
             if e.published is None or e.wait is None:
                 continue
             (publishing if e.published < published_to else after[t]).append(e.wait)
-    in_window = [e for e in first.values() if flood_published <= e.finished <= last_flood_finish]
+    in_window = [e for e in first.values() if drain_from <= e.finished <= last_flood_finish]
     quiet_served = sum(1 for e in in_window if e.tenant != layout.flood)
     requeued = sum(1 for e in first.values() if e.requeues > 0)
     return {
@@ -352,12 +377,23 @@ def analyse_flood(
             "worker_throughput": len(in_window) / drain if drain > 0 else math.nan,
             "quiet_served": quiet_served / drain if drain > 0 else math.nan,
             "publish_seconds": published_to - flood_published,
+            # KS: seconds from the burst's last publish to its due time; flood
+            # tasks that started before it (must be none); its first start after it.
+            "due_margin": loaded_from - published_to if due is not None else math.nan,
+            "early": sum(1 for e in flood_runs if e.started < loaded_from)
+            if due is not None
+            else 0,
+            "first_start_after_due": min((e.started for e in flood_runs), default=math.nan)
+            - loaded_from
+            if due is not None
+            else math.nan,
         },
         "unloaded": base,
         "quiet_others": _p(other_waits),
         "neighbours": _p(neighbour_waits),
         "quiet_others_publishing": _p(publishing),
         "quiet_others_after": _p([w for t in others for w in after[t]]),
+        "quiet_others_before_due": _p([w for t in others for w in _waits(not_due[t])]),
         "within_2x_others_after": sum(
             1 for t in others if after[t] and percentile(after[t], 0.99) <= 2 * base["p99"]
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from celery_fair.routing import ConsistentHashRouter, HashRing
@@ -41,6 +42,9 @@ class Mode:
     ``isolate_noisy``: the router isolates a noisy tenant by itself
     (``ConsistentHashRouter(isolate=...)``) to :data:`AUTO_ISOLATED_QUEUE`,
     which the workers consume at a low weight.
+    ``broker_eta``: the producer sets ``fair_eta = "broker"`` (Redis only): a
+    task with a future eta waits in its queue's schedule on the broker, not in
+    the worker (scenario KS).
     """
 
     name: str
@@ -51,6 +55,7 @@ class Mode:
     isolate_flood: bool = False
     keyed: bool = False
     isolate_noisy: bool = False
+    broker_eta: bool = False
 
 
 #: The deployments the showcase compares. ``fair-codel`` adds CoDel and the
@@ -85,6 +90,17 @@ MODES: dict[str, Mode] = {
             sharded=False,
             env={"CELERY_FAIR_KEYS": f"{SHARED_QUEUE}=tenant_id"},
             keyed=True,
+        ),
+        # The same worker: every celery-fair fetch promotes due messages, whatever
+        # the worker's own fair_eta; only the producer sends to the schedule.
+        Mode(
+            "fair-keyed-eta",
+            'celery-fair, keyed queue, fair_eta="broker"',
+            fair=True,
+            sharded=False,
+            env={"CELERY_FAIR_KEYS": f"{SHARED_QUEUE}=tenant_id"},
+            keyed=True,
+            broker_eta=True,
         ),
         Mode(
             "fair-isolating",
@@ -211,23 +227,40 @@ class TenantProducer:
             self.app.conf.task_default_queue = SHARED_QUEUE
         if mode.keyed:
             self.app.conf.fair_keys = {SHARED_QUEUE: "tenant_id"}
+        if mode.broker_eta:
+            self.app.conf.fair_eta = "broker"
         celery_fair.install(self.app)  # stamps the publish time into every message
         self._lock = threading.Lock()
 
     def send(
-        self, tenant: str, ms: float, *, producer: Any = None, task_id: str | None = None
+        self,
+        tenant: str,
+        ms: float,
+        *,
+        producer: Any = None,
+        task_id: str | None = None,
+        eta: float | None = None,
     ) -> str:
-        """Publish one ``ledger(ms, tenant_id=tenant)`` task; returns its id."""
+        """Publish one ``ledger(ms, tenant_id=tenant)`` task; returns its id.
+
+        ``eta``: not before this time (epoch seconds), as ``apply_async(eta=...)``.
+        """
+        when = None if eta is None else datetime.fromtimestamp(eta, timezone.utc)
         result = self.app.send_task(
-            "ledger", args=(ms,), kwargs={"tenant_id": tenant}, producer=producer, task_id=task_id
+            "ledger",
+            args=(ms,),
+            kwargs={"tenant_id": tenant},
+            producer=producer,
+            task_id=task_id,
+            eta=when,
         )
         return str(result.id)
 
-    def burst(self, tenant: str, ms: float, ids: Sequence[str]) -> None:
-        """Publish one task for ``tenant`` per id in ``ids``, as fast as possible."""
+    def burst(self, tenant: str, ms: float, ids: Sequence[str], eta: float | None = None) -> None:
+        """Publish one task for ``tenant`` per id in ``ids``, as fast as possible, with ``eta``."""
         with self.app.producer_pool.acquire(block=True) as producer:
             for task_id in ids:
-                self.send(tenant, ms, producer=producer, task_id=task_id)
+                self.send(tenant, ms, producer=producer, task_id=task_id, eta=eta)
 
     def declare(self, queues: Sequence[str]) -> None:
         """Declare the queues (so a worker's first poll finds them on every broker)."""

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from .flood import FloodParams, run_flood
 from .layout import MODES, TenantLayout
 from .shares import HEAVY_MODES, TIER_MODES, HeavyParams, TierParams, run_heavy, run_tiers
+from .summary import FLOOD_SCENARIOS
 
 __all__ = ("SCENARIO_MODES", "LABELS", "Live", "ShowcaseConfig", "run_showcase", "server_for")
 
@@ -32,6 +33,10 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     # the quiet tenants while the flood drains, which flatters the flood's rate;
     # the sharded deployment serves them as the keyed queue does.
     "K": ("plain-shared", "plain-sharded", "fair-keyed"),
+    # Fair when due: K with the flood's tasks all scheduled for one second (eta).
+    # Plain Celery and fair-keyed hold them in the worker until due; with
+    # fair_eta="broker" they wait on the broker and join the flood's key when due.
+    "KS": ("plain-shared", "fair-keyed", "fair-keyed-eta"),
     # The router isolates the noisy tenant by itself (every broker).
     "I": ("plain-sharded", "fair", "fair-isolating"),
 }
@@ -56,6 +61,9 @@ class ShowcaseConfig:
     slow: FloodParams = field(
         default_factory=lambda: FloodParams(flood=8_000, workers=2, slow_ms=27.0, baseline=4.0)
     )
+    # KS: K's flood, every task due 30 s after the burst starts (publishing 20,000
+    # tasks to the schedule at nice 19 takes about 20 s on a small machine).
+    scheduled: FloodParams = field(default_factory=lambda: FloodParams(due_after=30.0))
     heavy: HeavyParams = field(default_factory=HeavyParams)
     tiers: TierParams = field(default_factory=TierParams)
     telemetry_dir: str | None = None  # fair runs of A and D write telemetry here
@@ -67,6 +75,7 @@ class ShowcaseConfig:
         return cls(
             flood=FloodParams(flood=3_000, baseline=3.0),
             slow=FloodParams(flood=2_000, workers=2, slow_ms=27.0, baseline=3.0),
+            scheduled=FloodParams(flood=3_000, baseline=3.0, due_after=5.0),
             heavy=HeavyParams(target=800, warmup=100),
             tiers=TierParams(target=1_000, warmup=200),
             **kw,
@@ -94,6 +103,7 @@ class ShowcaseConfig:
             "B": self.heavy.to_dict(),
             "C": self.tiers.to_dict(),
             "D": self.slow.to_dict(),
+            "KS": self.scheduled.to_dict(),
         }
 
 
@@ -138,7 +148,7 @@ def server_for(broker: str) -> Any:
 
 
 def _one_line(scenario: str, mode: str, r: dict[str, Any]) -> str:
-    if scenario in ("A", "D", "K", "I"):
+    if scenario in FLOOD_SCENARIOS:
         o = r["quiet_others"]
         return (
             f"others p50 {o['p50'] * 1000:7.1f} ms p99 {o['p99'] * 1000:8.1f} ms "
@@ -210,8 +220,8 @@ def _run(
         shares = " ".join(f"{q} {n / total:4.0%}" for q, n in consumed.items())
         status(f"{elapsed:5.1f}s {total:6} tasks  {shares}")
 
-    if scenario in ("A", "D", "K", "I"):
-        params = config.slow if scenario == "D" else config.flood
+    if scenario in FLOOD_SCENARIOS:
+        params = {"D": config.slow, "KS": config.scheduled}.get(scenario, config.flood)
         if MODES[mode].fair and config.telemetry_dir:
             params = replace(params, telemetry_dir=config.telemetry_dir)
         return run_flood(broker_url, ledger_url, config.layout, MODES[mode], params, status)

@@ -18,6 +18,9 @@ from tests.harness.ledger import spread
 
 __all__ = ("markdown", "summarise", "terminal", "write_chart")
 
+#: Scenarios whose records come from :func:`~bench.showcase.flood.run_flood`.
+FLOOD_SCENARIOS = ("A", "D", "K", "KS", "I")
+
 #: Scalar fields of a flood record summarised over repetitions ("a.b" is a nested field).
 FLOOD_FIELDS = (
     "unloaded.p99",
@@ -32,6 +35,10 @@ FLOOD_FIELDS = (
     "flood.publish_seconds",
     "quiet_others_publishing.p99",
     "quiet_others_after.p99",
+    "quiet_others_before_due.p99",
+    "flood.due_margin",
+    "flood.early",
+    "flood.first_start_after_due",
     "within_2x_others_after",
     "within_2x",
     "within_2x_others",
@@ -44,6 +51,7 @@ SCENARIO_TITLES = {
     "C": "C. Tiers",
     "D": "D. Slow worker during the flood",
     "K": "K. Flood inside one queue keyed by tenant",
+    "KS": "KS. Fair when due: K's flood scheduled for one second",
     "I": "I. Flood, the router isolating the noisy tenant",
 }
 
@@ -167,6 +175,7 @@ MODE_ORDER = (
     "fair",
     "fair-isolated",
     "fair-keyed",
+    "fair-keyed-eta",
     "fair-isolating",
     "fair-runtime",
     "fair-codel",
@@ -181,7 +190,8 @@ def _ordered(modes: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[s
 def summarise(runs: Mapping[str, Mapping[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Summaries of every scenario that has runs."""
     makers = {"A": summarise_flood, "B": summarise_heavy, "C": summarise_tiers,
-              "D": summarise_flood, "K": summarise_flood, "I": summarise_flood}  # fmt: skip
+              "D": summarise_flood, "K": summarise_flood, "KS": summarise_flood,
+              "I": summarise_flood}  # fmt: skip
     return {s: makers[s](_ordered(runs[s])) for s in sorted(runs)}
 
 
@@ -235,6 +245,20 @@ def _flood_table(s: dict[str, Any], labels: Mapping[str, str]) -> list[str]:
         worker, publish = d["flood.worker_throughput"], d["flood.publish_seconds"]
         if math.isnan(worker["median"]):
             continue
+        margin = d.get("flood.due_margin", {"median": math.nan})
+        if not math.isnan(margin["median"]):
+            # KS: the flood was published with one eta; its phase starts when due.
+            lines.append(
+                f"- {labels.get(mode, mode)}: the burst was published in "
+                f"{publish['median']:.1f} s, "
+                f"{margin['median']:.1f} s [{margin['min']:.1f}, {margin['max']:.1f}] before "
+                f"its due time; others p99 {_ms(d['quiet_others_before_due.p99'])} meanwhile. "
+                f"From the due time the worker ran {worker['median']:.0f} tasks/s, "
+                f"{d['flood.quiet_served']['median']:.0f}/s of them quiet tenants'; the flood's "
+                f"first task started {_ms(d['flood.first_start_after_due'])} after it was due, "
+                f"{d['flood.early']['max']:.0f} before."
+            )
+            continue
         lines.append(
             f"- {labels.get(mode, mode)}: the worker ran {worker['median']:.0f} tasks/s during "
             f"the flood, {d['flood.quiet_served']['median']:.0f}/s of them quiet tenants'; "
@@ -273,12 +297,18 @@ def markdown(
     """Markdown tables of every summarised scenario (medians, [min, max] over repetitions)."""
     h = "#" * heading
     lines: list[str] = []
-    for scenario in ("A", "B", "C", "D", "K", "I"):
+    for scenario in ("A", "B", "C", "D", "K", "KS", "I"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         lines += [f"{h} {SCENARIO_TITLES[scenario]}", ""]
-        if scenario in ("A", "D", "K", "I"):
+        if scenario in FLOOD_SCENARIOS:
+            if scenario == "KS":
+                lines += [
+                    "*During the flood*: quiet tasks published from the flood's due time until "
+                    "its last task started; flood rates are counted from the due time.",
+                    "",
+                ]
             lines += [
                 "Waits are publish -> start. *Others*: quiet tenants on shards other than the "
                 "flood's; *flood-shard*: quiet tenants that hash to the flood's shard. "
@@ -380,12 +410,12 @@ def _cell(d: Mapping[str, float], scale: float = 1000.0, unit: str = "ms") -> st
 def terminal(summary: Mapping[str, Any], labels: Mapping[str, str]) -> str:
     """Compact side-by-side tables for a terminal (medians)."""
     out: list[str] = []
-    for scenario in ("A", "B", "C", "D", "K", "I"):
+    for scenario in ("A", "B", "C", "D", "K", "KS", "I"):
         if scenario not in summary:
             continue
         s = summary[scenario]
         out += ["", SCENARIO_TITLES[scenario], ""]
-        if scenario in ("A", "D", "K", "I"):
+        if scenario in FLOOD_SCENARIOS:
             out.append(
                 f"  {'':44} {'unloaded':>9} {'quiet tenants, other shards':>30} "
                 f"{'within':>8} {'flood shard':>12} {'flood':>8} {'lost':>5}"

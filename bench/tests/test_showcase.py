@@ -121,3 +121,40 @@ def test_layout_routes_like_the_router() -> None:
         t for t in LAYOUT.quiet if router.queue_for(t) == router.queue_for(LAYOUT.flood)
     )
     assert LAYOUT.queues(MODES["plain-shared"]) == [SHARED_QUEUE]
+
+
+def test_a_scheduled_flood_is_measured_from_its_due_time() -> None:
+    """KS: the flood's tasks share one eta; its phase and rates start when they are due."""
+    due = FLOOD_AT + 3.0
+    m = MODES["fair-keyed-eta"]
+    entries, published = [], {}
+    for i in range(10):  # published at FLOOD_AT, started from 0.5 s after due
+        tid = f"f{i}"
+        entries.append(entry(tid, LAYOUT.flood, FLOOD_AT, 3.5 + i, SHARED_QUEUE))
+        published[tid] = (LAYOUT.flood, due)
+    for t in LAYOUT.quiet:
+        for k in range(4):
+            for tid, at, wait in ((f"{t}-b{k}", 95.0 + k, 0.002),  # unloaded
+                                  (f"{t}-w{k}", 101.0 + k * 0.5, 0.5),  # before due
+                                  (f"{t}-d{k}", due + 1 + k, 0.003)):  # once due  # fmt: skip
+                entries.append(entry(tid, t, at, wait, SHARED_QUEUE))
+                published[tid] = (t, at)
+    marks = {"flood_at": FLOOD_AT, "counted_from": 94.0, "complete": 1.0, "flood_due": due,
+             "flood_published_from": FLOOD_AT, "flood_published_to": 101.0}  # fmt: skip
+    r = analyse_flood(entries, published, LAYOUT, m, marks, FloodParams(flood=10, due_after=3.0))
+    assert (r["lost"], r["duplicates"], r["misrouted"]) == (0, 0, 0)
+    # The slow waits before due are apart; after it every quiet tenant is within 2x.
+    assert r["quiet_others_before_due"]["n"] == 4 * r["others"]
+    assert r["quiet_others_before_due"]["p99"] == pytest.approx(0.5)
+    assert r["quiet_others"]["n"] == 4 * r["others"]
+    assert r["quiet_others"]["p99"] == pytest.approx(0.003)
+    assert r["within_2x"] == len(LAYOUT.quiet)
+    assert r["flood"]["due_margin"] == pytest.approx(2.0)
+    assert r["flood"]["early"] == 0
+    assert r["flood"]["first_start_after_due"] == pytest.approx(0.5)
+    # Ten tasks from the due time (103.0) to the last finish (112.503).
+    assert r["flood"]["throughput"] == pytest.approx(10 / 9.503)
+    s = summarise({"KS": {"fair-keyed-eta": [r]}})
+    text = markdown(s, {}, per_tenant=False)
+    assert "KS. Fair when due" in text and "before its due time" in text
+    assert "KS. Fair when due" in terminal(s, {})

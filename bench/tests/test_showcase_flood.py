@@ -86,3 +86,35 @@ def test_plain_shared_queue_serves_quiet_tenants_after_the_flood(redis_url: str)
     nearly_all = flood[int(len(flood) * 0.9)]
     early = [e for e in entries if e.tenant in layout.quiet and e.started < nearly_all]
     assert not early, f"{len(early)} quiet tasks overtook 90% of the flood in a FIFO queue"
+
+
+def test_keyed_eta_mode_schedules_the_burst_on_the_broker(redis_url: str) -> None:
+    """KS's fair-keyed-eta producer puts a burst with an eta in the queue's schedule."""
+    import time
+
+    import redis
+
+    from celery_fair.keys.layout import KeyedNames
+
+    layout = TenantLayout.build(shards=4, quiet=6)
+    ledger = Ledger(redis_url)
+    ledger.reset()
+    due = time.time() + 3.0
+    ids = [str(uuid.uuid4()) for _ in range(20)]
+    producer = TenantProducer(redis_url, layout, MODES["fair-keyed-eta"])
+    try:
+        producer.burst(layout.flood, 1.0, ids, eta=due)
+    finally:
+        producer.close()
+    client = redis.Redis.from_url(redis_url)
+    assert client.zcard(KeyedNames(SHARED_QUEUE).schedule) == len(ids)
+    assert client.llen(SHARED_QUEUE) == 0
+    mode = MODES["fair-keyed-eta"]
+    worker = WorkerProcess(
+        redis_url, layout.queues(mode), fair=True, env={"CELERY_FAIR_LEDGER": redis_url, **mode.env}
+    )
+    with worker:
+        assert ledger.wait_for(len(ids), timeout=60, alive=[worker]), worker.log()[-3000:]
+    entries = ledger.entries()
+    assert {e.id for e in entries} == set(ids) and len(entries) == len(ids)
+    assert min(e.started for e in entries) >= due
