@@ -70,6 +70,7 @@ from celery_fair.keys import store
 from celery_fair.keys.eta import due_time
 from celery_fair.keys.layout import KeyedNames
 from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.ledger import percentile
 from tests.harness.memory import rss_bytes
 from tests.harness.redis import RedisServer
 
@@ -130,13 +131,6 @@ def runs(client: Any) -> list[dict[str, Any]]:
 
 def mode_name(fair: bool) -> str:
     return 'celery-fair, fair_eta="broker"' if fair else "plain Celery"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, int(-(-q * len(ordered) // 100)))  # ceil
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def tree_rss(pid: int) -> tuple[int, int]:
@@ -473,8 +467,8 @@ def ontime_case(
         "left_in_schedule": left_waiting,
         "max_ready_backlog": max_ready,
         "max_unacked": max_held,
-        "lateness_p50_s": round(percentile(late, 50), 4) if late else None,
-        "lateness_p99_s": round(percentile(late, 99), 4) if late else None,
+        "lateness_p50_s": round(percentile(late, 0.50), 4) if late else None,
+        "lateness_p99_s": round(percentile(late, 0.99), 4) if late else None,
         "lateness_max_s": round(max(late), 4) if late else None,
         "lateness_min_s": round(min(late), 4) if late else None,
         "early": sum(1 for x in late if x < 0),
