@@ -37,7 +37,7 @@ def install(app: App) -> App:
 
     from .keys import eta
     from .keys import publish as keys
-    from .kombu import admission
+    from .kombu import admission, resources
     from .worker import control  # noqa: F401  (registers the remote-control commands)
     from .worker.steps import CONSUMER_STEPS, WORKER_STEPS
 
@@ -49,6 +49,10 @@ def install(app: App) -> App:
     keys.register_app(app)
     # Scheduled tasks on the broker (fair_eta="broker"): a future eta's due time in a header.
     eta.register_app(app)
+    # What a call declares it holds (fair_resources), checked, in a header.
+    before_task_publish.connect(
+        resources.stamp_resources, weak=False, dispatch_uid="celery_fair.resources"
+    )
     _warn_about_settings(app)
     app.on_after_configure.connect(
         _settings_read, sender=app, weak=False, dispatch_uid="celery_fair.settings"
@@ -56,14 +60,15 @@ def install(app: App) -> App:
     app.steps["worker"].update(WORKER_STEPS)
     app.steps["consumer"].update(CONSUMER_STEPS)
     options = app.user_options["worker"]
-    if not any(getattr(opt, "name", None) == "fair_weights" for opt in options):
-        options.add(
-            click.Option(
-                ["--fair-weights"],
-                default=None,
-                help="Queue weights, e.g. p0=4,p1=8 (overrides the fair_weights setting).",
-            )
-        )
+    worker_options = {
+        "fair_weights": ("--fair-weights", "Queue weights, e.g. p0=4,p1=8 (overrides the "
+                         "fair_weights setting)."),
+        "fair_capacity": ("--fair-capacity", "What this worker can hold, e.g. cpu=9,mem=18 "
+                          "(overrides the fair_capacity setting)."),
+    }  # fmt: skip
+    for name, (flag, text) in worker_options.items():
+        if not any(getattr(opt, "name", None) == name for opt in options):
+            options.add(click.Option([flag], default=None, help=text))
     return app
 
 

@@ -151,6 +151,14 @@ def worker_requests() -> tuple[list[Any], list[Any], list[Any]]:
     return list(state.reserved_requests), list(state.active_requests), known
 
 
+def request_counted(request: Any) -> bool:
+    """Whether Celery still counts ``request`` as this worker's (received, not finished:
+    ``celery.worker.state.reserved_requests``)."""
+    from celery.worker import state
+
+    return request in state.reserved_requests
+
+
 def pool_processes(pool: Any) -> int | None:
     """How many tasks the pool runs at once now (prefork: its processes, which
     ``--autoscale`` grows and shrinks); None if the pool does not say."""

@@ -17,7 +17,7 @@ from kombu.message import Message
 
 from ..grammar import as_positive, as_positive_int
 from ..scheduling.codel import CoDelAction
-from ..scheduling.cost import COST_MODES, CostMode
+from ..scheduling.cost import MEASURED_COST_MODES, CostMode
 from ..scheduling.shedding import CoDelOptions, check_codel, option_error
 from .fill import split_window
 
@@ -99,8 +99,8 @@ def check_options(
         if name not in checked:
             raise _option_error("windows", name, "is not one of the consumed queues")
         sizes[name] = _positive_int(f"windows[{name!r}]", size)
-    if cost not in COST_MODES:
-        raise _option_error("cost", cost, f"must be one of {COST_MODES}")
+    if cost not in MEASURED_COST_MODES:
+        raise _option_error("cost", cost, f"must be one of {MEASURED_COST_MODES}")
     quantum = _positive_number("runtime_quantum", runtime_quantum)
     if on_error not in ERROR_POLICIES:
         raise _option_error("on_error", on_error, f"must be one of {ERROR_POLICIES}")

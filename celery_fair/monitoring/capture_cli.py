@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from ..cli_options import APP_GIVEN, load_app, positive_float, queue_weights
-from ..scheduling.cost import COST_MODES
+from ..scheduling.cost import MEASURED_COST_MODES
 from ..telemetry.capture import capture_events
 from ..worker.settings import read_setting
 
@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--cost",
-        choices=COST_MODES,
+        choices=MEASURED_COST_MODES,
         default=None,
         help="cost charged per task (default: the app's fair_cost, count when unset)",
     )
@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     # Read before any connection: a bad setting is bad input, whatever the broker.
     cost = args.cost or read_setting(app.conf, "fair_cost")
+    if cost not in MEASURED_COST_MODES:
+        # Events carry no task's resources: a dominant-cost app is captured as counts.
+        cost = "count"
     weights = args.queues if args.queues is not None else read_setting(app.conf, "fair_weights")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

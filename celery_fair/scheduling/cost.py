@@ -5,6 +5,9 @@ message is charged an estimate of its run time when it is chosen (its
 queue's moving average) and the difference to the measured run time when
 it finishes: DRR++ post-charge (RFC 8290 §4.2), so that the sum charged per
 queue is exactly the measured run time once its messages have finished.
+``"dominant"`` mode is post-charged the same way, with the task's dominant
+share of the worker's capacity (:mod:`.resources`) in place of its run time:
+Dominant Resource Fairness between queues and keys.
 :class:`PendingCharges` remembers the estimates charged and not yet settled.
 
 Shared by the worker's fetch and dispatch rounds and by
@@ -20,10 +23,20 @@ from typing import Literal
 from .drr import check_quantum
 from .estimate import Ewma
 
-__all__ = ("COST_MODES", "CostMode", "CostModel", "PendingCharges", "dyadic", "quanta")
+__all__ = (
+    "COST_MODES",
+    "MEASURED_COST_MODES",
+    "CostMode",
+    "CostModel",
+    "PendingCharges",
+    "dyadic",
+    "quanta",
+)
 
-CostMode = Literal["count", "runtime"]
-COST_MODES: tuple[str, ...] = ("count", "runtime")
+CostMode = Literal["count", "runtime", "dominant"]
+COST_MODES: tuple[str, ...] = ("count", "runtime", "dominant")
+#: The modes of a consumer that knows no resources (:class:`~celery_fair.kombu.FairConsumerMixin`).
+MEASURED_COST_MODES: tuple[str, ...] = ("count", "runtime")
 
 
 def dyadic(value: float) -> float:
@@ -48,11 +61,12 @@ def quanta(weights: Mapping[str, float], unit: float) -> dict[str, float]:
 
 
 class CostModel:
-    """The cost of a message of each queue: 1, or its run-time estimate.
+    """The cost of a message of each queue: 1, or an estimate of what it will be charged.
 
     ``runtime_quantum`` (seconds) is the cost unit in runtime mode, and the
     estimate of a queue before any of its messages has finished (when no
-    other queue's has either).
+    other queue's has either).  In dominant mode the unit is one pool slot's
+    share of the worker (a task that declares nothing costs 1).
     """
 
     def __init__(self, cost: CostMode = "count", *, runtime_quantum: float = 0.001) -> None:
@@ -65,13 +79,14 @@ class CostModel:
 
     @property
     def runtime(self) -> bool:
-        """Whether costs are run times (post-charged), not counts."""
-        return self.mode == "runtime"
+        """Whether costs are measured per task and post-charged (run times, or dominant
+        shares), not counts."""
+        return self.mode != "count"
 
     @property
     def unit(self) -> float:
         """The cost the heaviest queue is given per DRR visit."""
-        return 1.0 if self.mode == "count" else self.runtime_quantum
+        return self.runtime_quantum if self.mode == "runtime" else 1.0
 
     def quanta(self, weights: Mapping[str, float]) -> dict[str, float]:
         """DRR quanta for ``weights`` in this cost unit (see :func:`quanta`)."""
@@ -85,7 +100,7 @@ class CostModel:
         if estimate is not None and estimate.value is not None:
             return estimate.value
         fallback = self._global.value
-        return self.runtime_quantum if fallback is None else fallback
+        return self.unit if fallback is None else fallback
 
     def observe(self, queue: str, runtime: float) -> None:
         """A message of ``queue`` ran for ``runtime`` seconds."""

@@ -33,15 +33,19 @@ from ..errors import FairConfigError
 from ..grammar import parse_pairs
 
 __all__ = (
+    "QUEUE_RESOURCE",
     "SLOTS",
     "Admission",
     "Ledger",
     "Resources",
     "demand_of",
+    "dominant_cost",
     "dominant_share",
     "parse_capacity",
     "parse_demand",
+    "parse_queue_concurrency",
     "progressive_filling",
+    "queue_resource",
     "unfit_reason",
 )
 
@@ -51,6 +55,11 @@ SLOTS = "slots"
 
 #: What one run holds, or what a worker can hold: resource name -> amount.
 Resources = Mapping[str, float]
+
+#: The prefix of a queue's own resource (``fair_queue_concurrency``): each of
+#: the queue's tasks holds one unit.  A ':' is not allowed in a declared name,
+#: so it cannot meet a user's resource.
+QUEUE_RESOURCE = "queue:"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
@@ -90,16 +99,41 @@ def parse_demand(value: object, *, setting: str = "fair_resources") -> dict[str,
 
 
 def parse_capacity(
-    value: object, *, slots: int, setting: str = "fair_capacity"
+    value: object, *, slots: int | None, setting: str = "fair_capacity"
 ) -> dict[str, float]:
-    """What one worker can hold, checked; ``slots`` is its pool's process count.
+    """What one worker can hold, checked; ``slots`` is its pool's process count
+    (None: not known yet, left out).
 
     A ``slots`` given in the setting is kept (it can only be lower than the
     pool's processes to mean anything).
     """
     amounts = _amounts(value, setting=setting, zero=False)
-    amounts.setdefault(SLOTS, float(slots))
+    if slots is not None:
+        amounts.setdefault(SLOTS, float(slots))
     return amounts
+
+
+def queue_resource(queue: str) -> str:
+    """The resource that ``fair_queue_concurrency`` gives ``queue`` on a worker."""
+    return QUEUE_RESOURCE + queue
+
+
+def parse_queue_concurrency(
+    value: object, *, setting: str = "fair_queue_concurrency"
+) -> dict[str, int]:
+    """``{"video": 3}`` or ``"video=3"``: queue names to whole numbers of at least 1."""
+    counts: dict[str, int] = {}
+    for queue, raw in parse_pairs(value, setting=setting, what="QUEUE=N").items():
+        number = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+        if isinstance(raw, str) and raw.strip().isdigit():
+            number = int(raw)
+        if number is None or number < 1:
+            raise FairConfigError(
+                f"{setting}: {queue} must be a whole number of at least 1 (tasks of the queue "
+                f"at once on one worker), got {raw!r}"
+            )
+        counts[queue] = number
+    return counts
 
 
 def demand_of(declared: Resources | None) -> dict[str, float]:
@@ -127,6 +161,19 @@ def dominant_share(demand: Resources, capacity: Resources) -> float:
         (amount / capacity[name] for name, amount in demand.items() if capacity.get(name)),
         default=0.0,
     )
+
+
+def dominant_cost(demand: Resources, capacity: Resources) -> float:
+    """What a task is charged under ``fair_cost="dominant"``: its dominant share of the
+    worker's resources, in pool slots (a task that holds one slot and nothing else costs 1).
+
+    A queue's own resource (``fair_queue_concurrency``) is a limit, not a
+    share of the machine: it is left out.
+    """
+    shared = {
+        name: amount for name, amount in capacity.items() if not name.startswith(QUEUE_RESOURCE)
+    }
+    return dominant_share(demand, shared) * capacity.get(SLOTS, 1.0)
 
 
 @dataclass

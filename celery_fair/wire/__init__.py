@@ -21,6 +21,7 @@ __all__ = (
     "REASON_HEADER",
     "RECEIVED_STAMP",
     "REQUEUE_HEADER",
+    "RESOURCES_HEADER",
     "RETURNS_HEADER",
     "SERVED_HEADER",
     "DUE_HEADER",
@@ -57,6 +58,10 @@ ADMIT_HEADER = "fair_admit"
 #: ``_put`` puts such a message in its queue's schedule instead of its queue
 #: when that time is still ahead.
 DUE_HEADER = "fair_due"
+#: What one run of the task holds (``fair_resources``, given per call or as a
+#: task attribute), checked by the producer: ``{"cpu": 1, "mem": 4}``.  The
+#: worker starts it when that fits its ``fair_capacity``.
+RESOURCES_HEADER = "fair_resources"
 
 # -- the worker ----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys.eta import register_app as eta_register_app
 from ..keys.publish import register_app
+from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .pauses import PAUSED_RECHECK
@@ -87,6 +88,9 @@ def install_dispatch(service: FairService, w: Any) -> None:
     # threads, solo, gevent, eventlet: received tasks go straight to the
     # pool (Celery may still create a semaphore for its event loop: unused).
     direct = compat.dispatches_directly(w)
+    if service.settings.resources:
+        _install_resource_gate(service, w, direct=direct)
+        return
     process = tracker.wrap_dispatch(compat.dispatch_of(w))
     compat.set_dispatch(w, process)
     if direct:
@@ -100,6 +104,36 @@ def install_dispatch(service: FairService, w: Any) -> None:
         # prefork: tasks waiting for a slot wait in the semaphore.
         install_on_semaphore(w.semaphore, service)
         compat.wrap_process_task(w, tracker.wrap_receive)
+
+
+def _install_resource_gate(service: FairService, w: Any, *, direct: bool) -> None:
+    """Every pool: tasks reach it through a :class:`ResourceGate` (prefork: before its
+    semaphore, which keeps its own FIFO for the rare task that waits there)."""
+    settings, tracker = service.settings, service.tracker
+    capacity = worker_capacity(settings.capacity, settings.queue_concurrency, service.concurrency)
+    check_declared(w.app.tasks, capacity)
+    pool = w.pool
+    gate = service.gate = ResourceGate(
+        service,
+        capacity,
+        Demands(settings.queue_concurrency),
+        pool_size=lambda: compat.pool_processes(pool),
+        park=service.quarantine.park_request,
+        direct=direct,
+    )
+    process = tracker.wrap_dispatch(compat.dispatch_of(w))
+    compat.set_dispatch(w, process)
+    if direct:
+        gated = gate.wrap(process)
+        # As with the slot gate: the direct process_task is replaced, not called.
+        compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
+    else:
+        compat.wrap_process_task(w, lambda semaphore: tracker.wrap_receive(gate.wrap(semaphore)))
+    logger.info(
+        "celery-fair: tasks start by what they hold; capacity %s, cost %s",
+        {name: amount for name, amount in capacity.items()},
+        settings.cost,
+    )
 
 
 def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]:

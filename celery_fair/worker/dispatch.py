@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from .. import compat
 from ..scheduling.dispatch import Check, SendBack, next_admitted
@@ -31,13 +31,31 @@ from .roles import SchedulingService
 __all__ = (
     "BUSY_DRAIN",
     "FairGate",
+    "Gate",
     "admission",
+    "buffer_task",
     "buffered_requests",
     "close_during_drain",
+    "gate_request",
     "install_on_semaphore",
     "release_waiters",
     "wake_while_busy",
 )
+
+
+class Gate(Protocol):
+    """What the event loop's adapters need of a gate (:class:`FairGate`, or the
+    :class:`~celery_fair.worker.capacity.ResourceGate`)."""
+
+    service: SchedulingService
+    slots: int
+
+    @property
+    def free(self) -> int: ...
+
+    def close(self) -> None: ...
+
+    def open(self) -> None: ...
 
 
 class _WaitingView:
@@ -59,7 +77,7 @@ def _queue_of(service: SchedulingService, args: tuple[Any, ...]) -> str:
     return service.queue_map.queue_of(request) or UNKNOWN_QUEUE
 
 
-def _wait(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None:
+def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -> None:
     """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key
     and priority level."""
     queue = _queue_of(service, args)
@@ -126,14 +144,15 @@ def _semaphore_request(entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> An
     return entry[1][0]
 
 
-def _gate_request(entry: tuple[Any, Any]) -> Any:
+def gate_request(entry: tuple[Any, Any]) -> Any:
+    """The request of a gate's buffered entry ``(run, request)``."""
     return entry[1]
 
 
 def buffered_requests(service: SchedulingService, *, gated: bool) -> list[Any]:
     """The requests waiting in the dispatch buffer for a slot: the gate's (``gated``)
     or the prefork semaphore's."""
-    request_of: Callable[[Any], Any] = _gate_request if gated else _semaphore_request
+    request_of: Callable[[Any], Any] = gate_request if gated else _semaphore_request
     with service.lock:
         return [request_of(entry) for entry in service.scheduler.dispatch]
 
@@ -158,7 +177,7 @@ def install_on_semaphore(semaphore: Any, service: SchedulingService) -> None:
 
     def add_waiter(entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
         with lock:
-            _wait(service, entry[1], entry)
+            buffer_task(service, entry[1], entry)
 
     admit = admission(service, _semaphore_request)
 
@@ -187,12 +206,12 @@ class FairGate:
         self._closed = False
         self._pumping = False
         self._lock = service.lock
-        self._admit = admission(service, _gate_request)
+        self._admit = admission(service, gate_request)
 
     def submit(self, run: Callable[[Any], Any], request: Any) -> None:
         """Run ``request`` now if a slot is free and nothing waits, else buffer it."""
         with self._lock:
-            _wait(self.service, (request,), (run, request))
+            buffer_task(self.service, (request,), (run, request))
         self.pump()
 
     def release(self) -> None:
@@ -279,7 +298,7 @@ class FairGate:
         return gated
 
 
-def close_during_drain(connection: Any, gate: FairGate) -> None:
+def close_during_drain(connection: Any, gate: Gate) -> None:
     """Collect every delivery already received before dispatching any.
 
     The solo pool runs a task inline, inside the delivery callback; without
@@ -306,7 +325,7 @@ def close_during_drain(connection: Any, gate: FairGate) -> None:
 BUSY_DRAIN = 0.01
 
 
-def wake_while_busy(connection: Any, gate: FairGate) -> None:
+def wake_while_busy(connection: Any, gate: Gate) -> None:
     """Green pools on Redis: do not sleep in the event loop while tasks free prefetch credit.
 
     With ``-P gevent``/``eventlet`` Celery's loop blocks in ``drain_events(timeout=2.0)``

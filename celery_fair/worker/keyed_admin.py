@@ -59,7 +59,7 @@ class KeyedAdmin:
         return KeyedServing(
             settings.keys,
             default_weight=settings.default_key_weight,
-            runtime=settings.cost == "runtime",
+            runtime=settings.cost != "count",
             estimate=self.scheduler.fetch_cost,
             limits=settings.key_limits,
             slots=self.slots,
@@ -88,7 +88,7 @@ class KeyedAdmin:
             keyed = self.attachment.keyed = KeyedServing(
                 (),
                 default_weight=self.settings.default_key_weight,
-                runtime=self.settings.cost == "runtime",
+                runtime=self.settings.cost != "count",
                 estimate=self.scheduler.fetch_cost,
                 slots=self.slots,
                 priority_weights=self.settings.priority_weights,

@@ -31,6 +31,7 @@ __all__ = (
     "KeyLeases",
     "Meter",
     "MeterObserver",
+    "ResourceRelease",
     "RuntimeCharge",
     "ServiceTime",
     "TaskObserver",
@@ -57,7 +58,7 @@ class DispatchedTask:
     lease, the served-key header for the key's run-time charge).
     """
 
-    __slots__ = ("queue", "request", "served", "started", "tag")
+    __slots__ = ("cost", "queue", "request", "served", "started", "tag")
 
     def __init__(self, request: Any, queue: str, started: float) -> None:
         self.request = request
@@ -65,6 +66,8 @@ class DispatchedTask:
         self.started = started
         self.tag: Any = None
         self.served: Served | None = None
+        #: ``fair_cost="dominant"``: what the task is charged, found as it goes to the pool.
+        self.cost: float | None = None
 
 
 class TaskObserver:
@@ -146,29 +149,56 @@ class MeterObserver(TaskObserver):
         self.meter.dispatched(task.queue, None if received is None else task.started - received)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
-        self.meter.charge(task.queue, runtime)
+        self.meter.charge(task.queue, measured(task, runtime))
 
 
-class RuntimeCharge(TaskObserver):
-    """``fair_cost="runtime"``: the queue, and a keyed queue's key, pay what the task ran."""
+class ResourceRelease(TaskObserver):
+    """Resources (``fair_capacity`` ...): a finished task frees what it held on the gate."""
 
     follows_completion = True
 
     def __init__(self, service: SchedulingService) -> None:
+        self.service = service
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        gate = self.service.gate
+        finished = getattr(gate, "finished", None)
+        if finished is not None:
+            finished(task.request)
+
+
+class RuntimeCharge(TaskObserver):
+    """``fair_cost="runtime"`` or ``"dominant"``: the queue, and a keyed queue's key, pay
+    what the task ran, or its dominant share of the worker (what it held)."""
+
+    follows_completion = True
+
+    def __init__(self, service: SchedulingService) -> None:
+        self.service = service
         self.scheduler = service.scheduler
         self.lock = service.lock
         self.keyed = service.attachment.keyed
+        self.dominant = service.settings.cost == "dominant"
 
     def before(self, task: DispatchedTask) -> None:
         keyed = self.keyed
         if keyed is not None and task.queue in keyed.queues:
             task.served = Served.from_headers(compat.request_headers(task.request))
+        if self.dominant:
+            cost = getattr(self.service.gate, "cost", None)
+            task.cost = 1.0 if cost is None else cost(task.request, task.queue)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
+        charge = measured(task, runtime)
         with self.lock:
-            self.scheduler.finished(task.queue, runtime)
+            self.scheduler.finished(task.queue, charge)
         if task.served is not None and self.keyed is not None:
-            self.keyed.finished(task.queue, task.served, runtime)
+            self.keyed.finished(task.queue, task.served, charge)
+
+
+def measured(task: DispatchedTask, runtime: float) -> float:
+    """What a finished task is post-charged: its dominant cost when known, else its run time."""
+    return runtime if task.cost is None else task.cost
 
 
 class ServiceTime(TaskObserver):
@@ -197,16 +227,18 @@ def observers_for(
     a telemetry writer is open.  An empty chain means dispatch is not wrapped.
     """
     settings = service.settings
-    runtime_cost = settings.cost == "runtime"
+    post_charged = settings.cost != "count"
     chain: list[TaskObserver] = []
     if telemetry:
         chain.append(TelemetryStamps(service, wall, on_timeout))
+    if settings.resources:
+        chain.append(ResourceRelease(service))
     keyed = service.attachment.keyed
     if keyed is not None and keyed.limited:
         chain.append(KeyLeases(service))
     if meter is not None:
-        chain.append(MeterObserver(meter, charge=runtime_cost))
-    if runtime_cost:
+        chain.append(MeterObserver(meter, charge=post_charged))
+    if post_charged:
         chain.append(RuntimeCharge(service))
     if settings.prefetch == "auto":
         chain.append(ServiceTime(service))

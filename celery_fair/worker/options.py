@@ -138,6 +138,18 @@ def _eta_mode(value: Any) -> str:
     return parse_eta_mode(value)
 
 
+def _capacity(value: Any) -> dict[str, float]:
+    from ..scheduling.resources import parse_capacity
+
+    return parse_capacity(value, slots=None)
+
+
+def _queue_concurrency(value: Any) -> dict[str, int]:
+    from ..scheduling.resources import parse_queue_concurrency
+
+    return parse_queue_concurrency(value)
+
+
 def _fair_keys(value: Any) -> Any:
     from ..keys.publish import parse_fair_keys
 
@@ -172,8 +184,12 @@ OPTIONS: tuple[Option, ...] = (
         "fair_cost",
         "count",
         "Weights and cost",
-        accepts='`"count"` or `"runtime"`',
-        meaning="a message costs 1, or its measured run time (post-charged, DRR++)",
+        accepts='`"count"`, `"runtime"` or `"dominant"`',
+        meaning=(
+            "a message costs 1, its measured run time, or its dominant share of the "
+            "worker's `fair_capacity` in pool slots (both post-charged, DRR++; "
+            "[resources](resources.md))"
+        ),
         read=one_of("fair_cost", COST_MODES),
     ),
     Option(
@@ -286,6 +302,31 @@ OPTIONS: tuple[Option, ...] = (
             "(`0`: parked at once)"
         ),
         read=integer("fair_unknown_task_max_returns", at_least=0),
+    ),
+    Option(
+        "fair_capacity",
+        {},
+        "Resources",
+        accepts=(
+            'mapping (or `"cpu=9,mem=18"`) of resource names to finite numbers > 0; '
+            "`slots` defaults to the pool's processes; `--fair-capacity`"
+        ),
+        meaning=(
+            "what one worker can hold at once: a task starts only when its `fair_resources` "
+            "fit what is free ([resources](resources.md))"
+        ),
+        read=_capacity,
+    ),
+    Option(
+        "fair_queue_concurrency",
+        {},
+        "Resources",
+        accepts='mapping (or `"video=3"`) of queue names to integers >= 1',
+        meaning=(
+            "at most this many of a queue's tasks at once on one worker; the rest of the "
+            "worker serves the other queues"
+        ),
+        read=_queue_concurrency,
     ),
     Option(
         "fair_stall_after",

@@ -167,6 +167,15 @@ class Quarantine:
         self._parked[cause] = self._parked.get(cause, 0) + 1
         logger.error(PARKED_LOG, queue, where, reason)
 
+    def park_request(self, request: Any, reason: str) -> None:
+        """Park a received task that cannot run here (``reason``); the worker forgets it."""
+        from celery.worker.state import task_ready
+
+        message = getattr(request, "message", None)
+        self.park(message, "unfit", f"task {getattr(request, 'name', '?')}: {reason}")
+        if message is not None and message.acknowledged:
+            task_ready(request)
+
     def _send_back(self, message: Any, name: str, count: int, raised_window: bool) -> None:
         self._returning -= 1
         if raised_window:

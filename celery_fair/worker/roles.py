@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from .. import compat
 from ..scheduling.scheduler import FairScheduler
@@ -41,3 +41,6 @@ class SchedulingService(Protocol):
     attachment: Attachment
     #: The prefetch windows (``fair_prefetch="auto"`` learns from finished tasks).
     prefetch: PrefetchWindows
+    #: The gate before the pool, if any (a :class:`~.dispatch.FairGate` or a
+    #: :class:`~.capacity.ResourceGate`; typed loosely: both import this module).
+    gate: Any

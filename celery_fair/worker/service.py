@@ -22,6 +22,7 @@ from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
+from .capacity import ResourceGate
 from .dispatch import FairGate, close_during_drain, wake_while_busy
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
@@ -76,7 +77,7 @@ class FairService:
         )
         self.lock = threading.RLock()
         #: The gate of the pools that dispatch directly (threads, solo, green).
-        self.gate: FairGate | None = None
+        self.gate: FairGate | ResourceGate | None = None
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
         #: The pool never reports tasks running at a connection loss (set at start,
@@ -148,7 +149,7 @@ class FairService:
         if self.attach(channel, task_consumer.queues):
             if settings.prefetch == "auto":
                 self.prefetch.adapt_prefetch(consumer, channel)
-            if gate is not None and not inline:
+            if gate is not None and not inline and getattr(gate, "direct", True):
                 wake_while_busy(consumer.connection, gate)
             queues = [q.name for q in task_consumer.queues]
             logger.info(

@@ -20,6 +20,7 @@ from ..keys.limits import KeyLimits
 from ..scheduling.admission import AdmissionLimits, parse_admission
 from ..scheduling.codel import CoDelAction
 from ..scheduling.cost import CostMode
+from ..scheduling.resources import parse_capacity
 from ..scheduling.shedding import CoDelOptions, check_codel
 from .options import BY_NAME, DEFAULTS, as_written, parse_weights, unknown_settings
 
@@ -191,6 +192,15 @@ class FairSettings:
     stall_after: float = DEFAULTS["fair_stall_after"]
     #: Producers: admission before the broker fills (``fair_broker_memory_*``); None: off.
     admission: AdmissionLimits | None = None
+    #: What one worker can hold (``fair_capacity``); ``slots`` added at start.
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    #: At most this many tasks of a queue at once on one worker.
+    queue_concurrency: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> bool:
+        """Whether tasks start by what they hold (a capacity, queue limits or DRF cost)."""
+        return bool(self.capacity or self.queue_concurrency) or self.cost == "dominant"
 
     @property
     def codel(self) -> bool:
@@ -210,7 +220,13 @@ class FairSettings:
         )
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any], *, cli_weights: str | None = None) -> FairSettings:
+    def from_conf(
+        cls,
+        conf: Mapping[str, Any],
+        *,
+        cli_weights: str | None = None,
+        cli_capacity: str | None = None,
+    ) -> FairSettings:
         """Read and check the ``fair_*`` settings of a Celery config.
 
         ``cli_weights`` (the worker's ``--fair-weights``) replaces
@@ -218,7 +234,7 @@ class FairSettings:
         configuration spells it (``CELERY_FAIR_CREDIT`` with Django's namespace).
         """
         try:
-            return cls._from_conf(conf, cli_weights)
+            return cls._from_conf(conf, cli_weights, cli_capacity)
         except FairConfigError as exc:
             message = as_written(str(exc), conf)
             if message == str(exc):
@@ -226,11 +242,17 @@ class FairSettings:
             raise type(exc)(message) from None
 
     @classmethod
-    def _from_conf(cls, conf: Mapping[str, Any], cli_weights: str | None) -> FairSettings:
+    def _from_conf(
+        cls, conf: Mapping[str, Any], cli_weights: str | None, cli_capacity: str | None
+    ) -> FairSettings:
 
         read = {name: read_setting(conf, name) for name, option in BY_NAME.items() if option.read}
         if cli_weights is not None:
             read["fair_weights"] = parse_weights(cli_weights, setting="--fair-weights")
+        if cli_capacity is not None:
+            read["fair_capacity"] = parse_capacity(
+                cli_capacity, slots=None, setting="--fair-capacity"
+            )
         prefetch = read["fair_prefetch"]
         if prefetch is not None and conf.get("worker_disable_prefetch"):
             # Celery >= 5.6 (Redis): the worker fetches only for a free slot,
@@ -290,4 +312,6 @@ class FairSettings:
             admission=parse_admission(
                 conf.get("fair_broker_memory_high"), conf.get("fair_broker_memory_hard")
             ),
+            capacity=read["fair_capacity"],
+            queue_concurrency=read["fair_queue_concurrency"],
         )

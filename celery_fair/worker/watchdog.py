@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import compat
 from ..scheduling.stalls import BUFFER, LEASES, LOST, POOL, Stall, StallWatch
+from .capacity import ResourceGate
 from .dispatch import FairGate, buffered_requests, release_waiters
 from .roles import SchedulingService
 
@@ -54,7 +55,7 @@ class PoolWatchdog:
         pool: Any,
         *,
         semaphore: Any = None,
-        gate: FairGate | None = None,
+        gate: FairGate | ResourceGate | None = None,
     ) -> None:
         self.service = service
         self.watch = watch
@@ -73,6 +74,16 @@ class PoolWatchdog:
             return []
         buffered = {id(r) for r in buffered_requests(self.service, gated=self.gate is not None)}
         started = {id(r) for r in active}
+        if isinstance(self.gate, ResourceGate):
+            # Resources: tasks wait for room while pool processes are free by design.
+            # The books are set to what Celery counts; while anything runs, what waits
+            # in the buffer or for room is not a stall (it starts when room is freed).
+            self.gate.reconcile(reserved)
+            aside = {id(r) for r in self.gate.waiting()}
+            if self.gate.ledger.running:
+                started |= buffered | aside
+            else:
+                buffered |= aside
         waiting: dict[Any, str] = {}
         requests: dict[Any, Any] = {}
         for request in reserved:

@@ -34,6 +34,8 @@ class Entry:
     requeues: int
     #: The user within the tenant (two-level keys), if the task had one.
     user: str | None = None
+    #: What the run declared it holds (``fair_resources``), if anything.
+    resources: dict[str, float] | None = None
 
     @property
     def wait(self) -> float | None:
@@ -79,6 +81,7 @@ class Ledger:
                     finished=float(e.get("finished") or e["started"]),
                     requeues=int(e.get("requeues") or 0),
                     user=e.get("user"),
+                    resources=e.get("resources"),
                 )
             )
         return out

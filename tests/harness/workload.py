@@ -31,6 +31,8 @@ and celery-fair side by side:
 ``CELERY_FAIR_KEY_CONCURRENCY``  the ``fair_key_concurrency`` setting, as ``key=n[,key=n]``
 ``CELERY_FAIR_KEY_RATE``  the ``fair_key_rate_limit`` setting, as ``key=10/s[,key=...]``
 ``CELERY_FAIR_KEY_LEASE_TTL``  the ``fair_key_lease_ttl`` setting (seconds)
+``CELERY_FAIR_CAPACITY``  the ``fair_capacity`` setting, as ``cpu=9,mem=18``
+``CELERY_FAIR_QUEUE_CONCURRENCY``  the ``fair_queue_concurrency`` setting, as ``video=3``
 ``CELERY_FAIR_MAX_PRIORITY``  Celery's ``task_queue_max_priority``
 ``CELERY_FAIR_PRIORITY``  the ``fair_priority`` setting (``strict`` or ``weighted``)
 ``CELERY_FAIR_PRIORITY_WEIGHTS``  the ``fair_priority_weights`` setting, as ``0=4,9=1``
@@ -152,6 +154,10 @@ if os.environ.get("CELERY_FAIR_KEY_RATE"):
     app.conf.fair_key_rate_limit = os.environ["CELERY_FAIR_KEY_RATE"]
 if os.environ.get("CELERY_FAIR_KEY_LEASE_TTL"):
     app.conf.fair_key_lease_ttl = float(os.environ["CELERY_FAIR_KEY_LEASE_TTL"])
+if os.environ.get("CELERY_FAIR_CAPACITY"):
+    app.conf.fair_capacity = os.environ["CELERY_FAIR_CAPACITY"]
+if os.environ.get("CELERY_FAIR_QUEUE_CONCURRENCY"):
+    app.conf.fair_queue_concurrency = os.environ["CELERY_FAIR_QUEUE_CONCURRENCY"]
 if os.environ.get("CELERY_FAIR_MAX_PRIORITY"):
     app.conf.task_queue_max_priority = int(os.environ["CELERY_FAIR_MAX_PRIORITY"])
 if os.environ.get("CELERY_FAIR_PRIORITY"):
@@ -249,6 +255,7 @@ def ledger(
             "user": user_id,
             "queue": delivery.get("routing_key"),
             "redelivered": redelivered,
+            "resources": getattr(request, "fair_resources", None),
         }
         pipe = _ledger_client(url).pipeline(transaction=False)  # type: ignore[attr-defined]
         pipe.rpush("ledger", json.dumps(entry))

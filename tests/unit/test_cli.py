@@ -120,7 +120,8 @@ def test_capture_bad_input_is_one_line(
     app.conf.fair_cost = "bogus"
     assert main(["capture", "--out", "t"], app=app) == BAD_INPUT
     assert capsys.readouterr().err == (
-        "celery-fair capture: fair_cost must be one of 'count', 'runtime'; got 'bogus'\n"
+        "celery-fair capture: fair_cost must be one of 'count', 'runtime', 'dominant'; "
+        "got 'bogus'\n"
     )
     assert main(["capture", "--out", "t", "-A", "nosuchmod_cli_test"]) == BAD_INPUT
     err = capsys.readouterr().err

@@ -47,7 +47,10 @@ def test_cli_option_overrides_the_setting() -> None:
 @pytest.mark.parametrize(
     ("conf", "fragment"),
     [
-        ({"fair_cost": "time"}, "fair_cost must be one of 'count', 'runtime'; got 'time'"),
+        (
+            {"fair_cost": "time"},
+            "fair_cost must be one of 'count', 'runtime', 'dominant'; got 'time'",
+        ),
         ({"fair_default_weight": 0}, "fair_default_weight must be a positive number, got 0"),
         ({"fair_runtime_quantum": -1}, "fair_runtime_quantum must be a positive number"),
         ({"fair_credit": 0}, "fair_credit must be a positive integer or None, got 0"),

@@ -28,10 +28,18 @@ class FairWorkerStep(bootsteps.Step):
     name = "celery_fair.worker"
     requires = ("celery.worker.components:Pool",)
 
-    def __init__(self, w: Any, fair_weights: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        w: Any,
+        fair_weights: str | None = None,
+        fair_capacity: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(w, **kwargs)
         with one_line_errors():
-            settings = FairSettings.from_conf(w.app.conf, cli_weights=fair_weights)
+            settings = FairSettings.from_conf(
+                w.app.conf, cli_weights=fair_weights, cli_capacity=fair_capacity
+            )
             for message in unknown_settings(w.app.conf):
                 logger.warning(message)
             w.fair = build(

@@ -1,0 +1,359 @@
+"""Tasks start by what they hold: a worker's capacity, shared in fair order, for every pool.
+
+With ``fair_capacity``, ``fair_queue_concurrency`` or ``fair_cost="dominant"``
+every task reaches the pool through a :class:`ResourceGate`, for prefork
+too (before Celery's semaphore, which then rarely has a waiter).  A task
+holds what it declares (:data:`~celery_fair.wire.RESOURCES_HEADER`, or the
+task's ``fair_resources`` attribute on this worker, else one pool slot),
+plus one unit of its queue's own resource when ``fair_queue_concurrency``
+names the queue.  The gate takes tasks from the dispatch buffer in DWRR
+order and starts the first that fits what is free
+(:class:`~celery_fair.scheduling.resources.Admission`): a large task does not
+hold up the smaller ones behind it, and after ``patience`` of them have
+passed it, it is reserved and starts next.  At most ``lookahead`` tasks are
+taken out of the fair order to wait for room, so a task that does not fit
+does not pull the whole buffer behind it.
+
+The books follow what the worker really holds, not only callbacks: a task's
+holding ends when its request finishes (the tracker's observer), when the
+hand-over returns and Celery no longer counts the request (revoked,
+rejected), and at each look of the watchdog for every request Celery no
+longer counts (:meth:`ResourceGate.reconcile`).  The pool's size is read at
+every choice, so ``--autoscale`` moves the ``slots`` capacity.
+
+A task that can never fit this worker (a resource it does not have, or more
+than it has) is parked with its reason: it is neither run over capacity nor
+held for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import compat
+from ..errors import FairConfigError
+from ..scheduling.resources import (
+    SLOTS,
+    Admission,
+    Ledger,
+    Resources,
+    demand_of,
+    dominant_cost,
+    parse_capacity,
+    parse_demand,
+    queue_resource,
+    unfit_reason,
+)
+from ..wire import RESOURCES_HEADER
+from .dispatch import admission, buffer_task, gate_request
+from .roles import SchedulingService
+
+__all__ = (
+    "PATIENCE",
+    "CapacityStatistics",
+    "Demands",
+    "ResourceGate",
+    "check_declared",
+    "worker_capacity",
+)
+
+logger = logging.getLogger(__name__)
+
+#: Tasks that may start before one that does not fit, before it is reserved.
+PATIENCE = 8
+
+
+def worker_capacity(
+    capacity: Mapping[str, float], queue_concurrency: Mapping[str, int], slots: int
+) -> dict[str, float]:
+    """The worker's whole capacity: ``fair_capacity``, its pool slots, and each limited
+    queue's own resource."""
+    whole = parse_capacity(dict(capacity), slots=slots)
+    for queue, count in queue_concurrency.items():
+        whole[queue_resource(queue)] = float(count)
+    return whole
+
+
+class Demands:
+    """What each request holds: its header, else its task's attribute, else one slot;
+    plus its queue's own resource.  Bad declarations found here are reasons to park."""
+
+    def __init__(self, queue_concurrency: Mapping[str, int]) -> None:
+        self.limited = frozenset(queue_concurrency)
+
+    def of(self, queue: str, request: Any) -> tuple[dict[str, float], str | None]:
+        """``(demand, error)``: ``error`` says why the declaration cannot be read."""
+        declared = compat.request_headers(request).get(RESOURCES_HEADER)
+        setting = f"{RESOURCES_HEADER} header"
+        if declared is None:
+            declared = getattr(getattr(request, "task", None), "fair_resources", None)
+            setting = "fair_resources attribute"
+        try:
+            demand = demand_of(
+                None if declared is None else parse_demand(declared, setting=setting)
+            )
+        except FairConfigError as exc:
+            return demand_of(None), str(exc)
+        if queue in self.limited:
+            demand[queue_resource(queue)] = 1.0
+        return demand, None
+
+
+@dataclass(frozen=True)
+class CapacityStatistics:
+    """``inspect fair_stats`` ``resources``: what the worker holds against its capacity."""
+
+    capacity: Mapping[str, float]
+    held: Mapping[str, float]
+    running: int
+    #: Tasks taken in fair order that wait for room, and the one reserved.
+    waiting_for_room: int
+    reserved: str | None
+    parked: int
+    repaired: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "capacity": dict(self.capacity),
+            "held": {name: round(self.held.get(name, 0.0), 6) for name in self.capacity},
+            "running": self.running,
+            "waiting_for_room": self.waiting_for_room,
+            "reserved": self.reserved,
+            "parked": self.parked,
+            "repaired": self.repaired,
+        }
+
+
+def _ident(request: Any) -> object:
+    return getattr(request, "id", None) or id(request)
+
+
+class ResourceGate:
+    """Tasks go to the pool when what they hold fits what is free, in fair order.
+
+    ``pool_size()`` is the pool's processes now (None: unknown, the
+    concurrency is kept); ``park(request, reason)`` keeps a task that can
+    never fit on the broker; ``direct`` says whether the pool takes tasks
+    with no wait of its own (every pool but prefork).
+    """
+
+    def __init__(
+        self,
+        service: SchedulingService,
+        capacity: Mapping[str, float],
+        demands: Demands,
+        *,
+        pool_size: Callable[[], int | None],
+        park: Callable[[Any, str], None],
+        direct: bool,
+        patience: int = PATIENCE,
+        lookahead: int | None = None,
+    ) -> None:
+        self.service = service
+        self.ledger = Ledger(dict(capacity))
+        self.demands = demands
+        self.admission = Admission(patience)
+        self.lookahead = max(1, patience if lookahead is None else lookahead)
+        self.pool_size = pool_size
+        self.park_request = park
+        self.direct = direct
+        self.slots = max(1, int(capacity.get(SLOTS, 1)))
+        #: Taken from the fair order, waiting for room: (ident, demand, queue, entry).
+        self.aside: list[tuple[object, dict[str, float], str, tuple[Any, Any]]] = []
+        self._lock = service.lock
+        self._admit = admission(service, gate_request)
+        self._closed = False
+        self._pumping = False
+        self._parked = 0
+        self._repaired = 0
+        self._costs: dict[object, float] = {}
+
+    # -- what the other parts read ---------------------------------------------
+
+    @property
+    def free(self) -> int:
+        """Pool slots not held (the watchdog and the event loop read it)."""
+        return int(self.ledger.free(SLOTS) + 1e-9)
+
+    @property
+    def capacity(self) -> Mapping[str, float]:
+        return self.ledger.capacity
+
+    def waiting(self) -> list[Any]:
+        """The requests taken in fair order that wait for room."""
+        with self._lock:
+            return [entry[1] for _, _, _, entry in self.aside]
+
+    def cost(self, request: Any, queue: str) -> float:
+        """A request's dominant cost (``fair_cost="dominant"``), in pool slots."""
+        demand, _ = self.demands.of(queue, request)
+        return dominant_cost(demand, self.ledger.capacity)
+
+    # -- the flow --------------------------------------------------------------
+
+    def submit(self, run: Callable[[Any], Any], request: Any) -> None:
+        """Buffer ``request`` in fair order and start what fits."""
+        with self._lock:
+            buffer_task(self.service, (request,), (run, request))
+        self.pump()
+
+    def finished(self, request: Any) -> None:
+        """``request`` no longer holds anything here (finished, revoked, lost)."""
+        with self._lock:
+            released = self.ledger.release(_ident(request))
+        if released:
+            self.pump()
+
+    def release(self) -> None:
+        """Compatibility with the slot gate's interface: look for room."""
+        self.pump()
+
+    def close(self) -> None:
+        self._closed = True
+
+    def open(self) -> None:
+        self._closed = False
+        self.pump()
+
+    def pump(self) -> None:
+        """Start, in fair order, every task that fits."""
+        with self._lock:
+            if self._pumping or self._closed:
+                return
+            self._pumping = True
+        try:
+            while True:
+                with self._lock:
+                    self._resize()
+                    chosen = self._choose()
+                    full = self.admission.reserved is not None or len(self.aside) >= self.lookahead
+                if chosen is not None:
+                    run, request = chosen
+                    run(request)
+                    continue
+                if full:
+                    return
+                taken = self._admit()
+                if taken is None:
+                    return
+                queue, entry = taken
+                request = entry[1]
+                demand, error = self.demands.of(queue, request)
+                reason = error or unfit_reason(demand, self.ledger.capacity)
+                if reason is not None:
+                    self._park(request, reason)
+                    continue
+                with self._lock:
+                    self.aside.append((_ident(request), demand, queue, entry))
+        finally:
+            with self._lock:
+                self._pumping = False
+
+    def _choose(self) -> tuple[Any, Any] | None:
+        """Under the lock: the entry to start now, held in the ledger, or None."""
+        if not self.aside:
+            return None
+        index = self.admission.choose(
+            [(ident, demand) for ident, demand, _, _ in self.aside], self.ledger
+        )
+        if index is None:
+            return None
+        ident, demand, _, entry = self.aside.pop(index)
+        self.ledger.hold(ident, demand)
+        return entry
+
+    def _resize(self) -> None:
+        """Under the lock: the pool's size now is the ``slots`` capacity."""
+        size = self.pool_size()
+        if size is not None and size != self.slots:
+            self.slots = size
+            capacity = dict(self.ledger.capacity)
+            capacity[SLOTS] = float(size)
+            self.ledger.capacity = capacity
+
+    def _park(self, request: Any, reason: str) -> None:
+        self._parked += 1
+        self.park_request(request, f"cannot start on this worker: {reason}")
+
+    # -- repair ----------------------------------------------------------------
+
+    def reconcile(self, counted: Iterable[Any]) -> int:
+        """Celery counts ``counted`` (its reserved requests): whatever the ledger holds
+        for a request not among them ended unseen, and is released.  Returns how many."""
+        alive = {_ident(request) for request in counted}
+        with self._lock:
+            running = {i: d for i, d in self.ledger.running.items() if i in alive}
+            lost = self.ledger.reset(running) if len(running) != len(self.ledger.running) else []
+            self._repaired += len(lost)
+        if lost:
+            logger.warning(
+                "celery-fair: resources: %d task(s) ended without their end being seen; what "
+                "they held is free again",
+                len(lost),
+            )
+            self.pump()
+        return len(lost)
+
+    def repair(self, free: int) -> int:
+        """The watchdog found pool processes free while tasks wait: look again at what
+        Celery counts (see :meth:`reconcile`)."""
+        try:
+            reserved, _, _ = compat.worker_requests()
+        except RuntimeError:
+            return 0
+        return self.reconcile(reserved)
+
+    def statistics(self) -> CapacityStatistics:
+        with self._lock:
+            reserved = self.admission.reserved
+            return CapacityStatistics(
+                capacity=dict(self.ledger.capacity),
+                held=dict(self.ledger.held),
+                running=len(self.ledger.running),
+                waiting_for_room=len(self.aside),
+                reserved=None if reserved is None else str(reserved),
+                parked=self._parked,
+                repaired=self._repaired,
+            )
+
+    # -- wiring ----------------------------------------------------------------
+
+    def wrap(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore)."""
+        gate = self
+
+        def run(request: Any) -> None:
+            try:
+                process(request)
+            finally:
+                # Revoked or rejected on the way (Celery's task_ready ran): it holds
+                # nothing.  A task still waiting for prefork's semaphore, or running,
+                # is still counted, and is released when it ends.
+                if not compat.request_counted(request):
+                    gate.finished(request)
+
+        def gated(request: Any) -> None:
+            gate.submit(run, request)
+
+        return gated
+
+
+def check_declared(tasks: Mapping[str, Any], capacity: Resources) -> None:
+    """At worker start: every registered task's ``fair_resources`` reads and can fit.
+
+    Raises :class:`FairConfigError` naming the task, the value and why.
+    """
+    for name, task in sorted(tasks.items()):
+        declared = getattr(task, "fair_resources", None)
+        if declared is None:
+            continue
+        demand = parse_demand(declared, setting=f"fair_resources of task {name!r}")
+        reason = unfit_reason(demand, capacity)
+        if reason is not None:
+            raise FairConfigError(
+                f"fair_resources of task {name!r} ({declared!r}) can never start on this "
+                f"worker: {reason} (fair_capacity={dict(capacity)!r})"
+            )
