@@ -50,9 +50,7 @@ def install(app: App) -> App:
     # Scheduled tasks on the broker (fair_eta="broker"): a future eta's due time in a header.
     eta.register_app(app)
     # What a call declares it holds (fair_resources), checked, in a header.
-    before_task_publish.connect(
-        resources.stamp_resources, weak=False, dispatch_uid="celery_fair.resources"
-    )
+    resources.register_app(app)
     _warn_about_settings(app)
     app.on_after_configure.connect(
         _settings_read, sender=app, weak=False, dispatch_uid="celery_fair.settings"

@@ -82,6 +82,7 @@ from .kombu_redis import (
     wrap_fetch_start,
     wrap_parse_response,
     wrap_redis_publishing,
+    wrap_send_task,
     wrap_task_sender,
     wrap_virtual_qos,
 )
@@ -212,6 +213,7 @@ __all__ = (
     "wrap_pool_apply",
     "wrap_process_task",
     "wrap_redis_publishing",
+    "wrap_send_task",
     "wrap_task_sender",
     "wrap_virtual_qos",
 )

@@ -192,6 +192,23 @@ def wrap_task_sender(app: Any, hook: Callable[..., Any] | None, name: str = "key
         amqp.send_task_message = _SenderHook(original, hook, name)
 
 
+def wrap_send_task(app: Any, name: str, hook: Callable[..., Any]) -> None:
+    """Wrap ``app.send_task`` (``apply_async`` and ``send_task`` both end there) once per ``name``.
+
+    ``hook(original, task_name, *args, **options)``.  The app's own method is
+    replaced on the instance; unlike :func:`wrap_task_sender` this builds
+    nothing of the app's (install may run before the app is configured).
+    """
+    current = app.send_task
+    wrapped = current
+    while wrapped is not None:
+        if isinstance(wrapped, _SenderHook) and wrapped.name == name:
+            wrapped.hook = hook
+            return
+        wrapped = getattr(wrapped, "__wrapped__", None)
+    app.send_task = _SenderHook(current, hook, name)
+
+
 def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:
     """The queues ``exchange`` routes ``routing_key`` to (the channel's bindings)."""
     return list(channel._lookup(exchange, routing_key))

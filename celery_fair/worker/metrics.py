@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import FairConfigError
 from ..keys.gauges import PREFIX, keys_throttled
 from ..scheduling.stalls import PLACES
+from .capacity import CapacityStatistics
 
 if TYPE_CHECKING:
     from ..keys.serving import KeyStatistics
@@ -163,7 +164,10 @@ class FairCollector:
         def family(kind: Any, name: str, doc: str, values: dict[str, Any]) -> Any:
             return _per_queue(kind, name, doc, w, values)
 
-        cost_unit = "seconds of run time" if stats.cost == "runtime" else "tasks"
+        cost_unit = {
+            "runtime": "seconds of run time",
+            "dominant": "dominant shares, in pool slots",
+        }.get(stats.cost, "tasks")
         yield family(
             CounterMetricFamily,
             "served_tasks",
@@ -255,8 +259,39 @@ class FairCollector:
         )
         repaired.add_metric([w], float(stalled.repaired))
         yield repaired
+        if snapshot.resources is not None:
+            yield from self._resources(snapshot.resources)
         if snapshot.keys is not None:
             yield from self._keys(snapshot.keys)
+
+    def _resources(self, resources: CapacityStatistics) -> Iterator[Any]:
+        """``fair_capacity``: what the worker can hold and holds now, per resource."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        w = self.worker
+        capacity = GaugeMetricFamily(
+            f"{PREFIX}_resource_capacity",
+            "What this worker can hold of each resource (fair_capacity; slots: its pool's "
+            "processes; queue:NAME: fair_queue_concurrency).",
+            labels=["worker", "resource"],
+        )
+        held = GaugeMetricFamily(
+            f"{PREFIX}_resource_held",
+            "What the tasks running on this worker hold of each resource (fair_resources).",
+            labels=["worker", "resource"],
+        )
+        for name, amount in sorted(resources.capacity.items()):
+            capacity.add_metric([w, name], float(amount))
+            held.add_metric([w, name], float(resources.held.get(name, 0.0)))
+        yield capacity
+        yield held
+        waiting = GaugeMetricFamily(
+            f"{PREFIX}_resource_waiting",
+            "Tasks taken in fair order that wait for what they declare to be free.",
+            labels=["worker"],
+        )
+        waiting.add_metric([w], float(resources.waiting_for_room))
+        yield waiting
 
     def _keys(self, keys: KeyStatistics) -> Iterator[Any]:
         """Keyed queues: served tasks per queue, and per key for the top keys only.

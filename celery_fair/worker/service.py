@@ -22,7 +22,7 @@ from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
-from .capacity import ResourceGate
+from .capacity import CapacityStatistics, ResourceGate
 from .dispatch import FairGate, close_during_drain, wake_while_busy
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
@@ -302,6 +302,7 @@ class FairService:
             bad_input=self.quarantine.statistics(),
             stalls=self.stalls.statistics(),
             broker_full=self.full.statistics(),
+            resources=self.gate.statistics() if isinstance(self.gate, ResourceGate) else None,
         )
 
     def statistics(self) -> dict[str, object]:
@@ -324,6 +325,8 @@ class WorkerStatistics:
     bad_input: QuarantineStatistics
     stalls: StallStatistics
     broker_full: FullBrokerStatistics
+    #: What the worker holds against its capacity (None: resources off).
+    resources: CapacityStatistics | None = None
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly nested data: the scheduler's fields at the top level."""
@@ -343,4 +346,5 @@ class WorkerStatistics:
         stats["bad_input"] = asdict(self.bad_input)
         stats["stalls"] = asdict(self.stalls)
         stats["broker_full"] = asdict(self.broker_full)
+        stats["resources"] = self.resources.as_dict() if self.resources is not None else None
         return stats

@@ -227,11 +227,23 @@ def ledger(
     (restored from Kombu's unacked index).  A per-tenant counter in the hash
     ``ledger:tenants`` lets a driver follow progress without reading the list.
     """
+    _record_run(self.request, ms, tenant_id, user_id)  # type: ignore[attr-defined]
+
+
+@app.task(
+    name="held", bind=True, fair_resources=os.environ.get("CELERY_FAIR_HELD_RESOURCES") or None
+)
+def held(self: object, ms: float = 0.0, tenant_id: str | None = None) -> None:
+    """``ledger`` with a ``fair_resources`` attribute (``CELERY_FAIR_HELD_RESOURCES``)."""
+    _record_run(self.request, ms, tenant_id, None)  # type: ignore[attr-defined]
+
+
+def _record_run(request: Any, ms: float, tenant_id: str | None, user_id: str | None) -> None:
+    """The ``ledger`` task's run: sleep, then record it."""
     import json
 
     started = time.time()
     url = os.environ.get("CELERY_FAIR_LEDGER")
-    request = self.request  # type: ignore[attr-defined]
     delivery = getattr(request, "delivery_info", None) or {}
     redelivered = bool(delivery.get("redelivered"))
     if url and os.environ.get("CELERY_FAIR_LEDGER_STARTS") == "1":

@@ -7,15 +7,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_fair import FairConfigError
+from celery_fair.scheduling.cost import CostModel
 from celery_fair.scheduling.resources import (
     SLOTS,
     Admission,
     Ledger,
     demand_of,
+    dominant_cost,
     dominant_share,
     parse_capacity,
     parse_demand,
+    parse_queue_concurrency,
     progressive_filling,
+    queue_resource,
     unfit_reason,
 )
 
@@ -172,3 +176,46 @@ def test_progressive_filling_never_exceeds_the_capacity(shapes: list[tuple[float
         for i in range(n):
             ledger.hold((tenant, i), demands[tenant])
     assert not any(ledger.fits(d) for d in demands.values())
+
+
+def test_dominant_cost_is_the_dominant_share_in_pool_slots() -> None:
+    capacity = {"cpu": 9.0, "mem": 18.0, SLOTS: 10.0, queue_resource("video"): 2.0}
+    # The paper's shapes: A's dominant share is 2/9 (memory), B's 1/3 (CPU).
+    assert dominant_cost({"cpu": 1, "mem": 4, SLOTS: 1}, capacity) == pytest.approx(20 / 9)
+    assert dominant_cost({"cpu": 3, "mem": 1, SLOTS: 1}, capacity) == pytest.approx(10 / 3)
+    # A task that declares nothing costs one slot, as in count mode.
+    assert dominant_cost(demand_of(None), capacity) == pytest.approx(1.0)
+    # A queue's own limit is not a share of the machine.
+    assert dominant_cost({SLOTS: 1, queue_resource("video"): 1}, capacity) == pytest.approx(1.0)
+
+
+def test_dominant_costs_give_drr_the_papers_three_to_two() -> None:
+    from celery_fair.scheduling.dispatch import DispatchRound
+
+    capacity = {"cpu": 9.0, "mem": 18.0, SLOTS: 10.0}
+    costs = CostModel("dominant")
+    assert costs.runtime and costs.unit == 1.0
+    round_: DispatchRound[str] = DispatchRound(costs)
+    round_.set_quanta(costs.quanta({"a": 1.0, "b": 1.0}))
+    shapes = {"a": {"cpu": 1.0, "mem": 4.0, SLOTS: 1.0}, "b": {"cpu": 3.0, "mem": 1.0, SLOTS: 1.0}}
+    for i in range(600):
+        round_.put("a", f"a{i}")
+        round_.put("b", f"b{i}")
+    taken = {"a": 0, "b": 0}
+    for _ in range(500):
+        got = round_.take()
+        assert got is not None
+        queue = got[0]
+        taken[queue] += 1
+        # Post-charged at the end of each run, as the worker does.
+        round_.finished(queue, dominant_cost(shapes[queue], capacity))
+        costs.observe(queue, dominant_cost(shapes[queue], capacity))
+    assert taken["a"] / taken["b"] == pytest.approx(1.5, rel=0.02)
+
+
+def test_queue_concurrency_is_read_and_checked() -> None:
+    assert parse_queue_concurrency("video=3,other=1") == {"video": 3, "other": 1}
+    assert parse_queue_concurrency({"video": 2}) == {"video": 2}
+    for bad in ("video=0", {"video": 1.5}, {"video": True}, "video=x"):
+        with pytest.raises(FairConfigError, match="fair_queue_concurrency"):
+            parse_queue_concurrency(bad)

@@ -1,0 +1,170 @@
+"""Resources: tasks start by what they declare, against a real Redis and real ``celery worker``.
+
+The Dominant Resource Fairness paper's example (Ghodsi et al., NSDI 2011): a
+worker of <9 CPUs, 18 GB>, A's tasks <1 CPU, 4 GB>, B's <3 CPUs, 1 GB>; DRF
+runs three of A's and two of B's.  From the ledger of starts and finishes
+the capacity is never exceeded (a run's recorded interval lies inside the
+time its resources are held), and A:B, time-averaged, is 3:2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import pytest
+from celery import Celery
+
+import celery_fair
+from celery_fair.errors import FairConfigError
+from celery_fair.parking.store import parking_for
+from tests.harness.control import wait_fair_stats
+from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.keys import most_at_once
+from tests.harness.ledger import Entry, Ledger
+
+pytestmark = [pytest.mark.integration]
+
+A = {"cpu": 1, "mem": 4}
+B = {"cpu": 3, "mem": 1}
+PAPER = "cpu=9,mem=18"
+
+
+@pytest.fixture
+def producer(redis_url: str) -> Iterator[Celery]:
+    app = Celery("resources-producer", broker=redis_url)
+    celery_fair.install(app)
+    yield app
+    app.close()
+
+
+def _publish(app: Celery, queue: str, n: int, resources: Mapping[str, float], ms: float) -> None:
+    for _ in range(n):
+        app.send_task(
+            "ledger", kwargs={"ms": ms, "tenant_id": queue}, queue=queue, fair_resources=resources
+        )
+
+
+def _window(entries: list[Entry], tenants: Iterable[str]) -> tuple[float, float]:
+    """From the first start to the first tenant's last start: every tenant backlogged."""
+    start = min(e.started for e in entries)
+    end = min(max(e.started for e in entries if e.tenant == t) for t in tenants)
+    return start, end
+
+
+def _running(entries: list[Entry], tenant: str, start: float, end: float) -> float:
+    """Time-averaged tasks of ``tenant`` running over [start, end]."""
+    busy = sum(
+        max(0.0, min(e.finished, end) - max(e.started, start))
+        for e in entries
+        if e.tenant == tenant
+    )
+    return busy / (end - start)
+
+
+def _peaks(entries: list[Entry]) -> dict[str, float]:
+    """The most of each resource the recorded runs held at one instant."""
+    points = sorted(
+        [(e.started, 1, e) for e in entries] + [(e.finished, -1, e) for e in entries],
+        key=lambda p: (p[0], p[1]),  # at a tie a finish comes first
+    )
+    held: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    for _, step, entry in points:
+        for name, amount in (entry.resources or {}).items():
+            held[name] = held.get(name, 0.0) + step * amount
+            peak[name] = max(peak.get(name, 0.0), held[name])
+    return peak
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_the_papers_example_runs_three_to_two_within_capacity(
+    redis_url: str, producer: Celery, pool: str
+) -> None:
+    _publish(producer, "a", 90, A, ms=300)
+    _publish(producer, "b", 60, B, ms=300)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": PAPER,
+           "CELERY_FAIR_COST": "dominant"}  # fmt: skip
+    with WorkerProcess(redis_url, ["a", "b"], pool=pool, concurrency=10, env=env) as worker:
+        assert ledger.wait_for(150, timeout=120, alive=[worker]), worker.log()[-3000:]
+        stats = wait_fair_stats(redis_url)
+    entries = ledger.entries()
+    assert len({e.id for e in entries}) == 150
+    peak = _peaks(entries)
+    assert peak["cpu"] <= 9 and peak["mem"] <= 18, peak
+    start, end = _window(entries, ["a", "b"])
+    ratio = _running(entries, "a", start, end) / _running(entries, "b", start, end)
+    assert 1.5 * 0.9 <= ratio <= 1.5 * 1.1, ratio
+    resources = stats["resources"]
+    assert resources["capacity"] == {"cpu": 9.0, "mem": 18.0, "slots": 10.0}
+    assert resources["running"] == 0 and resources["parked"] == 0
+
+
+@pytest.mark.parametrize(
+    "churn",
+    [
+        # Production flags: a child replaced every 5 tasks, and a pool that grows and shrinks.
+        ["--max-tasks-per-child", "5"],
+        ["--autoscale", "4,1"],
+    ],
+    ids=["max-tasks-per-child", "autoscale"],
+)
+def test_queue_concurrency_holds_under_churn(
+    redis_url: str, producer: Celery, churn: list[str]
+) -> None:
+    for _ in range(300):
+        producer.send_task("ledger", kwargs={"ms": 20, "tenant_id": "video"}, queue="video")
+        producer.send_task("ledger", kwargs={"ms": 20, "tenant_id": "other"}, queue="other")
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_QUEUE_CONCURRENCY": "video=2"}
+    with WorkerProcess(
+        redis_url, ["video", "other"], concurrency=4, env=env, extra_args=churn
+    ) as worker:
+        assert ledger.wait_for(600, timeout=180, alive=[worker]), worker.log()[-3000:]
+    entries = ledger.entries()
+    assert len(entries) == len({e.id for e in entries}) == 600
+    most = most_at_once(entries)
+    assert most["video"] <= 2, most
+    assert most["video"] == 2, most  # the limit is used, not only respected
+    assert most["other"] >= 2, most  # the rest of the worker serves the other queue
+
+
+def test_a_task_attribute_is_held_and_one_that_never_fits_is_parked(
+    redis_url: str, producer: Celery
+) -> None:
+    queue = "held"
+    for _ in range(12):
+        producer.send_task("held", kwargs={"ms": 100, "tenant_id": "held"}, queue=queue)
+    producer.send_task(
+        "ledger", kwargs={"tenant_id": "gpu"}, queue=queue, fair_resources={"gpu": 1}
+    )
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": "cpu=4",
+           "CELERY_FAIR_HELD_RESOURCES": "cpu=2"}  # fmt: skip
+    with WorkerProcess(redis_url, [queue], pool="threads", concurrency=4, env=env) as worker:
+        assert ledger.wait_for(12, timeout=60, alive=[worker]), worker.log()[-3000:]
+        with producer.connection_for_write() as conn:
+            parking = parking_for(conn.default_channel)
+            assert poll_until(lambda: bool(parking.list(queue)), timeout=30), worker.log()[-3000:]
+            parked = parking.list(queue)
+    assert most_at_once(ledger.entries())["held"] == 2  # cpu=2 each of cpu=4, on 4 threads
+    assert len(parked) == 1 and parked[0].task == "ledger"
+    assert "resource(s) gpu not in the worker's capacity" in parked[0].reason
+    assert ledger.per_tenant().get("gpu") is None  # parked, not run
+
+
+def test_a_task_attribute_that_can_never_fit_stops_the_worker_at_start(redis_url: str) -> None:
+    env = {"CELERY_FAIR_CAPACITY": "cpu=4", "CELERY_FAIR_HELD_RESOURCES": "cpu=8"}
+    worker = WorkerProcess(redis_url, ["held"], pool="threads", concurrency=2, env=env).start()
+    try:
+        assert worker.wait(timeout=60) != 0
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert "fair_resources of task 'held'" in log and "cpu 8 > 4" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("bad", [{"cpu": -1}, {"cpu": "lots"}, "cpu"])
+def test_a_bad_declaration_is_refused_at_publish(producer: Celery, bad: object) -> None:
+    with pytest.raises(FairConfigError, match="fair_resources of task 'ledger'"):
+        producer.send_task("ledger", queue="a", fair_resources=bad)
