@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import compat
 from ..errors import FairConfigError
+from ..scheduling.estimate import Ewma
 from ..scheduling.resources import (
     SLOTS,
     Admission,
@@ -164,12 +165,15 @@ class ResourceGate:
         #: Taken from the fair order, waiting for room: (ident, demand, queue, entry).
         self.aside: list[tuple[object, dict[str, float], str, tuple[Any, Any]]] = []
         self._lock = service.lock
-        self._admit = admission(service, gate_request)
+        # CoDel is asked as a task starts, not as it is taken: its sojourn then
+        # includes the wait for room (RFC 8289 measures at dequeue).
+        self._admit = admission(service, gate_request, stale=False)
         self._closed = False
         self._pumping = False
         self._parked = 0
         self._repaired = 0
-        self._costs: dict[object, float] = {}
+        #: Tasks running as each task starts, averaged: how many fit at once.
+        self._at_once = Ewma(alpha=0.05)
 
     # -- what the other parts read ---------------------------------------------
 
@@ -232,7 +236,9 @@ class ResourceGate:
                     full = self.admission.reserved is not None or len(self.aside) >= self.lookahead
                 if chosen is not None:
                     run, request = chosen
-                    run(request)
+                    if not self._stale(request):
+                        self._fit_window()
+                        run(request)
                     continue
                 if full:
                     return
@@ -251,6 +257,34 @@ class ResourceGate:
         finally:
             with self._lock:
                 self._pumping = False
+
+    def _fit_window(self) -> None:
+        """A task starts: the tasks running now, averaged, are what fits at once, and the
+        prefetch window follows (:meth:`~.windows.PrefetchWindows.fit_to_running`)."""
+        with self._lock:
+            at_once = self._at_once.update(len(self.ledger.running))
+        self.service.prefetch.fit_to_running(at_once)
+
+    def _stale(self, request: Any) -> bool:
+        """CoDel on: whether ``request`` went back to the broker instead of starting."""
+        shedder = self.service.shedder
+        if shedder is None:
+            return False
+        with self._lock:
+            backlog = len(self.aside) + len(self.service.scheduler.dispatch)
+        verdict = shedder.check(request, backlog)
+        if verdict is None:
+            if not backlog:
+                shedder.empty()
+            return False
+        if not shedder.send_back(request, verdict):
+            return False  # running it beats losing it
+        queue = self.service.queue_map.queue_of(request)
+        with self._lock:
+            self.ledger.release(_ident(request))
+            if queue is not None:
+                self.service.scheduler.dispatch.refund(queue)
+        return True
 
     def _choose(self) -> tuple[Any, Any] | None:
         """Under the lock: the entry to start now, held in the ledger, or None."""

@@ -86,12 +86,13 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
 
 
 def admission(
-    service: SchedulingService, request_of: Callable[[Any], Any]
+    service: SchedulingService, request_of: Callable[[Any], Any], *, stale: bool = True
 ) -> Callable[[], tuple[str, Any] | None]:
     """The admission loop on the worker's wait buffer: the next entry to run, or None.
 
     The checks, in order: a paused key (its tasks go back, none starts), then
-    CoDel (a stale task goes back).  Entries sent back are skipped and the
+    CoDel (a stale task goes back; ``stale=False`` leaves CoDel to the caller,
+    which checks as the task starts).  Entries sent back are skipped and the
     next one is considered at once (:func:`~celery_fair.scheduling.dispatch.next_admitted`).
     """
     pauses, shedder = service.pauses, service.shedder
@@ -102,7 +103,7 @@ def admission(
         key, _, _ = service.queue_map.key_of(request_of(entry), queue)
         return pauses.check(queue, key)
 
-    def stale(queue: str, entry: Any, backlog: int) -> SendBack | None:
+    def stale_check(queue: str, entry: Any, backlog: int) -> SendBack | None:
         assert shedder is not None
         return shedder.check(request_of(entry), backlog)
 
@@ -113,10 +114,11 @@ def admission(
         assert shedder is not None
         return shedder.send_back(request_of(entry), back)
 
-    checks: list[Check[Any]] = [paused] if shedder is None else [paused, stale]
+    codel = shedder is not None and stale
+    checks: list[Check[Any]] = [paused, stale_check] if codel else [paused]
     return partial(
         next_admitted, service.scheduler.dispatch, service.lock, checks, send_back,
-        empty=None if shedder is None else shedder.empty,
+        empty=shedder.empty if codel and shedder is not None else None,
     )  # fmt: skip
 
 

@@ -149,6 +149,8 @@ class FairService:
         if self.attach(channel, task_consumer.queues):
             if settings.prefetch == "auto":
                 self.prefetch.adapt_prefetch(consumer, channel)
+            elif settings.resources:
+                self.prefetch.attach_resources(consumer, channel)
             if gate is not None and not inline and getattr(gate, "direct", True):
                 wake_while_busy(consumer.connection, gate)
             queues = [q.name for q in task_consumer.queues]

@@ -9,6 +9,7 @@ is applied in place through Celery's QoS object.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,8 @@ class PrefetchWindows:
         self.push: PushWindows | None = None  # adaptive windows on AMQP
         self._qos: Any = None
         self._base_window = 0
+        #: Celery's own window, when resources fit the window to what runs at once.
+        self._celery_window = 0
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
@@ -189,6 +192,35 @@ class PrefetchWindows:
 
         compat.wrap_fetch_start(channel, fetch_sent)
         compat.replace_fetch_read(channel, fair_brpop_read)
+
+    def attach_resources(self, consumer: Any, channel: Any) -> None:
+        """Resources on, Celery's window (no ``fair_prefetch``), Redis: the window will
+        count the tasks that fit at once, not the pool's processes (:meth:`fit_to_running`)."""
+        qos = getattr(consumer, "qos", None)
+        if self.settings.prefetch is not None or not compat.is_redis_channel(channel):
+            return
+        compat.probe_consumer_qos(qos, self.probe)
+        if not self.probe.has("celery.consumer.qos"):
+            return
+        base = int(getattr(consumer, "initial_prefetch_count", 0) or 4 * self.concurrency)
+        self._qos, self._base_window, self._celery_window = qos, base, base
+
+    def fit_to_running(self, at_once: float) -> None:
+        """About ``at_once`` tasks fit the worker's capacity together: hold Celery's
+        multiplier of them, not of the pool's processes (never more than Celery's window).
+
+        A worker whose tasks wait for room would otherwise hold its whole window
+        while it runs a few: tasks another worker could start now.
+        """
+        qos, celery = self._qos, self._celery_window
+        if qos is None or not celery or self.settings.prefetch is not None:
+            return
+        multiplier = celery / self.concurrency
+        wanted = max(1, min(celery, math.ceil(multiplier * at_once)))
+        if wanted != self._base_window:
+            compat.move_qos_window(qos, self._base_window, wanted)
+            self._base_window = wanted
+            self.windows = {"*": wanted}
 
     def observe_service(self, runtime: float) -> None:
         """A task ran for ``runtime`` s: resize the adaptive window if needed."""
