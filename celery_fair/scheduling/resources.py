@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import FairConfigError
@@ -38,6 +38,7 @@ __all__ = (
     "Admission",
     "Ledger",
     "Resources",
+    "cluster_capacity",
     "demand_of",
     "dominant_cost",
     "dominant_share",
@@ -174,6 +175,28 @@ def dominant_cost(demand: Resources, capacity: Resources) -> float:
         name: amount for name, amount in capacity.items() if not name.startswith(QUEUE_RESOURCE)
     }
     return dominant_share(demand, shared) * capacity.get(SLOTS, 1.0)
+
+
+def cluster_capacity(
+    capacities: Iterable[tuple[Resources, float]], now: float, *, fresh: float
+) -> dict[str, float]:
+    """What the workers that said so within ``fresh`` seconds of ``now`` can hold together.
+
+    ``capacities``: each worker's capacity and when it last said it.  A
+    queue's own resource is per worker, and is left out.  Under
+    ``fair_cost="dominant"`` every worker charges a task its share of this
+    sum: the dominant shares that DRF equalises are then the cluster's, and
+    the charges workers of different sizes make on a keyed queue's keys (on
+    the broker, shared) are on one scale.
+    """
+    total: dict[str, float] = {}
+    for capacity, said in capacities:
+        if now - said > fresh:
+            continue
+        for name, amount in capacity.items():
+            if not name.startswith(QUEUE_RESOURCE):
+                total[name] = total.get(name, 0.0) + amount
+    return total
 
 
 @dataclass

@@ -115,10 +115,13 @@ class CapacityStatistics:
     reserved: str | None
     parked: int
     repaired: int
+    #: Every worker's capacity summed, as read from the broker (empty: not read).
+    cluster: Mapping[str, float]
 
     def as_dict(self) -> dict[str, object]:
         return {
             "capacity": dict(self.capacity),
+            "cluster": dict(self.cluster),
             "held": {name: round(self.held.get(name, 0.0), 6) for name in self.capacity},
             "running": self.running,
             "waiting_for_room": self.waiting_for_room,
@@ -172,6 +175,8 @@ class ResourceGate:
         self._pumping = False
         self._parked = 0
         self._repaired = 0
+        #: Every worker's capacity summed (:mod:`.cluster`); empty until read.
+        self.cluster: dict[str, float] = {}
         #: Tasks running as each task starts, averaged: how many fit at once.
         self._at_once = Ewma(alpha=0.05)
 
@@ -192,9 +197,14 @@ class ResourceGate:
             return [entry[1] for _, _, _, entry in self.aside]
 
     def cost(self, request: Any, queue: str) -> float:
-        """A request's dominant cost (``fair_cost="dominant"``), in pool slots."""
+        """A request's dominant cost (``fair_cost="dominant"``): its share of every
+        worker's capacity (:meth:`set_cluster`; this worker's until known), in pool slots."""
         demand, _ = self.demands.of(queue, request)
-        return dominant_cost(demand, self.ledger.capacity)
+        return dominant_cost(demand, self.cluster or self.ledger.capacity)
+
+    def set_cluster(self, capacity: Resources) -> None:
+        """What every worker can hold together (read from the broker)."""
+        self.cluster = dict(capacity)
 
     # -- the flow --------------------------------------------------------------
 
@@ -351,6 +361,7 @@ class ResourceGate:
                 reserved=None if reserved is None else str(reserved),
                 parked=self._parked,
                 repaired=self._repaired,
+                cluster=dict(self.cluster),
             )
 
     # -- wiring ----------------------------------------------------------------

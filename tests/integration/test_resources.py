@@ -101,6 +101,8 @@ def test_the_papers_example_runs_three_to_two_within_capacity(
     # the 10 threads: 20ish, where Celery's is 40.
     assert 16 <= stats["prefetch_windows"]["*"] <= 24, stats["prefetch_windows"]
     assert resources["running"] == 0 and resources["parked"] == 0
+    # The worker's capacity, read back from the board on the broker.
+    assert resources["cluster"] == {"cpu": 9.0, "mem": 18.0, "slots": 10.0}
 
 
 @pytest.mark.parametrize(

@@ -219,3 +219,16 @@ def test_queue_concurrency_is_read_and_checked() -> None:
     for bad in ("video=0", {"video": 1.5}, {"video": True}, "video=x"):
         with pytest.raises(FairConfigError, match="fair_queue_concurrency"):
             parse_queue_concurrency(bad)
+
+
+def test_cluster_capacity_sums_the_workers_heard_from_lately() -> None:
+    from celery_fair.scheduling.resources import cluster_capacity
+
+    one = {"cpu": 9.0, "mem": 18.0, SLOTS: 10.0, queue_resource("video"): 2.0}
+    two = {"cpu": 6.0, "mem": 24.0, SLOTS: 10.0}
+    gone = {"cpu": 100.0, SLOTS: 4.0}
+    total = cluster_capacity([(one, 100.0), (two, 95.0), (gone, 60.0)], 100.0, fresh=30.0)
+    # A queue's own limit is per worker; a worker silent for 40 s is gone.
+    assert total == {"cpu": 15.0, "mem": 42.0, SLOTS: 20.0}
+    # The paper's shapes on the two workers together: A's share is memory's 4/42.
+    assert dominant_cost({"cpu": 1, "mem": 4, SLOTS: 1}, total) == pytest.approx(20 * 4 / 42)

@@ -20,7 +20,9 @@ Consumer blueprint, at every (re)connection:
 * :class:`FairKeysStep` (``celery_fair.keys``): plain consumers of keyed
   queues warned about, keyed backlogs adopted;
 * :class:`FairWatchdogStep` (``celery_fair.watchdog``): tasks that wait while
-  a pool process is free, logged, counted and repaired.
+  a pool process is free, logged, counted and repaired;
+* :class:`FairResourcesStep` (``celery_fair.resources``): this worker's
+  capacity on the broker, and every worker's summed (``fair_cost="dominant"``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .dispatch import FairDispatchStep
 from .errors import StartError
 from .keys import FairKeysStep
 from .metrics import FairMetricsStep
+from .resources import FairResourcesStep
 from .service import FairWorkerStep
 from .telemetry import FairTelemetryStep
 from .watchdog import FairWatchdogStep
@@ -41,6 +44,7 @@ __all__ = (
     "FairDispatchStep",
     "FairKeysStep",
     "FairMetricsStep",
+    "FairResourcesStep",
     "FairTelemetryStep",
     "FairWatchdogStep",
     "FairWorkerStep",
@@ -50,4 +54,4 @@ __all__ = (
 #: What :func:`celery_fair.install` adds to ``app.steps["worker"]``.
 WORKER_STEPS = (FairWorkerStep, FairTelemetryStep, FairMetricsStep, FairDispatchStep)
 #: What :func:`celery_fair.install` adds to ``app.steps["consumer"]``.
-CONSUMER_STEPS = (FairConsumerStep, FairKeysStep, FairWatchdogStep)
+CONSUMER_STEPS = (FairConsumerStep, FairKeysStep, FairWatchdogStep, FairResourcesStep)
