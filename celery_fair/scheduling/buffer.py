@@ -11,9 +11,10 @@ Tasks of a keyed queue (:mod:`celery_fair.keys`) carry their key and their
 priority level; within that queue they wait by level, then in start-time
 fair order over the keys instead of FIFO, so a quiet key's task is not stuck
 behind a flooding key's tasks already prefetched, nor an urgent task behind
-batch work.  Every key counts one task per turn here: the weights
-between keys act where messages are fetched (the broker's script), and this
-buffer only holds the prefetch window.
+batch work.  Every key counts one task per turn here (or its
+cost, under ``fair_cost="dominant"``): the weights between keys act where
+messages are fetched (the broker's script), and this buffer only holds the
+prefetch window.
 """
 
 from __future__ import annotations
@@ -50,10 +51,12 @@ class _KeyOrder(Generic[T]):
         self._vt: dict[int, float] = {}
         self._seq = 0
 
-    def append(self, item: T, key: str, level: int = 0, user: str | None = None) -> None:
+    def append(
+        self, item: T, key: str, level: int = 0, user: str | None = None, cost: float = 1.0
+    ) -> None:
         turn = (level, key, user)
         tag = max(self._vt.get(level, 0.0), self._next.get(turn, 0.0))
-        self._next[turn] = tag + 1.0
+        self._next[turn] = tag + cost
         heapq.heappush(self._heap, (level, tag, self._seq, item, key))
         self._seq += 1
 
@@ -109,18 +112,26 @@ class FairBuffer(Generic[T]):
         self.drr.set_quanta(quanta)
 
     def put(
-        self, queue: str, item: T, key: str | None = None, level: int = 0, user: str | None = None
+        self,
+        queue: str,
+        item: T,
+        key: str | None = None,
+        level: int = 0,
+        user: str | None = None,
+        cost: float = 1.0,
     ) -> None:
         """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s
         (and their ``user``s, with two-level keys).
 
-        A keyed queue's tasks are taken by ``level`` first (the lowest first).
+        A keyed queue's tasks are taken by ``level`` first (the lowest first);
+        within a level a key's turn advances by ``cost`` per task (start-time
+        fair queueing: a key of tasks twice as costly gets half the turns).
         """
         items = self._items.get(queue)
         if items is None:
             items = self._items[queue] = deque() if key is None else _KeyOrder()
         if isinstance(items, _KeyOrder):
-            items.append(item, key or "", level, user)
+            items.append(item, key or "", level, user, cost)
         else:
             items.append(item)
         self._size += 1

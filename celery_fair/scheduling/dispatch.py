@@ -69,11 +69,17 @@ class DispatchRound(Generic[T]):
         self.buffer.set_quanta(quanta)
 
     def put(
-        self, queue: str, item: T, key: str | None = None, level: int = 0, user: str | None = None
+        self,
+        queue: str,
+        item: T,
+        key: str | None = None,
+        level: int = 0,
+        user: str | None = None,
+        cost: float = 1.0,
     ) -> None:
         """Buffer ``item`` of ``queue`` (``key``, ``level``, ``user``: a keyed queue's key,
-        level and user within the key)."""
-        self.buffer.put(queue, item, key, level, user)
+        level and user within the key; ``cost``: what the key's turn advances by)."""
+        self.buffer.put(queue, item, key, level, user, cost)
 
     def take(self) -> tuple[str, T] | None:
         """The next ``(queue, item)`` in DWRR order, charged its cost."""

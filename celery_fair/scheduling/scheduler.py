@@ -201,15 +201,18 @@ class FairScheduler:
         key: str | None = None,
         level: int = 0,
         user: str | None = None,
+        cost: float = 1.0,
     ) -> None:
         """Buffer a task of ``queue`` until a pool slot is free.
 
         ``key`` and ``level``: a keyed queue's key and priority level (the lowest
-        level is taken first); ``user``: its user within the key (two-level keys).
+        level is taken first); ``user``: its user within the key (two-level keys);
+        ``cost``: what the key's turn in this buffer advances by (1, or its
+        dominant cost).
         """
         if self.fetch.adopt(queue):
             self._apply_quanta()
-        self.dispatch.put(queue, item, key, level, user)
+        self.dispatch.put(queue, item, key, level, user, cost)
 
     # -- introspection ------------------------------------------------------
 

@@ -81,8 +81,14 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
     """Buffer ``entry`` (whose request is ``args[0]``) under its queue and, if keyed, its key
     and priority level."""
     queue = _queue_of(service, args)
-    key, level, user = service.queue_map.key_of(args[0] if args else None, queue)
-    service.scheduler.wait(queue, entry, key, level, user)
+    request = args[0] if args else None
+    key, level, user = service.queue_map.key_of(request, queue)
+    cost = 1.0
+    if key is not None and service.settings.cost == "dominant":
+        # The keys' turns in the buffer advance by what each task costs, as on the broker.
+        charge = getattr(service.gate, "cost", None)
+        cost = 1.0 if charge is None else max(charge(request, queue), 1e-6)
+    service.scheduler.wait(queue, entry, key, level, user, cost)
 
 
 def admission(

@@ -173,3 +173,57 @@ def test_a_task_attribute_that_can_never_fit_stops_the_worker_at_start(redis_url
 def test_a_bad_declaration_is_refused_at_publish(producer: Celery, bad: object) -> None:
     with pytest.raises(FairConfigError, match="fair_resources of task 'ledger'"):
         producer.send_task("ledger", queue="a", fair_resources=bad)
+
+
+def test_two_workers_of_different_sizes_give_a_keyed_queues_tenants_equal_dominant_shares(
+    redis_url: str,
+) -> None:
+    from tests.harness.keys import keyed_app
+
+    producer = keyed_app(redis_url, {"jobs": "tenant_id"})
+    try:
+        for _ in range(300):
+            producer.send_task("ledger", kwargs={"ms": 300, "tenant_id": "A"}, queue="jobs",
+                               fair_resources=A)  # fmt: skip
+            producer.send_task("ledger", kwargs={"ms": 300, "tenant_id": "B"}, queue="jobs",
+                               fair_resources=B)  # fmt: skip
+    finally:
+        producer.close()
+    ledger = Ledger(redis_url)
+    capacities = ["cpu=9,mem=18", "cpu=6,mem=24"]
+    workers = [
+        WorkerProcess(
+            redis_url,
+            ["jobs"],
+            pool="threads",
+            concurrency=10,
+            env={
+                "CELERY_FAIR_LEDGER": redis_url,
+                "CELERY_FAIR_KEYS": "jobs=tenant_id",
+                "CELERY_FAIR_CAPACITY": capacity,
+                "CELERY_FAIR_COST": "dominant",
+            },
+        )  # fmt: skip
+        for capacity in capacities
+    ]
+    try:
+        for worker in workers:
+            worker.start()
+        assert ledger.wait_for(600, timeout=180, alive=workers), workers[0].log()[-3000:]
+    finally:
+        for worker in workers:
+            worker.stop()
+    entries = ledger.entries()
+    start, end = _window(entries, ["A", "B"])
+    total = {"cpu": 15.0, "mem": 42.0}
+    shares = {
+        tenant: max(_running(entries, tenant, start, end) * shape[r] / total[r] for r in total)
+        for tenant, shape in (("A", A), ("B", B))
+    }
+    # DRF over both workers: A's share is memory's (4/42 a task), B's CPU's (3/15).
+    assert 0.9 <= shares["A"] / shares["B"] <= 1.1, shares
+    sizes = ({"cpu": 9, "mem": 18}, {"cpu": 6, "mem": 24})
+    for worker, capacity in zip(workers, sizes, strict=True):
+        runs = [e for e in entries if e.worker.startswith(worker.name + "@")]
+        peak = _peaks(runs)
+        assert runs and all(peak[r] <= capacity[r] for r in capacity), (worker.name, peak)
