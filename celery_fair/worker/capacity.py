@@ -179,6 +179,7 @@ class ResourceGate:
         self._admit = admission(service, gate_request, stale=False)
         self._closed = False
         self._pumping = False
+        self._again = False
         self._parked = 0
         self._repaired = 0
         #: Every worker's capacity summed (:mod:`.cluster`); empty until read.
@@ -239,40 +240,59 @@ class ResourceGate:
         self.pump()
 
     def pump(self) -> None:
-        """Start, in fair order, every task that fits."""
+        """Start, in fair order, every task that fits.
+
+        One thread pumps at a time; a call while another pumps (a task ended
+        in a pool thread) makes that one look again before it stops, so room
+        freed meanwhile is never left unused.
+        """
         with self._lock:
-            if self._pumping or self._closed:
+            if self._closed:
+                return
+            if self._pumping:
+                self._again = True
                 return
             self._pumping = True
         try:
             while True:
                 with self._lock:
-                    self._resize()
-                    chosen = self._choose()
-                    full = self.admission.reserved is not None or len(self.aside) >= self.lookahead
-                if chosen is not None:
-                    run, request = chosen
-                    if not self._stale(request):
-                        self._fit_window()
-                        run(request)
-                    continue
-                if full:
-                    return
-                taken = self._admit()
-                if taken is None:
-                    return
-                queue, entry = taken
-                request = entry[1]
-                demand, error = self.demands.of(queue, request)
-                reason = error or unfit_reason(demand, self.ledger.capacity)
-                if reason is not None:
-                    self._park(request, reason)
-                    continue
+                    self._again = False
+                self._start_what_fits()
                 with self._lock:
-                    self.aside.append((_ident(request), demand, queue, entry))
-        finally:
+                    if not self._again or self._closed:
+                        self._pumping = False
+                        return
+        except BaseException:
             with self._lock:
                 self._pumping = False
+            raise
+
+    def _start_what_fits(self) -> None:
+        while True:
+            with self._lock:
+                self._resize()
+                chosen = self._choose()
+                full = self.admission.reserved is not None or len(self.aside) >= self.lookahead
+            if chosen is not None:
+                run, request = chosen
+                if not self._stale(request):
+                    self._fit_window()
+                    run(request)
+                continue
+            if full:
+                return
+            taken = self._admit()
+            if taken is None:
+                return
+            queue, entry = taken
+            request = entry[1]
+            demand, error = self.demands.of(queue, request)
+            reason = error or unfit_reason(demand, self.ledger.capacity)
+            if reason is not None:
+                self._park(request, reason)
+                continue
+            with self._lock:
+                self.aside.append((_ident(request), demand, queue, entry))
 
     def _fit_window(self) -> None:
         """A task starts: the tasks running now, averaged, are what fits at once, and the
