@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from celery_fair.analytics import transforms as T
+from celery_fair.analytics.charts import write_charts
 from celery_fair.analytics.html import render_html
 from celery_fair.analytics.pipeline import compute, spark_ddl
 from celery_fair.analytics.report import build_report, format_summary
@@ -91,8 +92,11 @@ def test_drf_example_gives_both_tenants_a_dominant_share_of_two_thirds(
     assert res["peak"]["cpu"] == pytest.approx(1.0)
     summary = format_summary(report)
     assert "dominant share" in summary and "A (jobs) 66.7% mem" in summary
-    page = render_html(report, {})
+    charts = write_charts(report, tmp_path)
+    assert {"resource_usage", "dominant_shares"} <= set(charts)
+    page = render_html(report, charts)
     assert "<h2>Resources</h2>" in page and "<td>66.67%</td>" in page
+    assert 'alt="dominant_shares"' in page
 
 
 def test_an_idle_worker_counts_its_capacity_and_runs_spread_over_windows(
