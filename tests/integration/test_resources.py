@@ -10,6 +10,7 @@ time its resources are held), and A:B, time-averaged, is 3:2.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -171,3 +172,24 @@ def test_a_task_attribute_that_can_never_fit_stops_the_worker_at_start(redis_url
 def test_a_bad_declaration_is_refused_at_publish(producer: Celery, bad: object) -> None:
     with pytest.raises(FairConfigError, match="fair_resources of task 'ledger'"):
         producer.send_task("ledger", queue="a", fair_resources=bad)
+
+
+def test_telemetry_records_what_each_task_held_and_the_capacity(
+    redis_url: str, producer: Celery, tmp_path: Path
+) -> None:
+    """Prefork: the main process stamps the demand and capacity, the pool process records them."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    _publish(producer, "a", 12, A, ms=50)
+    _publish(producer, "b", 8, B, ms=50)
+    ledger = Ledger(redis_url)
+    telemetry = tmp_path / "telemetry"
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": PAPER,
+           "CELERY_FAIR_TELEMETRY_DIR": str(telemetry)}  # fmt: skip
+    with WorkerProcess(redis_url, ["a", "b"], pool="prefork", concurrency=4, env=env) as worker:
+        assert ledger.wait_for(20, timeout=120, alive=[worker]), worker.log()[-3000:]
+    rows = [r for r in pq.read_table(telemetry).to_pylist() if r["outcome"] == "success"]
+    assert len({r["task_id"] for r in rows}) == 20
+    held = {"a": {**A, "slots": 1}, "b": {**B, "slots": 1}}
+    for row in rows:
+        assert dict(row["resources"]) == held[row["queue"]], row
+        assert dict(row["capacity"]) == {"cpu": 9.0, "mem": 18.0, "slots": 4.0}, row
