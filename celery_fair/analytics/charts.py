@@ -22,7 +22,7 @@ import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-__all__ = ("CHARTS", "series", "window_grid", "write_charts")
+__all__ = ("CHARTS", "RESOURCE_CHARTS", "series", "window_grid", "write_charts")
 
 
 def window_grid(meta: dict[str, Any]) -> np.ndarray:
@@ -148,6 +148,32 @@ def plot_noisy_tenants(ax: Axes, report: dict[str, Any]) -> None:
         ax.legend(fontsize="small")
 
 
+def plot_resource_usage(ax: Axes, report: dict[str, Any]) -> None:
+    by_resource: dict[str, list[dict[str, Any]]] = {}
+    for row in report["resources"]["usage"]:
+        by_resource.setdefault(row["resource"], []).append(row)
+    for name, rows in sorted(by_resource.items()):
+        _plot_series(ax, report, rows, "held_share", name)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of capacity held")
+    ax.set_title("Resources held per window (all workers)")
+    ax.legend(fontsize="small")
+
+
+def plot_dominant_shares(ax: Axes, report: dict[str, Any]) -> None:
+    from celery_fair.analytics.resources import ranked_tenants
+
+    tenants = ranked_tenants(report["resources"])[:10][::-1]
+    labels = [q if k is None else f"{k} ({q})" for q, k, _ in tenants]
+    ax.barh(labels, [f["dominant_share"] or 0.0 for _, _, f in tenants])
+    for y, (_, _, f) in enumerate(tenants):
+        ax.annotate(f" {f['dominant_resource'] or ''}", (f["dominant_share"] or 0.0, y),
+                    va="center", fontsize="small")  # fmt: skip
+    ax.set_xlim(0, 1.1)
+    ax.set_xlabel("dominant share of the capacity over the report")
+    ax.set_title("Dominant shares (queues and keys)")
+
+
 CHARTS = {
     "shares": plot_shares,
     "jain": plot_jain,
@@ -157,11 +183,23 @@ CHARTS = {
     "noisy_tenants": plot_noisy_tenants,
 }
 
+#: Charts drawn only when records carry resources (not in the overview).
+RESOURCE_CHARTS = {
+    "resource_usage": plot_resource_usage,
+    "dominant_shares": plot_dominant_shares,
+}
+
 
 def write_charts(report: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Write one PNG per chart and ``overview.png`` (all of them); return name -> path."""
+    """Write one PNG per chart and ``overview.png`` (those of :data:`CHARTS`); return name -> path.
+
+    With resources in the report, the :data:`RESOURCE_CHARTS` too (not in the overview).
+    """
     paths: dict[str, Path] = {}
-    for name, plot in CHARTS.items():
+    charts = dict(CHARTS)
+    if report.get("resources"):
+        charts.update(RESOURCE_CHARTS)
+    for name, plot in charts.items():
         fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
         plot(ax, report)
         paths[name] = out / f"{name}.png"

@@ -8,6 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from celery_fair.analytics.resources import ranked_tenants
+
 __all__ = ("render_html", "write_html")
 
 QUEUE_COLUMNS = (
@@ -102,6 +104,50 @@ def _priority_table(report: dict[str, Any]) -> str:
     return "<h2>Priorities</h2><table>" + head + "".join(rows) + "</table>"
 
 
+#: Tenants the resources table shows (queues and keys, largest dominant share first).
+RESOURCE_ROWS = 50
+
+
+def _resource_table(report: dict[str, Any]) -> str:
+    """Per queue and key: dominant share, then per resource its share and resource-seconds."""
+    section = report.get("resources") or {}
+    if not section:
+        return ""
+    names = list(section["capacity_seconds"])
+    head = "".join(f"<th>{html.escape(n)} share</th><th>{html.escape(n)} s</th>" for n in names)
+    rows = [
+        "<tr><th>queue</th><th>key</th><th>dominant share</th><th>of</th>" + head + "</tr>",
+        "<tr><td>(all)</td><td>-</td><td>-</td><td>-</td>"
+        + "".join(
+            f"<td>{_cell(section['held_share'].get(n), '{:.2%}')}</td>"
+            f"<td>{_cell(section['held_seconds'].get(n), '{:,.0f}')}</td>"
+            for n in names
+        )
+        + "</tr>",
+    ]
+    tenants = ranked_tenants(section)
+    for queue, key, f in tenants[:RESOURCE_ROWS]:
+        cells = "".join(
+            f"<td>{_cell(f['shares'].get(n), '{:.2%}')}</td>"
+            f"<td>{_cell(f['held_seconds'].get(n), '{:,.0f}')}</td>"
+            for n in names
+        )
+        rows.append(
+            f"<tr><td>{html.escape(queue)}</td><td>{html.escape(key or '-')}</td>"
+            f"<td>{_cell(f['dominant_share'], '{:.2%}')}</td>"
+            f"<td>{html.escape(f['dominant_resource'] or '-')}</td>{cells}</tr>"
+        )
+    more = len(tenants) - RESOURCE_ROWS
+    note = f"<p>... and {more} more in report.json.</p>" if more > 0 else ""
+    capacity = ", ".join(f"{n} {v:,.0f}" for n, v in section["capacity_seconds"].items())
+    return (
+        "<h2>Resources</h2><p>Held resource-seconds (amount x run time) and their share of "
+        f"the workers' capacity-seconds over the report ({html.escape(capacity)}); the "
+        "dominant share is the largest of them (a queue's own resource left out).</p>"
+        "<table>" + "".join(rows) + "</table>" + note
+    )
+
+
 def _image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
@@ -126,6 +172,7 @@ def render_html(report: dict[str, Any], charts: dict[str, Path]) -> str:
 Jain's fairness index per window, mean: queues {jq}, fairness keys {jk}.</p>
 <h2>Queues</h2>{_queue_table(report)}
 {_priority_table(report)}
+{_resource_table(report)}
 <h2>Recommended settings</h2><pre>{settings}</pre>
 <h2>Noisy tenants</h2>{_noisy_table(report)}
 <h2>Charts</h2><div class="charts">{images}</div>

@@ -24,7 +24,13 @@ from celery_fair.telemetry.schema import RENAMED_COLUMNS, SCHEMA
 __all__ = ("NICE_WINDOWS", "compute", "read_telemetry", "spark_ddl")
 
 NICE_WINDOWS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
-_SPARK_TYPES = {"string": "STRING", "double": "DOUBLE", "int32": "INT", "int64": "BIGINT"}
+_SPARK_TYPES = {
+    "string": "STRING",
+    "double": "DOUBLE",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "map<string, double>": "MAP<STRING, DOUBLE>",
+}
 
 
 #: Distinct keys (estimated) past which keys are bucketed in the usage table.
@@ -122,6 +128,30 @@ def _bad_values(per_file: list[Any]) -> list[dict[str, Any]]:
     return sorted(found, key=lambda b: (-b["count"], b["file"], b["column"]))
 
 
+def _resources(raw: DataFrame, window: float, max_keys: int) -> dict[str, Any]:
+    """What tenants held of the workers' capacity (:mod:`~.transforms.resources`).
+
+    Two jobs: the use per window and resource (what was held, and the
+    workers' capacity), then per queue and key the shares of the report's
+    capacity-seconds, summed from the first job's rows.
+    """
+    held = raw.transform(T.held_rows)
+    usage = _rows(
+        held.transform(T.held_by_window, window).transform(
+            T.resource_usage, raw.transform(T.capacity_by_window, window)
+        ),
+        ("window", "resource"),
+    )
+    capacity: dict[str, float] = {}
+    for row in usage:
+        capacity[row["resource"]] = capacity.get(row["resource"], 0.0) + row["capacity_seconds"]
+    shares = held.transform(T.tenant_held).transform(T.resource_shares, capacity, max_keys)
+    return {
+        "resource_usage": usage,
+        "resource_shares": _rows(shares, ("queue", "fair_key")),
+    }
+
+
 @contextmanager
 def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
     t0 = time.perf_counter()
@@ -165,6 +195,11 @@ def compute(
     passes more: their count per file and rule (``bad_values``), and the
     usage again without them; every later figure reads the telemetry without
     them too.
+
+    Records with a worker's capacity (resources on, schema 6; counted in the
+    first pass) add a stage of two jobs: what each queue and key held of the
+    workers' capacity, and the use of each resource per window
+    (``resource_shares``, ``resource_usage``). Without any, nothing more.
     """
     timings: dict[str, float] = {}
     out: dict[str, Any] = {"timings": timings, "noisy_rules": rules.as_dict()}
@@ -179,6 +214,9 @@ def compute(
             # hashing one column costs less than two.
             F.approx_count_distinct("fair_key", 0.05).alias("keys"),
             F.count("priority").alias("prioritized"),
+            # Resources on (schema 6): every record of such a worker has its capacity.
+            # Null in every record otherwise, which Parquet stores as levels alone.
+            F.count("capacity").alias("with_capacity"),
         ).first()
         if span_row is None:  # an aggregate without grouping always has one row
             raise RuntimeError("no summary row")
@@ -215,7 +253,8 @@ def compute(
         # The usage table is windows x keys (or buckets) rows, read by a dozen
         # small jobs: kept in the shuffle's partitions (200 by default on a
         # cluster) each of them would run 200 tiny tasks; one per core suffices.
-        tasks = raw.transform(T.normalize, window)
+        clean = raw
+        tasks = clean.transform(T.normalize, window)
         grain = key_grain()
         usage = grain.usage(tasks)
         # Values out of range (transforms.validation), counted in the same pass
@@ -227,7 +266,8 @@ def compute(
             out["bad_values"] = _bad_values(raw.transform(T.bad_value_counts).collect())
             usage.unpersist()
             grain.release()
-            tasks = raw.transform(T.exclude_bad_values).transform(T.normalize, window)
+            clean = raw.transform(T.exclude_bad_values)
+            tasks = clean.transform(T.normalize, window)
             grain = key_grain()
             usage = grain.usage(tasks)
 
@@ -276,6 +316,11 @@ def compute(
             out["priority_key_shares"] = _rows(
                 tasks.transform(T.key_shares_by_priority, max_keys), ("queue", "priority")
             )
+
+    if span_row["with_capacity"]:
+        # Records of workers sharing resources: one stage more, only then.
+        with _stage(timings, "resources"), _session_conf(spark, small):
+            out.update(_resources(clean, window, max_keys))
 
     with _stage(timings, "latency"):
         # Keys beyond the shown ones share one histogram row per bucket; when

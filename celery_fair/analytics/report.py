@@ -32,6 +32,7 @@ from celery_fair.analytics.noisy import (  # noqa: E402
     findings,
     share_across,
 )
+from celery_fair.analytics.resources import resources_section, summary_lines  # noqa: E402
 
 __all__ = (
     "build_report",
@@ -258,6 +259,9 @@ def build_report(data: dict[str, Any], *, max_keys: int = 100) -> dict[str, Any]
         # Tasks published with a Celery priority: waits per level, and the keys'
         # shares within each level (present only when some task had a priority).
         "priorities": _priorities(data),
+        # What each queue and key held of the workers' capacity, and each resource's
+        # use over time (present only when records carry resources, schema 6).
+        "resources": resources_section(data),
         "hot_keys": _with_totals(data["hot_keys"], data.get("across_queues", [])),
         # Keys set aside by their per-key limits, longest first (schema 2 telemetry).
         "throttled_keys": data.get("throttled_keys", []),
@@ -368,6 +372,7 @@ def format_summary(report: dict[str, Any]) -> str:
                 f"{_f(level.get('wait_p50'), '.3f')}s p99 {_f(level.get('wait_p99'), '.3f')}s; "
                 f"keys {level['largest'] or '-'}"
             )
+    lines += summary_lines(report.get("resources") or {})
     throttled = report.get("throttled_keys") or []
     if throttled:
         shown = ", ".join(

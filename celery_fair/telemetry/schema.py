@@ -28,6 +28,20 @@ A record is written when a task leaves the worker, whatever the outcome:
                 (``control fair_key_pause``) since the key's previous task was
                 fetched (0 when it was not; summed over a key's records, the
                 time it spent paused)
+``resources``   what one run of the task held on its worker (``fair_resources``
+                as the worker read it: ``slots`` always, and ``queue:NAME``
+                under ``fair_queue_concurrency``), resource -> amount; null
+                when the worker does not share resources, and for a task that
+                never reached the pool
+``capacity``    the worker's whole capacity when the task went to the pool (or
+                left the worker), resource -> amount, ``slots`` included;
+                null when the worker does not share resources
+
+``resources`` and ``capacity`` are Arrow ``map<string, double>``: Parquet
+stores a map natively, Spark reads it as ``MAP<STRING, DOUBLE>`` and takes it
+apart with built-in functions (``explode``, ``map_keys``, ``col[name]``),
+where JSON text would be parsed again in every pass; and names come and go
+with deployments, so a column per resource would not do.
 
 Derived in the report: wait = started - published (received when published
 is null); buffer sojourn = dispatched - received (CoDel's sojourn).
@@ -37,13 +51,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 __all__ = (
+    "AMOUNTS",
     "FIELDS",
     "RENAMED_COLUMNS",
     "OUTCOMES",
@@ -55,10 +70,14 @@ __all__ = (
 
 #: 2 added ``key_weight`` and ``key_held``, 3 ``priority``, 4 ``key_user`` and
 #: ``key_paused``, 5 renamed ``key_held`` to ``key_throttled`` ("held" is kept
-#: for the tasks a worker holds); files of an earlier version read the columns
-#: they lack as null, and ``key_held`` as ``key_throttled``
+#: for the tasks a worker holds), 6 added ``resources`` and ``capacity``
+#: (resources, maps of resource -> amount); files of an earlier version read
+#: the columns they lack as null, and ``key_held`` as ``key_throttled``
 #: (:data:`RENAMED_COLUMNS`).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+
+#: The Arrow type of ``resources`` and ``capacity``: resource name -> amount.
+AMOUNTS = pa.map_(pa.string(), pa.float64())
 
 #: Columns of earlier schema versions under their current names (old -> new).
 RENAMED_COLUMNS: dict[str, str] = {"key_held": "key_throttled"}
@@ -100,6 +119,9 @@ class TaskRecord:
     priority: int | None = None
     key_user: str | None = None
     key_paused: float | None = None
+    #: Resource -> amount (a mapping, or (name, amount) pairs as the recorder writes it).
+    resources: Mapping[str, float] | tuple[tuple[str, float], ...] | None = None
+    capacity: Mapping[str, float] | tuple[tuple[str, float], ...] | None = None
 
 
 SCHEMA = pa.schema(
@@ -126,6 +148,8 @@ SCHEMA = pa.schema(
         pa.field("priority", pa.int32()),
         pa.field("key_user", pa.string()),
         pa.field("key_paused", pa.float64()),
+        pa.field("resources", AMOUNTS),
+        pa.field("capacity", AMOUNTS),
     ],
     metadata={"celery_fair.schema_version": str(SCHEMA_VERSION)},
 )

@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = (
     "ADMIT_HEADER",
     "AT_HEADER",
+    "CAPACITY_STAMP",
+    "DEMAND_STAMP",
     "DISPATCHED_STAMP",
     "FROM_HEADER",
     "KEYED_HEADER",
@@ -84,6 +86,13 @@ RECEIVED_STAMP = "fair_received"
 DISPATCHED_STAMP = "fair_dispatched"
 QUEUE_STAMP = "fair_queue"
 WEIGHT_STAMP = "fair_weight"
+#: With resources on (a worker's ``fair_capacity`` ...), for telemetry: what the
+#: task holds as the worker read it (its declaration, ``slots`` and its queue's
+#: own resource included) and the worker's whole capacity at hand-over, each a
+#: dict of resource -> amount.  Telemetry records them as ``resources`` and
+#: ``capacity``.
+DEMAND_STAMP = "fair_demand"
+CAPACITY_STAMP = "fair_capacity"
 #: How many times CoDel sent this message back.
 REQUEUE_HEADER = "fair_codel_requeues"
 

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import compat
-from ..wire import DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
+from ..wire import CAPACITY_STAMP, DEMAND_STAMP, DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
 from ..wire.served import Served
+from .capacity import ResourceGate
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
 
@@ -87,7 +88,8 @@ class TaskObserver:
 
 
 class TelemetryStamps(TaskObserver):
-    """Stamps queue, weight and hand-over time into the request's headers.
+    """Stamps queue, weight and hand-over time into the request's headers, and with
+    resources on what the task holds and the worker's capacity.
 
     The pool process that runs the task reads them back
     (:mod:`celery_fair.worker.recorder`).  ``on_timeout(request, queue)``
@@ -101,6 +103,7 @@ class TelemetryStamps(TaskObserver):
         wall: Callable[[], float],
         on_timeout: Callable[[Any, str], None] | None,
     ) -> None:
+        self.service = service
         self.scheduler = service.scheduler
         self.wall = wall
         self.on_timeout = on_timeout
@@ -111,6 +114,11 @@ class TelemetryStamps(TaskObserver):
         headers[QUEUE_STAMP] = queue
         headers[WEIGHT_STAMP] = self.scheduler.weight(queue)
         headers[DISPATCHED_STAMP] = self.wall()
+        # The gate is read here, not at start: the chain may be built before it.
+        gate = self.service.gate
+        if isinstance(gate, ResourceGate):
+            headers[DEMAND_STAMP] = gate.demands.of(queue, request)[0]
+            headers[CAPACITY_STAMP] = dict(gate.ledger.capacity)
         on_timeout = self.on_timeout
         if on_timeout is not None:
             compat.on_hard_timeout(request, lambda: on_timeout(request, queue))

@@ -32,6 +32,8 @@ from typing import Any
 from celery import signals, states
 
 from ..wire import (
+    CAPACITY_STAMP,
+    DEMAND_STAMP,
     DISPATCHED_STAMP,
     KEY_HEADER,
     PUBLISHED_HEADER,
@@ -45,6 +47,7 @@ from ..wire.served import NOT_SERVED, Served
 __all__ = (
     "MainWriter",
     "PoolRecorder",
+    "as_amounts",
     "as_float",
     "as_text",
     "outcome_of",
@@ -195,6 +198,8 @@ class PoolRecorder:
                 as_int((getattr(request, "delivery_info", None) or {}).get("priority")),
                 served.user or None,  # key_user (None: a one-level key)
                 served.paused,  # key_paused
+                as_amounts(getattr(request, DEMAND_STAMP, None)),  # resources
+                as_amounts(getattr(request, CAPACITY_STAMP, None)),  # capacity
             )
         )
 
@@ -209,6 +214,23 @@ def as_int(value: Any) -> int | None:
 def as_float(value: Any) -> float | None:
     """A header's number as a float, None if absent or not a number."""
     return float(value) if isinstance(value, (int, float)) else None
+
+
+def as_amounts(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """A stamp of resource -> amount as (name, amount) pairs, None if absent or not one.
+
+    Pairs, not a dict: a row of strings, numbers and tuples of them is left
+    alone by the cyclic garbage collector once it survives a collection (see
+    :data:`~celery_fair.telemetry.schema.as_row`).  An amount that is not a
+    number leaves its resource out.
+    """
+    if not isinstance(value, dict):
+        return None
+    return tuple(
+        (str(name), float(amount))
+        for name, amount in value.items()
+        if isinstance(amount, (int, float)) and not isinstance(amount, bool)
+    )
 
 
 def as_text(value: Any) -> str | None:

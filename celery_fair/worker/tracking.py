@@ -20,6 +20,8 @@ from celery.exceptions import TimeLimitExceeded
 
 from .. import compat
 from ..wire import (
+    CAPACITY_STAMP,
+    DEMAND_STAMP,
     DISPATCHED_STAMP,
     KEY_HEADER,
     PUBLISHED_HEADER,
@@ -28,8 +30,9 @@ from ..wire import (
     SERVED_HEADER,
 )
 from ..wire.served import NOT_SERVED, Served
+from .capacity import ResourceGate
 from .observers import DispatchedTask, Meter, TaskObserver, observers_for
-from .recorder import as_float, as_int, as_text
+from .recorder import as_amounts, as_float, as_int, as_text
 from .roles import SchedulingService
 from .shedder import RECEIVED_MONOTONIC
 
@@ -248,8 +251,16 @@ class TaskTracker:
         outcome: str,
         **times: Any,
     ) -> None:
-        """One record; ``get(header)`` reads the task's headers and stamps."""
+        """One record; ``get(header)`` reads the task's headers and stamps.
+
+        What the task held is known only once it went to the pool (stamped
+        then); the capacity, with resources on, always.
+        """
         served = Served.from_wire(get(SERVED_HEADER)) or NOT_SERVED
+        capacity = as_amounts(get(CAPACITY_STAMP))
+        gate = self.service.gate
+        if capacity is None and isinstance(gate, ResourceGate):
+            capacity = as_amounts(dict(gate.ledger.capacity))
         self.writer.record(
             _task_record()(
                 task_id=str(task_id),
@@ -270,6 +281,8 @@ class TaskTracker:
                 priority=as_int((info or {}).get("priority")),
                 key_user=served.user or None,
                 key_paused=served.paused,
+                resources=as_amounts(get(DEMAND_STAMP)),
+                capacity=capacity,
                 **times,
             )
         )

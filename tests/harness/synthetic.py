@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from celery_fair.telemetry.schema import SCHEMA
+from celery_fair.telemetry.schema import AMOUNTS, SCHEMA
 
 __all__ = ("SyntheticSpec", "Truth", "generate", "tenant_spec", "write_synthetic")
 
@@ -275,6 +275,8 @@ def _chunk(spec: SyntheticSpec, rng: np.random.Generator, first: int, n: int) ->
         "priority": pa.nulls(n, type=pa.int32()),
         "key_user": pa.nulls(n, type=pa.string()),
         "key_paused": pa.array(np.zeros(n)),
+        "resources": pa.nulls(n, type=AMOUNTS),
+        "capacity": pa.nulls(n, type=AMOUNTS),
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 

@@ -10,6 +10,7 @@ time its resources are held), and A:B, time-averaged, is 3:2.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -227,3 +228,24 @@ def test_two_workers_of_different_sizes_give_a_keyed_queues_tenants_equal_domina
         runs = [e for e in entries if e.worker.startswith(worker.name + "@")]
         peak = _peaks(runs)
         assert runs and all(peak[r] <= capacity[r] for r in capacity), (worker.name, peak)
+
+
+def test_telemetry_records_what_each_task_held_and_the_capacity(
+    redis_url: str, producer: Celery, tmp_path: Path
+) -> None:
+    """Prefork: the main process stamps the demand and capacity, the pool process records them."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    _publish(producer, "a", 12, A, ms=50)
+    _publish(producer, "b", 8, B, ms=50)
+    ledger = Ledger(redis_url)
+    telemetry = tmp_path / "telemetry"
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": PAPER,
+           "CELERY_FAIR_TELEMETRY_DIR": str(telemetry)}  # fmt: skip
+    with WorkerProcess(redis_url, ["a", "b"], pool="prefork", concurrency=4, env=env) as worker:
+        assert ledger.wait_for(20, timeout=120, alive=[worker]), worker.log()[-3000:]
+    rows = [r for r in pq.read_table(telemetry).to_pylist() if r["outcome"] == "success"]
+    assert len({r["task_id"] for r in rows}) == 20
+    held = {"a": {**A, "slots": 1}, "b": {**B, "slots": 1}}
+    for row in rows:
+        assert dict(row["resources"]) == held[row["queue"]], row
+        assert dict(row["capacity"]) == {"cpu": 9.0, "mem": 18.0, "slots": 4.0}, row

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_fair.wire import DISPATCHED_STAMP, QUEUE_STAMP, WEIGHT_STAMP
+from celery_fair.wire import (
+    CAPACITY_STAMP,
+    DEMAND_STAMP,
+    DISPATCHED_STAMP,
+    QUEUE_STAMP,
+    RESOURCES_HEADER,
+    WEIGHT_STAMP,
+)
+from celery_fair.worker.capacity import Demands, ResourceGate, worker_capacity
 from celery_fair.worker.observers import (
     DispatchedTask,
     MeterObserver,
@@ -175,3 +183,63 @@ def test_runtime_cost_charges_the_queue_and_telemetry_stamps_the_headers() -> No
     request.on_success((False, None, 0.5))
     # The queue's cost estimate learned the measured run time.
     assert abs(svc.scheduler.fetch_cost("b") - 0.5) < abs(estimate - 0.5)
+
+
+def test_with_resources_telemetry_stamps_what_the_task_holds_and_the_capacity() -> None:
+    svc = make_service(capacity={"cpu": 9, "mem": 18}, queue_concurrency={"a": 3})
+    svc.tracker.writer = object()
+    svc.tracker.wall = lambda: 1234.5
+    capacity = worker_capacity(svc.settings.capacity, svc.settings.queue_concurrency, 4)
+    svc.gate = ResourceGate(
+        svc,
+        capacity,
+        Demands(svc.settings.queue_concurrency),
+        pool_size=lambda: None,
+        park=lambda request, reason: None,
+        direct=True,
+    )
+    dispatch = svc.tracker.wrap_dispatch(lambda request: None)
+    request = FakeRequest("a")
+    request._request_dict[RESOURCES_HEADER] = {"cpu": 1, "mem": 4}
+    dispatch(request)
+    stamps = request._request_dict
+    assert stamps[DEMAND_STAMP] == {"cpu": 1.0, "mem": 4.0, "slots": 1.0, "queue:a": 1.0}
+    assert stamps[CAPACITY_STAMP] == {"cpu": 9.0, "mem": 18.0, "slots": 4.0, "queue:a": 3.0}
+    # A task that declares nothing holds a slot.
+    plain = FakeRequest("b")
+    dispatch(plain)
+    assert plain._request_dict[DEMAND_STAMP] == {"slots": 1.0}
+
+
+def test_without_resources_telemetry_stamps_none() -> None:
+    svc = make_service()
+    svc.tracker.writer = object()
+    dispatch = svc.tracker.wrap_dispatch(lambda request: None)
+    request = FakeRequest("a")
+    dispatch(request)
+    assert DEMAND_STAMP not in request._request_dict
+    assert CAPACITY_STAMP not in request._request_dict
+
+
+def test_a_main_process_record_carries_the_stamps_and_else_the_capacity() -> None:
+    svc = make_service(capacity={"cpu": 2})
+    svc.gate = ResourceGate(
+        svc,
+        {"cpu": 2.0, "slots": 1.0},
+        Demands({}),
+        pool_size=lambda: None,
+        park=lambda request, reason: None,
+        direct=True,
+    )
+    written: list[Any] = []
+    svc.tracker.writer = type("W", (), {"record": staticmethod(written.append)})()
+    returned = FakeRequest("a")
+    returned.id, returned.name = "t-1", "work"
+    svc.tracker.returned(returned, "codel-requeue")  # never reached the pool
+    lost = FakeRequest("a")
+    lost.id, lost.name = "t-2", "work"
+    lost._request_dict.update({DEMAND_STAMP: {"cpu": 1.5}, CAPACITY_STAMP: {"cpu": 3}})
+    svc.tracker.returned(lost, "failure")
+    first, second = written
+    assert first.resources is None and dict(first.capacity) == {"cpu": 2.0, "slots": 1.0}
+    assert dict(second.resources) == {"cpu": 1.5} and dict(second.capacity) == {"cpu": 3.0}

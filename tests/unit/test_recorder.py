@@ -7,9 +7,16 @@ from typing import Any
 
 import pytest
 
-from celery_fair.telemetry.schema import FIELDS, TaskRecord, as_row
-from celery_fair.wire import DISPATCHED_STAMP, QUEUE_STAMP, RECEIVED_STAMP, WEIGHT_STAMP
-from celery_fair.worker.recorder import PoolRecorder, outcome_of
+from celery_fair.telemetry.schema import FIELDS, TaskRecord, as_row, records_to_table
+from celery_fair.wire import (
+    CAPACITY_STAMP,
+    DEMAND_STAMP,
+    DISPATCHED_STAMP,
+    QUEUE_STAMP,
+    RECEIVED_STAMP,
+    WEIGHT_STAMP,
+)
+from celery_fair.worker.recorder import PoolRecorder, as_amounts, outcome_of
 from tests.harness.clock import FakeClock
 
 
@@ -138,3 +145,32 @@ def test_close_flushes_only_a_writer_this_process_opened() -> None:
     own = recorder.open()
     assert own is not inherited and own.pid == os.getpid()
     assert recorder.close() is own and own.closed and recorder.writer is None
+
+
+def test_what_the_task_held_and_the_workers_capacity_are_recorded() -> None:
+    recorder, _, _ = _recorder()
+    writer = recorder.open()
+    demand = {"cpu": 1.0, "mem": 4, "slots": 1.0}
+    capacity = {"cpu": 9.0, "mem": 18.0, "slots": 4.0}
+    task = FakeTask(_stamped(**{DEMAND_STAMP: demand, CAPACITY_STAMP: capacity}))
+    recorder.on_prerun(task=task)
+    recorder.on_postrun(task=task, task_id="t-1", state="SUCCESS")
+    plain = FakeTask(_stamped())  # resources off: no stamps
+    recorder.on_prerun(task=plain)
+    recorder.on_postrun(task=plain, task_id="t-2", state="SUCCESS")
+    held, off = writer.records
+    assert dict(held.resources) == {"cpu": 1.0, "mem": 4.0, "slots": 1.0}
+    assert dict(held.capacity) == capacity
+    assert off.resources is None and off.capacity is None
+    table = records_to_table(writer.records)
+    assert table.column("resources").to_pylist()[0] == [("cpu", 1.0), ("mem", 4.0), ("slots", 1.0)]
+    assert table.column("capacity").to_pylist()[1] is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), ("cpu=1", None), ([("cpu", 1)], None), ({}, ()),
+     ({"cpu": 2, "gpu": "x", "on": True}, (("cpu", 2.0),))],
+)  # fmt: skip
+def test_a_stamp_of_amounts_is_read_as_pairs_of_numbers(value: Any, expected: Any) -> None:
+    assert as_amounts(value) == expected

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from celery_fair.telemetry import SCHEMA, TaskRecord, TelemetryWriter, records_to_table
-from celery_fair.telemetry.schema import FIELDS
+from celery_fair.telemetry.schema import FIELDS, SCHEMA_VERSION
 from celery_fair.telemetry.writer import write_parquet
 from tests.harness.clock import FakeClock
 
@@ -178,3 +178,26 @@ def test_bad_options_are_rejected(tmp_path: Path) -> None:
         TelemetryWriter(tmp_path, max_buffer=0, background=False)
     with pytest.raises(ValueError, match="rotate_seconds"):
         TelemetryWriter(tmp_path, rotate_seconds=0, background=False)
+
+
+def test_resources_and_capacity_are_maps_written_and_read_back(tmp_path: Path) -> None:
+    # Schema 6: what a task held and its worker's capacity, resource -> amount.
+    assert SCHEMA_VERSION == 6
+    assert SCHEMA.metadata[b"celery_fair.schema_version"] == b"6"
+    for name in ("resources", "capacity"):
+        assert SCHEMA.field(name).type == pa.map_(pa.string(), pa.float64())
+    held = dataclasses.replace(
+        rec(1), resources={"cpu": 1.0, "mem": 4.0, "slots": 1.0}, capacity=(("cpu", 9.0),)
+    )
+    writer = manual(tmp_path)
+    writer.record(held)
+    writer.record(rec(2))  # resources off: null
+    writer.close()
+    (path,) = tmp_path.glob("*.parquet")
+    table = pq.read_table(path)
+    assert table.schema.equals(SCHEMA)
+    assert table.column("resources").to_pylist() == [
+        [("cpu", 1.0), ("mem", 4.0), ("slots", 1.0)],
+        None,
+    ]
+    assert table.column("capacity").to_pylist() == [[("cpu", 9.0)], None]

@@ -21,8 +21,10 @@ queue and bucket of keys (see ``pipeline.compute``).
 
 One module per concept: :mod:`.tasks` (normalised rows and usage),
 :mod:`.buckets` (very many keys), :mod:`.shares` (shares, fairness,
-throughput), :mod:`.findings` (advice and suspects) and :mod:`.validation`
-(values out of range); every name is imported from here.
+throughput), :mod:`.findings` (advice and suspects), :mod:`.levels`
+(priorities), :mod:`.resources` (what tenants held of the workers' capacity)
+and :mod:`.validation` (values out of range); every name is imported from
+here.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ from .findings import (
     window_totals,
 )
 from .levels import key_shares_by_priority, waits_by_priority
+from .resources import (
+    capacity_by_window,
+    held_by_window,
+    held_rows,
+    resource_shares,
+    resource_usage,
+    tenant_held,
+)
 from .shares import (
     codel_rates,
     jain_by_window,
@@ -100,6 +110,12 @@ __all__ = (
     "RAN",
     "Windows",
     "bucket_rows",
+    "capacity_by_window",
+    "held_by_window",
+    "held_rows",
+    "resource_shares",
+    "resource_usage",
+    "tenant_held",
     "codel_rates",
     "across_queues",
     "throttled_keys",
