@@ -206,8 +206,12 @@ class ResourceGate:
     def cost(self, request: Any, queue: str) -> float:
         """A request's dominant cost (``fair_cost="dominant"``): its share of every
         worker's capacity (:meth:`set_cluster`; this worker's until known), in pool slots."""
-        demand, _ = self.demands.of(queue, request)
-        return dominant_cost(demand, self.cluster or self.ledger.capacity)
+        return dominant_cost(self.holding(request, queue), self.cluster or self.ledger.capacity)
+
+    def holding(self, request: Any, queue: str) -> Resources:
+        """What ``request`` holds, or will hold once it starts (read once, as it starts)."""
+        held = self.ledger.running.get(_ident(request))
+        return held if held is not None else self.demands.of(queue, request)[0]
 
     def set_cluster(self, capacity: Resources) -> None:
         """What every worker can hold together (read from the broker)."""

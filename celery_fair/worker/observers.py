@@ -117,7 +117,7 @@ class TelemetryStamps(TaskObserver):
         # The gate is read here, not at start: the chain may be built before it.
         gate = self.service.gate
         if isinstance(gate, ResourceGate):
-            headers[DEMAND_STAMP] = gate.demands.of(queue, request)[0]
+            headers[DEMAND_STAMP] = dict(gate.holding(request, queue))
             headers[CAPACITY_STAMP] = dict(gate.ledger.capacity)
         on_timeout = self.on_timeout
         if on_timeout is not None:
