@@ -182,13 +182,7 @@ def wrap_task_sender(app: Any, hook: Callable[..., Any] | None, name: str = "key
             "sender (app.amqp.send_task_message(producer, name, message, ...)), which is "
             "not as expected"
         )
-    wrapped = original
-    while wrapped is not None:
-        if isinstance(wrapped, _SenderHook) and wrapped.name == name:
-            wrapped.hook = hook
-            return
-        wrapped = getattr(wrapped, "__wrapped__", None)
-    if hook is not None:
+    if not _replaced(original, name, hook) and hook is not None:
         amqp.send_task_message = _SenderHook(original, hook, name)
 
 
@@ -200,13 +194,18 @@ def wrap_send_task(app: Any, name: str, hook: Callable[..., Any]) -> None:
     nothing of the app's (install may run before the app is configured).
     """
     current = app.send_task
-    wrapped = current
+    if not _replaced(current, name, hook):
+        app.send_task = _SenderHook(current, hook, name)
+
+
+def _replaced(wrapped: Any, name: str, hook: Callable[..., Any] | None) -> bool:
+    """Put ``hook`` in place of the hook named ``name`` in a chain of hooks, if it has one."""
     while wrapped is not None:
         if isinstance(wrapped, _SenderHook) and wrapped.name == name:
             wrapped.hook = hook
-            return
+            return True
         wrapped = getattr(wrapped, "__wrapped__", None)
-    app.send_task = _SenderHook(current, hook, name)
+    return False
 
 
 def bound_queues(channel: Any, exchange: Any, routing_key: Any) -> list[str]:
