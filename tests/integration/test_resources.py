@@ -9,7 +9,7 @@ time its resources are held), and A:B, time-averaged, is 3:2.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,8 @@ from celery_fair.parking.store import parking_for
 from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.keys import most_at_once
-from tests.harness.ledger import Entry, Ledger
+from tests.harness.ledger import Ledger
+from tests.harness.resources import backlogged_window, peaks, running, shares
 
 pytestmark = [pytest.mark.integration]
 
@@ -45,38 +46,6 @@ def _publish(app: Celery, queue: str, n: int, resources: Mapping[str, float], ms
         )
 
 
-def _window(entries: list[Entry], tenants: Iterable[str]) -> tuple[float, float]:
-    """From the first start to the first tenant's last start: every tenant backlogged."""
-    start = min(e.started for e in entries)
-    end = min(max(e.started for e in entries if e.tenant == t) for t in tenants)
-    return start, end
-
-
-def _running(entries: list[Entry], tenant: str, start: float, end: float) -> float:
-    """Time-averaged tasks of ``tenant`` running over [start, end]."""
-    busy = sum(
-        max(0.0, min(e.finished, end) - max(e.started, start))
-        for e in entries
-        if e.tenant == tenant
-    )
-    return busy / (end - start)
-
-
-def _peaks(entries: list[Entry]) -> dict[str, float]:
-    """The most of each resource the recorded runs held at one instant."""
-    points = sorted(
-        [(e.started, 1, e) for e in entries] + [(e.finished, -1, e) for e in entries],
-        key=lambda p: (p[0], p[1]),  # at a tie a finish comes first
-    )
-    held: dict[str, float] = {}
-    peak: dict[str, float] = {}
-    for _, step, entry in points:
-        for name, amount in (entry.resources or {}).items():
-            held[name] = held.get(name, 0.0) + step * amount
-            peak[name] = max(peak.get(name, 0.0), held[name])
-    return peak
-
-
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_the_papers_example_runs_three_to_two_within_capacity(
     redis_url: str, producer: Celery, pool: str
@@ -91,10 +60,10 @@ def test_the_papers_example_runs_three_to_two_within_capacity(
         stats = wait_fair_stats(redis_url)
     entries = ledger.entries()
     assert len({e.id for e in entries}) == 150
-    peak = _peaks(entries)
+    peak = peaks(entries)
     assert peak["cpu"] <= 9 and peak["mem"] <= 18, peak
-    start, end = _window(entries, ["a", "b"])
-    ratio = _running(entries, "a", start, end) / _running(entries, "b", start, end)
+    start, end = backlogged_window(entries, ["a", "b"])
+    ratio = running(entries, "a", start, end) / running(entries, "b", start, end)
     assert 1.5 * 0.9 <= ratio <= 1.5 * 1.1, ratio
     resources = stats["resources"]
     assert resources["capacity"] == {"cpu": 9.0, "mem": 18.0, "slots": 10.0}
@@ -215,18 +184,15 @@ def test_two_workers_of_different_sizes_give_a_keyed_queues_tenants_equal_domina
         for worker in workers:
             worker.stop()
     entries = ledger.entries()
-    start, end = _window(entries, ["A", "B"])
+    start, end = backlogged_window(entries, ["A", "B"])
     total = {"cpu": 15.0, "mem": 42.0}
-    shares = {
-        tenant: max(_running(entries, tenant, start, end) * shape[r] / total[r] for r in total)
-        for tenant, shape in (("A", A), ("B", B))
-    }
+    dominant = shares(entries, {"A": A, "B": B}, total, start, end)
     # DRF over both workers: A's share is memory's (4/42 a task), B's CPU's (3/15).
-    assert 0.9 <= shares["A"] / shares["B"] <= 1.1, shares
+    assert 0.9 <= dominant["A"] / dominant["B"] <= 1.1, dominant
     sizes = ({"cpu": 9, "mem": 18}, {"cpu": 6, "mem": 24})
     for worker, capacity in zip(workers, sizes, strict=True):
         runs = [e for e in entries if e.worker.startswith(worker.name + "@")]
-        peak = _peaks(runs)
+        peak = peaks(runs)
         assert runs and all(peak[r] <= capacity[r] for r in capacity), (worker.name, peak)
 
 
