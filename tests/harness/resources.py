@@ -8,11 +8,15 @@ than what the worker held: a peak over the capacity is the worker's fault.
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from .ledger import Entry
 
-__all__ = ("backlogged_window", "over_capacity", "peaks", "running", "shares")
+__all__ = (
+    "backlogged_window", "declared", "over_capacity", "peaks", "ran_once", "running", "shares",
+)  # fmt: skip
 
 
 def backlogged_window(entries: Sequence[Entry], tenants: Iterable[str]) -> tuple[float, float]:
@@ -74,4 +78,29 @@ def shares(
             for name, amount in capacity.items()
         )
         for tenant, demand in demands.items()
+    }
+
+
+def declared(entries: Iterable[Entry], shapes: Mapping[str, Mapping[str, float]]) -> list[Entry]:
+    """The entries, each holding its tenant's shape where the run recorded none.
+
+    A worker records what the message declared (the ``fair_resources``
+    header, an attribute of the request for plain Celery too); a run that
+    recorded nothing is given what its tenant's tasks were published with,
+    so that plain Celery's peaks are counted like celery-fair's.
+    """
+    return [
+        e if e.resources or e.tenant not in shapes
+        else dataclasses.replace(e, resources=dict(shapes[e.tenant]))
+        for e in entries
+    ]  # fmt: skip
+
+
+def ran_once(entries: Iterable[Entry], published: int) -> dict[str, int]:
+    """How many of ``published`` tasks never ran, and how many runs were repeats."""
+    runs = Counter(e.id for e in entries)
+    return {
+        "ran": len(runs),
+        "missing": max(0, published - len(runs)),
+        "repeats": sum(n - 1 for n in runs.values()),
     }
