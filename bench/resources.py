@@ -25,9 +25,13 @@ plain Celery gets the same messages and ignores the declaration.
 * **queue_concurrency**: one worker ``-P prefork -c 4``, either
   ``--autoscale 4,1`` or ``--max-tasks-per-child 10``; queues ``video``
   (``fair_queue_concurrency={"video": 2}``) and ``other``, both backlogged with
-  ``--qc-tasks`` tasks of ``--qc-ms``.  The most ``video`` tasks at once (at
-  most 2), the time-averaged running of each queue (``other`` takes the rest
-  of the worker), and that every task ran exactly once.
+  ``--qc-tasks`` tasks each, ``other``'s of ``--qc-ms`` and ``video``'s of
+  ``--qc-video-ms`` (longer, so that a worker fetching the two queues in turns
+  fills most of its pool with video: with tasks of one length, plain Celery
+  would hold about 2 of each anyway and the limit would bind nothing).  The
+  most ``video`` tasks at once (at most 2), the time-averaged running of each
+  queue (``other`` takes the rest of the worker), and that every task ran
+  exactly once.
 * **packing**: one worker ``-P threads -c 10`` of capacity <8 CPUs, 32 GB,
   2 GPUs>, four queues of four shapes.  Each resource's time-averaged use; the
   bottleneck (the resource DRF's own allocation uses most) against two
@@ -168,6 +172,11 @@ def dominant_of(running_tasks: Mapping[str, float], demands: Mapping[str, Shape]
     }
 
 
+def first_start(entries: Sequence[Entry], worker: str) -> float:
+    """When the worker named ``worker`` (``name@host`` in the ledger) started its first task."""
+    return min(e.started for e in entries if e.worker.startswith(worker + "@"))
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.inf
 
@@ -175,7 +184,11 @@ def ratio(a: float, b: float) -> float:
 # -- one run on a real Redis ------------------------------------------------------------------
 
 
-def _publish(app: Celery, groups: Sequence[tuple[str, str, Shape | None, int]], ms: float) -> None:
+def _publish(
+    app: Celery,
+    groups: Sequence[tuple[str, str, Shape | None, int]],
+    ms: float | Mapping[str, float],
+) -> None:
     """``n`` ``ledger(ms, tenant_id)`` tasks per (queue, tenant, shape, n), interleaved.
 
     The producer has celery-fair installed in both modes (it is the user's
@@ -190,7 +203,8 @@ def _publish(app: Celery, groups: Sequence[tuple[str, str, Shape | None, int]], 
                 if left[i]:
                     left[i] -= 1
                     options = {} if shape is None else {"fair_resources": dict(shape)}
-                    app.signature("ledger", kwargs={"ms": ms, "tenant_id": tenant}).apply_async(
+                    sleep = ms[queue] if isinstance(ms, Mapping) else ms
+                    app.signature("ledger", kwargs={"ms": sleep, "tenant_id": tenant}).apply_async(
                         queue=queue, producer=producer, **options
                     )
 
@@ -200,7 +214,7 @@ def one_run(
     envs: Sequence[Mapping[str, str]],
     *,
     fair: bool,
-    ms: float,
+    ms: float | Mapping[str, float],
     pool: str = "threads",
     concurrency: int = CONCURRENCY,
     extra_args: Sequence[str] = (),
@@ -208,6 +222,8 @@ def one_run(
     timeout: float = 240.0,
 ) -> tuple[list[Entry], list[str]]:
     """Publish ``groups``, run one worker per environment in ``envs`` until all ran.
+
+    ``ms``: what each task sleeps, or a mapping queue -> that.
 
     ``keys`` (celery-fair only): the producer's ``fair_keys``, also given to
     every worker.  Returns the ledger and the workers' names.
@@ -271,6 +287,8 @@ def two_workers_run(fair: bool, tasks: int, ms: float) -> dict[str, Any]:
     raw, names = one_run(groups, envs, fair=fair, ms=ms, keys={KEYED: "tenant_id"})
     entries = declared(raw, TENANTS)
     start, end = backlogged_window(entries, TENANTS)
+    # From the moment both workers run: the first to start would otherwise count alone.
+    start = max(start, *(first_start(entries, name) for name in names))
     total = {r: sum(c[r] for c in WORKER_CAPACITIES) for r in WORKER_CAPACITIES[0]}
     dominant = shares(entries, TENANTS, total, start, end)
     per_worker = []
@@ -288,11 +306,15 @@ def two_workers_run(fair: bool, tasks: int, ms: float) -> dict[str, Any]:
     }
 
 
-def queue_concurrency_run(fair: bool, variant: str, tasks: int, ms: float) -> dict[str, Any]:
+def queue_concurrency_run(
+    fair: bool, variant: str, tasks: int, ms: float, video_ms: float
+) -> dict[str, Any]:
     groups = [("video", "video", None, tasks), ("other", "other", None, tasks)]
     env = {"CELERY_FAIR_QUEUE_CONCURRENCY": f"video={QC_LIMIT}"}
-    entries, _ = one_run(groups, [env], fair=fair, ms=ms, pool="prefork",
-                         concurrency=QC_CONCURRENCY, extra_args=QC_VARIANTS[variant])  # fmt: skip
+    entries, _ = one_run(
+        groups, [env], fair=fair, ms={"video": video_ms, "other": ms}, pool="prefork",
+        concurrency=QC_CONCURRENCY, extra_args=QC_VARIANTS[variant],
+    )  # fmt: skip
     start, end = backlogged_window(entries, ["video", "other"])
     run = {q: running(entries, q, start, end) for q in ("video", "other")}
     return {
@@ -376,7 +398,9 @@ def queue_concurrency(args: argparse.Namespace) -> dict[str, Any]:
     for variant in QC_VARIANTS:
         runs = _in_turns(
             args.reps, f"queue_concurrency {variant}",
-            lambda fair, v=variant: queue_concurrency_run(fair, v, args.qc_tasks, args.qc_ms),
+            lambda fair, v=variant: queue_concurrency_run(
+                fair, v, args.qc_tasks, args.qc_ms, args.qc_video_ms
+            ),
         )  # fmt: skip
         out[variant] = {
             mode: {
@@ -413,6 +437,7 @@ def packing(args: argparse.Namespace) -> dict[str, Any]:
                 "of_drf": summary([r["bottleneck_use"] / drf_use[bottleneck] for r in rs]),
                 "of_best": summary([r["bottleneck_use"] / best_use for r in rs]),
                 "peak": {n: max(r["peak"].get(n, 0.0) for r in rs) for n in PACKING_CAPACITY},
+                "running": {q: summary([r["running"][q] for r in rs]) for q in PACKING},
                 "over": [f"{r['over']}/{r['starts']}" for r in rs],
                 "runs": rs,
             }
@@ -443,6 +468,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Reproduce: `python -m bench.resources --reps {args['reps']} --tasks {args['tasks']} "
         f"--task-ms {args['task_ms']:g} --qc-tasks {args['qc_tasks']} --qc-ms {args['qc_ms']:g} "
+        f"--qc-video-ms {args['qc_video_ms']:g} "
         f"--packing-tasks {args['packing_tasks']} --only {args['only']}` ({env['when']}, "
         f"celery {env['celery']}, kombu {env['kombu']}, {env['cpus']} CPUs). celery-fair and "
         f"plain Celery in turns; medians over {args['reps']} runs [min, max]; every queue "
@@ -479,8 +505,8 @@ def markdown(results: dict[str, Any]) -> str:
             "B <3, 1>; dominant shares of the sum <15, 42>, time-averaged (DRF: equal, held "
             f"to {SHARES_TOLERANCE:.0%}). Plain Celery consumes an ordinary queue.",
             "",
-            "| worker | A's dominant share | B's | A / B | within 5 % | starts over each "
-            "worker's capacity |",
+            "| worker | A's dominant share | B's | A / B | within 5 % | starts over its own "
+            "worker's capacity (first + second worker, per run) |",
             "|---|---|---|---|---|---|",
         ]
         for mode in MODES:
@@ -488,7 +514,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {mode} | {_num(row['dominant_a'])} | {_num(row['dominant_b'])} | "
                 f"{_num(row['ratio'])} | {'yes' if row['within'] else 'no'} | "
-                f"{'; '.join('/'.join(map(str, o)) for o in row['over'])} |"
+                f"{'; '.join(' + '.join(map(str, o)) for o in row['over'])} |"
             )
         lines.append("")
     if "queue_concurrency" in results:
@@ -497,7 +523,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"## Queue concurrency: `video` limited to {QC_LIMIT} on one worker "
             f"`-P prefork -c {QC_CONCURRENCY}`",
             "",
-            f"{args['qc_tasks']} tasks of {args['qc_ms']:g} ms in each of `video` and `other`.",
+            f"{args['qc_tasks']} tasks in each of `video` ({args['qc_video_ms']:g} ms) and "
+            f"`other` ({args['qc_ms']:g} ms).",
             "",
             "| pool | worker | most video at once | video running | other running | "
             "all running | every task once |",
@@ -525,15 +552,21 @@ def markdown(results: dict[str, Any]) -> str:
             + f"; the bottleneck is **{b}**. The best mix for {b} (exhaustive search) is "
             f"{k['best_counts']}, using {k['best_use']:.2f}.",
             "",
-            f"| worker | {b} used | of DRF's | of the best mix | peak "
+            f"| worker | {b} used | of DRF's | of the best mix | running "
+            + " / ".join(PACKING)
+            + " (DRF: "
+            + " / ".join(str(k["drf_counts"][q]) for q in PACKING)
+            + ") | peak "
             + " / ".join(PACKING_CAPACITY)
             + " | starts over capacity |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         for mode in MODES:
             row = k[mode]
             lines.append(
                 f"| {mode} | {_num(row['use'])} | {_num(row['of_drf'])} | {_num(row['of_best'])} | "
+                + " / ".join(f"{row['running'][q]['median']:.2f}" for q in PACKING)
+                + " | "
                 + " / ".join(f"{row['peak'][n]:g}" for n in PACKING_CAPACITY)
                 + f" | {', '.join(row['over'])} |"
             )
@@ -548,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks per queue or tenant (paper, two_workers)")  # fmt: skip
     parser.add_argument("--task-ms", type=float, default=400.0)
     parser.add_argument("--qc-tasks", type=int, default=300, help="tasks per queue")
-    parser.add_argument("--qc-ms", type=float, default=50.0)
+    parser.add_argument("--qc-ms", type=float, default=50.0, help="other's tasks")
+    parser.add_argument("--qc-video-ms", type=float, default=200.0, help="video's tasks")
     parser.add_argument("--packing-tasks", type=int, default=60, help="tasks per queue")
     parser.add_argument("--only", default=",".join(EXPERIMENTS))
     parser.add_argument("--name", default="resources")

@@ -15,6 +15,7 @@ from bench.resources import (
     best_mix,
     dominant_of,
     drf_allocation,
+    first_start,
     use_of,
 )
 from tests.harness.keys import most_at_once
@@ -137,3 +138,10 @@ def test_best_mix_is_exhaustive() -> None:
 
 def test_the_environment_spelling() -> None:
     assert as_setting({"cpu": 9.0, "mem": 18.0}) == "cpu=9,mem=18"
+
+
+def test_two_workers_window_starts_when_the_later_worker_starts() -> None:
+    entries = [_entry(0, "a", 0.0, 1.0, worker="one@h"), _entry(1, "a", 2.5, 3.0, worker="two@h"),
+               _entry(2, "a", 1.0, 2.0, worker="one@h")]  # fmt: skip
+    assert first_start(entries, "one") == 0.0
+    assert first_start(entries, "two") == 2.5
