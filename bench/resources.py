@@ -379,7 +379,7 @@ def paper(args: argparse.Namespace) -> dict[str, Any]:
 
 def two_workers(args: argparse.Namespace) -> dict[str, Any]:
     runs = _in_turns(args.reps, "two_workers",
-                     lambda fair: two_workers_run(fair, args.tasks, args.task_ms))  # fmt: skip
+                     lambda fair: two_workers_run(fair, args.tw_tasks, args.task_ms))  # fmt: skip
     return {
         mode: {
             "ratio": summary([r["ratio"] for r in rs]),
@@ -467,7 +467,8 @@ def markdown(results: dict[str, Any]) -> str:
         "# Resources: Dominant Resource Fairness beside plain Celery",
         "",
         f"Reproduce: `python -m bench.resources --reps {args['reps']} --tasks {args['tasks']} "
-        f"--task-ms {args['task_ms']:g} --qc-tasks {args['qc_tasks']} --qc-ms {args['qc_ms']:g} "
+        f"--tw-tasks {args['tw_tasks']} --task-ms {args['task_ms']:g} "
+        f"--qc-tasks {args['qc_tasks']} --qc-ms {args['qc_ms']:g} "
         f"--qc-video-ms {args['qc_video_ms']:g} "
         f"--packing-tasks {args['packing_tasks']} --only {args['only']}` ({env['when']}, "
         f"celery {env['celery']}, kombu {env['kombu']}, {env['cpus']} CPUs). celery-fair and "
@@ -578,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=150,
-                        help="tasks per queue or tenant (paper, two_workers)")  # fmt: skip
+                        help="tasks per queue (paper)")  # fmt: skip
+    parser.add_argument("--tw-tasks", type=int, default=300, help="tasks per tenant (two_workers)")
     parser.add_argument("--task-ms", type=float, default=400.0)
     parser.add_argument("--qc-tasks", type=int, default=300, help="tasks per queue")
     parser.add_argument("--qc-ms", type=float, default=50.0, help="other's tasks")
