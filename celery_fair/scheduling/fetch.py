@@ -75,6 +75,10 @@ class FetchRound:
         self._pending = PendingCharges()
         #: Queues the last poll order put last for holding their credit.
         self._demoted: set[str] = set()
+        #: Tasks of a queue that may run at once here (``fair_queue_concurrency``):
+        #: its credit is at most the window's share of them, so a queue at its
+        #: limit is polled last and the others fill the window.
+        self.limits: dict[str, int] = {}
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -125,12 +129,20 @@ class FetchRound:
         """Every queue's credit for this window (None: no credit applies)."""
         names = self.drr.queues
         if self.credit_limit is not None:
-            return dict.fromkeys(names, self.credit_limit)
-        if not window:
+            credits = dict.fromkeys(names, self.credit_limit)
+        elif not window:
             return None
-        floor = max(1, window - self.reserve)
-        fractions = self._fetch_fractions()
-        return {n: max(floor, math.ceil(2.0 * window * fractions[n])) for n in names}
+        else:
+            floor = max(1, window - self.reserve)
+            fractions = self._fetch_fractions()
+            credits = {n: max(floor, math.ceil(2.0 * window * fractions[n])) for n in names}
+        if self.limits and window:
+            # The window holds this many tasks per pool slot (Celery's multiplier).
+            per_slot = window / max(1, self.reserve)
+            for name, limit in self.limits.items():
+                if name in credits:
+                    credits[name] = min(credits[name], max(1, math.ceil(limit * per_slot)))
+        return credits
 
     def _fetch_fractions(self) -> dict[str, float]:
         # Expected fraction of fetches per queue: weight / cost per message.

@@ -75,6 +75,8 @@ class FairService:
             credit=settings.credit,
             reserve=self.concurrency,
         )
+        # A queue at its fair_queue_concurrency is polled last (its credit is capped).
+        self.scheduler.fetch.limits = dict(settings.queue_concurrency)
         self.lock = threading.RLock()
         #: The gate of the pools that dispatch directly (threads, solo, green).
         self.gate: FairGate | ResourceGate | None = None

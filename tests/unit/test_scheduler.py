@@ -71,6 +71,22 @@ def test_queue_over_credit_is_polled_last_not_dropped() -> None:
     assert sorted(s.fetch_order(window=8)) == sorted(queues)
 
 
+def test_a_queue_at_its_concurrency_limit_is_polled_last() -> None:
+    s = FairScheduler({"video": 1, "other": 1}, reserve=4)
+    s.set_queues(["video", "other"])
+    s.fetch.limits = {"video": 2}
+    # A window of 16 on 4 slots holds 4 tasks a slot: video's 2 at once, 8 held.
+    assert s.credit("video", window=16) == 8
+    assert s.credit("other", window=16) == 16  # uncapped: twice its share of the window
+    for _ in range(8):
+        s.fetched("video")
+    assert s.fetch_order(window=16) == ["other", "video"]
+    s.released("video")  # below its credit again: polled in its turn
+    s.fetch_order(window=16)
+    assert "video" not in s.fetch._demoted
+    assert s.credit("video", window=None) is None  # no window known: no credit
+
+
 def test_credit_never_binds_on_a_fair_share() -> None:
     s = FairScheduler({"long": 1, "short": 1}, cost="runtime", reserve=2)
     s.set_queues(["long", "short"])
