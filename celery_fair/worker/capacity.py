@@ -37,6 +37,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..scheduling.estimate import Ewma
 from ..scheduling.resources import (
+    QUEUE_RESOURCE,
     SLOTS,
     Admission,
     Ledger,
@@ -276,7 +277,10 @@ class ResourceGate:
             with self._lock:
                 self._resize()
                 chosen = self._choose()
-                full = self.admission.reserved is not None or len(self.aside) >= self.lookahead
+                full = (
+                    self.admission.reserved is not None
+                    or self._waiting_for_room() >= self.lookahead
+                )
             if chosen is not None:
                 run, request = chosen
                 if not self._stale(request):
@@ -297,6 +301,23 @@ class ResourceGate:
                 continue
             with self._lock:
                 self.aside.append((_ident(request), demand, queue, entry))
+
+    def _waiting_for_room(self) -> int:
+        """Under the lock: the tasks aside that wait for room, not for their queue's limit.
+
+        A queue at its ``fair_queue_concurrency`` must not fill the look-ahead
+        and hold up the other queues' tasks behind it (the fetch polls such a
+        queue last, which bounds how many of its tasks wait here).
+        """
+        ledger = self.ledger
+        return sum(
+            1
+            for _, demand, _, _ in self.aside
+            if not any(
+                name.startswith(QUEUE_RESOURCE) and ledger.free(name) < amount - 1e-9
+                for name, amount in demand.items()
+            )
+        )
 
     def _fit_window(self) -> None:
         """A task starts: the tasks running now, averaged, are what fits at once, and the

@@ -174,3 +174,14 @@ def test_a_request_revoked_on_the_way_to_the_pool_holds_nothing() -> None:
     gate_two = gate.wrap(pool.process)
     gate_two(FakeRequest("a", 1, {"cpu": 1}))
     assert pool.started == ["a-1"]
+
+
+def test_a_queue_at_its_limit_does_not_fill_the_look_ahead() -> None:
+    gate, pool, _ = _gate({}, slots=4, queue_concurrency={"video": 1})
+    gated = gate.wrap(pool.process)
+    for i in range(12):  # more than the look-ahead of 8
+        gated(FakeRequest("video", i, None))
+    for i in range(3):
+        gated(FakeRequest("a", i, None))
+    names = sorted(r.name.split("-")[0] for r in pool.running)
+    assert names == ["a", "a", "a", "video"]  # the other queue uses the rest
