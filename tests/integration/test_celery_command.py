@@ -173,7 +173,7 @@ BAD_INPUT_PER_COMMAND: list[tuple[tuple[str, ...], str]] = [
     (("-A", "proj", "fair", "capture", "--out", "t", "--queues", "p0=abc"),
      "positive number, not 'abc'"),
     (("-A", "badcost", "fair", "capture", "--out", "t"),
-     "fair_cost must be one of 'count', 'runtime'; got 'bogus'"),
+     "fair_cost must be one of 'count', 'runtime', 'dominant'; got 'bogus'"),
     (("fair", "capture", "-A", "nosuchmod", "--out", "t"), "cannot load the Celery app"),
     (("-A", "proj", "fair", "capture", "--out", "t", "--weights", "p0=1"),
      "unrecognized arguments: --weights"),
