@@ -38,6 +38,7 @@ COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("revokes (revoked; running)", lambda r: _revokes(r)),
     ("hi:lo", lambda r: _fmt(r["shares"]["ratio"])),
     ("stalls", lambda r: r["stalls"]),
+    ("resources: settled; most at once", lambda r: _resources(r)),
     ("left on broker", lambda r: _left(r)),
     ("wall s", lambda r: f"{r['wall_seconds']:.0f}"),
 )
@@ -50,6 +51,20 @@ def _duplicates(r: dict[str, Any]) -> str:
 
 def _revokes(r: dict[str, Any]) -> str:
     return f"{r['revokes']} ({r['revoked']}; {r['outcomes'].get('revoked while running', 0)})"
+
+
+def _resources(r: dict[str, Any]) -> str:
+    """With ``--resources``: whether every worker's books came back to nothing held,
+    and per worker the most CPU and ``lo`` runs held at once (finished runs)."""
+    res = r.get("resources")
+    if not res:
+        return "n/a"
+    most = "; ".join(
+        f"{w.split('-')[0]} cpu {m['cpu']:g}, lo {m.get('lo', 0):g}"
+        for w, m in sorted(res["at_once"].items())
+    )
+    settled = {True: "yes", False: "NO", None: "n/a"}[res["settled"]]
+    return f"{settled}; {most}"
 
 
 def _left(r: dict[str, Any]) -> str:
@@ -143,8 +158,12 @@ def _revision() -> dict[str, Any]:
             "package_modified": bool(git("status", "--porcelain", "celery_fair"))}  # fmt: skip
 
 
-def main(tasks: int, reps: int, only: str | None, name: str, command: str) -> int:
-    """``python -m bench.soak --churn``: celery-fair and plain Celery in turns, per broker."""
+def main(tasks: int, reps: int, only: str | None, name: str, command: str,
+         resources: bool = False) -> int:  # fmt: skip
+    """``python -m bench.soak --churn``: celery-fair and plain Celery in turns, per broker.
+
+    ``resources``: the workers have a capacity and a per-queue limit, the tasks
+    declare what they hold (``tests.harness.churn.CAPACITY``)."""
     from .common import environment, summary, write
 
     records: list[dict[str, Any]] = []
@@ -153,7 +172,7 @@ def main(tasks: int, reps: int, only: str | None, name: str, command: str) -> in
             for fair in (True, False):
                 print(f"== {broker} {'celery-fair' if fair else 'plain'} rep {rep + 1}/{reps}",
                       flush=True)  # fmt: skip
-                record = run_churn(broker, tasks, fair,
+                record = run_churn(broker, tasks, fair, resources=resources,
                                    progress=lambda m: print(m, flush=True))  # fmt: skip
                 records.append(record)
                 print(render([record], {}, command, environment()), flush=True)
@@ -175,5 +194,7 @@ def main(tasks: int, reps: int, only: str | None, name: str, command: str) -> in
     data = {"env": env, "command": command, "tasks": tasks, "reps": reps,
             "runs": runs, "summary": stats}  # fmt: skip
     write(name, data, render(records, stats, command, env))
-    bad = [r for r in records if r["variant"] == "celery-fair" and (r["lost"] or r["stalls"])]
+    bad = [r for r in records if r["variant"] == "celery-fair" and (
+        r["lost"] or r["stalls"] or (r.get("resources") and r["resources"]["settled"] is False)
+    )]  # fmt: skip
     return 1 if bad else 0

@@ -194,12 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=100_000, help="--churn: tasks per run")
     parser.add_argument("--reps", type=int, default=1, help="--churn: repetitions per variant")
     parser.add_argument("--only", choices=("redis", "rabbitmq"), help="--churn: one broker")
+    parser.add_argument(
+        "--resources",
+        action="store_true",
+        help="--churn: capacities, a queue limit and declared resources",
+    )
     args = parser.parse_args(argv)
     if args.churn:
         from . import churn
 
         command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
-        return churn.main(args.tasks, args.reps, args.only, args.name or "churn", command)
+        return churn.main(
+            args.tasks, args.reps, args.only, args.name or "churn", command, args.resources
+        )
     name = args.name or ("soak_plain" if args.plain else "soak")
     phase_s = args.minutes * 60 / len(PHASES)
     if phase_s < 4 * SETTLE:

@@ -91,6 +91,13 @@ WARMUP, TAIL = 20, 20
 KILL_SLACK = 3.0
 #: An outcome: a task whose process was killed as it started, ended by the hard time limit.
 KILLED_AS_STARTED = "killed as it started (ended by the time limit)"
+#: ``resources=True``: each worker's capacity, a per-queue limit and DRF charges, and
+#: what the tasks declare (a slow task twice a quick one's CPU).  On worker ``b``
+#: (2 processes) ``slots`` binds; on ``a`` (``--autoscale 3,1``) CPU does when a
+#: slow task runs.  The books must come back to nothing held after the churn.
+CAPACITY = {"cpu": 3.0}
+QUEUE_CONCURRENCY = {"lo": 1}
+DEMANDS = {"slow": {"cpu": 2.0}, "*": {"cpu": 1.0}}
 #: A worker's log: what the churn causes, and what is a bug.
 STALL = "celery-fair: stall"
 UP_TIMEOUT = "Timed out waiting for UP message"
@@ -149,8 +156,10 @@ class Published:
 
 
 def publish(producer: Any, specs: Sequence[Spec], wave: int, rng: random.Random,
-            sink: Callable[[Published], None]) -> None:  # fmt: skip
-    """``prod.churn(value, ms, tenant)``, positionally, as users call it."""
+            sink: Callable[[Published], None], resources: bool = False) -> None:  # fmt: skip
+    """``prod.churn(value, ms, tenant)``, positionally, as users call it.
+
+    ``resources``: each call declares what it holds (:data:`DEMANDS`)."""
     task = producer.tasks[TASK]
     with producer.producer_or_acquire() as conn:
         for spec in specs:
@@ -164,6 +173,8 @@ def publish(producer: Any, specs: Sequence[Spec], wave: int, rng: random.Random,
                     options["time_limit"] = TASK_TIME_LIMIT
             elif spec.kind == "countdown":
                 options["countdown"] = rng.choice(COUNTDOWNS)
+            if resources:
+                options["fair_resources"] = DEMANDS.get(spec.kind, DEMANDS["*"])
             result = task.apply_async(
                 (spec.queue, ms, spec.tenant), queue=spec.queue, producer=conn, **options
             )
@@ -503,6 +514,59 @@ def account(
             "unexplained": unexplained, "unexplained_count": odd_count}  # fmt: skip
 
 
+def held_at_once(published: Sequence[Published], runs: Sequence[dict[str, Any]]
+                 ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Per worker, the most CPU the finished runs held at one instant, and the most
+    runs of each limited queue.
+
+    A run's interval (inside the task) lies within the time the worker holds its
+    resources, so these can only be lower than what the worker held.  Runs killed
+    mid-task have no finish and are not counted.
+    """
+    kinds = {p.id: p.spec.kind for p in published}
+    events: dict[str, list[tuple[float, int, str, float]]] = {}
+    for run in runs:
+        demand = DEMANDS.get(kinds.get(run["id"], ""), DEMANDS["*"])["cpu"]
+        points = events.setdefault(run["worker"], [])
+        points += [(run["started"], 1, run["queue"], demand),
+                   (run["finished"], -1, run["queue"], demand)]  # fmt: skip
+    out: dict[str, dict[str, float]] = {}
+    for worker, points in events.items():
+        cpu = peak_cpu = 0.0
+        per_queue: Counter[str] = Counter()
+        most: dict[str, float] = dict.fromkeys(QUEUE_CONCURRENCY, 0)
+        for _, step, queue, demand in sorted(points, key=lambda p: (p[0], p[1])):
+            cpu += step * demand
+            per_queue[queue] += step
+            peak_cpu = max(peak_cpu, cpu)
+            if queue in most:
+                most[queue] = max(most[queue], per_queue[queue])
+        out[worker] = {"cpu": peak_cpu, **most}
+    return out
+
+
+def resource_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerProcess],
+          timeout: float) -> dict[str, Any]:  # fmt: skip
+    """Each worker's ``resources`` from ``inspect fair_stats``, asked until every worker
+    holds nothing and runs nothing (its books repaired after the churn) or ``timeout``."""
+    last: dict[str, Any] = {}
+
+    def settled() -> bool:
+        replies = (
+            control.control.inspect(timeout=2.0, destination=list(nodes))._request("fair_stats")
+            or {}
+        )
+        for node, reply in replies.items():
+            last[node] = (reply or {}).get("resources")
+        return all(
+            (r := last.get(n)) is not None and r["running"] == 0 and not any(r["held"].values())
+            for n in nodes
+        )
+
+    ok = _wait(settled, workers, timeout, every=1.0)
+    return {"settled": ok, "workers": last}
+
+
 def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]],
                 waves: int) -> dict[str, Any]:  # fmt: skip
     """hi:lo over each wave while both were backlogged, and over every wave together.
@@ -675,6 +739,7 @@ def run_churn(
     quiet: float = 20.0,
     timeout: float | None = None,
     seed: int = 49,
+    resources: bool = False,
     redis_server: RedisServer | None = None,
     rabbitmq_server: Any = None,
     progress: Callable[[str], None] = print,
@@ -686,6 +751,8 @@ def run_churn(
     Redis lends databases 0 (the broker), 1 (results) and 2 (the ledger): the
     ledger's keys are deleted first.  ``quiet``: seconds with no task newly
     accounted for after which the rest counts as lost.  ``timeout``: the whole run.
+    ``resources``: the workers have a capacity, ``lo`` a concurrency limit and the cost
+    is DRF's, and every task declares what it holds (:data:`CAPACITY`).
     """
     if broker not in ("redis", "rabbitmq"):
         raise ValueError(f"broker must be redis or rabbitmq, not {broker!r}")
@@ -710,6 +777,12 @@ def run_churn(
             "PRODUCTION_LEDGER": ledger_url,
             "PRODUCTION_WEIGHTS": ",".join(f"{q}={w}" for q, w in WEIGHTS.items()),
         }
+        if resources:
+            env["PRODUCTION_CAPACITY"] = ",".join(f"{r}={n:g}" for r, n in CAPACITY.items())
+            env["PRODUCTION_QUEUE_CONCURRENCY"] = ",".join(
+                f"{q}={n}" for q, n in QUEUE_CONCURRENCY.items()
+            )
+            env["PRODUCTION_COST"] = "dominant"
         if broker == "redis":
             env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
             env["PRODUCTION_VISIBILITY"] = str(VISIBILITY)
@@ -759,7 +832,7 @@ def run_churn(
             t_waves = time.monotonic()
             for i, wave in enumerate(specs):
                 shrinks = log_lines(a.log())["scaling_down"]
-                publish(producer, wave, i, rng, published.append)
+                publish(producer, wave, i, rng, published.append, resources)
                 drained = _drain(queue_state, workers, started, quiet, deadline,
                                  lambda i=i: report(i))  # fmt: skip
                 if not drained:
@@ -782,6 +855,11 @@ def run_churn(
                 return not any(left_running.values())
 
             _wait(empty, workers, 15, every=0.5)
+            held = (
+                None if not resources
+                else resource_books(control, [_node(w) for w in workers], workers, 30) if fair
+                else {"settled": None, "workers": {}}  # plain Celery keeps no such books
+            )  # fmt: skip
             where = queue_state.locate(pending)
             for w in workers:
                 exits[w.name] = w.stop(timeout=60)
@@ -837,6 +915,14 @@ def run_churn(
                 "left_running_first": first_left,
                 "left_running": left_running,
                 "left_after_stop": left_stopped,
+                # resources=True: what each worker's books say after the churn, and the
+                # most held at once per worker from the finished runs.
+                "resources": None
+                if held is None
+                else {
+                    **held,
+                    "at_once": held_at_once(published, runs),
+                },
                 "exit_codes": exits,
                 "churn_errors": churn.errors[:10],
                 "waves_seconds": waves_s,
@@ -861,6 +947,14 @@ def run_churn(
                     "visibility_timeout": VISIBILITY if broker == "redis" else None,
                     "autoscale_keepalive": KEEPALIVE,
                     "seed": seed,
+                    "resources": {
+                        "capacity": CAPACITY,
+                        "queue_concurrency": QUEUE_CONCURRENCY,
+                        "demands": DEMANDS,
+                        "cost": "dominant",
+                    }
+                    if resources
+                    else None,
                 },  # fmt: skip
             }
         finally:

@@ -18,6 +18,9 @@ Configured from the environment (like ``tests.harness.workload``):
 ``PRODUCTION_KEY_WEIGHTS``  the ``fair_key_weights`` setting, as ``key=w,key=w``
 ``PRODUCTION_VISIBILITY``   ``broker_transport_options['visibility_timeout']`` (s, Redis)
 ``PRODUCTION_MEMORY_HIGH``  the producer's ``fair_broker_memory_high`` (admission)
+``PRODUCTION_CAPACITY``     the ``fair_capacity`` setting, as ``name=amount,...``
+``PRODUCTION_QUEUE_CONCURRENCY``  the ``fair_queue_concurrency`` setting, as ``q=n,q=n``
+``PRODUCTION_COST``         the ``fair_cost`` setting
 ``PRODUCTION_BEAT``         a beat entry sends ``record("tick")`` every so many seconds
 ``PRODUCTION_BEAT_QUEUE``   ... to this queue
 
@@ -133,6 +136,16 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
         }
     if env.get("PRODUCTION_MEMORY_HIGH"):
         app.conf.fair_broker_memory_high = float(env["PRODUCTION_MEMORY_HIGH"])
+    if env.get("PRODUCTION_CAPACITY"):
+        app.conf.fair_capacity = {
+            r: float(n) for r, n in _pairs(env["PRODUCTION_CAPACITY"]).items()
+        }
+    if env.get("PRODUCTION_QUEUE_CONCURRENCY"):
+        app.conf.fair_queue_concurrency = {
+            q: int(n) for q, n in _pairs(env["PRODUCTION_QUEUE_CONCURRENCY"]).items()
+        }
+    if env.get("PRODUCTION_COST"):
+        app.conf.fair_cost = env["PRODUCTION_COST"]
     if env.get("PRODUCTION_BEAT"):
         app.conf.beat_schedule = {
             "tick": {

@@ -18,11 +18,16 @@ from celery import Celery
 import celery_fair
 from celery_fair.errors import FairConfigError
 from celery_fair.parking.store import parking_for
+from tests.harness.churn import CAPACITY, QUEUE_CONCURRENCY, run_churn
 from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.keys import most_at_once
 from tests.harness.ledger import Ledger
+from tests.harness.redis import RedisServer
 from tests.harness.resources import backlogged_window, peaks, running, shares
+from tests.integration.test_churn import MAX_TASKS
+from tests.integration.test_churn import TASKS as CHURN_TASKS
+from tests.integration.test_churn import _check as check_churn
 
 pytestmark = [pytest.mark.integration]
 
@@ -215,3 +220,34 @@ def test_telemetry_records_what_each_task_held_and_the_capacity(
     for row in rows:
         assert dict(row["resources"]) == held[row["queue"]], row
         assert dict(row["capacity"]) == {"cpu": 9.0, "mem": 18.0, "slots": 4.0}, row
+
+
+def test_the_books_repair_themselves_under_churn_at_volume(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """The churn soak of ``tests/integration/test_churn.py`` (3,000 tasks; children
+    replaced every 20 tasks, ``--autoscale 3,1``, pool processes SIGKILLed, hard time
+    limits, revokes with terminate), with a capacity of 3 CPUs per worker, ``lo``
+    limited to 1 and every task declaring what it holds.
+
+    Every task is accounted for, the limits hold at every instant of the finished
+    runs, and once the churn is over each worker's books hold nothing: what killed,
+    time-limited and revoked tasks held came back.
+    """
+    # redis_url: the session's Redis is emptied after the test (db 0, the broker).
+    record = run_churn(
+        "redis", CHURN_TASKS, True, waves=2, max_tasks_per_child=MAX_TASKS, kill_every=1.0,
+        revoke_every=1.0, slow_share=0.01, over_share=0.005, quiet=20.0, timeout=150.0,
+        resources=True, redis_server=redis_server, progress=lambda _: None,
+    )  # fmt: skip
+    check_churn(record)
+    books = record["resources"]
+    assert books["settled"], books["workers"]
+    for node, reply in books["workers"].items():
+        assert reply["capacity"]["cpu"] == CAPACITY["cpu"], (node, reply)
+    most = books["at_once"]
+    assert len(most) == 2, most
+    for node, held in most.items():
+        assert held["cpu"] <= CAPACITY["cpu"], (node, most)
+        assert held["lo"] <= QUEUE_CONCURRENCY["lo"], (node, most)
+    assert any(held["cpu"] == CAPACITY["cpu"] for held in most.values()), most  # it binds
