@@ -274,3 +274,59 @@ def test_the_books_repair_themselves_under_churn_at_volume(
         assert held["cpu"] <= CAPACITY["cpu"], (node, most)
         assert held["lo"] <= QUEUE_CONCURRENCY["lo"], (node, most)
     assert any(held["cpu"] == CAPACITY["cpu"] for held in most.values()), most  # it binds
+
+
+def test_codel_counts_the_wait_for_room(redis_url: str, producer: Celery) -> None:
+    """A task waiting for a GPU, on a worker whose four threads are free, is stale to
+    CoDel: it is asked as the task starts, so its sojourn includes the wait for room.
+
+    One GPU, tasks of 100 ms that each hold it: the window holds a few tasks (Celery's
+    multiplier of the one that fits at once) and all but one wait for the GPU, never for
+    a thread.  With a target of 20 ms and a cap of one return, stale tasks go back once
+    and then run: each ran exactly once, and the GPU was never held twice.
+    """
+    n = 24
+    for _ in range(n):
+        producer.send_task("ledger", kwargs={"ms": 100, "tenant_id": "gpu"}, queue="gpu",
+                           fair_resources={"gpu": 1})  # fmt: skip
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": "gpu=1",
+           "CELERY_FAIR_CODEL": "0.02,0.1,requeue,1"}  # fmt: skip
+    with WorkerProcess(redis_url, ["gpu"], pool="threads", concurrency=4, env=env) as worker:
+        assert ledger.wait_for(n, timeout=120, alive=[worker]), worker.log()[-3000:]
+    entries = ledger.entries()
+    assert len(entries) == len({e.id for e in entries}) == n  # each ran exactly once
+    assert peaks(entries)["gpu"] <= 1
+    assert max(e.requeues for e in entries) == 1  # sent back once at most, then ran
+    assert sum(e.requeues > 0 for e in entries) >= 2, [e.requeues for e in entries]
+
+
+def test_solo_pool_holds_what_tasks_declare_and_parks_what_never_fits(
+    redis_url: str, producer: Celery
+) -> None:
+    """``-P solo`` runs tasks in the consumer's own thread: the gate must neither
+    block it nor hold anything after a run."""
+    queue = "solo"
+    for _ in range(8):
+        producer.send_task("ledger", kwargs={"ms": 20, "tenant_id": "cpu"}, queue=queue,
+                           fair_resources={"cpu": 2})  # fmt: skip
+    producer.send_task(
+        "ledger", kwargs={"tenant_id": "gpu"}, queue=queue, fair_resources={"gpu": 1}
+    )
+    for _ in range(8):
+        producer.send_task("ledger", kwargs={"ms": 20, "tenant_id": "after"}, queue=queue)
+    ledger = Ledger(redis_url)
+    env = {"CELERY_FAIR_LEDGER": redis_url, "CELERY_FAIR_CAPACITY": "cpu=4"}
+    with WorkerProcess(redis_url, [queue], pool="solo", env=env) as worker:
+        assert ledger.wait_for(16, timeout=60, alive=[worker]), worker.log()[-3000:]
+        with producer.connection_for_write() as conn:
+            parking = parking_for(conn.default_channel)
+            assert poll_until(lambda: bool(parking.list(queue)), timeout=30), worker.log()[-3000:]
+            parked = parking.list(queue)
+        stats = wait_fair_stats(redis_url)
+    per_tenant = ledger.per_tenant()
+    assert per_tenant.get("cpu") == 8 and per_tenant.get("after") == 8, per_tenant
+    assert len(parked) == 1 and "resource(s) gpu not in the worker's capacity" in parked[0].reason
+    resources = stats["resources"]
+    assert resources["capacity"]["slots"] == 1.0, resources
+    assert resources["running"] == 0 and not any(resources["held"].values()), resources
