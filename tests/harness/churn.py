@@ -442,6 +442,13 @@ def account(
         i = bisect_right(kill_times, done)
         return i > 0 and done - kill_times[i - 1] <= KILL_SLACK
 
+    def killed_as_accepted(done: float) -> bool:
+        """A kill one hard time limit (the timer starts as a process accepts the job)
+        before ``done``, give or take the timer's and the result's delays."""
+        lo, hi = done - WORKER_TIME_LIMIT - 1.0, done - WORKER_TIME_LIMIT + 0.2
+        i = bisect_right(kill_times, hi)
+        return i > 0 and kill_times[i - 1] >= lo
+
     kinds = {p.id: p.spec.kind for p in published}
     counts: Counter[str] = Counter()
     unexplained: list[dict[str, Any]] = []
@@ -481,11 +488,19 @@ def account(
             assert outcome is not None
             if kind.startswith("over"):
                 pass
-            elif any(killed_between(s, outcome.done) for s in starts_of):
+            elif any(killed_between(s, outcome.done) for s in starts_of) or (
+                not starts_of and killed_as_accepted(outcome.done)
+            ):
                 # The process died as the task started, before the main process
                 # knew the job was on it: billiard does not mark the job lost, its
-                # hard time limit ends it (plain Celery as well).
+                # hard time limit ends it (plain Celery as well).  Killed before the
+                # task's first line, the run noted no start: a kill one hard time
+                # limit before the result is then what the churn did.
                 counts[KILLED_AS_STARTED] += 1
+            elif tid in revoked and starts_of:
+                # Revoked with terminate as it ran: the SIGTERM raced the job's
+                # accounting and its hard time limit ended it (plain Celery as well).
+                counts["revoked while running, ended by its time limit"] += 1
             else:
                 odd(tid, "time limit of a task within its limit")
         elif status == "FAILURE" and exc == "WorkerLostError":
@@ -896,7 +911,9 @@ def run_churn(
                 "kill_log": churn.kills,
                 "revoke_log": churn.revokes,
                 # Tasks over a time limit, and tasks whose process the churn killed.
-                "time_limits": outcomes_["time limit"] - outcomes_[KILLED_AS_STARTED],
+                "time_limits": outcomes_["time limit"]
+                - outcomes_[KILLED_AS_STARTED]
+                - outcomes_["revoked while running, ended by its time limit"],
                 "killed_tasks": outcomes_["killed (WorkerLostError)"]
                 + outcomes_[KILLED_AS_STARTED],
                 "revokes": len(churn.revokes),
