@@ -25,7 +25,10 @@ from celery_fair.testing import poll_until
 
 from .brokers import broker_for
 
-__all__ = ("RunResult", "WorkerProcess", "fill_queues", "poll_until", "run_backlogged")
+__all__ = (
+    "RunResult", "WorkerProcess", "fill_queues", "poll_until", "run_backlogged",
+    "wait_unacked_restorable",
+)  # fmt: skip
 
 WORKLOAD = "tests.harness.workload"
 
@@ -42,6 +45,31 @@ def fill_queues(
     ``args`` is the task's positional arguments, or a mapping queue -> args.
     """
     broker_for(broker_url).fill(counts, task=task, args=args)
+
+
+def wait_unacked_restorable(broker_url: str, visibility: float, timeout: float = 60.0) -> int:
+    """Wait until every message in Redis's unacked index is past ``visibility`` seconds.
+
+    For a worker that died holding messages: a worker started after this
+    restores them all at once, in the scan Kombu's Redis transport makes when
+    it starts consuming (``on_poll_init``).  A worker that was already running
+    would find them only at its next periodic scan: on Kombu before 5.7
+    (no ``unacked_restore_interval`` nor ``unacked_restore_throttle`` option)
+    every 10th call of a 10 s timer, up to 100 s later.  Nothing may write
+    the index meanwhile (no live worker on ``broker_url``).  Returns the
+    number of unacknowledged messages.
+    """
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    deadline = time.monotonic() + timeout
+    while True:
+        newest = client.zrange("unacked_index", -1, -1, withscores=True)
+        # The scores are the fetching worker's time.time(), on this machine.
+        if not newest or newest[0][1] <= time.time() - visibility:
+            return int(client.zcard("unacked_index"))
+        assert time.monotonic() < deadline, f"unacked for more than {timeout} s: {newest}"
+        time.sleep(0.1)
 
 
 @dataclass
