@@ -12,7 +12,8 @@ order and starts the first that fits what is free
 hold up the smaller ones behind it, and after ``patience`` of them have
 passed it, it is reserved and starts next.  At most ``lookahead`` tasks are
 taken out of the fair order to wait for room, so a task that does not fit
-does not pull the whole buffer behind it.
+does not pull the whole buffer behind it; but every queue with tasks buffered
+has one among them.
 
 The books follow what the worker really holds, not only callbacks: a task's
 holding ends when its request finishes (the tracker's observer), when the
@@ -273,14 +274,14 @@ class ResourceGate:
             raise
 
     def _start_what_fits(self) -> None:
+        drained = False
         while True:
             with self._lock:
                 self._resize()
-                chosen = self._choose()
-                full = (
-                    self.admission.reserved is not None
-                    or self._waiting_for_room() >= self.lookahead
-                )
+                reserved = self.admission.reserved is not None
+                hidden = not drained and not reserved and self._hidden()
+                chosen = None if hidden else self._choose()
+                full = reserved or (not hidden and self._waiting_for_room() >= self.lookahead)
             if chosen is not None:
                 run, request = chosen
                 if not self._stale(request):
@@ -291,6 +292,9 @@ class ResourceGate:
                 return
             taken = self._admit()
             if taken is None:
+                if hidden:  # what was buffered went back: choose among what is aside
+                    drained = True
+                    continue
                 return
             queue, entry = taken
             request = entry[1]
@@ -318,6 +322,22 @@ class ResourceGate:
                 for name, amount in demand.items()
             )
         )
+
+    def _hidden(self) -> bool:
+        """Under the lock: whether a queue has tasks in the buffer and none aside.
+
+        Then the gate takes before it chooses, beyond the look-ahead if need be:
+        every queue with tasks here has one among those the gate chooses from, and
+        tasks of one queue that wait for room never hide another queue's that would
+        fit.  This adds to the look-ahead at most what one round of the DWRR serves
+        before it reaches every queue.  On RabbitMQ one queue's window can arrive
+        before the others' and fill the look-ahead with tasks that do not fit.
+        """
+        counts = self.service.scheduler.dispatch.counts()
+        if not any(counts.values()):
+            return False
+        aside = {queue for _, _, queue, _ in self.aside}
+        return any(n and queue not in aside for queue, n in counts.items())
 
     def _fit_window(self) -> None:
         """A task starts: the tasks running now, averaged, are what fits at once, and the
