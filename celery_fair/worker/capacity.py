@@ -13,7 +13,9 @@ hold up the smaller ones behind it, and after ``patience`` of them have
 passed it, it is reserved and starts next.  At most ``lookahead`` tasks are
 taken out of the fair order to wait for room, so a task that does not fit
 does not pull the whole buffer behind it; but every queue with tasks buffered
-has one among them.
+has one among them.  Under ``fair_cost="dominant"`` the tasks taken are tried
+by DRF's rule: the queue whose running tasks hold the least dominant share
+(by its weight) first.
 
 The books follow what the worker really holds, not only callbacks: a task's
 holding ends when its request finishes (the tracker's observer), when the
@@ -175,6 +177,8 @@ class ResourceGate:
         self.slots = max(1, int(capacity.get(SLOTS, 1)))
         #: Taken from the fair order, waiting for room: (ident, demand, queue, entry).
         self.aside: list[tuple[object, dict[str, float], str, tuple[Any, Any]]] = []
+        #: The queue of each running task (for the dominant shares each queue holds).
+        self._running_queue: dict[object, str] = {}
         self._lock = service.lock
         # CoDel is asked as a task starts, not as it is taken: its sojourn then
         # includes the wait for room (RFC 8289 measures at dequeue).
@@ -231,6 +235,7 @@ class ResourceGate:
         """``request`` no longer holds anything here (finished, revoked, lost)."""
         with self._lock:
             released = self.ledger.release(_ident(request))
+            self._running_queue.pop(_ident(request), None)
         if released:
             self.pump()
 
@@ -363,6 +368,7 @@ class ResourceGate:
         queue = self.service.queue_map.queue_of(request)
         with self._lock:
             self.ledger.release(_ident(request))
+            self._running_queue.pop(_ident(request), None)
             if queue is not None:
                 self.service.scheduler.dispatch.refund(queue)
         return True
@@ -371,14 +377,49 @@ class ResourceGate:
         """Under the lock: the entry to start now, held in the ledger, or None."""
         if not self.aside:
             return None
+        order = self._fair_order()
         index = self.admission.choose(
-            [(ident, demand) for ident, demand, _, _ in self.aside], self.ledger
+            [(self.aside[i][0], self.aside[i][1]) for i in order], self.ledger
         )
         if index is None:
             return None
-        ident, demand, _, entry = self.aside.pop(index)
+        ident, demand, queue, entry = self.aside.pop(order[index])
         self.ledger.hold(ident, demand)
+        self._running_queue[ident] = queue
         return entry
+
+    def _fair_order(self) -> list[int]:
+        """Under the lock: the indexes of the tasks aside, in the order they are tried.
+
+        Under ``fair_cost="dominant"``, DRF's progressive filling: the queue whose
+        running tasks hold the least dominant share of the worker, divided by its
+        weight, first (Ghodsi et al., section 4); the order they were taken in
+        among equals.  The order of the takes alone is stale: a queue's tasks taken
+        while no other queue had any here would go first after the others' arrive,
+        and hold more than its share until they had all run.  Otherwise, the order
+        they were taken in.
+        """
+        order = list(range(len(self.aside)))
+        if self.service.settings.cost != "dominant" or len(self.aside) < 2:
+            return order
+        held = self._held_shares()
+        weight = self.service.scheduler.weight
+
+        def share(index: int) -> float:
+            queue = self.aside[index][2]
+            return held.get(queue, 0.0) / weight(queue)
+
+        return sorted(order, key=share)
+
+    def _held_shares(self) -> dict[str, float]:
+        """Under the lock: each queue's running tasks' dominant cost summed (:meth:`cost`)."""
+        capacity = self.cluster or self.ledger.capacity
+        held: dict[str, float] = {}
+        for ident, demand in self.ledger.running.items():
+            queue = self._running_queue.get(ident)
+            if queue is not None:
+                held[queue] = held.get(queue, 0.0) + dominant_cost(demand, capacity)
+        return held
 
     def _resize(self) -> None:
         """Under the lock: the pool's size now is the ``slots`` capacity."""
@@ -402,6 +443,8 @@ class ResourceGate:
         with self._lock:
             running = {i: d for i, d in self.ledger.running.items() if i in alive}
             lost = self.ledger.reset(running) if len(running) != len(self.ledger.running) else []
+            for ident in lost:
+                self._running_queue.pop(ident, None)
             self._repaired += len(lost)
         if lost:
             logger.warning(
