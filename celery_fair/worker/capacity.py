@@ -12,7 +12,10 @@ order and starts the first that fits what is free
 hold up the smaller ones behind it, and after ``patience`` of them have
 passed it, it is reserved and starts next.  At most ``lookahead`` tasks are
 taken out of the fair order to wait for room, so a task that does not fit
-does not pull the whole buffer behind it.
+does not pull the whole buffer behind it; but every queue with tasks buffered
+has one among them.  Under ``fair_cost="dominant"`` the tasks taken are tried
+by DRF's rule: the queue whose running tasks hold the least dominant share
+(by its weight) first.
 
 The books follow what the worker really holds, not only callbacks: a task's
 holding ends when its request finishes (the tracker's observer), when the
@@ -174,6 +177,8 @@ class ResourceGate:
         self.slots = max(1, int(capacity.get(SLOTS, 1)))
         #: Taken from the fair order, waiting for room: (ident, demand, queue, entry).
         self.aside: list[tuple[object, dict[str, float], str, tuple[Any, Any]]] = []
+        #: The queue of each running task (for the dominant shares each queue holds).
+        self._running_queue: dict[object, str] = {}
         self._lock = service.lock
         # CoDel is asked as a task starts, not as it is taken: its sojourn then
         # includes the wait for room (RFC 8289 measures at dequeue).
@@ -230,6 +235,7 @@ class ResourceGate:
         """``request`` no longer holds anything here (finished, revoked, lost)."""
         with self._lock:
             released = self.ledger.release(_ident(request))
+            self._running_queue.pop(_ident(request), None)
         if released:
             self.pump()
 
@@ -273,14 +279,14 @@ class ResourceGate:
             raise
 
     def _start_what_fits(self) -> None:
+        drained = False
         while True:
             with self._lock:
                 self._resize()
-                chosen = self._choose()
-                full = (
-                    self.admission.reserved is not None
-                    or self._waiting_for_room() >= self.lookahead
-                )
+                reserved = self.admission.reserved is not None
+                hidden = not drained and not reserved and self._hidden()
+                chosen = None if hidden else self._choose()
+                full = reserved or (not hidden and self._waiting_for_room() >= self.lookahead)
             if chosen is not None:
                 run, request = chosen
                 if not self._stale(request):
@@ -291,6 +297,9 @@ class ResourceGate:
                 return
             taken = self._admit()
             if taken is None:
+                if hidden:  # what was buffered went back: choose among what is aside
+                    drained = True
+                    continue
                 return
             queue, entry = taken
             request = entry[1]
@@ -319,6 +328,22 @@ class ResourceGate:
             )
         )
 
+    def _hidden(self) -> bool:
+        """Under the lock: whether a queue has tasks in the buffer and none aside.
+
+        Then the gate takes before it chooses, beyond the look-ahead if need be:
+        every queue with tasks here has one among those the gate chooses from, and
+        tasks of one queue that wait for room never hide another queue's that would
+        fit.  This adds to the look-ahead at most what one round of the DWRR serves
+        before it reaches every queue.  On RabbitMQ one queue's window can arrive
+        before the others' and fill the look-ahead with tasks that do not fit.
+        """
+        counts = self.service.scheduler.dispatch.counts()
+        if not any(counts.values()):
+            return False
+        aside = {queue for _, _, queue, _ in self.aside}
+        return any(n and queue not in aside for queue, n in counts.items())
+
     def _fit_window(self) -> None:
         """A task starts: the tasks running now, averaged, are what fits at once, and the
         prefetch window follows (:meth:`~.windows.PrefetchWindows.fit_to_running`)."""
@@ -343,6 +368,7 @@ class ResourceGate:
         queue = self.service.queue_map.queue_of(request)
         with self._lock:
             self.ledger.release(_ident(request))
+            self._running_queue.pop(_ident(request), None)
             if queue is not None:
                 self.service.scheduler.dispatch.refund(queue)
         return True
@@ -351,14 +377,49 @@ class ResourceGate:
         """Under the lock: the entry to start now, held in the ledger, or None."""
         if not self.aside:
             return None
+        order = self._fair_order()
         index = self.admission.choose(
-            [(ident, demand) for ident, demand, _, _ in self.aside], self.ledger
+            [(self.aside[i][0], self.aside[i][1]) for i in order], self.ledger
         )
         if index is None:
             return None
-        ident, demand, _, entry = self.aside.pop(index)
+        ident, demand, queue, entry = self.aside.pop(order[index])
         self.ledger.hold(ident, demand)
+        self._running_queue[ident] = queue
         return entry
+
+    def _fair_order(self) -> list[int]:
+        """Under the lock: the indexes of the tasks aside, in the order they are tried.
+
+        Under ``fair_cost="dominant"``, DRF's progressive filling: the queue whose
+        running tasks hold the least dominant share of the worker, divided by its
+        weight, first (Ghodsi et al., section 4); the order they were taken in
+        among equals.  The order of the takes alone is stale: a queue's tasks taken
+        while no other queue had any here would go first after the others' arrive,
+        and hold more than its share until they had all run.  Otherwise, the order
+        they were taken in.
+        """
+        order = list(range(len(self.aside)))
+        if self.service.settings.cost != "dominant" or len(self.aside) < 2:
+            return order
+        held = self._held_shares()
+        weight = self.service.scheduler.weight
+
+        def share(index: int) -> float:
+            queue = self.aside[index][2]
+            return held.get(queue, 0.0) / weight(queue)
+
+        return sorted(order, key=share)
+
+    def _held_shares(self) -> dict[str, float]:
+        """Under the lock: each queue's running tasks' dominant cost summed (:meth:`cost`)."""
+        capacity = self.cluster or self.ledger.capacity
+        held: dict[str, float] = {}
+        for ident, demand in self.ledger.running.items():
+            queue = self._running_queue.get(ident)
+            if queue is not None:
+                held[queue] = held.get(queue, 0.0) + dominant_cost(demand, capacity)
+        return held
 
     def _resize(self) -> None:
         """Under the lock: the pool's size now is the ``slots`` capacity."""
@@ -382,6 +443,8 @@ class ResourceGate:
         with self._lock:
             running = {i: d for i, d in self.ledger.running.items() if i in alive}
             lost = self.ledger.reset(running) if len(running) != len(self.ledger.running) else []
+            for ident in lost:
+                self._running_queue.pop(ident, None)
             self._repaired += len(lost)
         if lost:
             logger.warning(

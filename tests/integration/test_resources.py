@@ -85,10 +85,9 @@ def test_the_papers_example_runs_three_to_two_within_capacity(
     assert peak["cpu"] <= 9 and peak["mem"] <= 18, peak
     start, end = backlogged_window(entries, ["a", "b"])
     ratio = running(entries, "a", start, end) / running(entries, "b", start, end)
-    # RabbitMQ: 1.67 measured, run after run (A ahead), where Redis gives 1.50; see
-    # docs/resources.md, "On RabbitMQ".
-    high = 1.5 * (1.2 if broker == "rabbitmq" else 1.1)
-    assert 1.5 * 0.9 <= ratio <= high, (ratio, stats)
+    # RabbitMQ: 1.54-1.55 measured where Redis gives 1.50: a's window arrives first and
+    # four of a's tasks start before b's first is here; see docs/resources.md, "On RabbitMQ".
+    assert 1.5 * 0.9 <= ratio <= 1.5 * 1.1, (ratio, stats)
     resources = stats["resources"]
     assert resources["capacity"] == {"cpu": 9.0, "mem": 18.0, "slots": 10.0}
     assert resources["running"] == 0 and resources["parked"] == 0

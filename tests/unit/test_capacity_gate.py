@@ -185,3 +185,44 @@ def test_a_queue_at_its_limit_does_not_fill_the_look_ahead() -> None:
         gated(FakeRequest("a", i, None))
     names = sorted(r.name.split("-")[0] for r in pool.running)
     assert names == ["a", "a", "a", "video"]  # the other queue uses the rest
+
+
+def _mix(pool: Pool) -> str:
+    return "".join(sorted(r.name[0] for r in pool.running))
+
+
+def test_one_queues_tasks_waiting_for_room_do_not_hide_another_queues() -> None:
+    """RabbitMQ can push one queue's window before another's: a's tasks fill the
+    look-ahead, and b's first task is still taken, and starts where it fits."""
+    gate, pool, _ = _gate({"cpu": 9, "mem": 18})
+    gated = gate.wrap(pool.process)
+    for i in range(12):
+        gated(FakeRequest("a", i, A))
+    assert _mix(pool) == "aaaa" and len(gate.aside) == 8  # mem 16 of 18 held
+    for i in range(20):
+        gated(FakeRequest("b", i, B))
+    assert _mix(pool) == "aaaab"
+    # b's next waits aside too (cpu 7 of 9 held): every queue has one the gate sees.
+    assert [queue for _, _, queue, _ in gate.aside] == ["a"] * 8 + ["b"]
+
+
+def test_the_tasks_aside_start_by_drf_after_one_queue_arrived_first() -> None:
+    """Under ``fair_cost="dominant"`` the queue holding the least dominant share starts
+    first among the tasks aside, not the order they were taken in: a's tasks taken
+    before b's arrived do not keep a at four tasks for their whole run."""
+    gate, pool, _ = _gate({"cpu": 9, "mem": 18}, cost="dominant")
+    gated = gate.wrap(pool.process)
+    for i in range(12):
+        gated(FakeRequest("a", i, A))
+    for i in range(20):
+        gated(FakeRequest("b", i, B))
+    assert _mix(pool) == "aaaab"
+    n = 100
+    for _ in range(3):  # three generations of tasks, the buffer kept stocked
+        for request in list(pool.running):
+            queue = request.name[0]
+            pool.finish(request)
+            gated(FakeRequest(queue, n, A if queue == "a" else B))
+            n += 1
+        assert _mix(pool) == "aaabb"
+    assert pool.peak["cpu"] <= 9 and pool.peak["mem"] <= 18
