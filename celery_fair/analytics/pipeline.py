@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -152,6 +153,26 @@ def _resources(raw: DataFrame, window: float, max_keys: int) -> dict[str, Any]:
     }
 
 
+def _concurrently(
+    workers: int, **jobs: Callable[[], list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Run each of ``jobs`` (Spark actions collecting small tables) on ``workers`` threads.
+
+    A job over a cached table of a few thousand rows costs the driver more
+    than the executors: it is analysed, optimised, planned and its code
+    compiled on one thread, then runs in milliseconds. With two at a time,
+    one is planned while the other runs (Spark takes actions from several
+    threads; they read the same caches). Each job's rows are what it would
+    return alone: only the order in which they start changes. An exception
+    of a job is raised here, after the others have finished.
+    """
+    if workers < 2 or len(jobs) < 2:
+        return {name: job() for name, job in jobs.items()}
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 @contextmanager
 def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
     t0 = time.perf_counter()
@@ -288,19 +309,31 @@ def compute(
         codel = usage.transform(T.codel_rates).drop("records")
         keys = grain.keys(usage)
         skew = keys.transform(T.routing_skew, shares).drop("target_share")
-        per_queue = _rows(shares.join(codel, "queue", "left").join(skew, "queue", "left"))
-        out["queue_shares"] = out["codel"] = out["skew"] = per_queue
         top = keys.transform(T.top_keys, max_keys).cache()
-        out["key_shares"] = _rows(top)
         by_queue = usage.transform(T.served_by_window, "queue").cache()
-        out["jain_queues"] = _rows(by_queue.transform(T.jain_by_window), ("window",))
-        out["jain_keys"] = _rows(grain.jain_keys(usage), ("window", "queue"))
-        out["throughput"] = _rows(by_queue.transform(T.throughput, window), ("window", "entity"))
-        out["hot_keys"] = _rows(keys.transform(T.hot_keys, rules.hot_factor))
-        out["noisy_keys"] = _rows(keys.transform(T.noisy_keys, rules))
-        out["throttled_keys"] = _rows(keys.transform(T.throttled_keys))
-        out["paused_keys"] = _rows(keys.transform(T.paused_keys))
-        out["noisy_windows"] = grain.noisy_windows(usage, tasks, _rows)
+        # A dozen small jobs over the cached tables, independent of each other:
+        # most of each one's time is the driver planning and compiling it, on one
+        # core, so two at a time keep both cores busy (see _concurrently).
+        tables = _concurrently(
+            parallelism,
+            per_queue=lambda: _rows(
+                shares.join(codel, "queue", "left").join(skew, "queue", "left")
+            ),
+            key_shares=lambda: _rows(top),
+            jain_queues=lambda: _rows(by_queue.transform(T.jain_by_window), ("window",)),
+            jain_keys=lambda: _rows(grain.jain_keys(usage), ("window", "queue")),
+            throughput=lambda: _rows(
+                by_queue.transform(T.throughput, window), ("window", "entity")
+            ),
+            hot_keys=lambda: _rows(keys.transform(T.hot_keys, rules.hot_factor)),
+            noisy_keys=lambda: _rows(keys.transform(T.noisy_keys, rules)),
+            throttled_keys=lambda: _rows(keys.transform(T.throttled_keys)),
+            paused_keys=lambda: _rows(keys.transform(T.paused_keys)),
+            noisy_windows=lambda: grain.noisy_windows(usage, tasks, _rows),
+        )
+        per_queue = tables.pop("per_queue")
+        out["queue_shares"] = out["codel"] = out["skew"] = per_queue
+        out.update(tables)
         # The findings' keys over every queue that served them (a tenant routed
         # over several queues is a finding per queue, each with its queue's part).
         named = {r["fair_key"] for t in ("hot_keys", "noisy_keys", "noisy_windows")
@@ -336,9 +369,14 @@ def compute(
         with _session_conf(spark, small):
             latency = histograms.transform(Q.quantiles, ("queue",)).cache()
             recommended = latency.transform(T.recommendations)
-            both = _rows(latency.join(recommended, "queue"))  # one job for the two
-            out["queue_latency"] = out["recommendations"] = both
-            out["key_latency"] = _rows(histograms.transform(Q.quantiles, ("queue", "fair_key")))
+            found = _concurrently(
+                parallelism,
+                # One job for the two per-queue tables.
+                both=lambda: _rows(latency.join(recommended, "queue")),
+                key_latency=lambda: _rows(histograms.transform(Q.quantiles, ("queue", "fair_key"))),
+            )
+            out["queue_latency"] = out["recommendations"] = found["both"]
+            out["key_latency"] = found["key_latency"]
 
     for df in (usage, shares, top, by_queue, histograms, latency):
         df.unpersist()

@@ -15,7 +15,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -445,6 +447,9 @@ def run(args: argparse.Namespace) -> int:
     check_directory(args.directory)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # The chart modules import matplotlib (a second or more of the run): done
+    # while Spark starts and computes, which leaves this process waiting.
+    charts_imported = None if args.no_charts else _Background(_import_outputs)
     spark = session(args.master, args.driver_memory, conf)
     try:
         data = compute(
@@ -454,29 +459,66 @@ def run(args: argparse.Namespace) -> int:
             rules=rules,
             max_keys=args.max_keys,
         )
-    finally:
+    except BaseException:
         spark.stop()
-    if not data["records"]:
-        print(f"celery-fair report: no telemetry records under {args.directory}", file=sys.stderr)
-        return 1
-    report = build_report(data, max_keys=args.max_keys)
-    t0 = time.perf_counter()
-    written = {"report.json": out / "report.json"}
-    written["report.json"].write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
-    if not args.no_charts:
-        from celery_fair.analytics.charts import write_charts
-        from celery_fair.analytics.html import write_html
+        raise
+    # Stopping Spark takes seconds (executors, web UI, block manager, all in the
+    # JVM): it goes on while the outputs are written, in this process.
+    stopped = _Background(spark.stop)
+    try:
+        if not data["records"]:
+            print(
+                f"celery-fair report: no telemetry records under {args.directory}",
+                file=sys.stderr,
+            )
+            return 1
+        report = build_report(data, max_keys=args.max_keys)
+        t0 = time.perf_counter()
+        written = {"report.json": out / "report.json"}
+        written["report.json"].write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+        if charts_imported is not None:
+            charts_imported.result()
+            from celery_fair.analytics.charts import write_charts
+            from celery_fair.analytics.html import write_html
 
-        charts = write_charts(report, out)
-        written["report.html"] = write_html(report, charts, out / "report.html")
-        written.update((f"{name}.png", chart) for name, chart in charts.items())
-    report["meta"]["timings"]["outputs"] = time.perf_counter() - t0
+            charts = write_charts(report, out)
+            written["report.html"] = write_html(report, charts, out / "report.html")
+            written.update((f"{name}.png", chart) for name, chart in charts.items())
+        report["meta"]["timings"]["outputs"] = time.perf_counter() - t0
+    finally:
+        stopped.result()
     if args.json:
         print(json.dumps(written_summary(report, written, args.directory), indent=2))
         return 0
     print(format_summary(report))
     print(f"\nwrote {out / 'report.json'}" + ("" if args.no_charts else " and report.html"))
     return 0
+
+
+def _import_outputs() -> None:
+    import celery_fair.analytics.charts
+    import celery_fair.analytics.html  # noqa: F401 - imported for the writers
+
+
+class _Background:
+    """``fn()`` on a thread of its own; :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # handed to the thread waiting in result()
+            self._error = exc
+
+    def result(self) -> None:
+        """Wait for ``fn`` to return; raise its exception if it raised one."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def written_summary(
