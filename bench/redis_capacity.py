@@ -4,7 +4,9 @@ The keyed fetch, per-key limits and the atomic fetch run Lua on the broker for
 every task.  A load generator (``--clients`` processes, each with its own
 connection, no pipelining) sends what a worker and a producer send per task,
 as fast as the broker answers, on a queue kept backlogged (each task publishes
-one message and fetches one):
+one message and fetches one).  Every message is shaped as Celery 5 sends a
+small task (about 960 bytes), since the fetch script reads it and the unacked
+record holds it:
 
 * ``brpop``: plain Kombu: ``LPUSH``; ``BRPOP``; the unacked record
   (``MULTI ZADD HSET EXEC``); the ack (``MULTI ZREM HDEL EXEC``);
@@ -54,7 +56,6 @@ from celery_fair.keys.store import (
     release_args,
     write_configured_limits,
 )
-from tests.harness.keys import fetchable_payload
 from tests.harness.redis import RedisServer, valkey_server
 
 from .common import environment, summary, write
@@ -96,8 +97,39 @@ def _word(path: str) -> str:
     return "1.0" if path.startswith("keyed") else "-"
 
 
-def _plain_payload() -> str:
-    return json.dumps({"body": "", "properties": {"delivery_tag": str(uuid.uuid4())}})
+def _payload(key: str | None = None) -> str:
+    """A message as Celery 5 sends a task with two small arguments to a Redis queue
+    (protocol 2, about 960 bytes; with ``key``, its ``fair_key`` header too): the
+    fetch script reads it, and the unacked record holds it, as a worker's would."""
+    task_id = str(uuid.uuid4())
+    headers: dict[str, Any] = {
+        "lang": "py", "task": "workload.noop", "id": task_id, "shadow": None, "eta": None,
+        "expires": None, "group": None, "group_index": None, "retries": 0,
+        "timelimit": [None, None], "root_id": task_id, "parent_id": None,
+        "argsrepr": "(1, 'abc')", "kwargsrepr": "{'x': 2}", "origin": "gen1234@host",
+        "ignore_result": None, "replaced_task_nesting": 0, "stamped_headers": None,
+        "stamps": {},
+    }  # fmt: skip
+    if key is not None:
+        headers["fair_key"] = key
+    return json.dumps(
+        {
+            "body": "W1sxLCAiYWJjIl0sIHsieCI6IDJ9LCB7ImNhbGxiYWNrcyI6IG51bGwsICJlcnJiYWNrcyI6"
+            "IG51bGwsICJjaGFpbiI6IG51bGwsICJjaG9yZCI6IG51bGx9XQ==",
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": str(uuid.uuid4()),
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },  # fmt: skip
+        }
+    )
 
 
 def _preload(client: Any, path: str, backlog: int) -> None:
@@ -106,7 +138,7 @@ def _preload(client: Any, path: str, backlog: int) -> None:
     pipe = client.pipeline(transaction=False)
     if not keys:
         for i in range(backlog):
-            pipe.lpush(QUEUE, _plain_payload())
+            pipe.lpush(QUEUE, _payload())
             if i % 5000 == 4999:
                 pipe.execute()
         pipe.execute()
@@ -115,9 +147,7 @@ def _preload(client: Any, path: str, backlog: int) -> None:
     per_key = max(1, backlog // keys)
     for k in range(keys):
         for _ in range(per_key):
-            pipe.evalsha(
-                ENQUEUE.sha, 0, *enqueue_args(NAMES, f"t{k}", fetchable_payload(f"t{k}", QUEUE))
-            )
+            pipe.evalsha(ENQUEUE.sha, 0, *enqueue_args(NAMES, f"t{k}", _payload(f"t{k}")))
         if k % 2000 == 1999:
             pipe.execute()
     pipe.execute()
@@ -130,7 +160,7 @@ def _preload_schedule(client: Any, path: str) -> None:
     pipe = client.pipeline(transaction=False)
     later = time.time() + 3600
     for i in range(_scheduled(path) or 0):
-        envelope = json.dumps({"m": _plain_payload(), "l": ""})
+        envelope = json.dumps({"m": _payload(), "l": ""})
         pipe.zadd(NAMES.schedule, {envelope: later + i * 1e-3})
         if i % 5000 == 4999:
             pipe.execute()
@@ -148,9 +178,9 @@ def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: An
     for _ in range(tasks):
         if keys:
             k = f"t{rng.randrange(keys)}"
-            client.evalsha(ENQUEUE.sha, 0, *enqueue_args(NAMES, k, fetchable_payload(k, QUEUE)))
+            client.evalsha(ENQUEUE.sha, 0, *enqueue_args(NAMES, k, _payload(k)))
         else:
-            client.lpush(QUEUE, _plain_payload())
+            client.lpush(QUEUE, _payload())
         if path == "brpop":
             _, item = client.brpop([QUEUE], timeout=5)
             tag = json.loads(item)["properties"]["delivery_tag"]

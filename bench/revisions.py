@@ -12,9 +12,13 @@ revision.  Two benchmarks:
 * ``--bench analytics``: the Spark report on the tenant-shaped telemetry
   (``bench.analytics --shape tenants``, one repetition per size of ``--sizes``); the
   figure is each run's rate past start-up, over the first revision's in the same round.
+* ``--bench capacity``: the broker's CPU per task for each fetch path of ``--paths``
+  (``bench.redis_capacity --reps 1 --servers redis``, plain ``BRPOP`` always among
+  them); the figure is each path's CPU per task over ``BRPOP``'s in the same run.
 
     python -m bench.revisions 3b1ec81 HEAD --reps 6 [--pool threads] [--task-us 0]
     python -m bench.revisions d33092b HEAD --bench analytics --reps 4
+    python -m bench.revisions 88d667e HEAD --bench capacity --bench-at HEAD --reps 3
 
 Each revision is checked out in a temporary ``git worktree`` (removed at the end)
 and runs with the interpreter running this module.  ``--bench-at REV`` runs the
@@ -52,6 +56,8 @@ def _git(*args: str) -> str:
 def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     if args.bench == "analytics":
         return _analytics_run(tree, args)
+    if args.bench == "capacity":
+        return _capacity_run(tree, args)
     cmd = [
         sys.executable, "-m", "bench.dwrr_article", "--broker", args.broker,
         "--reps", "1", "--pools", args.pool, "--task-us", str(args.task_us),
@@ -87,7 +93,29 @@ def _analytics_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return res
 
 
+def _capacity_paths(args: argparse.Namespace) -> list[str]:
+    paths = args.paths.split(",")
+    return paths if "brpop" in paths else ["brpop", *paths]
+
+
+def _capacity_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One ``bench.redis_capacity`` run on Redis: each path's CPU µs per task."""
+    cmd = [
+        sys.executable, "-m", "bench.redis_capacity", "--reps", "1", "--servers", "redis",
+        "--paths", ",".join(_capacity_paths(args)), "--tasks", str(args.tasks),
+        "--name", RUN_NAME,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=1800)
+    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    return {path: reps[0]["cpu_us_per_task"] for path, reps in data["results"]["redis"].items()}
+
+
 def _line(commit: str, res: dict[str, float], first: dict[str, float] | None) -> str:
+    if "brpop" in res:
+        return f"{commit} " + "  ".join(
+            f"{path} {us:.1f} us ({us / res['brpop']:.2f}x)" for path, us in res.items()
+        )
     if "past_start_up" not in res:
         return (
             f"{commit} plain {res['plain']:6.0f} fair {res['fair']:6.0f}"
@@ -124,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
     if args.bench == "analytics":
         return _analytics_results(args, commits, runs)
+    if args.bench == "capacity":
+        return _capacity_results(args, commits, runs)
     cases = {}
     for commit, reps in runs.items():
         cases[commit] = {
@@ -152,6 +182,48 @@ def _analytics_results(
         for commit, reps in runs.items()
     }
     return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
+
+
+def _capacity_results(
+    args: argparse.Namespace, commits: dict[str, str], runs: dict[str, list[dict[str, float]]]
+) -> dict[str, Any]:
+    cases = {
+        commit: {
+            "cpu_us": {p: summary([r[p] for r in reps]) for p in reps[0]},
+            # Run by run: a path's CPU per task over BRPOP's in the same run.
+            "x_brpop": {p: summary([r[p] / r["brpop"] for r in reps]) for p in reps[0]},
+            "runs": reps,
+        }
+        for commit, reps in runs.items()
+    }
+    return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
+
+
+def _capacity_markdown(results: dict[str, Any]) -> str:
+    p = results["params"]
+    paths = list(next(iter(results["cases"].values()))["cpu_us"])
+    lines = [
+        "# The broker's CPU per task at several revisions",
+        "",
+        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench capacity "
+        f"--paths {p['paths']} --tasks {p['tasks']} --reps {p['reps']}"
+        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
+        + f"` ({results['env']['when']}; revisions in rotation, each run "
+        "`python -m bench.redis_capacity --reps 1 --servers redis`"
+        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
+        + "). Each cell: the path's CPU per task over BRPOP's in the same run, median "
+        "[min, max], then the median µs per task.",
+        "",
+        "| revision | " + " | ".join(paths) + " |",
+        "|---|" + "---|" * len(paths),
+    ]
+    for commit, c in results["cases"].items():
+        cells = []
+        for path in paths:
+            x, us = c["x_brpop"][path], c["cpu_us"][path]["median"]
+            cells.append(f"{x['median']:.2f}x [{x['min']:.2f}, {x['max']:.2f}], {us:.1f} µs")
+        lines.append(f"| {commit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _analytics_markdown(results: dict[str, Any]) -> str:
@@ -205,6 +277,8 @@ def markdown(results: dict[str, Any]) -> str:
     p = results["params"]
     if p.get("bench") == "analytics":
         return _analytics_markdown(results)
+    if p.get("bench") == "capacity":
+        return _capacity_markdown(results)
     lines = [
         f"# The DWRR article's {p['pool']}/"
         f"{'noop' if p['task_us'] == 0 else str(p['task_us']) + 'us'} cell at several revisions",
@@ -235,7 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default="threads")
     parser.add_argument("--task-us", type=int, default=0)
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
-    parser.add_argument("--bench", choices=["dwrr", "analytics"], default="dwrr")
+    parser.add_argument("--bench", choices=["dwrr", "analytics", "capacity"], default="dwrr")
+    parser.add_argument(
+        "--paths", default="atomic,keyed-10,keyed-10000", help="fetch paths, with --bench capacity"
+    )
+    parser.add_argument("--tasks", type=int, default=12_000, help="tasks per path, capacity")
     parser.add_argument(
         "--sizes", default="1000000,4000000,10000000", help="records, with --bench analytics"
     )
@@ -247,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         parser.error(f"--reps must be at least 1, got {args.reps}")
     if args.name is None:
-        args.name = "revisions" if args.bench == "dwrr" else "revisions_analytics"
+        args.name = "revisions" if args.bench == "dwrr" else f"revisions_{args.bench}"
     results = run(args)
     write(args.name, results, markdown(results))
     return 0

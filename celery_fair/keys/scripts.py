@@ -2,11 +2,18 @@
 
 The scripts live in :mod:`celery_fair.lua` as Lua files, each with its KEYS,
 ARGV and reply documented at its top.  A script is sent as one text: a header
-this module writes (``N``, the Redis names and constants of
-:mod:`celery_fair.keys.layout`, and the locals ``SEP`` and ``DFLT``), the
-shared helpers it needs (``prelude.lua``, ``unacked.lua``, ``keyed_pop.lua``,
-``enqueue_one.lua``, ``promote.lua``), then its own
-file.  Names come from one place, and the Lua stays Lua.
+this module writes (the locals ``SEP`` and ``DFLT``), the shared helpers it
+needs (``prelude.lua``, ``unacked.lua``, ``keyed_pop.lua``,
+``enqueue_one.lua``, ``promote.lua``), then its own file.  The Lua names the
+Redis names and constants of :mod:`celery_fair.keys.layout` ``N.<NAME>``;
+each is replaced by its literal value as the text is built.  Names come from
+one place, and the Lua stays Lua.
+
+Why literals rather than a table ``N`` in the header: Redis runs a script's
+whole text at every call (the compiled chunk is cached, not its results), so
+a table of some fifty names would be built again for each fetch and each
+publish, about 7 µs of the broker's time per call on Redis 7.0, more than a
+BRPOP costs it (``python -m bench.redis_capacity``).
 
 :class:`Script` runs a script by its SHA1 and loads it on the first
 ``NOSCRIPT`` (a new server, ``SCRIPT FLUSH``, a failover): the one way every
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -84,16 +92,34 @@ NAMES: dict[str, str | int] = {
 }
 
 
-def _header() -> str:
-    # JSON's string and number literals are valid Lua literals (ASCII text).
-    fields = ", ".join(f"{name} = {json.dumps(value)}" for name, value in NAMES.items())
-    return f"local N = {{{fields}}}\nlocal SEP, DFLT\n"
+#: ``N.<NAME>`` in the Lua text (a name of :data:`NAMES`).
+_NAME = re.compile(r"\bN\.([A-Z][A-Z_]*)")
+
+
+def _literal(match: re.Match[str], line: str) -> str:
+    name = match.group(1)
+    if name in NAMES:
+        # JSON's string and number literals are valid Lua literals (ASCII text).
+        return json.dumps(NAMES[name])
+    if "--" in line[: match.start()]:
+        return match.group(0)  # a comment may speak of a family of names (N.OLD_*)
+    raise ValueError(f"celery_fair.lua: {name!r} is not a name of NAMES: {line.strip()!r}")
+
+
+def _with_literals(text: str) -> str:
+    """``text`` with every ``N.<NAME>`` outside comments replaced by its value."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out.append(_NAME.sub(lambda m: _literal(m, line), line))  # noqa: B023 - used at once
+    return "".join(out)
 
 
 def source(*files: str) -> str:
-    """The text sent to Redis: the header, then ``files`` of :mod:`celery_fair.lua` in order."""
+    """The text sent to Redis: the header, then ``files`` of :mod:`celery_fair.lua` in
+    order, with the names of :data:`NAMES` as literals."""
     folder = resources.files("celery_fair.lua")
-    return _header() + "".join(folder.joinpath(f).read_text() for f in files)
+    body = "".join(folder.joinpath(f).read_text() for f in files)
+    return "local SEP, DFLT\n" + _with_literals(body)
 
 
 @dataclass(frozen=True)

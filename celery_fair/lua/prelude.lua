@@ -1,10 +1,11 @@
 -- Helpers shared by the keyed-queue scripts (celery_fair/keys/scripts.py puts
 -- this file after its header and before each script that uses it).
 --
--- The header defines N, the Redis names and constants of celery_fair.keys.layout
--- (N.ACTIVE is 'fair.keys', ...), and the locals SEP (Kombu's separator between
--- a queue name and its suffixes) and DFLT (the default key weight), which each
--- script sets from its ARGV before calling anything here.
+-- N.<NAME> stands for a Redis name or constant of celery_fair.keys.layout
+-- (N.ACTIVE for 'fair.keys', ...): scripts.py writes each as a literal when it
+-- builds the text.  The header declares the locals SEP (Kombu's separator
+-- between a queue name and its suffixes) and DFLT (the default key weight),
+-- which each script sets from its ARGV before calling anything here.
 --
 -- The order is start-time fair queuing (Goyal, Vin and Cheng, SIGCOMM 1996):
 -- each key with messages waiting has a start tag; the fetch serves the lowest,
