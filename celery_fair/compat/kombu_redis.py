@@ -387,6 +387,19 @@ def deliver(channel: Any, payload: Any, queue: str) -> None:
     channel.connection._deliver(payload, queue)
 
 
+def free_window(channel: Any) -> int | None:
+    """How many more messages the channel's prefetch window takes (None: no limit).
+
+    Kombu's virtual QoS ``can_consume_max_estimate`` (public); a channel without
+    it takes one at a time.
+    """
+    estimate = getattr(getattr(channel, "qos", None), "can_consume_max_estimate", None)
+    if estimate is None:
+        return 1
+    free = estimate()
+    return None if free is None else max(0, int(free))
+
+
 def can_push_front(channel: Any) -> bool:
     """Whether a copy can be put at the front of a Redis queue (``requeue_front``)."""
     return is_redis_channel(channel) and not _lacks(

@@ -133,6 +133,12 @@ class Leases:
         """
         return not self.limited or self._in_flight.get(queue, 0) < self.capacity(queue)
 
+    def room(self, queue: str) -> int | None:
+        """How many more tasks of keyed ``queue`` this worker may fetch (None: no bound)."""
+        if not self.limited:
+            return None
+        return max(0, self.capacity(queue) - self._in_flight.get(queue, 0))
+
     def capacity(self, queue: str) -> int:
         """Tasks of limited ``queue`` this worker holds at most: pool slots, +1 if short."""
         estimate = self._runtimes.get(queue)

@@ -167,6 +167,7 @@ def fetch_args(
     charges: Sequence[Any] = (),
     releases: Sequence[str] = (),
     schedules: Sequence[str] = (),
+    batch: int = 1,
 ) -> list[Any]:
     """The ``FETCH`` script's arguments (lua/fetch.lua), one word per queue key.
 
@@ -174,7 +175,9 @@ def fetch_args(
     (level suffix, weight) pairs, none for strict priority; ``charges``: flat
     (base, level suffix, key, user, delta) run-time corrections; ``releases``:
     flat (base, delivery tag) key slots to free before the pop; ``schedules``:
-    the bases of the queues whose due scheduled messages move in before the pop.
+    the bases of the queues whose due scheduled messages move in before the pop;
+    ``batch``: the most messages to take from the first queue key (above 1, the
+    reply is an array of entries).
     """
     return [
         len(words), repr(now), sep, default_weight,
@@ -183,6 +186,7 @@ def fetch_args(
         len(charges) // 5, *charges,
         len(releases) // 2, *releases,
         len(schedules), *schedules,
+        max(1, int(batch)),
         *words,
     ]  # fmt: skip
 

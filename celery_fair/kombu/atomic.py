@@ -40,6 +40,7 @@ Every private part of Kombu and redis-py it uses goes through
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -59,7 +60,7 @@ from ..keys.serving import KeyedServing
 from ..keys.store import text
 from ..parked import NOT_A_MESSAGE, PARKED_LOG, PARKING_SUFFIX, encode_record
 from ..wire import SERVED_HEADER
-from ..wire.replies import Idle, KeyedMessage, Malformed, Popped, decode_fetch
+from ..wire.replies import Idle, KeyedMessage, Malformed, Popped, decode_fetched
 from .fetch_request import FetchRequest
 from .wakeup import Alarm, InvalidationListener
 
@@ -70,6 +71,12 @@ logger = logging.getLogger(__name__)
 #: Without an invalidation listener, an idle fetch polls this often (seconds).
 POLL_WAIT = 0.05
 
+#: The most messages one fetch takes.  A fetch takes what the prefetch window
+#: has room for, in the fair order (see :meth:`AtomicFetch.batch`): one script
+#: call, and one round trip, for several messages.  The script runs while Redis
+#: serves nobody else, so a batch stays small.
+BATCH_MAX = 16
+
 
 @dataclass(frozen=True)
 class AtomicFetchStatistics:
@@ -77,7 +84,10 @@ class AtomicFetchStatistics:
 
     #: Whether idle waits are woken by invalidations (else they poll).
     tracking: bool
+    #: Messages fetched (parked payloads included).
     fetches: int
+    #: Script calls that fetched them: fetches / calls is the mean batch.
+    calls: int
     waits: int
     wakeups: int
     malformed: int
@@ -145,7 +155,7 @@ class AtomicFetch:
         self._warned: set[tuple[State, State]] = set()  # impossible moves logged
         self.recorded: Any = None  # delivery tag recorded by the script
         self.on_fetch: Callable[[float], None] | None = None
-        self.fetches = self.waits = self.wakeups = self.malformed = 0
+        self.fetches = self.calls = self.waits = self.wakeups = self.malformed = 0
         self.tracking = False
         self.listener: InvalidationListener | None = None
         #: A wake-up was pushed since the last command was sent: the next is
@@ -232,7 +242,9 @@ class AtomicFetch:
         generation = listener.generation if listener is not None else 0
         if compat.socket_of(conn) is not self._armed_sock or generation != self._armed_generation:
             self._arm(conn)
-        command = self._request.command(queues) if self.state.fetch_follows else None
+        command = (
+            self._request.command(queues, self.batch(queues)) if self.state.fetch_follows else None
+        )
         if command is not None:
             # From here on a wake-up must push the wake key: the script may
             # read the queues before the change that woke us (a lost wake-up
@@ -269,6 +281,27 @@ class AtomicFetch:
         self.waits += 1
         self._begin(conn)
         conn.send_command("BLPOP", self._wake_key, wait or 0)
+
+    def batch(self, queues: list[str]) -> int:
+        """How many messages the next fetch takes from ``queues[0]``, the first in order.
+
+        What the prefetch window has room for, bounded by what the fair order
+        gives the queue in a row (its DRR deficit and credit: the same order
+        as one fetch at a time) and, for a keyed queue with per-key limits,
+        by the key slots this worker may still hold.
+        """
+        free = compat.free_window(self.channel)
+        n = BATCH_MAX if free is None else min(free, BATCH_MAX)
+        if n <= 1:
+            return 1
+        head = queues[0]
+        n = min(n, self.cycle.run(head))
+        keyed = self.keyed
+        if n > 1 and keyed is not None and head in keyed.queues:
+            room = keyed.leases.room(head)
+            if room is not None:
+                n = min(n, room)
+        return max(1, n)
 
     def _begin(self, conn: Any) -> None:
         self._sent_at = monotonic()
@@ -324,7 +357,7 @@ class AtomicFetch:
                 self.alarm.cancel()
                 self._move(State.READY, "the wait ended: woken, or timed out")
                 raise Empty()
-            fetched = decode_fetch(reply)
+            fetched = decode_fetched(reply)
             if isinstance(fetched, Idle):
                 # Nothing to fetch; with per-key limits, the reply says when a
                 # key held back may go on (nothing writes then to wake us).
@@ -333,7 +366,10 @@ class AtomicFetch:
                 raise Empty()
             self._due = None  # an idle fetch says again when to look
             self._move(State.READY, "the fetch replied with a payload")
-            return self._deliver(fetched)
+            self.calls += 1
+            if self.on_fetch is not None:
+                self.on_fetch(monotonic() - self._sent_at)
+            return self._deliver_all(fetched)
         finally:
             if self.state.in_flight:  # an error reply, or none: the reply is gone
                 self._move(State.READY, "the reply failed")
@@ -361,7 +397,28 @@ class AtomicFetch:
         compat.deliver(self.channel, payload, queue)
         return True
 
+    def _deliver_all(self, fetched: tuple[Popped, ...]) -> bool:
+        """Deliver each message of a fetch in the order taken; Empty if none was one.
+
+        Every message is delivered even when an earlier delivery raised (the
+        first error is raised after): the script recorded each as
+        unacknowledged, and one left undelivered would wait for the
+        visibility timeout.
+        """
+        delivered, error = False, None
+        for one in fetched:
+            try:
+                delivered = self._deliver(one) or delivered
+            except Exception as exc:  # noqa: BLE001 - raised again below
+                error = error or exc
+        if error is not None:
+            raise error
+        if not delivered:
+            raise Empty()
+        return True
+
     def _deliver(self, fetched: Popped) -> bool:
+        """Deliver one message to Kombu; False for a payload the script parked."""
         channel = self.channel
         self.fetches += 1
         queue = self._request.queue_of(fetched.key)
@@ -371,10 +428,20 @@ class AtomicFetch:
             # frees its own credit, not another message's.
             compat.queue_cycle(channel).rotate(queue)
             self._report_malformed(queue, fetched.item)
-            raise Empty()
-        if self.on_fetch is not None:
-            self.on_fetch(monotonic() - self._sent_at)
-        payload = loads(text(fetched.item))
+            return False
+        try:
+            payload = loads(text(fetched.item))
+        except ValueError:  # json.JSONDecodeError, UnicodeDecodeError
+            # The script found a delivery tag in the payload's tail and recorded
+            # it (lua/unacked.lua); the rest does not decode.  Parked, then its
+            # record dropped: a crash between leaves a copy, never a loss.
+            compat.queue_cycle(channel).rotate(queue)
+            self.malformed += 1
+            park_undecodable(channel, self.cycle, queue, fetched.item)
+            tag = tail_delivery_tag(text(fetched.item))
+            if tag is not None:
+                compat.remove_unacked_outside_transaction(channel.qos, tag)
+            return False
         if isinstance(fetched, KeyedMessage) and self.keyed is not None:
             self.keyed.served(queue, fetched.fair_key)
             headers = payload.get("headers")
@@ -452,6 +519,7 @@ class AtomicFetch:
         return AtomicFetchStatistics(
             tracking=self.tracking,
             fetches=self.fetches,
+            calls=self.calls,
             waits=self.waits,
             wakeups=self.wakeups,
             malformed=self.malformed,
@@ -474,6 +542,21 @@ def malformed_moved(cycle: FetchCycle, queue: str, item: Any) -> None:
     """A payload of ``queue`` was moved aside: release its slot and say so."""
     cycle.moved_aside(queue)
     logger.error(PARKED_LOG, queue, queue + PARKING_SUFFIX, f"{NOT_A_MESSAGE}: {item[:200]!r}")
+
+
+def tail_delivery_tag(item: str) -> str | None:
+    """The delivery tag the fetch script reads from a payload: in the text after its
+    last ``"properties":`` up to the closing brace (see lua/unacked.lua)."""
+    marker = '"properties":'
+    at = item.rfind(marker)
+    if at < 0 or not item.endswith("}"):
+        return None
+    try:
+        props = json.loads(item[at + len(marker) : -1])
+    except ValueError:
+        return None
+    tag = props.get("delivery_tag") if isinstance(props, dict) else None
+    return tag if isinstance(tag, str) else None
 
 
 def park_undecodable(channel: Any, cycle: FetchCycle, queue: str, item: Any) -> None:

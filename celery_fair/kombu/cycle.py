@@ -65,6 +65,11 @@ class DWRRCycle:
         self._sent = order[:n]
         return self._sent
 
+    def run(self, queue: str) -> int:
+        """How many messages of ``queue``, first in the last order, one fetch may take."""
+        with self.lock:
+            return self.scheduler.fetch_run(queue, self.window())
+
     def rotate(self, last_used: str) -> str:
         """Kombu: a message of ``last_used`` was fetched."""
         if self.items and last_used not in self.items:

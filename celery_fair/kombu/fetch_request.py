@@ -58,11 +58,12 @@ class FetchRequest:
         """The queue a Redis list of the channel belongs to (prefix and priority taken off)."""
         return key[len(self.prefix) :].rsplit(self.sep, 1)[0]
 
-    def command(self, queues: list[str]) -> list[Any] | None:
+    def command(self, queues: list[str], batch: int = 1) -> list[Any] | None:
         """``EVALSHA``'s key count, keys and arguments for a fetch from ``queues``, in order.
 
-        None when no list can be fetched from (every keyed queue at this
-        worker's capacity): then nothing is taken to ride on a fetch either.
+        ``batch``: the most messages to take from the first list.  None when
+        no list can be fetched from (every keyed queue at this worker's
+        capacity): then nothing is taken to ride on a fetch either.
         """
         keys, words, watched = self._entries(queues)
         if not keys:
@@ -82,6 +83,7 @@ class FetchRequest:
             charges=self._charges(),
             releases=self._releases(),
             schedules=bases,
+            batch=batch,
         )
         count = 2 * len(keys) + 2 + len(watched)
         return [count, *keys, *malformed, *self._unacked, *watched, *argv]

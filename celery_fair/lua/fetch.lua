@@ -19,6 +19,9 @@
 --       looked at: before the pop, up to N.ETA_BATCH due messages of each go
 --       into their queue (promote.lua), so that a large due backlog is moved
 --       over several fetches and never stalls one,
+--       batch: the most messages to take from the first queue key (in its
+--       fair key order for a keyed queue); a later key is taken from only
+--       when the first has nothing to serve, one message,
 --       then one word per queue key:
 --         "-"                    a plain list;
 --         "<charge>"             a keyed queue: its charge at fetch;
@@ -29,7 +32,8 @@
 -- seconds throttled, level suffix, user ('' for a one-level key), seconds paused}
 -- for one of a keyed queue
 -- (celery_fair.wire.SERVED_HEADER),
--- {key, item, "malformed"} for a payload moved aside, or, when every queue is
+-- {key, item, "malformed"} for a payload moved aside (with batch above 1: an
+-- array of those, in the order taken), or, when every queue is
 -- empty (after reading their lengths, so that client-side tracking watches them),
 -- nil or the milliseconds until a key throttled by its limits may go on or the
 -- next scheduled message is due.
@@ -65,8 +69,11 @@ if ne > 0 then
   now = now or server_now()
   for j = 1, ne do promote_due(ARGV[e + j], now, N.ETA_BATCH) end
 end
-local flags = e + ne
-for i = 1, n do
+local batch = tonumber(ARGV[e + ne + 1])
+local flags = e + ne + 1
+-- One message of the queue key i, recorded as unacknowledged (and leased), as
+-- its reply entry; nil when the key has nothing to serve now.
+local function take(i)
   local item, fkey, fweight, fthrottled, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
   if word == '-' then item = redis.call('RPOP', KEYS[i])
@@ -81,22 +88,35 @@ for i = 1, n do
     item, fkey, fweight, fthrottled, flevel, fuser, fpaused = keyed_pop(
       KEYS[i], suffixes, tonumber(word), false, 0, lweights)
   end
-  if item then
-    local tag, record = unacked_record(item)
-    if not tag then
-      park(KEYS[n + i], item, ARGV[2])
-      return {KEYS[i], item, 'malformed'}
+  if not item then return nil end
+  local tag, record = unacked_record(item)
+  if not tag then
+    park(KEYS[n + i], item, ARGV[2])
+    return {KEYS[i], item, 'malformed'}
+  end
+  record_unacked(KEYS[2 * n + 1], KEYS[2 * n + 2], ARGV[2], tag, record)
+  if ttl then
+    -- The task holds a slot of its key until it finishes (or the lease expires).
+    lease(KEYS[i], fkey, tag, now, ttl)
+  end
+  if fkey then
+    return {KEYS[i], item, 'key', fkey, fweight, fthrottled or '0', flevel, fuser or '',
+            fpaused or '0'}
+  end
+  return {KEYS[i], item}
+end
+for i = 1, n do
+  local entry = take(i)
+  if entry then
+    if batch <= 1 then return entry end
+    local out = {entry}
+    -- More of the same key while it has them: only the first key may batch.
+    while i == 1 and #out < batch do
+      entry = take(1)
+      if not entry then break end
+      out[#out + 1] = entry
     end
-    record_unacked(KEYS[2 * n + 1], KEYS[2 * n + 2], ARGV[2], tag, record)
-    if ttl then
-      -- The task holds a slot of its key until it finishes (or the lease expires).
-      lease(KEYS[i], fkey, tag, now, ttl)
-    end
-    if fkey then
-      return {KEYS[i], item, 'key', fkey, fweight, fthrottled or '0', flevel, fuser or '',
-              fpaused or '0'}
-    end
-    return {KEYS[i], item}
+    return out
   end
 end
 for i = 1, n do redis.call('LLEN', KEYS[i]) end

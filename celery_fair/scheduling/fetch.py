@@ -168,6 +168,28 @@ class FetchRound:
         self._demoted = set(above)
         return below + above if above else order
 
+    def run(self, queue: str, window: int | None = None) -> int:
+        """How many messages of ``queue`` one fetch may take in a row (at least 1).
+
+        A batch keeps the order DRR would follow one fetch at a time: the head
+        is served while its deficit lasts, so it may take as many messages as
+        its deficit pays for, and no more than its credit leaves room for.  A
+        queue that is not the head takes one.  A worker that consumes one queue
+        owes no other: only the credit bounds its run.
+        """
+        drr = self.drr
+        if drr.head() != queue:
+            return 1
+        n: float = math.inf
+        if len(drr.queues) > 1:
+            cost = self.costs.cost(queue)
+            if cost > 0:
+                n = math.ceil(drr.deficit(queue) / cost)
+        credits = self._credits(window)
+        if credits is not None:
+            n = min(n, credits.get(queue, 1) - self._held.get(queue, 0))
+        return max(1, int(min(n, 2**31)))
+
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
         """A message of ``queue`` was fetched; ``skipped`` were polled first.
 

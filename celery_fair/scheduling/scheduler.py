@@ -155,6 +155,10 @@ class FairScheduler:
         """The order in which to poll the consumed queues, best first."""
         return self.fetch.order(window)
 
+    def fetch_run(self, queue: str, window: int | None = None) -> int:
+        """How many messages of ``queue``, the first of the fetch order, one fetch may take."""
+        return self.fetch.run(queue, window)
+
     def fetched(self, queue: str, skipped: Sequence[str] = ()) -> None:
         """A message of ``queue`` was fetched; ``skipped`` were polled first."""
         self.fetch.fetched(queue, skipped)

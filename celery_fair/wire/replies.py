@@ -12,6 +12,9 @@ caller counts fields or indexes them:
   Kombu message, moved aside to the queue's parking list by the script;
 * :class:`Idle`: nil, or the milliseconds until a key throttled by its
   limits may go on: every queue was empty.
+
+A fetch that asked for a batch gets an array of the first three kinds
+instead, read by :func:`decode_fetched`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = (
     "Message",
     "Popped",
     "decode_fetch",
+    "decode_fetched",
     "text",
 )
 
@@ -127,3 +131,18 @@ def decode_fetch(reply: Any) -> FetchReply:
             paused=float(reply[8]),
         )
     return Message(key, item)
+
+
+def decode_fetched(reply: Any) -> Idle | tuple[Message | KeyedMessage | Malformed, ...]:
+    """The records of a fetch script reply, one entry or a batch (an array of entries).
+
+    :class:`Idle` when nothing was fetched, else the messages in the order the
+    script took them.
+    """
+    if reply and isinstance(reply, list) and isinstance(reply[0], list):
+        entries = tuple(decode_fetch(entry) for entry in reply)
+        if any(isinstance(e, Idle) for e in entries):
+            raise ValueError(f"a fetch batch holds an empty entry: {reply!r}")
+        return entries  # type: ignore[return-value]  # no Idle, checked above
+    one = decode_fetch(reply)
+    return one if isinstance(one, Idle) else (one,)

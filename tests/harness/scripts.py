@@ -47,12 +47,14 @@ def fetch(
     level_weights: dict[str, float] | None = None,
     charges: tuple[str, ...] = (),
     releases: tuple[str, ...] = (),
+    batch: int = 1,
 ) -> Any:
     """One run of the fetch script over ``queues`` (default: the keyed queue with ``word``).
 
     ``level_weights`` (level suffix -> weight) makes the levels weighted; without,
     strict.  ``charges``: flat (base, level, key, user, delta) run-time corrections;
-    ``releases``: flat (base, delivery tag) key slots freed first.
+    ``releases``: flat (base, delivery tag) key slots freed first; ``batch``: the
+    most messages to take from the first queue.
     """
     keys = list(queues) or [Q]
     words = ["-"] * len(queues) if queues else [word]
@@ -63,7 +65,7 @@ def fetch(
         *keys, *[k + ".fair-malformed" for k in keys], "unacked", "unacked_index",
         *store.fetch_args(
             words, sep=SEP, now=time.time(), suffixes=LEVELS, level_words=pairs,
-            charges=charges, releases=releases,
+            charges=charges, releases=releases, batch=batch,
         ),
     )  # fmt: skip
 

@@ -342,3 +342,34 @@ def test_a_malformed_payload_does_not_release_another_messages_credit(
     for message in held:
         message.ack()
     assert scheduler.held("tm") == 0
+
+
+def test_a_payload_that_decodes_only_in_its_tail_is_parked_not_left_unacked(
+    kombu_channel: tuple[Connection, Any], redis_url: str
+) -> None:
+    """The script reads the tag from the payload's tail: the worker parks what does not
+    decode whole and drops its unacknowledged record, so nothing comes back later."""
+    conn, channel = kombu_channel
+    client = redis_lib.Redis.from_url(redis_url)
+    queue = Queue("tt", Exchange("tt"), routing_key="tt")
+    producer = Producer(channel)
+    producer.publish({"n": 0}, exchange=queue.exchange, routing_key="tt", declare=[queue])
+    bad = 'not json, "properties": {"delivery_tag": "tail-only"}}'
+    client.lpush("tt", bad)
+    producer.publish({"n": 1}, exchange=queue.exchange, routing_key="tt")
+    got: list[Any] = []
+    cycle = install_on_channel(channel, FairScheduler({"tt": 1}), atomic=True)
+    assert cycle is not None and cycle.atomic is not None
+    with Consumer(channel, [queue], callbacks=[lambda body, message: got.append(message)]):
+        deadline = time.monotonic() + 20
+        while len(got) < 2 or cycle.atomic.malformed < 1:
+            assert time.monotonic() < deadline, got
+            conn.drain_events(timeout=5)
+    assert [m.payload["n"] for m in got] == [0, 1]
+    parked = client.lrange("tt.fair-malformed", 0, -1)
+    assert len(parked) == 1 and json.loads(parked[0])["raw"] == bad
+    assert client.hget("unacked", "tail-only") is None
+    assert client.zscore("unacked_index", "tail-only") is None
+    for message in got:
+        message.ack()
+    assert client.hlen("unacked") == 0

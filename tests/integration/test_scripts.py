@@ -18,7 +18,7 @@ from celery_fair.keys import scripts, store
 from celery_fair.keys.layout import BUCKET, KeyedNames
 from celery_fair.keys.store import enqueue_args, release_args
 from celery_fair.parked import NOT_A_MESSAGE, decode_record
-from celery_fair.wire.replies import KeyedMessage, Malformed, decode_fetch
+from celery_fair.wire.replies import Idle, KeyedMessage, Malformed, decode_fetch, decode_fetched
 from tests.harness.scripts import (
     LEVELS,
     NAMES,
@@ -368,3 +368,50 @@ def test_the_limits_state_counts_a_held_keys_messages_in_every_level(
     assert isinstance(fetch(client, "L1:30"), int)  # a is at its limit: set aside
     state = limits_state(client, NAMES)
     assert state.at_limit == 1 and state.throttled_tasks == 2  # one in each level
+
+
+def _fill_three_keys(client: redis_lib.Redis, per_key: int) -> None:
+    client.hset(NAMES.weights_conf, mapping={"b": "2", "c": "4"})
+    for i in range(per_key):
+        for key in ("a", "b", "c"):
+            enqueue(client, key, message(key, i))
+
+
+def test_a_batch_serves_the_same_keys_in_the_same_order_as_single_fetches(
+    client: redis_lib.Redis,
+) -> None:
+    _fill_three_keys(client, 20)
+    singles = [(r.fair_key, json.loads(r.item)["headers"]["n"]) for r in
+               (fetched(client) for _ in range(28))]  # fmt: skip
+    client.flushdb()
+    _fill_three_keys(client, 20)
+    batched: list[tuple[str, int]] = []
+    for size in (7, 1, 13, 7):
+        entries = decode_fetched(fetch(client, batch=size))
+        assert isinstance(entries, tuple) and len(entries) == size
+        batched += [(e.fair_key, json.loads(e.item)["headers"]["n"]) for e in entries
+                    if isinstance(e, KeyedMessage)]  # fmt: skip
+    assert batched == singles
+    # Every message of a batch is recorded as unacknowledged with its pop.
+    assert client.hlen("unacked") == 28 and client.zcard("unacked_index") == 28
+    assert int(client.hget(NAMES.state, "backlog")) == 60 - 28
+
+
+def test_a_batch_stops_at_the_keys_limits_and_at_an_empty_queue(
+    client: redis_lib.Redis,
+) -> None:
+    client.hset(NAMES.limits_conf, "c:*", "2")
+    for i in range(5):
+        enqueue(client, "a", message("a", i))
+        enqueue(client, "b", message("b", i))
+    entries = decode_fetched(fetch(client, "L1:30", batch=16))
+    assert isinstance(entries, tuple)
+    keys = [e.fair_key for e in entries if isinstance(e, KeyedMessage)]
+    assert sorted(keys) == ["a", "a", "b", "b"]  # two slots per key, then both set aside
+    assert client.hget(NAMES.running, "a") == b"2" and client.hget(NAMES.running, "b") == b"2"
+    assert client.zcard(NAMES.leases) == 4
+    # A plain list: the batch takes what is there, and stops.
+    client.lpush("plain", message("", 0), message("", 1))
+    entries = decode_fetched(fetch(client, "-", "plain", batch=16))
+    assert isinstance(entries, tuple) and len(entries) == 2
+    assert isinstance(decode_fetched(fetch(client, "-", "plain", batch=16)), Idle)

@@ -281,3 +281,51 @@ def test_the_window_cap_is_four_celery_windows_and_never_below_the_floor() -> No
     s = FairScheduler({"light": 1, "heavy": 1000})
     s.set_queues(["light", "heavy"])
     assert s.push_windows(100, cap=window_cap(100))["heavy"] == 400
+
+
+@pytest.mark.parametrize(
+    "weights", [{"a": 1, "b": 2, "c": 4}, {"a": 3, "b": 5}, {"x": 0.5, "y": 1.5}, {"solo": 1}]
+)
+def test_a_batch_of_the_heads_run_keeps_the_one_at_a_time_order(weights: dict) -> None:
+    """Taking ``fetch_run(head)`` messages in one fetch serves the queues in the same
+    order as one fetch per message (every queue backlogged)."""
+    one, batched = FairScheduler(weights), FairScheduler(weights)
+    for s in (one, batched):
+        s.set_queues(weights)
+    seq_one: list[str] = []
+    while len(seq_one) < 400:
+        q = one.fetch_order()[0]
+        one.fetched(q)
+        one.released(q)
+        seq_one.append(q)
+    seq_b: list[str] = []
+    runs: list[int] = []
+    while len(seq_b) < 400:
+        head = batched.fetch_order()[0]
+        n = min(batched.fetch_run(head), 16)
+        runs.append(n)
+        for _ in range(n):
+            batched.fetched(head)
+            batched.released(head)
+            seq_b.append(head)
+    assert seq_b[:400] == seq_one
+    if len(weights) == 1:
+        assert min(runs) == 16, runs  # alone, a queue takes what the fetch asks for
+
+
+def test_a_batch_stays_within_the_heads_credit() -> None:
+    s = FairScheduler({"a": 1, "b": 1}, credit=3)
+    s.set_queues(["a", "b"])
+    head = s.fetch_order(8)[0]
+    s.fetched(head)
+    s.fetched(head)
+    assert s.fetch_run(head, 8) <= 1
+
+
+def test_a_queue_that_is_not_the_head_takes_one() -> None:
+    s = FairScheduler({"a": 1, "b": 4})
+    s.set_queues(["a", "b"])
+    head = s.fetch_order()[0]
+    other = "a" if head == "b" else "b"
+    assert s.fetch_run(other) == 1
+    assert s.fetch_run(head) >= 1
