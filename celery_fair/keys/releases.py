@@ -6,6 +6,14 @@ the broker has run it: it rides on the next fetch when one follows, else it
 goes in a round trip of its own; one that may not have arrived (no sender
 yet, a failed send, a connection lost under the fetch that carried it) is
 sent again when a sender is attached.
+
+A release made on another thread than the fetch's (a thread pool's, a
+greenlet's) rides on the next fetch while the fetch is busy (the carry is
+open: the fetch thread opens it with each fetch it sends and closes it,
+flushing what waits, before it waits for work).  A release the next fetch
+did not take within a tick of the worker's timer goes on its own: the fetch
+may not follow soon (the prefetch window full, the fetch held back), and a
+slot must not stay held for that.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ logger = logging.getLogger(__name__)
 #: Releases kept to send again at the next connection, at most (a worker holds
 #: about one per pool slot; the oldest go first, their leases expire).
 MAX_UNSENT_RELEASES = 10_000
+
+#: Seconds between two looks for releases no fetch took (see :meth:`ReleaseOutbox.flush_if_stuck`):
+#: a release waits for a fetch at most about twice this.
+CARRY_CHECK = 0.05
 
 #: Sends ``(queue, delivery tag)`` releases to the broker; with ``wake`` true it
 #: also ends the worker's idle fetch, in the same round trip.
@@ -51,6 +63,10 @@ class ReleaseOutbox:
         self._carried: list[tuple[str, str]] = []
         #: Releases that may not have reached the broker: sent when a sender is attached.
         self._unsent: list[tuple[str, str]] = []
+        #: Whether a release made on another thread may wait for the next fetch.
+        self._carry_open = False
+        #: Fetches that took the waiting releases, and that count at the last look.
+        self._takes = self._takes_seen = 0
         self.released = self.errors = 0
 
     @property
@@ -92,7 +108,18 @@ class ReleaseOutbox:
             with self._lock:
                 self._waiting.append((queue, tag))
             return
+        with self._lock:
+            # Another thread's release, while the fetch is busy: the fetch
+            # thread takes it, or flushes it before it waits (same lock).
+            if self._carry_open:
+                self._waiting.append((queue, tag))
+                return
         self.send([(queue, tag)], wake=wake)
+
+    def open_carry(self) -> None:
+        """The fetch thread sent a fetch: other threads' releases may wait for the next."""
+        with self._lock:
+            self._carry_open = True
 
     def take(self) -> list[tuple[str, str]]:
         """The releases to carry on the fetch being sent, ``(queue, delivery tag)``.
@@ -104,6 +131,7 @@ class ReleaseOutbox:
             releases, self._waiting = self._waiting, []
             self.released += len(releases)
             self._carried.extend(releases)
+            self._takes += 1
         return releases
 
     def confirm(self) -> None:
@@ -113,11 +141,22 @@ class ReleaseOutbox:
                 self._carried.clear()
 
     def flush(self) -> None:
-        """Send the releases waiting for a fetch now (no fetch follows soon)."""
+        """Send the releases waiting for a fetch now (no fetch follows soon); other
+        threads' releases go at once until the next fetch is sent."""
         with self._lock:
+            self._carry_open = False
             releases, self._waiting = self._waiting, []
         if releases:
             self.send(releases)
+
+    def flush_if_stuck(self) -> None:
+        """The worker's timer, every :data:`CARRY_CHECK` s: send the releases that waited
+        since the last look with no fetch to take them."""
+        with self._lock:
+            stuck = bool(self._waiting) and self._takes == self._takes_seen
+            self._takes_seen = self._takes
+        if stuck:
+            self.flush()
 
     def send(self, releases: list[tuple[str, str]], wake: bool = False) -> None:
         """Free these key slots in a round trip of their own; ``wake`` ends an idle fetch.

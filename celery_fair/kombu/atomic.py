@@ -251,6 +251,8 @@ class AtomicFetch:
             # would leave the next wait to its timeout).
             self._move(State.FETCHING, "the script is sent")
             self._wake_pushed = False
+            if self.keyed is not None:
+                self.keyed.releases.open_carry()
             self._begin(conn)
             conn.send_command("EVALSHA", self._sha, *command)
             return

@@ -17,6 +17,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys.eta import register_app as eta_register_app
 from ..keys.publish import register_app
+from ..keys.releases import CARRY_CHECK
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
@@ -141,7 +142,8 @@ def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]
 
     While the channel has the atomic fetch, a look for keyed messages sent
     by producers that still key a queue this worker's settings no longer
-    key; while keyed queues are served, a read of the paused keys.
+    key; while keyed queues are served, a read of the paused keys, and with
+    per-key limits the releases no fetch took (:data:`~celery_fair.keys.releases.CARRY_CHECK`).
     """
     checks: list[tuple[float, Callable[[], None]]] = []
     attachment = service.attachment
@@ -149,6 +151,8 @@ def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]
         checks.append((KEYED_RECHECK, service.keys.recheck_backlogs))
     if attachment.keyed is not None:
         checks.append((PAUSED_RECHECK, service.refresh_paused))
+        if attachment.keyed.limited:
+            checks.append((CARRY_CHECK, attachment.keyed.releases.flush_if_stuck))
     return checks
 
 

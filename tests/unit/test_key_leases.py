@@ -91,6 +91,29 @@ def test_a_release_rides_on_the_fetch_that_follows_until_its_reply() -> None:
     assert outbox.attach(sender) == 1 and sender.sent == [("jobs", "t1")]
 
 
+def test_another_threads_release_waits_for_the_busy_fetch_and_never_for_long() -> None:
+    outbox, fetch, sender = ReleaseOutbox(), _Fetch(follows=False), _Sender()
+    outbox.attach(sender)
+    outbox.fetched_by(fetch)  # will_fetch False: a pool thread's release
+    outbox.release("jobs", "t0", wake=True)  # no fetch sent yet: goes at once
+    assert sender.sent == [("jobs", "t0")]
+    outbox.open_carry()  # the fetch thread sent a fetch
+    outbox.release("jobs", "t1", wake=True)
+    assert sender.sent == [("jobs", "t0")] and outbox.take() == [("jobs", "t1")]
+    outbox.release("jobs", "t2", wake=False)
+    outbox.flush_if_stuck()  # a fetch took releases since the last look: not stuck
+    assert sender.sent == [("jobs", "t0")]
+    outbox.flush_if_stuck()  # no fetch since: t2 goes on its own
+    assert sender.sent == [("jobs", "t0"), ("jobs", "t2")]
+    # The carry is closed until the fetch thread sends its next fetch.
+    outbox.release("jobs", "t3", wake=True)
+    assert sender.sent[-1] == ("jobs", "t3") and sender.wakes[-1] is True
+    outbox.open_carry()
+    outbox.release("jobs", "t4", wake=False)
+    outbox.flush()  # the fetch thread is about to wait for work: t4 goes first
+    assert sender.sent[-1] == ("jobs", "t4") and outbox.take() == []
+
+
 def test_a_fetch_no_longer_attached_carries_nothing() -> None:
     outbox, sender = ReleaseOutbox(), _Sender()
     outbox.attach(sender)

@@ -1,0 +1,235 @@
+"""What a real worker costs the broker per task, and its throughput, against plain Celery.
+
+For each variant a fresh ``redis-server`` receives ``--tasks`` no-op tasks (the
+workload's ``ledger`` task, ``ms=0``, with a ``tenant_id`` over ``N`` keys),
+published by a Celery producer; then one ``celery worker`` (``-P threads -c 4``
+by default, Celery's defaults otherwise) drains them.  Measured over the drain,
+from ``--warmup`` tasks in until ``--tail`` are left (the queue stays
+backlogged): the broker's CPU per task (``used_cpu_user`` + ``used_cpu_sys`` of
+``INFO cpu``, network included) and the tasks per second.  The publish is
+measured the same way (Kombu's ``LPUSH``, or the keyed publish script).
+
+Variants:
+
+* ``plain``: plain Celery on a plain queue, the anchor (Kombu's ``BRPOP``);
+* ``fair``: celery-fair on the same plain queue (the atomic fetch);
+* ``keyed-N``: ``fair_keys`` over N keys;
+* ``limits-N``: the same with per-key limits on, ``fair_key_concurrency =
+  {"*": 4}`` and ``fair_key_rate_limit = {"*": "100000/s"}``: checked at every
+  fetch, never binding.
+
+Variants run in turns (A B C, B C A, ...), ``--reps`` times; each figure is
+also given over ``plain``'s in the same round, so it holds on any day.  The
+worker's ``inspect fair_stats`` gives the messages per fetch script call.
+
+    python -m bench.broker_cost [--variants plain,fair,keyed-1000,limits-1000,limits-10000]
+                                [--reps 3] [--tasks 12000] [--pool threads -c 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import redis as redis_lib
+
+from celery_fair.keys.layout import BACKLOG, KeyedNames
+from tests.harness.control import fair_stats
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app
+from tests.harness.redis import RedisServer
+
+from .common import environment, summary, write
+
+QUEUE = "jobs"
+VARIANTS = ("plain", "fair", "keyed-1000", "limits-1000", "limits-10000")
+
+
+def _keys(variant: str) -> int:
+    return int(variant.split("-")[1]) if "-" in variant else 0
+
+
+def _cpu(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _producer(url: str, variant: str) -> Any:
+    if _keys(variant):
+        return keyed_app(url, {QUEUE: "tenant_id"})
+    from celery import Celery
+
+    return Celery("broker-cost-producer", broker=url, set_as_current=False)
+
+
+def _publish(url: str, client: Any, variant: str, tasks: int) -> float:
+    """Publish ``tasks`` no-op tasks, the keys in turn; the broker's CPU µs per task."""
+    app = _producer(url, variant)
+    keys = max(1, _keys(variant))
+    try:
+        with app.producer_or_acquire() as producer:
+            cpu0 = _cpu(client)
+            for i in range(tasks):
+                app.send_task(
+                    "ledger", kwargs={"ms": 0, "tenant_id": f"t{i % keys}"}, queue=QUEUE,
+                    producer=producer,
+                )  # fmt: skip
+            return (_cpu(client) - cpu0) / tasks * 1e6
+    finally:
+        app.close()
+
+
+def _waiting(client: Any, variant: str) -> int:
+    """Messages still in the queue (not yet fetched by the worker)."""
+    if _keys(variant):
+        return int(client.hget(KeyedNames(QUEUE).state, BACKLOG) or 0)
+    return int(client.llen(QUEUE))
+
+
+def _worker(url: str, variant: str, args: argparse.Namespace) -> WorkerProcess:
+    env: dict[str, str] = {}
+    if _keys(variant):
+        env["CELERY_FAIR_KEYS"] = f"{QUEUE}=tenant_id"
+    if variant.startswith("limits"):
+        env["CELERY_FAIR_KEY_CONCURRENCY"] = "*=4"
+        env["CELERY_FAIR_KEY_RATE"] = "*=100000/s"
+    return WorkerProcess(
+        url, [QUEUE], pool=args.pool, concurrency=args.concurrency,
+        fair=variant != "plain", env=env,
+    )  # fmt: skip
+
+
+def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One variant on a fresh server: publish, then drain with one worker."""
+    with RedisServer() as server:
+        client = redis_lib.Redis.from_url(server.url)
+        publish_us = _publish(server.url, client, variant, args.tasks)
+        assert _waiting(client, variant) == args.tasks, "the publish did not arrive whole"
+        start_at, stop_at = args.tasks - args.warmup, args.tail
+        with _worker(server.url, variant, args) as worker:
+            deadline = time.monotonic() + args.timeout
+            while (left := _waiting(client, variant)) > start_at:
+                assert time.monotonic() < deadline, worker.log()[-3000:]
+                time.sleep(0.005)
+            cpu0, t0 = _cpu(client), time.perf_counter()
+            while (now_left := _waiting(client, variant)) > stop_at:
+                assert time.monotonic() < deadline, worker.log()[-3000:]
+                time.sleep(0.02)
+            elapsed, cpu1 = time.perf_counter() - t0, _cpu(client)
+            stats = {} if variant == "plain" else _fair_stats(server.url)
+        n = left - now_left
+    fetch = stats.get("atomic_fetch") or {}
+    calls, fetches = fetch.get("calls") or 0, fetch.get("fetches") or 0
+    return {
+        "publish_us": publish_us,
+        "drain_us": (cpu1 - cpu0) / n * 1e6,
+        "tasks_per_s": n / elapsed,
+        "per_call": fetches / calls if calls else None,
+    }
+
+
+def _fair_stats(url: str) -> dict[str, Any]:
+    for _ in range(5):
+        replies = fair_stats(url, timeout=2.0)
+        if replies:
+            return dict(next(iter(replies.values())))
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=12_000)
+    parser.add_argument("--warmup", type=int, default=1_000)
+    parser.add_argument("--tail", type=int, default=1_000)
+    parser.add_argument("--pool", default="threads")
+    parser.add_argument("-c", "--concurrency", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--name", default="broker_cost")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+    if "plain" not in variants:
+        variants.insert(0, "plain")  # the anchor of every ratio
+    if args.tasks <= args.warmup + args.tail:
+        parser.error("--tasks must exceed --warmup + --tail")
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for rep in range(args.reps):
+        turn = variants[rep % len(variants) :] + variants[: rep % len(variants)]
+        for variant in turn:
+            res = one_run(variant, args)
+            runs[variant].append(res)
+            batch = f", {res['per_call']:.2f} per fetch call" if res["per_call"] else ""
+            print(
+                f"rep {rep + 1} {variant:14} publish {res['publish_us']:6.1f} us, drain "
+                f"{res['drain_us']:6.1f} us CPU/task, {res['tasks_per_s']:6.0f} tasks/s{batch}",
+                flush=True,
+            )
+    data = {"env": environment(), "args": vars(args), "results": _results(runs)}
+    write(args.name, data, _markdown(data))
+    return 0
+
+
+def _results(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per variant: each figure's summary, and over plain's in the same round."""
+    plain = runs["plain"]
+    out: dict[str, Any] = {}
+    for variant, reps in runs.items():
+        total = [r["publish_us"] + r["drain_us"] for r in reps]
+        base = [p["publish_us"] + p["drain_us"] for p in plain]
+        per_call = [r["per_call"] for r in reps if r["per_call"]]
+        out[variant] = {
+            "publish_us": summary([r["publish_us"] for r in reps]),
+            "drain_us": summary([r["drain_us"] for r in reps]),
+            "total_us": summary(total),
+            "x_plain": summary([t / b for t, b in zip(total, base, strict=True)]),
+            "drain_x_plain": summary(
+                [r["drain_us"] / p["drain_us"] for r, p in zip(reps, plain, strict=True)]
+            ),
+            "throughput_x_plain": summary(
+                [r["tasks_per_s"] / p["tasks_per_s"] for r, p in zip(reps, plain, strict=True)]
+            ),
+            "tasks_per_s": summary([r["tasks_per_s"] for r in reps]),
+            "per_call": statistics.median(per_call) if per_call else None,
+            "runs": reps,
+        }
+    return out
+
+
+def _cell(s: dict[str, float], fmt: str, suffix: str = "") -> str:
+    return f"{s['median']:{fmt}}{suffix} [{s['min']:{fmt}}, {s['max']:{fmt}}]"
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    a, env = data["args"], data["env"]
+    lines = [
+        "# What a real worker costs the broker per task, against plain Celery",
+        "",
+        f"Reproduce: `python -m bench.broker_cost --variants {a['variants']} --reps {a['reps']} "
+        f"--tasks {a['tasks']} --pool {a['pool']} -c {a['concurrency']}` ({env['when']}, "
+        f"celery {env['celery']}, kombu {env['kombu']}, redis-py {env['redis']}, "
+        f"{env['cpus']} CPUs). One `celery worker -P {a['pool']} -c {a['concurrency']}` "
+        f"drains {a['tasks']:,} no-op tasks, measured from {a['warmup']:,} in until "
+        f"{a['tail']:,} are left; the variants in turns. Median [min, max] over "
+        f"{a['reps']} rounds; \"x plain\" is each round's figure over plain Celery's "
+        "in the same round.",
+        "",
+        "| variant | publish, µs CPU/task | drain, µs CPU/task | total x plain "
+        "| drain x plain | tasks/s x plain | messages per fetch call |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for variant, r in data["results"].items():
+        per_call = "-" if r["per_call"] is None else f"{r['per_call']:.2f}"
+        lines.append(
+            f"| {variant} | {_cell(r['publish_us'], '.1f')} | {_cell(r['drain_us'], '.1f')} "
+            f"| {_cell(r['x_plain'], '.2f', 'x')} | {_cell(r['drain_x_plain'], '.2f', 'x')} "
+            f"| {_cell(r['throughput_x_plain'], '.2f', 'x')} | {per_call} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
