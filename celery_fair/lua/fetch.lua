@@ -73,9 +73,11 @@ local batch = tonumber(ARGV[e + ne + 1])
 local flags = e + ne + 1
 -- One message of the queue key i, recorded as unacknowledged (and leased), as
 -- its reply entry; nil when the key has nothing to serve now.
+local calls = {}  -- per keyed queue key: what keyed_pop does once per call
 local function take(i)
   local item, fkey, fweight, fthrottled, flevel, fuser, fpaused, ttl = nil, nil, nil, nil, nil, nil, nil, nil
   local word = ARGV[flags + i]
+  if word ~= '-' and not calls[i] then calls[i] = {} end
   if word == '-' then item = redis.call('RPOP', KEYS[i])
   elseif string.sub(word, 1, 1) == 'L' then
     -- A keyed queue with per-key limits: "L<charge>:<lease seconds>".
@@ -83,10 +85,10 @@ local function take(i)
     ttl = tonumber(string.sub(word, sep + 1))
     now = now or server_now()
     item, fkey, fweight, fthrottled, flevel, fuser, fpaused = keyed_pop(
-      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now, lweights)
+      KEYS[i], suffixes, tonumber(string.sub(word, 2, sep - 1)), true, now, lweights, calls[i])
   else
     item, fkey, fweight, fthrottled, flevel, fuser, fpaused = keyed_pop(
-      KEYS[i], suffixes, tonumber(word), false, 0, lweights)
+      KEYS[i], suffixes, tonumber(word), false, 0, lweights, calls[i])
   end
   if not item then return nil end
   local tag, record = unacked_record(item)

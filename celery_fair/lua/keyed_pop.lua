@@ -1,5 +1,5 @@
 -- The keyed branch of the fetch (fetch.lua): keyed_pop(base, suffixes, est,
--- limited, now, lweights) serves a keyed queue's next message and returns item,
+-- limited, now, lweights, call) serves a keyed queue's next message and returns item,
 -- key, weight, throttled, level, user, paused (or nil when nothing may be served now).
 --   base      the queue's Redis name (its own list; the per-key names derive from it)
 --   suffixes  the suffixes of Kombu's other priority lists (its other levels)
@@ -145,7 +145,7 @@ local function pop_level(base, lb, est, limited, now, paused)
       if item then
         -- The seconds the key was set aside, owed to this task's telemetry.
         local owed = nil
-        if limited then owed = redis.call('HGET', kname(base, N.THROTTLED_OWED), key) end
+        if limited then owed = field(kname(base, N.THROTTLED_OWED), key) end
         if tag > vtime(lb) then redis.call('HSET', kname(lb, N.STATE), 'vt', tag) end
         local w = weight(base, key)
         local finish = tag + est / w
@@ -163,7 +163,7 @@ local function pop_level(base, lb, est, limited, now, paused)
         end
         if owed then redis.call('HDEL', kname(base, N.THROTTLED_OWED), key) end
         -- The seconds the key was paused, owed to this task's telemetry likewise.
-        local powed = redis.call('HGET', kname(base, N.PAUSED_OWED), key)
+        local powed = field(kname(base, N.PAUSED_OWED), key)
         if powed then redis.call('HDEL', kname(base, N.PAUSED_OWED), key) end
         return item, key, tostring(w), owed, user, powed
       end
@@ -174,23 +174,30 @@ local function pop_level(base, lb, est, limited, now, paused)
   end
 end
 
-local function keyed_pop(base, suffixes, est, limited, now, lweights)
-  local paused = redis.call('SCARD', kname(base, N.PAUSED)) > 0
-  if limited then
-    -- Leases past their expiry (a worker that died) free their slots; keys
-    -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, N.LEASES),
-                                   '-inf', now, 'LIMIT', 0, 32)) do
-      release(base, id, now)
+-- ``call``: a table the caller keeps for one script call and one queue, so
+-- that a batch of pops does once what holds for the whole call: the expired
+-- leases and the keys whose rate lets them go on, whether any key is paused,
+-- and the queue's levels.
+local function keyed_pop(base, suffixes, est, limited, now, lweights, call)
+  if not call.levels then
+    call.paused = redis.call('SCARD', kname(base, N.PAUSED)) > 0
+    if limited then
+      -- Leases past their expiry (a worker that died) free their slots; keys
+      -- whose rate lets them go on rejoin the line.  A few per fetch: bounded.
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', kname(base, N.LEASES),
+                                     '-inf', now, 'LIMIT', 0, 32)) do
+        release(base, id, now)
+      end
+      local sleep = kname(base, N.SLEEP)
+      for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
+        redis.call('ZREM', sleep, key)
+        rejoin(base, key)
+        unthrottle(base, key, now)
+      end
     end
-    local sleep = kname(base, N.SLEEP)
-    for _, key in ipairs(redis.call('ZRANGEBYSCORE', sleep, '-inf', now, 'LIMIT', 0, 32)) do
-      redis.call('ZREM', sleep, key)
-      rejoin(base, key)
-      unthrottle(base, key, now)
-    end
+    call.levels = level_suffixes(base, suffixes)
   end
-  local levels = level_suffixes(base, suffixes)
+  local paused, levels = call.paused, call.levels
   if not lweights then
     for _, s in ipairs(levels) do
       local item, key, w, owed, user, powed = pop_level(base, base .. s, est, limited, now, paused)

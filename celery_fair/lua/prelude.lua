@@ -92,9 +92,30 @@ local function level_suffixes(base, extra)
   return out
 end
 
+-- Hashes found missing in this script call, by name.  Live weights and
+-- limits, and the seconds owed to telemetry, are missing most of the time:
+-- each is looked for once per call, not once per message a batch serves.  A
+-- helper that writes such a hash in the call marks it present (``written``).
+local MISSING = {}
+local function missing(hash)
+  local known = MISSING[hash]
+  if known == nil then
+    known = redis.call('EXISTS', hash) == 0
+    MISSING[hash] = known
+  end
+  return known
+end
+local function written(hash) MISSING[hash] = false end
+
+-- A field of ``hash``, nil without one (and without a read when it is missing).
+local function field(hash, name)
+  if missing(hash) then return nil end
+  return redis.call('HGET', hash, name)
+end
+
 local function weight(base, key)
-  local w = redis.call('HGET', kname(base, N.WEIGHTS_LIVE), key)
-  if not w then w = redis.call('HGET', kname(base, N.WEIGHTS_CONF), key) end
+  local w = field(kname(base, N.WEIGHTS_LIVE), key)
+  if not w then w = field(kname(base, N.WEIGHTS_CONF), key) end
   w = tonumber(w)
   if not w or w <= 0 then return DFLT end
   return w
@@ -129,7 +150,9 @@ local function limits(base, key, ...)
     fields[#fields + 1] = kind .. ':' .. key
     fields[#fields + 1] = kind .. ':*'
   end
-  local live = redis.call('HMGET', kname(base, N.LIMITS_LIVE), unpack(fields))
+  local live_name = kname(base, N.LIMITS_LIVE)
+  local live = {}
+  if not missing(live_name) then live = redis.call('HMGET', live_name, unpack(fields)) end
   local conf = redis.call('HMGET', kname(base, N.LIMITS_CONF), unpack(fields))
   local out = {}
   for i = 1, #kinds do
@@ -163,6 +186,7 @@ local function unthrottle(base, key, now)
   redis.call('HINCRBYFLOAT', kname(base, N.STATE), N.THROTTLED_SECONDS, d)
   -- Reported by the key's next served task (telemetry's key_throttled).
   redis.call('HINCRBYFLOAT', kname(base, N.THROTTLED_OWED), key, d)
+  written(kname(base, N.THROTTLED_OWED))
   local longest = kname(base, N.THROTTLED)
   redis.call('ZINCRBY', longest, d, key)
   if redis.call('ZCARD', longest) > 2 * N.THROTTLED_TOP then
@@ -200,6 +224,7 @@ local function unpause(base, key, now)
     local d = math.max(0, now - t)
     redis.call('HINCRBYFLOAT', kname(base, N.STATE), 'paused_s', d)
     redis.call('HINCRBYFLOAT', kname(base, N.PAUSED_OWED), key, d)
+    written(kname(base, N.PAUSED_OWED))
   end
   -- Back in line, unless its limits hold it (they put it back themselves).
   if redis.call('SISMEMBER', kname(base, N.AT_LIMIT), key) == 0
