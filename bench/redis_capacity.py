@@ -17,6 +17,8 @@ record holds it:
 * ``limits-N``: the same with ``fair_key_concurrency = {"*": 4}``: ``FETCH``
   leases the key's slot and frees the previous task's (a worker carries a
   finished task's release in its next fetch); the last one goes by ``RELEASE``;
+* ``--batch B``: every path but ``brpop`` publishes B messages, then takes them
+  in one ``FETCH`` call, as a worker whose prefetch window has room for B;
 * ``PATH+eta`` and ``PATH+etaN``: PATH with the queue's schedule (``fair_eta``)
   looked at by every fetch, as a worker does: empty, or N messages due in an
   hour (``atomic+eta``, ``keyed-10+eta1000000``).
@@ -167,37 +169,47 @@ def _preload_schedule(client: Any, path: str) -> None:
     pipe.execute()
 
 
-def _client_loop(url: str, path: str, tasks: int, seed: int, start: Any, out: Any) -> None:
-    """One client: ``tasks`` times publish, fetch, ack (and release)."""
+def _client_loop(
+    url: str, path: str, tasks: int, seed: int, start: Any, out: Any, batch: int = 1
+) -> None:
+    """One client: ``tasks`` times publish, fetch, ack (and release); the fetch script
+    takes ``batch`` messages per call, as a worker with that much room in its window."""
     client = redis_lib.Redis.from_url(url)
     rng = random.Random(seed)
     keys, word = _keys(path), _word(path)
     schedules = [NAMES.base] if _scheduled(path) is not None else []
-    carried: list[str] = []  # the last task's release, sent with the next fetch
+    carried: list[str] = []  # the last tasks' releases, sent with the next fetch
+    step = 1 if path == "brpop" else batch
     start.wait()
-    for _ in range(tasks):
-        if keys:
-            k = f"t{rng.randrange(keys)}"
-            client.evalsha(ENQUEUE.sha, 0, *enqueue_args(NAMES, k, _payload(k)))
-        else:
-            client.lpush(QUEUE, _payload())
+    for _ in range(tasks // step):
+        for _ in range(step):
+            if keys:
+                k = f"t{rng.randrange(keys)}"
+                client.evalsha(ENQUEUE.sha, 0, *enqueue_args(NAMES, k, _payload(k)))
+            else:
+                client.lpush(QUEUE, _payload())
         if path == "brpop":
             _, item = client.brpop([QUEUE], timeout=5)
-            tag = json.loads(item)["properties"]["delivery_tag"]
-            client.pipeline().zadd("unacked_index", {tag: time.time()}).hset(
-                "unacked", tag, item
+            tags = [json.loads(item)["properties"]["delivery_tag"]]
+            client.pipeline().zadd("unacked_index", {tags[0]: time.time()}).hset(
+                "unacked", tags[0], item
             ).execute()
         else:
+            more = {"batch": step} if step > 1 else {}  # (a release without batches)
             args = fetch_args(
-                [word], sep=NAMES.sep, now=time.time(), releases=carried, schedules=schedules
-            )
+                [word], sep=NAMES.sep, now=time.time(), releases=carried, schedules=schedules,
+                **more,
+            )  # fmt: skip
             reply = client.evalsha(FETCH.sha, 4, *FETCH_KEYS, *args)
-            tag = json.loads(reply[1])["properties"]["delivery_tag"]
-        client.pipeline().zrem("unacked_index", tag).hdel("unacked", tag).execute()
+            entries = reply if step > 1 else [reply]
+            tags = [json.loads(e[1])["properties"]["delivery_tag"] for e in entries]
+        for tag in tags:  # Kombu acknowledges each message in its own transaction
+            client.pipeline().zrem("unacked_index", tag).hdel("unacked", tag).execute()
         if path.startswith("limits"):
-            carried = [NAMES.base, tag]
+            carried = [x for tag in tags for x in (NAMES.base, tag)]
     if carried:
-        client.evalsha(RELEASE.sha, 0, *release_args(NAMES.sep, [(NAMES.base, carried[1])]))
+        pairs = list(zip(carried[::2], carried[1::2], strict=True))
+        client.evalsha(RELEASE.sha, 0, *release_args(NAMES.sep, pairs))
     out.put(1)
 
 
@@ -206,7 +218,9 @@ def _cpu(client: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run(path: str, executable: str, clients: int, tasks: int, backlog: int) -> dict[str, Any]:
+def run(
+    path: str, executable: str, clients: int, tasks: int, backlog: int, batch: int = 1
+) -> dict[str, Any]:
     """One path on a fresh server: CPU and command time per task, tasks/s."""
     with RedisServer(executable=executable) as server:
         client = redis_lib.Redis.from_url(server.url)
@@ -218,7 +232,9 @@ def run(path: str, executable: str, clients: int, tasks: int, backlog: int) -> d
         start, out = ctx.Event(), ctx.Queue()
         per_client = tasks // clients
         procs = [
-            ctx.Process(target=_client_loop, args=(server.url, path, per_client, i, start, out))
+            ctx.Process(
+                target=_client_loop, args=(server.url, path, per_client, i, start, out, batch)
+            )
             for i in range(clients)
         ]
         for p in procs:
@@ -234,7 +250,8 @@ def run(path: str, executable: str, clients: int, tasks: int, backlog: int) -> d
             p.join(timeout=30)
             assert p.exitcode == 0, f"a load client of {path} failed"
         assert client.llen(QUEUE) + client.zcard(NAMES.active) > 0, "the queue ran dry"
-    n = per_client * clients
+    step = 1 if path == "brpop" else batch
+    n = per_client // step * step * clients
     top = {c: stats.get(f"cmdstat_{c}", {}) for c in TOP_LEVEL}
     scripts = top["evalsha"]
     return {
@@ -257,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--servers", default="redis,valkey")
+    parser.add_argument(
+        "--batch", type=int, default=1,
+        help="messages per fetch script call (a worker's free window); BRPOP takes one",
+    )  # fmt: skip
     parser.add_argument("--name", default="redis_capacity")
     args = parser.parse_args(argv)
     paths = args.paths.split(",")
@@ -270,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         for server, exe in binaries.items():
             for path in paths if rep % 2 == 0 else list(reversed(paths)):
-                res = run(path, exe, args.clients, args.tasks, args.backlog)
+                res = run(path, exe, args.clients, args.tasks, args.backlog, args.batch)
                 results[server][path].append(res)
                 print(
                     f"rep {rep + 1} {server} {path:14} {res['cpu_us_per_task']:6.1f} us CPU/task, "
@@ -300,6 +321,7 @@ def _markdown(data: dict[str, Any]) -> str:
         f"Reproduce: `python -m bench.redis_capacity --reps {a['reps']} --servers "
         f"{a['servers']}"
         + ("" if a["paths"] == ",".join(PATHS) else f" --paths {a['paths']}")
+        + ("" if a.get("batch", 1) == 1 else f" --batch {a['batch']}")
         + f"` ({env['when']}, redis-py {env['redis']}, {env['cpus']} CPUs; "
         + ", ".join(f"{k} {v}" for k, v in data["versions"].items())
         + f"). {a['clients']} load clients, {a['tasks']:,} tasks per path and run, a backlog "
