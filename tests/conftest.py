@@ -14,6 +14,21 @@ from tests.harness.redis import RedisServer
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The logs of the workers the tests start go to the session's temporary
+    directory, which pytest prunes (the last three sessions' are kept), not to
+    the system's temporary directory, where every run would leave hundreds."""
+    folder = tmp_path_factory.mktemp("worker-logs")
+    before = os.environ.get("CELERY_FAIR_TEST_LOGS")
+    os.environ["CELERY_FAIR_TEST_LOGS"] = str(folder)
+    yield
+    if before is None:
+        os.environ.pop("CELERY_FAIR_TEST_LOGS", None)
+    else:
+        os.environ["CELERY_FAIR_TEST_LOGS"] = before
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A real ``redis-server`` in a temporary directory."""

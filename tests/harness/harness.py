@@ -104,7 +104,9 @@ class WorkerProcess:
             "-l", "INFO", "-n", f"{self.name}@%h",
             *self.extra_args,
         ]  # fmt: skip
-        fd, path = tempfile.mkstemp(prefix="celery-fair-worker-", suffix=".log")
+        # The test session's folder when there is one (tests/conftest.py).
+        folder = os.environ.get("CELERY_FAIR_TEST_LOGS") or None
+        fd, path = tempfile.mkstemp(prefix="celery-fair-worker-", suffix=".log", dir=folder)
         self.log_path = Path(path)
         with os.fdopen(fd, "wb") as log:
             self.proc = subprocess.Popen(
