@@ -67,9 +67,11 @@ $PY -m bench.mixin_idle --duration 2.0 --reps 1 --shares-reps 9 --handled 20000 
     --name mixin_idle_rabbitmq
 
 # Operations (docs/operations.md, docs/monitoring.md, docs/scheduled.md)
-$PY -m bench.redis_capacity --reps 3 --tasks 12000 --servers redis,valkey
-$PY -m bench.redis_capacity --reps 3 --tasks 20000 --servers redis,valkey \
-    --paths keyed-10,limits-10,limits-10000 --name redis_capacity_hmget
+$PY -m bench.redis_capacity --reps 2 --servers redis \
+    --paths brpop,atomic,keyed-10,keyed-10000,limits-10,limits-10000 --batch 4 --tasks 8000 \
+    --name redis_capacity_batch4
+$PY -m bench.broker_cost --variants plain,fair,keyed-1000,limits-1000,limits-10000 --reps 3 \
+    --tasks 12000
 $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8
 CELERY_FAIR_TEST_SERVER=valkey $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8 \
     --name broker_full_valkey

@@ -536,6 +536,9 @@ class FetchCycle(Protocol):
     imports it.
     """
 
+    def run(self, queue: str) -> int:
+        """How many messages of ``queue``, first in the fetch order, one fetch may take."""
+
     def moved_aside(self, queue: str) -> None:
         """A fetched payload of ``queue`` did not become a delivery: release its slot."""
 

@@ -185,12 +185,13 @@ def test_runtime_cost_splits_worker_time_between_keys(
         busy[r["fair_key"]] += r["runtime"]
     share = busy["slow"] / (busy["slow"] + busy["fast"])
     assert share == pytest.approx(0.5, abs=0.05), (busy, len(window))
-    # Not a count share: the short key completes as many times more tasks as
-    # its tasks are shorter (about 5-10x, with the per-task overhead).
+    # Not a count share (that would be about 1): the short key completes as many
+    # times more tasks as its tasks are shorter (5-10x on a quiet machine; the
+    # per-task overhead grows on a loaded one and brings the ratio down).
     counts = Counter(r["fair_key"] for r in window)
     mean = {k: busy[k] / counts[k] for k in counts}
     ratio = counts["fast"] / counts["slow"]
-    assert ratio > 4 and ratio == pytest.approx(mean["slow"] / mean["fast"], rel=0.15), counts
+    assert ratio > 2.5 and ratio == pytest.approx(mean["slow"] / mean["fast"], rel=0.15), counts
 
 
 def test_a_message_from_a_plain_producer_still_runs(redis_url: str, producer: Celery) -> None:

@@ -18,7 +18,9 @@ def test_fair_worker_memory_stays_bounded_like_plain_celery(redis_url: str) -> N
     pytest.importorskip("prometheus_client")
     runs = {}
     for fair in (False, True):
-        # 100,000 tasks queued for each run; 20,000 drained while sampling.
+        # 100,000 tasks queued for each run; 10,000 drained while sampling: state
+        # kept per task past 2 KiB fails the bound below (bench.memory drains the
+        # whole backlog).
         fill_queues(redis_url, dict.fromkeys(QUEUES, 25_000), task="work", args=(0,))
         env = (
             # Everything that keeps per-task state on: run-time cost (the
@@ -29,7 +31,7 @@ def test_fair_worker_memory_stays_bounded_like_plain_celery(redis_url: str) -> N
         )
         args = ["--fair-weights", ",".join(f"{q}={w}" for q, w in QUEUES.items())] if fair else []
         runs[fair] = drain_and_sample(
-            redis_url, list(QUEUES), drain=21_000, warmup=1_000, fair=fair, env=env, extra_args=args
+            redis_url, list(QUEUES), drain=11_000, warmup=1_000, fair=fair, env=env, extra_args=args
         )
         import redis
 
