@@ -37,7 +37,7 @@ from typing import Any
 import redis as redis_lib
 
 from celery_fair.keys.layout import BACKLOG, KeyedNames
-from tests.harness.control import fair_stats
+from tests.harness.control import wait_fair_stats
 from tests.harness.harness import WorkerProcess
 from tests.harness.keys import keyed_app
 from tests.harness.redis import RedisServer
@@ -119,7 +119,7 @@ def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
                 assert time.monotonic() < deadline, worker.log()[-3000:]
                 time.sleep(0.02)
             elapsed, cpu1 = time.perf_counter() - t0, _cpu(client)
-            stats = {} if variant == "plain" else _fair_stats(server.url)
+            stats = {} if variant == "plain" else wait_fair_stats(server.url)
         n = left - now_left
     fetch = stats.get("atomic_fetch") or {}
     calls, fetches = fetch.get("calls") or 0, fetch.get("fetches") or 0
@@ -129,14 +129,6 @@ def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "tasks_per_s": n / elapsed,
         "per_call": fetches / calls if calls else None,
     }
-
-
-def _fair_stats(url: str) -> dict[str, Any]:
-    for _ in range(5):
-        replies = fair_stats(url, timeout=2.0)
-        if replies:
-            return dict(next(iter(replies.values())))
-    return {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,7 +131,8 @@ class Leases:
         wait in its buffer would keep their keys' slots from workers with
         free pool slots.
         """
-        return not self.limited or self._in_flight.get(queue, 0) < self.capacity(queue)
+        room = self.room(queue)
+        return room is None or room > 0
 
     def room(self, queue: str) -> int | None:
         """How many more tasks of keyed ``queue`` this worker may fetch (None: no bound)."""

@@ -251,7 +251,7 @@ class AtomicFetch:
             # would leave the next wait to its timeout).
             self._move(State.FETCHING, "the script is sent")
             self._wake_pushed = False
-            if self.keyed is not None:
+            if self.keyed is not None and self.keyed.limited:
                 self.keyed.releases.open_carry()
             self._begin(conn)
             conn.send_command("EVALSHA", self._sha, *command)
@@ -290,8 +290,7 @@ class AtomicFetch:
         What the prefetch window has room for, bounded by what the fair order
         gives the queue in a row (its DRR deficit and credit: the same order
         as one fetch at a time) and, for a keyed queue with per-key limits,
-        by the key slots this worker may still hold.  One for a keyed queue
-        charged after the run (``fair_cost`` other than ``"count"``).
+        by the key slots this worker may still hold.
         """
         free = compat.free_window(self.channel)
         n = BATCH_MAX if free is None else min(free, BATCH_MAX)
@@ -299,12 +298,6 @@ class AtomicFetch:
             return 1
         head = queues[0]
         keyed = self.keyed
-        if keyed is not None and head in keyed.queues and keyed.terms.runtime:
-            # Charged by run time or dominant share: a key's tag is corrected
-            # after its tasks ran, by the charges the next fetches carry.  A
-            # batch would take many messages in the order of uncorrected tags
-            # (two workers of different sizes drifted to 0.9 of DRF's shares).
-            return 1
         n = min(n, self.cycle.run(head))
         if n > 1 and keyed is not None and head in keyed.queues:
             room = keyed.leases.room(head)

@@ -174,18 +174,20 @@ class FetchRound:
         A batch keeps the order DRR would follow one fetch at a time: the head
         is served while its deficit lasts, so it may take as many messages as
         its deficit pays for, and no more than its credit leaves room for.  A
-        queue that is not the head takes one, and so does every queue when
-        costs are post-charged (the deficits are corrected after the runs).  A
-        worker that consumes one queue owes no other: only the credit bounds
-        its run.
+        queue that is not the head takes one.  A worker that consumes one queue
+        owes no other: only the credit bounds its run.
+
+        Costs post-charged (``fair_cost`` other than ``"count"``) take one: the
+        deficits, and a keyed queue's tags on the broker, are corrected after
+        the tasks ran, by the charges later fetches carry, and a batch would be
+        taken in the order of values not corrected yet (two workers of
+        different sizes drifted to 0.9 of DRF's dominant shares).
         """
         drr = self.drr
-        if drr.head() != queue:
+        if self.costs.runtime or drr.head() != queue:
             return 1
         n: float = math.inf
         if len(drr.queues) > 1:
-            if self.costs.runtime:
-                return 1  # post-charged: the deficit is corrected after the runs
             cost = self.costs.cost(queue)
             if cost > 0:
                 n = math.ceil(drr.deficit(queue) / cost)
