@@ -15,10 +15,15 @@ revision.  Two benchmarks:
 * ``--bench capacity``: the broker's CPU per task for each fetch path of ``--paths``
   (``bench.redis_capacity --reps 1 --servers redis``, plain ``BRPOP`` always among
   them); the figure is each path's CPU per task over ``BRPOP``'s in the same run.
+* ``--bench cost``: real workers (``bench.broker_cost --reps 1``, its variants of
+  ``--variants``, plain Celery always among them); the figures are each variant's
+  broker CPU per task (publish and drain) and its throughput, over plain Celery's in
+  the same run.
 
     python -m bench.revisions 3b1ec81 HEAD --reps 6 [--pool threads] [--task-us 0]
     python -m bench.revisions d33092b HEAD --bench analytics --reps 4
     python -m bench.revisions 88d667e HEAD --bench capacity --bench-at HEAD --reps 3
+    python -m bench.revisions 88d667e HEAD --bench cost --bench-at HEAD --reps 3
 
 Each revision is checked out in a temporary ``git worktree`` (removed at the end)
 and runs with the interpreter running this module.  ``--bench-at REV`` runs the
@@ -58,6 +63,8 @@ def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         return _analytics_run(tree, args)
     if args.bench == "capacity":
         return _capacity_run(tree, args)
+    if args.bench == "cost":
+        return _cost_run(tree, args)
     cmd = [
         sys.executable, "-m", "bench.dwrr_article", "--broker", args.broker,
         "--reps", "1", "--pools", args.pool, "--task-us", str(args.task_us),
@@ -111,7 +118,34 @@ def _capacity_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return {path: reps[0]["cpu_us_per_task"] for path, reps in data["results"]["redis"].items()}
 
 
+def _cost_variants(args: argparse.Namespace) -> list[str]:
+    variants = args.variants.split(",")
+    return variants if "plain" in variants else ["plain", *variants]
+
+
+def _cost_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
+    """One ``bench.broker_cost`` round: per variant, CPU and throughput over plain's."""
+    cmd = [
+        sys.executable, "-m", "bench.broker_cost", "--reps", "1",
+        "--variants", ",".join(_cost_variants(args)), "--tasks", str(args.tasks),
+        "--name", RUN_NAME,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=3600)
+    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    out: dict[str, float] = {}
+    for variant, r in data["results"].items():
+        out[f"{variant} cpu"] = r["x_plain"]["median"]
+        out[f"{variant} tasks/s"] = r["throughput_x_plain"]["median"]
+        out[f"{variant} per call"] = r["per_call"] or 1.0
+    return out
+
+
 def _line(commit: str, res: dict[str, float], first: dict[str, float] | None) -> str:
+    if "plain cpu" in res:
+        return f"{commit} " + "  ".join(
+            f"{k} {v:.2f}" for k, v in res.items() if not k.startswith("plain")
+        )
     if "brpop" in res:
         return f"{commit} " + "  ".join(
             f"{path} {us:.1f} us ({us / res['brpop']:.2f}x)" for path, us in res.items()
@@ -154,6 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return _analytics_results(args, commits, runs)
     if args.bench == "capacity":
         return _capacity_results(args, commits, runs)
+    if args.bench == "cost":
+        return _cost_results(args, commits, runs)
     cases = {}
     for commit, reps in runs.items():
         cases[commit] = {
@@ -197,6 +233,48 @@ def _capacity_results(
         for commit, reps in runs.items()
     }
     return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
+
+
+def _cost_results(
+    args: argparse.Namespace, commits: dict[str, str], runs: dict[str, list[dict[str, float]]]
+) -> dict[str, Any]:
+    cases = {
+        commit: {"figures": {k: summary([r[k] for r in reps]) for k in reps[0]}, "runs": reps}
+        for commit, reps in runs.items()
+    }
+    return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
+
+
+def _cost_markdown(results: dict[str, Any]) -> str:
+    p = results["params"]
+    variants = [v for v in _cost_variants(argparse.Namespace(**p)) if v != "plain"]
+    lines = [
+        "# Real workers' broker cost at several revisions, against plain Celery",
+        "",
+        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench cost "
+        f"--variants {p['variants']} --tasks {p['tasks']} --reps {p['reps']}"
+        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
+        + f"` ({results['env']['when']}; revisions in rotation, each run "
+        "`python -m bench.broker_cost --reps 1`: one `celery worker -P threads -c 4` "
+        "per variant on a fresh `redis-server`, plain Celery in the same run"
+        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
+        + "). Each cell: median [min, max] over the runs of a revision of the figure over "
+        "plain Celery's in the same run.",
+        "",
+        "| revision | variant | broker CPU per task x plain | tasks/s x plain "
+        "| messages per fetch call |",
+        "|---|---|---|---|---|",
+    ]
+    for commit, c in results["cases"].items():
+        f = c["figures"]
+        for v in variants:
+            cpu, tps = f[f"{v} cpu"], f[f"{v} tasks/s"]
+            lines.append(
+                f"| {commit} | {v} | {cpu['median']:.2f}x [{cpu['min']:.2f}, {cpu['max']:.2f}] "
+                f"| {tps['median']:.2f}x [{tps['min']:.2f}, {tps['max']:.2f}] "
+                f"| {f[f'{v} per call']['median']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _capacity_markdown(results: dict[str, Any]) -> str:
@@ -279,6 +357,8 @@ def markdown(results: dict[str, Any]) -> str:
         return _analytics_markdown(results)
     if p.get("bench") == "capacity":
         return _capacity_markdown(results)
+    if p.get("bench") == "cost":
+        return _cost_markdown(results)
     lines = [
         f"# The DWRR article's {p['pool']}/"
         f"{'noop' if p['task_us'] == 0 else str(p['task_us']) + 'us'} cell at several revisions",
@@ -309,11 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default="threads")
     parser.add_argument("--task-us", type=int, default=0)
     parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
-    parser.add_argument("--bench", choices=["dwrr", "analytics", "capacity"], default="dwrr")
+    parser.add_argument(
+        "--bench", choices=["dwrr", "analytics", "capacity", "cost"], default="dwrr"
+    )
     parser.add_argument(
         "--paths", default="atomic,keyed-10,keyed-10000", help="fetch paths, with --bench capacity"
     )
-    parser.add_argument("--tasks", type=int, default=12_000, help="tasks per path, capacity")
+    parser.add_argument(
+        "--variants", default="fair,keyed-1000,limits-1000", help="variants, with --bench cost"
+    )
+    parser.add_argument("--tasks", type=int, default=12_000, help="tasks per path or variant")
     parser.add_argument(
         "--sizes", default="1000000,4000000,10000000", help="records, with --bench analytics"
     )
