@@ -58,6 +58,13 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def _bench_json(tree: Path, cmd: list[str], timeout: float) -> Any:
+    """Run a benchmark (``--name RUN_NAME``) with ``tree``'s package; its JSON results."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=timeout)
+    return json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+
+
 def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     if args.bench == "analytics":
         return _analytics_run(tree, args)
@@ -70,9 +77,7 @@ def _one_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         "--reps", "1", "--pools", args.pool, "--task-us", str(args.task_us),
         "--name", RUN_NAME,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=900)
-    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    data = _bench_json(tree, cmd, timeout=900)
     case = next(iter(data["cases"].values()))
     return {
         "plain": case["plain"]["throughput"]["median"],
@@ -88,9 +93,7 @@ def _analytics_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         sys.executable, "-m", "bench.analytics", "--shape", "tenants", "--sizes", args.sizes,
         "--reps", ",".join("1" for _ in sizes), "--name", RUN_NAME,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=3600)
-    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    data = _bench_json(tree, cmd, timeout=3600)
     res = {"past_start_up": float(data["past_start_up"] or "nan")}
     for size in data["sizes"]:
         n = size["records"]
@@ -112,9 +115,7 @@ def _capacity_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         "--paths", ",".join(_capacity_paths(args)), "--tasks", str(args.tasks),
         "--name", RUN_NAME,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=1800)
-    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    data = _bench_json(tree, cmd, timeout=1800)
     return {path: reps[0]["cpu_us_per_task"] for path, reps in data["results"]["redis"].items()}
 
 
@@ -130,9 +131,7 @@ def _cost_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         "--variants", ",".join(_cost_variants(args)), "--tasks", str(args.tasks),
         "--name", RUN_NAME,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True, timeout=3600)
-    data = json.loads((tree / "bench" / "results" / f"{RUN_NAME}.json").read_text())
+    data = _bench_json(tree, cmd, timeout=3600)
     out: dict[str, float] = {}
     for variant, r in data["results"].items():
         out[f"{variant} cpu"] = r["x_plain"]["median"]
@@ -245,20 +244,32 @@ def _cost_results(
     return {"env": environment(), "params": vars(args), "commits": commits, "cases": cases}
 
 
+def _reproduce(results: dict[str, Any], options: str, each_run: str) -> str:
+    """The line that says how a run was made: the command, when, what each run was."""
+    p, at = results["params"], results["params"].get("bench_at")
+    return (
+        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench {p['bench']} "
+        f"{options} --reps {p['reps']}"
+        + (f" --bench-at {at}" if at else "")
+        + f"` ({results['env']['when']}; revisions in rotation, each run {each_run}"
+        + (f", the benchmark's code from {at}" if at else "")
+        + ")."
+    )
+
+
 def _cost_markdown(results: dict[str, Any]) -> str:
     p = results["params"]
     variants = [v for v in _cost_variants(argparse.Namespace(**p)) if v != "plain"]
     lines = [
         "# Real workers' broker cost at several revisions, against plain Celery",
         "",
-        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench cost "
-        f"--variants {p['variants']} --tasks {p['tasks']} --reps {p['reps']}"
-        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
-        + f"` ({results['env']['when']}; revisions in rotation, each run "
-        "`python -m bench.broker_cost --reps 1`: one `celery worker -P threads -c 4` "
-        "per variant on a fresh `redis-server`, plain Celery in the same run"
-        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
-        + "). Each cell: median [min, max] over the runs of a revision of the figure over "
+        _reproduce(
+            results,
+            f"--variants {p['variants']} --tasks {p['tasks']}",
+            "`python -m bench.broker_cost --reps 1`: one `celery worker -P threads -c 4` "
+            "per variant on a fresh `redis-server`, plain Celery in the same run",
+        )
+        + " Each cell: median [min, max] over the runs of a revision of the figure over "
         "plain Celery's in the same run.",
         "",
         "| revision | variant | broker CPU per task x plain | tasks/s x plain "
@@ -283,13 +294,12 @@ def _capacity_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# The broker's CPU per task at several revisions",
         "",
-        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench capacity "
-        f"--paths {p['paths']} --tasks {p['tasks']} --reps {p['reps']}"
-        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
-        + f"` ({results['env']['when']}; revisions in rotation, each run "
-        "`python -m bench.redis_capacity --reps 1 --servers redis`"
-        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
-        + "). Each cell: the path's CPU per task over BRPOP's in the same run, median "
+        _reproduce(
+            results,
+            f"--paths {p['paths']} --tasks {p['tasks']}",
+            "`python -m bench.redis_capacity --reps 1 --servers redis`",
+        )
+        + " Each cell: the path's CPU per task over BRPOP's in the same run, median "
         "[min, max], then the median µs per task.",
         "",
         "| revision | " + " | ".join(paths) + " |",
@@ -311,13 +321,12 @@ def _analytics_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# The Spark report at several revisions",
         "",
-        f"Reproduce: `python -m bench.revisions {' '.join(p['revisions'])} --bench analytics "
-        f"--reps {p['reps']} --sizes {p['sizes']}"
-        + (f" --bench-at {p['bench_at']}" if p.get("bench_at") else "")
-        + f"` ({results['env']['when']}; revisions in rotation, each run "
-        "`python -m bench.analytics --shape tenants` with one repetition per size"
-        + (f", the benchmark's code from {p['bench_at']}" if p.get("bench_at") else "")
-        + "). Medians over the runs of a revision, [min, max].",
+        _reproduce(
+            results,
+            f"--sizes {p['sizes']}",
+            "`python -m bench.analytics --shape tenants` with one repetition per size",
+        )
+        + " Medians over the runs of a revision, [min, max].",
         "",
         f"| revision | past start-up, events/s | over {first}'s in the same round | "
         + " | ".join(f"{n:,} records, s" for n in sizes)
