@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis as redis_lib
 
-from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.harness import QUICK_STOP, WorkerProcess, fill_queues
 from tests.harness.redis import RedisSentinel, RedisServer, server_kind
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
@@ -62,6 +62,7 @@ def test_the_atomic_fetch_works_through_sentinel(
         before = consume(worker, client, filled, 0)
         after = consume(worker, client, filled, sum(before.values()) + 1200)
         log = worker.log()
+        worker.stop(QUICK_STOP)  # measured
     served = {q: after[q] - before[q] for q in WEIGHTS}
     assert served["cb"] / sum(served.values()) == pytest.approx(0.75, abs=0.03), served
     # The fetches were the script's, on the master the sentinel named.  The
@@ -120,6 +121,7 @@ def test_a_changed_fetch_signature_falls_back_to_kombus_fetch_and_keeps_the_shar
         before = consume(worker, client, filled, 200)
         after = consume(worker, client, filled, sum(before.values()) + 1200)
         log = worker.log()
+        worker.stop(QUICK_STOP)  # measured
     served = {q: after[q] - before[q] for q in WEIGHTS}
     assert served["cb"] / sum(served.values()) == pytest.approx(0.75, abs=0.03), served
     # One line says what was given up; the fetch is Kombu's BRPOP, no script.

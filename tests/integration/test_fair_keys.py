@@ -16,7 +16,7 @@ from celery import Celery
 import celery_fair
 from celery_fair.keys.layout import KeyedNames
 from tests.harness.control import wait_fair_stats
-from tests.harness.harness import WorkerProcess
+from tests.harness.harness import QUICK_STOP, WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key, restore_unacked
 from tests.harness.ledger import Entry, Ledger
 
@@ -154,6 +154,7 @@ def test_a_global_key_prefix_is_honoured(redis_url: str) -> None:
     env = {"CELERY_FAIR_KEY_WEIGHTS": "a=1,b=2", "CELERY_FAIR_KEYPREFIX": prefix}
     with _worker(redis_url, **env) as worker:
         entries = _entries(ledger, 400, worker)
+        worker.stop(QUICK_STOP)  # measured
     counts = Counter(e.tenant for e in entries[20:380])  # both keys backlogged
     assert counts["b"] / 360 == pytest.approx(2 / 3, abs=0.03), counts
     ours = [k.decode() for k in client.scan_iter() if b"fair" in k]

@@ -21,7 +21,7 @@ import redis as redis_lib
 from celery import Celery
 
 from tests.harness.exporter import ExporterProcess
-from tests.harness.harness import WorkerProcess, fill_queues
+from tests.harness.harness import QUICK_STOP, WorkerProcess, fill_queues
 from tests.harness.keys import keyed_app, publish_by_key
 from tests.harness.prometheus import PrometheusServer
 
@@ -134,6 +134,7 @@ def test_every_dashboard_panel_returns_data_from_a_real_prometheus(redis_url: st
                     seen["LLEN jobs"].append(float(client.llen(KEYED)))
                 assert time.monotonic() < deadline, f"no data for: {missing}"
                 time.sleep(1)
+        worker.stop(QUICK_STOP)  # measured
     print("KEDA's metric during the run:", seen)  # docs/monitoring.md quotes a run
     # The keyed backlog was there for the scaler, and invisible to LLEN.
     assert max(seen[keda]) >= 500 and max(seen["LLEN jobs"]) <= 1

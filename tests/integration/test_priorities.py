@@ -20,7 +20,7 @@ from celery import Celery
 
 import celery_fair
 from celery_fair.keys.layout import KeyedNames
-from tests.harness.harness import WorkerProcess
+from tests.harness.harness import QUICK_STOP, WorkerProcess
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key, restore_unacked
 from tests.harness.ledger import Entry, Ledger
 
@@ -92,6 +92,7 @@ def test_weighted_levels_share_the_worker_by_weight(redis_url: str, producer: Ce
     env = {"CELERY_FAIR_PRIORITY": "weighted", "CELERY_FAIR_PRIORITY_WEIGHTS": "0=4,9=1"}
     with _worker(redis_url, **env) as worker:
         entries = _entries(ledger, 600, worker)
+        worker.stop(QUICK_STOP)  # measured
     window = [e.tenant or "" for e in entries[50:550]]  # both levels backlogged
     high = sum(t.startswith("hi-") for t in window) / len(window)
     assert high == pytest.approx(0.8, abs=0.02), Counter(window)

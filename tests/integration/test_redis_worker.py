@@ -8,7 +8,7 @@ import pytest
 import redis as redis_lib
 
 from tests.harness.control import wait_fair_stats
-from tests.harness.harness import WorkerProcess, fill_queues, run_backlogged
+from tests.harness.harness import QUICK_STOP, WorkerProcess, fill_queues, run_backlogged
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -48,6 +48,7 @@ def test_runtime_cost_splits_worker_time(redis_url: str, pool: str) -> None:
     ) as worker:
         _wait_consumed(redis_url, {"long": 300, "short": 3000}, 1200, worker)
         stats = wait_fair_stats(redis_url)
+        worker.stop(QUICK_STOP)  # measured
     served = {q: s["served_cost"] for q, s in stats["drr"]["queues"].items()}
     counts = stats["fetched"]
     assert served["long"] / (served["long"] + served["short"]) == pytest.approx(0.5, abs=0.05)

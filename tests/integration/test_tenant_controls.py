@@ -19,7 +19,7 @@ from celery import Celery
 
 import celery_fair
 from celery_fair.keys.layout import KeyedNames
-from tests.harness.harness import WorkerProcess
+from tests.harness.harness import QUICK_STOP, WorkerProcess
 from tests.harness.keys import keyed_app, restore_unacked
 from tests.harness.ledger import Entry, Ledger
 
@@ -85,6 +85,7 @@ def test_two_level_shares_tenants_then_users_by_weight(redis_url: str, two_level
     keys = f"{QUEUE}=tenant_id+user_id"
     with _worker(redis_url, keys, CELERY_FAIR_KEY_WEIGHTS="t1/u3=3") as worker:
         entries = _entries(ledger, 500, worker)
+        worker.stop(QUICK_STOP)  # measured
     window = entries[50:450]  # every tenant and user backlogged throughout
     tenants = Counter(e.tenant for e in window)
     assert tenants["t1"] / len(window) == pytest.approx(0.5, abs=0.02), tenants
