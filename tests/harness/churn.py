@@ -588,7 +588,10 @@ def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]]
 
     Starts (first start of each task; countdown tasks left out: a worker holds
     them until their ETA) from the ``WARMUP``-th of the wave until ``TAIL``
-    starts before the moment the first of hi and lo had started its last task.
+    starts before the moment the first of hi and lo had started all but its
+    last ``TAIL`` tasks. Not its very last: a few tasks a worker held while its
+    pool processes were replaced start seconds after the rest of their queue,
+    and would stretch the window over the time the other queue ran alone.
     """
     first: dict[str, float] = {}
     for s in starts:
@@ -600,7 +603,10 @@ def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]]
             (first[p.id], p.spec.queue) for p in published
             if p.wave == w and p.spec.kind != "countdown" and p.id in first
         )  # fmt: skip
-        ends = [max((t for t, q in rows if q == queue), default=0.0) for queue in WEIGHTS]
+        ends = []
+        for queue in WEIGHTS:
+            times = [t for t, q in rows if q == queue]
+            ends.append(times[-TAIL] if len(times) >= TAIL else times[-1] if times else 0.0)
         dry = min(ends)
         window = [q for t, q in rows if t < dry][WARMUP:-TAIL] if rows else []
         counts = Counter(q for q in window if q in WEIGHTS)
