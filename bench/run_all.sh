@@ -73,6 +73,7 @@ $PY -m bench.redis_capacity --reps 2 --servers redis \
 $PY -m bench.broker_cost --variants plain,fair,keyed-1000,limits-1000,limits-10000 --reps 3 \
     --tasks 12000
 $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8
+$PY -m bench.replacement_stall --broker rabbitmq --reps 3 --tasks 3000
 CELERY_FAIR_TEST_SERVER=valkey $PY -m bench.broker_full --reps 2 --maxmemory 40mb --full-for 8 \
     --name broker_full_valkey
 $PY -m bench.redis_crash_loss --runs 10 --tasks 1500 --modes plain,fair
