@@ -270,7 +270,8 @@ def _cost_markdown(results: dict[str, Any]) -> str:
             "per variant on a fresh `redis-server`, plain Celery in the same run",
         )
         + " Each cell: median [min, max] over the runs of a revision of the figure over "
-        "plain Celery's in the same run.",
+        "plain Celery's in the same run. A revision whose `inspect fair_stats` has no "
+        "`atomic_fetch.calls` took one message per fetch call: 1.0.",
         "",
         "| revision | variant | broker CPU per task x plain | tasks/s x plain "
         "| messages per fetch call |",
