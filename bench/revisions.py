@@ -259,7 +259,7 @@ def _reproduce(results: dict[str, Any], options: str, each_run: str) -> str:
 
 def _cost_markdown(results: dict[str, Any]) -> str:
     p = results["params"]
-    variants = [v for v in _cost_variants(argparse.Namespace(**p)) if v != "plain"]
+    variants = [v for v in p["variants"].split(",") if v != "plain"]
     lines = [
         "# Real workers' broker cost at several revisions, against plain Celery",
         "",

@@ -603,11 +603,8 @@ def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]]
             (first[p.id], p.spec.queue) for p in published
             if p.wave == w and p.spec.kind != "countdown" and p.id in first
         )  # fmt: skip
-        ends = []
-        for queue in WEIGHTS:
-            times = [t for t, q in rows if q == queue]
-            ends.append(times[-TAIL] if len(times) >= TAIL else times[-1] if times else 0.0)
-        dry = min(ends)
+        by_queue = {queue: [t for t, q in rows if q == queue] for queue in WEIGHTS}
+        dry = min(times[-min(TAIL, len(times))] if times else 0.0 for times in by_queue.values())
         window = [q for t, q in rows if t < dry][WARMUP:-TAIL] if rows else []
         counts = Counter(q for q in window if q in WEIGHTS)
         total.update(counts)

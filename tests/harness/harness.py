@@ -76,8 +76,8 @@ def wait_unacked_restorable(broker_url: str, visibility: float, timeout: float =
 #: process group is killed. A warm shutdown of a busy prefork worker waits 30 s
 #: whenever a child finished a task as the shutdown began and the main process,
 #: its event loop stopped, no longer reads the result (billiard's
-#: ``_ensure_messages_consumed``; plain Celery as well): 11 of the suite's stops did,
-#: about 6 minutes in all. Tests of the shutdown itself keep the full wait.
+#: ``_ensure_messages_consumed``; plain Celery as well). Tests of the shutdown itself
+#: keep the full wait.
 QUICK_STOP = 5.0
 
 
