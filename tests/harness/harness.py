@@ -216,6 +216,7 @@ def run_backlogged(
     timeout: float = 300.0,
     on_sample: Callable[[dict[str, int], float], None] | None = None,
     workers: int = 1,
+    stop_timeout: float = QUICK_STOP,
 ) -> RunResult:
     """Fill the queues, run one worker, and measure ``target`` consumed tasks.
 
@@ -224,6 +225,8 @@ def run_backlogged(
     what would empty any queue, so every queue stays backlogged.
     ``on_sample(consumed, elapsed)`` is called on every sample (progress).
     ``workers`` separate worker processes consume the same queues.
+    ``stop_timeout`` is the grace of the warm shutdown afterwards: a test that
+    reads what a worker writes as it stops (telemetry) gives the full wait.
     """
     broker = broker_for(broker_url, quorum=bool((env or {}).get("CELERY_FAIR_QUORUM_QUEUES")))
     broker.purge(counts)
@@ -289,7 +292,7 @@ def run_backlogged(
             time.sleep(0.005)
     finally:
         for worker in pool_of_workers:
-            worker.stop(QUICK_STOP)  # measured; the queues are purged next
+            worker.stop(stop_timeout)  # measured; the queues are purged next
         broker.purge(counts)
 
 

@@ -28,6 +28,7 @@ def test_worker_telemetry_feeds_the_report(redis_url: str, tmp_path: Path) -> No
             "CELERY_FAIR_TELEMETRY_DIR": str(telemetry),
             "CELERY_FAIR_WEIGHTS": ",".join(f"{q}={w}" for q, w in WEIGHTS.items()),
         },
+        stop_timeout=45.0,  # the writer flushes at the end of the warm shutdown
     )
     # The worker stopped warmly: every task it ran was flushed to Parquet.
     table = pq.read_table(telemetry).to_pylist()
