@@ -108,11 +108,12 @@ class InvalidationListener:
                 conn.read_response()  # the subscription's confirmation
                 self._conn, self.client_id = conn, client_id
                 self.generation += 1
-                self._ready.set()
                 backoff, self.refused = 0.1, False
                 # Whatever the fetch connection was told before is lost with
                 # the old listener: let it look again, and redirect anew.
+                # Before ``start`` returns: its caller sees that wake-up pushed.
                 self.on_invalidate()
+                self._ready.set()
                 while not self._stopping():
                     if conn.can_read(timeout=STOP_CHECK):
                         conn.read_response()
