@@ -8,10 +8,11 @@ From the worker's log: each task's wait from "received" to "succeeded", the
 longest of them, and how many waited more than ``--over`` seconds. plain
 Celery and celery-fair run in turns, ``--reps`` times each, on one broker.
 
-Found in the churn test on RabbitMQ: when both children reach the limit at
-once, the two forked in their place may die a few seconds later without a
-line in the log, and the tasks the worker holds wait for the pool's 5 s
-maintenance timer. Not seen with plain Celery, nor on Redis.
+Found in the churn test on RabbitMQ: when both children reached the limit at
+once, the tasks the worker held could wait 2-5 s for the pool's maintenance
+timer. Celery's pool had read each child's exit before the child could be
+joined, and no longer watched it (celery#9588, plain Celery too, less often);
+celery-fair now looks again until it can (``compat.follow_process_exits``).
 
     python -m bench.replacement_stall [--broker rabbitmq] [--reps 3] [--tasks 3000]
 """
@@ -19,12 +20,11 @@ maintenance timer. Not seen with plain Celery, nor on Redis.
 from __future__ import annotations
 
 import argparse
-import datetime
-import re
 import sys
 import time
 from typing import Any
 
+from tests.harness.churn import task_waits
 from tests.harness.harness import WorkerProcess, poll_until
 from tests.harness.rabbitmq import RabbitMQServer
 from tests.harness.redis import RedisServer
@@ -35,18 +35,6 @@ from .common import environment, summary, write
 APP = "tests.integration.production_app"
 QUEUES = {"hi": 4, "lo": 1}
 FLAGS = ("-E", "-O", "fair", "--time-limit=1.5", "--max-tasks-per-child=20")
-_LINE = re.compile(r"\[(\S+ \S+): \w+/\S+\] Task \S+\[([0-9a-f-]+)\] (received|succeeded)")
-
-
-def waits(log: str) -> list[float]:
-    """Seconds from "received" to "succeeded" of each task the log shows both for."""
-    seen: dict[str, dict[str, float]] = {"received": {}, "succeeded": {}}
-    for line in log.splitlines():
-        if m := _LINE.match(line):
-            at = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            seen[m.group(3)].setdefault(m.group(2), at)
-    done = seen["succeeded"]
-    return [done[t] - at for t, at in seen["received"].items() if t in done]
 
 
 def one_run(url: str, backend: str, fair: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -74,7 +62,7 @@ def one_run(url: str, backend: str, fair: bool, args: argparse.Namespace) -> dic
         elapsed = time.monotonic() - t0
         log = worker.log()
     assert drained, log[-3000:]
-    w = waits(log)
+    w = task_waits(log)
     return {
         "tasks": len(w),
         "wall_s": elapsed,
@@ -125,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _markdown(data: dict[str, Any]) -> str:
     a, env = data["args"], data["env"]
+    name = f" --name {a['name']}" if a.get("name") else ""
     lines = [
         "# Waits while a prefork worker replaces its children",
         "",
         f"Reproduce: `python -m bench.replacement_stall --broker {a['broker']} --reps {a['reps']} "
-        f"--tasks {a['tasks']}` ({env['when']}, celery {env['celery']}, kombu {env['kombu']}). "
+        f"--tasks {a['tasks']}{name}` ({env['when']}, celery {env['celery']}, "
+        f"kombu {env['kombu']}). "
         "One worker `-P prefork -c 2 --max-tasks-per-child=20`, late acks, prefetch "
         "multiplier 1, 2 ms tasks; plain Celery and celery-fair in turns. Median [min, max].",
         "",

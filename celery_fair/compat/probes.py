@@ -170,6 +170,14 @@ CAPABILITIES: dict[str, Capability] = {
             "logged, counted or repaired",
         ),
         Capability(
+            "celery.pool.process_exits",
+            "replacing a prefork process whose exit was announced before it could be "
+            "joined at once (AsynPool._event_process_exit, read by _track_child_process, "
+            "and maintain_pool; celery#9588)",
+            "such a process is replaced at the pool's next maintenance, up to 5 s later, "
+            "as in plain Celery",
+        ),
+        Capability(
             "celery.worker.pool_slots",
             "the pool's size before the pool exists (WorkController.pool_cls, "
             "concurrency, min_concurrency/max_concurrency set by the Pool bootstep)",

@@ -186,6 +186,66 @@ def pool_pids(pool: Any) -> set[int] | None:
     return {pid for pid in processes if isinstance(pid, int)}
 
 
+#: How often a prefork process whose exit was announced before it could be joined is
+#: looked at again, and for how long at most (then the pool's own maintenance).
+EXIT_LOOK_AGAIN = 0.01
+EXIT_LOOK_FOR = 2.0
+
+
+def follow_process_exits(pool: Any, probe: Probe) -> bool:
+    """Replace a prefork process as soon as it can be joined, not at the next maintenance.
+
+    Celery's ``AsynPool`` learns that a process exited when the process's
+    sentinel (a pipe only the child holds open) becomes readable: it stops
+    watching the sentinel and joins the exited processes, forking their
+    replacements (``_event_process_exit``, then ``maintain_pool``).  The kernel
+    closes the pipe while the child exits, a moment before the parent may reap
+    it; an event loop that reads the sentinel in that moment joins nothing and
+    no longer watches the process.  The replacement then waits for the pool's
+    5 s maintenance timer, and when every process exits at once (their
+    ``--max-tasks-per-child`` reached together) no task runs meanwhile
+    (celery#9588).  Here such a process is looked at again every
+    :data:`EXIT_LOOK_AGAIN` seconds until it can be joined.  Wraps the pool's
+    ``_event_process_exit`` on this instance, which ``_track_child_process``
+    reads for every process it watches; call before the pool joins the event
+    loop.  False for other pools, or without those parts (the probe says so).
+    """
+    if type(pool).__module__ != "celery.concurrency.prefork":
+        return False
+    asyn = getattr(pool, "_pool", None)
+    if asyn is None:  # not started
+        return False
+    original = getattr(asyn, "_event_process_exit", None)
+    if getattr(original, "celery_fair_follows", False):
+        return True
+    lacking = _lacks(asyn, ("_event_process_exit", "maintain_pool", "_track_child_process"))
+    track = getattr(getattr(type(asyn), "_track_child_process", None), "__code__", None)
+    if not lacking and (track is None or "_event_process_exit" not in _names_used(track)):
+        lacking.append("_track_child_process (self._event_process_exit)")
+    if lacking:
+        probe.missing_capability("celery.pool.process_exits", "AsynPool." + "/".join(lacking))
+        return False
+    original_exit: Callable[[Any, Any], None] = asyn._event_process_exit
+    maintain = asyn.maintain_pool
+
+    def look_again(hub: Any, proc: Any, left: int) -> None:
+        if proc.exitcode is None and left > 0:  # exitcode reaps the process when it can
+            hub.call_later(EXIT_LOOK_AGAIN, look_again, hub, proc, left - 1)
+        else:
+            maintain()
+
+    def event_process_exit(hub: Any, proc: Any) -> None:
+        original_exit(hub, proc)
+        if proc.exitcode is None:
+            hub.call_later(
+                EXIT_LOOK_AGAIN, look_again, hub, proc, round(EXIT_LOOK_FOR / EXIT_LOOK_AGAIN)
+            )
+
+    event_process_exit.celery_fair_follows = True  # type: ignore[attr-defined]
+    asyn._event_process_exit = event_process_exit
+    return True
+
+
 def runs_inline(pool: Any) -> bool:
     """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
     return type(pool).__module__ == _SOLO_POOL

@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -645,6 +646,20 @@ def log_lines(log: str) -> dict[str, Any]:
         "other_errors": len(bad),
         "other_error_lines": bad[:10],
     }
+
+
+_TASK_LINE = re.compile(r"\[(\S+ \S+): \w+/\S+\] Task \S+\[([0-9a-f-]+)\] (received|succeeded)")
+
+
+def task_waits(log: str) -> list[float]:
+    """Seconds from "received" to "succeeded" of each task a worker's log shows both for."""
+    seen: dict[str, dict[str, float]] = {"received": {}, "succeeded": {}}
+    for line in log.splitlines():
+        if m := _TASK_LINE.match(line):
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            seen[m.group(3)].setdefault(m.group(2), at)
+    done = seen["succeeded"]
+    return [done[t] - at for t, at in seen["received"].items() if t in done]
 
 
 def _expected(line: str) -> bool:

@@ -482,3 +482,38 @@ def test_a_pools_size_before_it_started_is_its_limit() -> None:
 
     assert pool_processes(GreenPoolNotStarted()) == 4
     assert pool_processes(object()) is None
+
+
+def _prefork_pool(asyn_cls: type) -> Any:
+    """A started prefork ``TaskPool`` as far as :func:`compat.follow_process_exits`
+    reads it (no process forked)."""
+    from celery.concurrency import prefork
+
+    pool = object.__new__(prefork.TaskPool)
+    pool._pool = object.__new__(asyn_cls)
+    return pool
+
+
+def test_process_exits_are_followed_on_the_installed_celerys_pool() -> None:
+    from celery.concurrency.asynpool import AsynPool
+
+    probe = Probe(log=lambda line: None)
+    pool = _prefork_pool(AsynPool)
+    assert compat.follow_process_exits(pool, probe)
+    wrapped = pool._pool._event_process_exit
+    assert compat.follow_process_exits(pool, probe)  # once: a consumer restart keeps it
+    assert pool._pool._event_process_exit is wrapped and probe.missing == {}
+
+
+def test_a_pool_that_tracks_exits_otherwise_keeps_celerys_maintenance() -> None:
+    from celery.concurrency.asynpool import AsynPool
+
+    class Elsewhere(AsynPool):  # type: ignore[misc]
+        def _track_child_process(self, proc: Any, hub: Any) -> None:
+            hub.add_reader(proc.sentinel, self.maintain_pool)
+
+    lines: list[str] = []
+    probe = Probe(log=lines.append)
+    assert not compat.follow_process_exits(_prefork_pool(Elsewhere), probe)
+    assert "celery.pool.process_exits" in probe.missing and len(lines) == 1
+    assert not compat.follow_process_exits(object(), probe)  # other pools: nothing to follow

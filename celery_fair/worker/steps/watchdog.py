@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import bootsteps
 
+from ... import compat
 from ..build import build_watchdog
 from ..service import FairService
 from ..watchdog import LOOK_EVERY
@@ -32,6 +33,9 @@ class FairWatchdogStep(bootsteps.StartStopStep):
         self._timer: Any = None
 
     def start(self, c: Any) -> None:
+        # Before the event loop starts (and the pool joins it): a process that
+        # exits is replaced as soon as it can be joined (celery#9588).
+        compat.follow_process_exits(c.controller.pool, c.controller.fair.probe)
         if self._timer is not None:
             return
         watchdog = build_watchdog(c.controller.fair, c.controller)
