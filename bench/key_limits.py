@@ -36,6 +36,8 @@ from .common import environment, summary, write
 from .keys_scale import fill, throughput
 
 QUEUE = "limited"
+#: The experiments, in the order they run.
+PARTS = ("concurrency", "rate", "cost")
 
 
 def _publish(url: str, counts: dict[str, int], ms: float) -> None:
@@ -133,18 +135,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-seconds", type=float, default=30.0)
     parser.add_argument("--consume", type=int, default=15_000)
     parser.add_argument("--task-ms", default="0,10,50", help="task lengths of the cost runs")
+    parser.add_argument("--keys", default="10,10000", help="keys waiting in the cost runs")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"which experiments ({', '.join(PARTS)})"
+    )
     parser.add_argument("--name", default="key_limits")
     args = parser.parse_args(argv)
     lengths = [float(x) for x in args.task_ms.split(",")]
+    sizes = [int(x) for x in args.keys.split(",")]
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        parser.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {PARTS}")
     results: dict[str, Any] = {"env": environment(), "args": vars(args)}
-    results["concurrency"] = [concurrency_run() for _ in range(args.reps)]
-    print("concurrency", results["concurrency"], flush=True)
-    results["rate"] = [rate_run(args.rate_seconds) for _ in range(args.reps)]
-    print("rate", [{k: v for k, v in r.items() if k != "per_second"} for r in results["rate"]])
+    if "concurrency" in parts:
+        results["concurrency"] = [concurrency_run() for _ in range(args.reps)]
+        print("concurrency", results["concurrency"], flush=True)
+    if "rate" in parts:
+        results["rate"] = [rate_run(args.rate_seconds) for _ in range(args.reps)]
+        print("rate", [{k: v for k, v in r.items() if k != "per_second"} for r in results["rate"]])
+    if "cost" not in parts:
+        write(args.name, results, _markdown(results))
+        return 0
     cost: dict[str, list[float]] = {}
     for rep in range(args.reps):
         for ms in lengths:
-            for keys in (10, 10_000):
+            for keys in sizes:
                 order = [False, True] if rep % 2 == 0 else [True, False]
                 for limited in order:
                     label = _label(ms, keys, limited)
@@ -162,68 +177,90 @@ def _label(ms: float, keys: int, limited: bool) -> str:
 
 def _markdown(results: dict[str, Any]) -> str:
     env, args = results["env"], results["args"]
-    conc, rate, cost = results["concurrency"], results["rate"], results["cost"]
+    options = "".join(
+        f" --{flag} {args[name]}"
+        for flag, name, default in (
+            ("keys", "keys", "10,10000"), ("parts", "parts", ",".join(PARTS)),
+            ("name", "name", "key_limits"),
+        )
+        if args.get(name, default) != default
+    )  # fmt: skip
     lines = [
         "# Per-key limits",
         "",
         f"Reproduce: `python -m bench.key_limits --reps {args['reps']} --rate-seconds "
-        f"{args['rate_seconds']:g} --task-ms {args['task_ms']}` ({env['when']}, "
+        f"{args['rate_seconds']:g} --task-ms {args['task_ms']}{options}` ({env['when']}, "
         f"celery {env['celery']}, kombu {env['kombu']}, {env['cpus']} CPUs). "
         f"Medians over {args['reps']} runs [min, max].",
         "",
-        "## Concurrency across two workers",
-        "",
-        "Two workers `-P prefork -c 4` (8 slots), keys k0..k9 limited to 1 and `wide` to 3, "
-        "tasks of 60 ms; from the ledger of start and finish times.",
-        "",
-        "| measure | result |",
-        "|---|---|",
-        f"| most tasks of one 1-limited key at once (worst over runs) | "
-        f"{max(r['most_single'] for r in conc)} |",
-        f"| most tasks of `wide` (limit 3) at once | "
-        f"{', '.join(str(r['most_wide']) for r in conc)} |",
-        f"| slots busy while every key had work | "
-        f"{_pct(summary([r['slots_busy'] for r in conc]))} |",
-        f"| tasks run, of {conc[0]['tasks']} published | "
-        f"{', '.join(str(r['tasks']) for r in conc)} |",
-        "",
-        "## Rate across two workers",
-        "",
-        f"Two workers `-c 2`; `metered` limited to {rate[0]['target']:g}/s, four unlimited "
-        "keys of 250 tasks each published at the same time; rate over "
-        f"{args['rate_seconds']:g} s after the first second's burst.",
-        "",
-        "| measure | result |",
-        "|---|---|",
-        f"| metered key's rate (tasks/s) | {_num(summary([r['rate'] for r in rate]))} |",
-        f"| error against {rate[0]['target']:g}/s (worst) | "
-        f"{max(abs(r['rate'] / r['target'] - 1) for r in rate):.1%} |",
-        f"| unlimited keys done after (s) | "
-        f"{_num(summary([r['free_done_after_s'] for r in rate]))} |",
-        f"| metered key done after (s) | "
-        f"{_num(summary([r['metered_done_after_s'] for r in rate]))} |",
-        "",
-        "## Cost",
-        "",
-        f"One worker `-c {COST_CONCURRENCY}`, the queue backlogged throughout; limits on = "
-        "every key checked against a concurrency of 1,000 and 100,000/s (never binding). "
-        "No-op tasks (0 ms) measure the fetch path alone; tasks that sleep show the cost "
-        f"at realistic lengths (measured over about {NAP_SECONDS:g} s of the pool's time). "
-        "*Pool bound*: the most a pool of this size can run, concurrency / task length.",
-        "",
-        "| task | keys waiting | limits off (tasks/s) | limits on (tasks/s) | on / off | "
-        "pool bound |",
-        "|---|---|---|---|---|---|",
     ]
-    for ms in (float(x) for x in args["task_ms"].split(",")):
-        for keys in (10, 10_000):
-            off = summary(cost[_label(ms, keys, False)])
-            on = summary(cost[_label(ms, keys, True)])
-            bound = f"{COST_CONCURRENCY * 1000 / ms:,.0f}" if ms else "-"
-            lines.append(
-                f"| {'no-op' if not ms else f'{ms:g} ms'} | {keys:,} | {_num(off, ',.0f')} | "
-                f"{_num(on, ',.0f')} | {on['median'] / off['median']:.1%} | {bound} |"
-            )
+    if "concurrency" in results:
+        conc = results["concurrency"]
+        lines += [
+            "## Concurrency across two workers",
+            "",
+            "Two workers `-P prefork -c 4` (8 slots), keys k0..k9 limited to 1 and `wide` to "
+            "3, tasks of 60 ms; from the ledger of start and finish times.",
+            "",
+            "| measure | result |",
+            "|---|---|",
+            f"| most tasks of one 1-limited key at once (worst over runs) | "
+            f"{max(r['most_single'] for r in conc)} |",
+            f"| most tasks of `wide` (limit 3) at once | "
+            f"{', '.join(str(r['most_wide']) for r in conc)} |",
+            f"| slots busy while every key had work | "
+            f"{_pct(summary([r['slots_busy'] for r in conc]))} |",
+            f"| tasks run, of {conc[0]['tasks']} published | "
+            f"{', '.join(str(r['tasks']) for r in conc)} |",
+            "",
+        ]
+    if "rate" in results:
+        rate = results["rate"]
+        lines += [
+            "## Rate across two workers",
+            "",
+            f"Two workers `-c 2`; `metered` limited to {rate[0]['target']:g}/s, four "
+            "unlimited keys of 250 tasks each published at the same time; rate over "
+            f"{args['rate_seconds']:g} s after the first second's burst.",
+            "",
+            "| measure | result |",
+            "|---|---|",
+            f"| metered key's rate (tasks/s) | {_num(summary([r['rate'] for r in rate]))} |",
+            f"| error against {rate[0]['target']:g}/s (worst) | "
+            f"{max(abs(r['rate'] / r['target'] - 1) for r in rate):.1%} |",
+            f"| unlimited keys done after (s) | "
+            f"{_num(summary([r['free_done_after_s'] for r in rate]))} |",
+            f"| metered key done after (s) | "
+            f"{_num(summary([r['metered_done_after_s'] for r in rate]))} |",
+            "",
+        ]
+    if "cost" in results:
+        cost = results["cost"]
+        lines += [
+            "## Cost",
+            "",
+            f"One worker `-c {COST_CONCURRENCY}`, the queue backlogged throughout; limits on "
+            "= every key checked against a concurrency of 1,000 and 100,000/s (never "
+            "binding). No-op tasks (0 ms) measure the fetch path alone; tasks that sleep "
+            "show the cost at realistic lengths (measured over about "
+            f"{NAP_SECONDS:g} s of the pool's time). *On / off*: the ratio of each "
+            "repetition's pair, run in turns. *Pool bound*: the most a pool of this size "
+            "can run, concurrency / task length.",
+            "",
+            "| task | keys waiting | limits off (tasks/s) | limits on (tasks/s) | on / off | "
+            "pool bound |",
+            "|---|---|---|---|---|---|",
+        ]
+        for ms in (float(x) for x in args["task_ms"].split(",")):
+            for keys in (int(x) for x in args.get("keys", "10,10000").split(",")):
+                offs, ons = cost[_label(ms, keys, False)], cost[_label(ms, keys, True)]
+                paired = summary([on / off for on, off in zip(ons, offs, strict=True)])
+                bound = f"{COST_CONCURRENCY * 1000 / ms:,.0f}" if ms else "-"
+                lines.append(
+                    f"| {'no-op' if not ms else f'{ms:g} ms'} | {keys:,} | "
+                    f"{_num(summary(offs), ',.0f')} | {_num(summary(ons), ',.0f')} | "
+                    f"{_pct(paired)} | {bound} |"
+                )
     return "\n".join([*lines, ""])
 
 
