@@ -38,6 +38,8 @@ from .keys_scale import fill, throughput
 QUEUE = "limited"
 #: The experiments, in the order they run.
 PARTS = ("concurrency", "rate", "cost")
+#: The options a reproduce line names when they differ from these defaults.
+DEFAULTS = {"keys": "10,10000", "parts": ",".join(PARTS), "name": "key_limits"}
 
 
 def _publish(url: str, counts: dict[str, int], ms: float) -> None:
@@ -135,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-seconds", type=float, default=30.0)
     parser.add_argument("--consume", type=int, default=15_000)
     parser.add_argument("--task-ms", default="0,10,50", help="task lengths of the cost runs")
-    parser.add_argument("--keys", default="10,10000", help="keys waiting in the cost runs")
+    parser.add_argument("--keys", default=DEFAULTS["keys"], help="keys waiting in the cost runs")
     parser.add_argument(
-        "--parts", default=",".join(PARTS), help=f"which experiments ({', '.join(PARTS)})"
+        "--parts", default=DEFAULTS["parts"], help=f"which experiments ({', '.join(PARTS)})"
     )
-    parser.add_argument("--name", default="key_limits")
+    parser.add_argument("--name", default=DEFAULTS["name"])
     args = parser.parse_args(argv)
     lengths = [float(x) for x in args.task_ms.split(",")]
     sizes = [int(x) for x in args.keys.split(",")]
@@ -153,20 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     if "rate" in parts:
         results["rate"] = [rate_run(args.rate_seconds) for _ in range(args.reps)]
         print("rate", [{k: v for k, v in r.items() if k != "per_second"} for r in results["rate"]])
-    if "cost" not in parts:
-        write(args.name, results, _markdown(results))
-        return 0
-    cost: dict[str, list[float]] = {}
-    for rep in range(args.reps):
-        for ms in lengths:
-            for keys in sizes:
-                order = [False, True] if rep % 2 == 0 else [True, False]
-                for limited in order:
-                    label = _label(ms, keys, limited)
-                    rate = cost_run(keys, limited, ms, args.consume)
-                    cost.setdefault(label, []).append(rate)
-                    print(f"rep {rep + 1} {label}: {rate:.0f} tasks/s", flush=True)
-    results["cost"] = cost
+    if "cost" in parts:
+        cost: dict[str, list[float]] = results.setdefault("cost", {})
+        for rep in range(args.reps):
+            for ms in lengths:
+                for keys in sizes:
+                    order = [False, True] if rep % 2 == 0 else [True, False]
+                    for limited in order:
+                        label = _label(ms, keys, limited)
+                        rate = cost_run(keys, limited, ms, args.consume)
+                        cost.setdefault(label, []).append(rate)
+                        print(f"rep {rep + 1} {label}: {rate:.0f} tasks/s", flush=True)
     write(args.name, results, _markdown(results))
     return 0
 
@@ -178,11 +177,7 @@ def _label(ms: float, keys: int, limited: bool) -> str:
 def _markdown(results: dict[str, Any]) -> str:
     env, args = results["env"], results["args"]
     options = "".join(
-        f" --{flag} {args[name]}"
-        for flag, name, default in (
-            ("keys", "keys", "10,10000"), ("parts", "parts", ",".join(PARTS)),
-            ("name", "name", "key_limits"),
-        )
+        f" --{name} {args[name]}" for name, default in DEFAULTS.items()
         if args.get(name, default) != default
     )  # fmt: skip
     lines = [
@@ -252,7 +247,7 @@ def _markdown(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|",
         ]
         for ms in (float(x) for x in args["task_ms"].split(",")):
-            for keys in (int(x) for x in args.get("keys", "10,10000").split(",")):
+            for keys in (int(x) for x in args.get("keys", DEFAULTS["keys"]).split(",")):
                 offs, ons = cost[_label(ms, keys, False)], cost[_label(ms, keys, True)]
                 paired = summary([on / off for on, off in zip(ons, offs, strict=True)])
                 bound = f"{COST_CONCURRENCY * 1000 / ms:,.0f}" if ms else "-"

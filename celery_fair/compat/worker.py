@@ -130,7 +130,7 @@ def pool_forgets_running_tasks(pool: Any) -> bool:
     is under way; the results that come afterwards find no job, and no
     request's ``on_success``/``on_failure`` runs (celery#8541).
     """
-    if type(pool).__module__ != "celery.concurrency.prefork":
+    if type(pool).__module__ != _PREFORK_POOL:
         return False
     from celery import VERSION
 
@@ -175,7 +175,7 @@ def pool_processes(pool: Any) -> int | None:
 def pool_pids(pool: Any) -> set[int] | None:
     """The pids of a prefork pool's processes now (its public ``info``), or None for
     other pools, whose tasks run in the worker's own process."""
-    if type(pool).__module__ != "celery.concurrency.prefork":
+    if type(pool).__module__ != _PREFORK_POOL:
         return None
     try:
         processes = pool.info.get("processes")
@@ -210,23 +210,22 @@ def follow_process_exits(pool: Any, probe: Probe) -> bool:
     reads for every process it watches; call before the pool joins the event
     loop.  False for other pools, or without those parts (the probe says so).
     """
-    if type(pool).__module__ != "celery.concurrency.prefork":
+    if type(pool).__module__ != _PREFORK_POOL:
         return False
     asyn = getattr(pool, "_pool", None)
     if asyn is None:  # not started
         return False
-    original = getattr(asyn, "_event_process_exit", None)
+    original: Callable[[Any, Any], None] | None = getattr(asyn, "_event_process_exit", None)
     if getattr(original, "celery_fair_follows", False):
         return True
     lacking = _lacks(asyn, ("_event_process_exit", "maintain_pool", "_track_child_process"))
     track = getattr(getattr(type(asyn), "_track_child_process", None), "__code__", None)
     if not lacking and (track is None or "_event_process_exit" not in _names_used(track)):
         lacking.append("_track_child_process (self._event_process_exit)")
-    if lacking:
+    if lacking or original is None:
         probe.missing_capability("celery.pool.process_exits", "AsynPool." + "/".join(lacking))
         return False
-    original_exit: Callable[[Any, Any], None] = asyn._event_process_exit
-    maintain = asyn.maintain_pool
+    original_exit, maintain = original, asyn.maintain_pool
 
     def look_again(hub: Any, proc: Any, left: int) -> None:
         if proc.exitcode is None and left > 0:  # exitcode reaps the process when it can
@@ -251,6 +250,7 @@ def runs_inline(pool: Any) -> bool:
     return type(pool).__module__ == _SOLO_POOL
 
 
+_PREFORK_POOL = "celery.concurrency.prefork"
 _SOLO_POOL = "celery.concurrency.solo"
 _THREADS_POOL = "celery.concurrency.thread"
 

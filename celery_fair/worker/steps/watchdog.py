@@ -21,6 +21,8 @@ class FairWatchdogStep(bootsteps.StartStopStep):
     one that acquires and releases the pool's semaphore, so a repair never
     races them.  Without the capability (``celery.worker.state_requests``)
     there is no watchdog and the step does nothing; the probe at start said so.
+    At each start it also has the prefork pool replace a child as soon as the
+    child can be joined (:func:`celery_fair.compat.follow_process_exits`).
     """
 
     name = "celery_fair.watchdog"
