@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cli_options import UsageError, load_app
+from .worker.build import check_keyed_broker
 from .worker.options import OPTIONS
 from .worker.settings import FairSettings, unknown_settings
 
@@ -39,6 +40,7 @@ def check(app: Any) -> Checked:
     """
     conf = app.conf
     settings = FairSettings.from_conf(conf)
+    check_keyed_broker(app, settings)
     rows = []
     for option in OPTIONS:
         value = conf.get(option.name)

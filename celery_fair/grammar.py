@@ -23,6 +23,7 @@ __all__ = (
     "integer",
     "one_of",
     "parse_pairs",
+    "parse_weights",
     "positive",
 )
 
@@ -186,3 +187,17 @@ def one_of(setting: str, choices: Collection[str]) -> Callable[[Any], Any]:
         return value
 
     return read
+
+
+def parse_weights(
+    value: Any, *, setting: str = "fair_weights", what: str = "QUEUE=WEIGHT"
+) -> dict[str, float]:
+    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
+
+    >>> parse_weights("p0=4, p1=8")
+    {'p0': 4.0, 'p1': 8.0}
+    """
+    return {
+        name: positive(setting, name)(weight)
+        for name, weight in parse_pairs(value, setting=setting, what=what).items()
+    }

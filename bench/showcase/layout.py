@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from celery_fair.keys.lanes import KeyLanes
 from celery_fair.routing import ConsistentHashRouter, HashRing
 
 __all__ = (
@@ -185,6 +186,9 @@ class TenantLayout:
         expected = self.expected_queue(mode, tenant)
         if mode.isolate_noisy:
             return frozenset((expected, AUTO_ISOLATED_QUEUE))
+        if mode.keyed:
+            # On RabbitMQ a keyed queue's tasks wait in its lanes (on Redis, in the queue).
+            return frozenset((expected, *KeyLanes(frozenset((expected,))).lanes(expected)))
         return frozenset((expected,))
 
     def isolating_route(self) -> Any:

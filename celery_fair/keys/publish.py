@@ -48,6 +48,7 @@ from ..wire import (
     USER_HEADER,
 )
 from . import store
+from .lanes import KeyLanes, LaneChooser, lane_queue
 from .layout import KeyedNames
 
 __all__ = (
@@ -158,7 +159,8 @@ def register_app(app: Any) -> None:
         compat.wrap_task_sender(app, None)  # fair_keys unset since an earlier install
         return
     wrap_kombu()
-    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps))
+    lanes = LaneChooser(KeyLanes(frozenset(keyed)))
+    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps, lanes))
 
 
 def _refusing_sender(error: Exception) -> Callable[..., Any]:
@@ -186,9 +188,17 @@ def wrap_kombu() -> None:
 
 
 def _stamping_sender(
-    app: Any, keyed: KeyedQueues, caps: Mapping[str, int] | None = None
+    app: Any,
+    keyed: KeyedQueues,
+    caps: Mapping[str, int] | None = None,
+    lanes: LaneChooser | None = None,
 ) -> Callable[..., Any]:
-    """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks."""
+    """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks.
+
+    On RabbitMQ (``lanes``) a keyed task also goes to its key's lane
+    (:mod:`celery_fair.keys.lanes`) rather than to the queue itself.
+    """
+    lane_queues: dict[str, Any] = {}
 
     def send(original: Callable[..., Any], producer: Any, name: str, message: Any,
              *args: Any, **options: Any) -> Any:  # fmt: skip
@@ -198,9 +208,35 @@ def _stamping_sender(
             task = _task(app, name)
             stamp_key(source, name, queue, message, options.get("headers"), task,
                       user=keyed.users.get(queue), caps=caps)  # fmt: skip
+            if lanes is not None and _is_amqp(producer):
+                key = _stamped_key(message, options.get("headers"))
+                if key:
+                    lane = lanes.lane(queue, key)
+                    target = lane_queues.get(lane)
+                    if target is None:
+                        target = lane_queues[lane] = lane_queue(app.amqp.queues[queue], lane)
+                    # The lane, through the default exchange: the router's exchange
+                    # and routing key were the queue's.
+                    for option in ("exchange", "routing_key", "exchange_type"):
+                        options.pop(option, None)
+                    options["queue"] = target
         return original(producer, name, message, *args, **options)
 
     return send
+
+
+def _is_amqp(producer: Any) -> bool:
+    """Whether ``producer`` publishes to an AMQP broker (RabbitMQ)."""
+    connection = getattr(producer, "connection", None)
+    transport = getattr(connection, "transport", None)
+    return getattr(transport, "driver_type", None) == "amqp"
+
+
+def _stamped_key(message: Any, extra_headers: Mapping[str, Any] | None) -> str | None:
+    """The key :func:`stamp_key` found (a ``fair_key`` header given by the caller wins)."""
+    headers = message[0] if isinstance(message[0], dict) else {}
+    key = (extra_headers or {}).get(KEY_HEADER, headers.get(KEY_HEADER))
+    return _text(key) if key is not None else None
 
 
 def _task(app: Any, name: str) -> Any:

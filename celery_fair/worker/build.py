@@ -16,7 +16,8 @@ from typing import Any
 from .. import compat
 from ..errors import FairConfigError
 from ..keys.eta import register_app as eta_register_app
-from ..keys.publish import register_app
+from ..keys.lanes import KeyLanes, consume_lanes
+from ..keys.publish import parse_fair_keys, register_app
 from ..keys.releases import CARRY_CHECK
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore
@@ -33,6 +34,7 @@ __all__ = (
     "build",
     "build_metrics",
     "build_watchdog",
+    "check_keyed_broker",
     "install_dispatch",
     "keyed_checks",
 )
@@ -54,7 +56,7 @@ def build(
     if settings.codel and settings.codel_action == "reject":
         _check_dead_lettering(app)
     if settings.keys:
-        _check_keyed_broker(app, settings)
+        _check_keyed_broker(app, service)
     if settings.eta == "broker":
         _schedule_on_broker(app)
     if settings.telemetry_dir is not None:
@@ -192,19 +194,56 @@ def _broker_driver(app: Any) -> str:
     return str(getattr(Connection(app.conf.broker_url).transport, "driver_type", ""))
 
 
-def _check_keyed_broker(app: Any, settings: FairSettings) -> None:
-    """Keyed queues need server-side scripts: Redis only (and Kombu's hooks)."""
-    driver = _broker_driver(app)
-    if driver != "redis":
+def _check_keyed_broker(app: Any, service: FairService) -> None:
+    """Keyed queues: served by a server-side script on Redis, by lanes on RabbitMQ."""
+    settings = service.settings
+    driver = check_keyed_broker(app, settings)
+    if driver not in ("redis", "amqp"):
         raise FairConfigError(
-            f"fair_keys={sorted(settings.keys)!r} needs the Redis broker (keys are served by a "
-            f"server-side script); this broker's transport is {driver!r}. On RabbitMQ, spread "
-            "the keys over shard queues with ConsistentHashRouter, which can also isolate a "
-            "noisy key (isolate=...); see docs/fairness-keys.md"
+            f"fair_keys={sorted(settings.keys)!r} needs the Redis or the RabbitMQ broker; this "
+            f"broker's transport is {driver!r}. Spread the keys over shard queues with "
+            "ConsistentHashRouter instead; see docs/fairness-keys.md"
+        )
+    if driver == "amqp":
+        lanes = KeyLanes(frozenset(settings.keys))
+        service.use_lanes(lanes)
+        added = consume_lanes(app, lanes)
+        logger.info(
+            "celery-fair: keyed queues on RabbitMQ: %d lane(s) consumed besides %s",
+            len(added),
+            ", ".join(sorted(settings.keys)),
         )
     # install() registered the app already; again here in case fair_keys was set
     # after it (register_app wraps Kombu's channel, probed, when there are keys).
     register_app(app)
+
+
+def check_keyed_broker(app: Any, settings: FairSettings) -> str:
+    """The keyed settings a RabbitMQ broker cannot serve yet, refused; returns the driver.
+
+    Redis serves everything keyed.  RabbitMQ serves keys and key weights
+    (:mod:`celery_fair.keys.lanes`); the rest is refused with a
+    :class:`FairConfigError` naming the setting, rather than ignored.  Needs no
+    connection: ``celery fair check`` and ``install`` call it too.
+    """
+    driver = _broker_driver(app)
+    if not settings.keys or driver != "amqp":
+        return driver
+    limits = settings.key_limits
+    refused = {
+        "fair_key_concurrency": dict(limits.concurrency),
+        "fair_key_rate_limit": dict(limits.rates),
+        "fair_key_max_backlog": dict(settings.key_max_backlog),
+        "fair_keys (two-level keys)": sorted(parse_fair_keys(app.conf.get("fair_keys")).users),
+    }
+    for setting, value in refused.items():
+        if value:
+            raise FairConfigError(
+                f"{setting}={value!r}: keyed queues on RabbitMQ have weights and fair shares "
+                "between keys, but not yet this (it needs the Redis broker); see "
+                "docs/fairness-keys.md#keys-on-rabbitmq"
+            )
+    return driver
 
 
 def _schedule_on_broker(app: Any) -> None:

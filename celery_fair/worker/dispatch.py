@@ -88,6 +88,11 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
         # The keys' turns in the buffer advance by what each task costs, as on the broker.
         charge = getattr(service.gate, "cost", None)
         cost = 1.0 if charge is None else max(charge(request, queue), 1e-6)
+    if key is not None and service.queue_map.lanes is not None:
+        # RabbitMQ: no fetch script orders the keys, so their weights act here,
+        # over what each lane's window holds: a key of weight 4 gets 4 turns to 1.
+        settings = service.settings
+        cost /= settings.key_weights.get(key, settings.default_key_weight)
     service.scheduler.wait(queue, entry, key, level, user, cost)
 
 

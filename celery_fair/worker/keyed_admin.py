@@ -242,11 +242,22 @@ class KeyedAdmin:
         self, setting: str, action: Callable[[Any, KeyedNames], T]
     ) -> dict[str, T]:
         """``action(client, names)`` on each keyed queue, through the consumer's channel."""
-        channel = self.attachment.channel
-        if self.attachment.keyed is None or channel is None:
-            raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
+        channel = self._keyed_channel(setting)
         with compat.redis_client(channel) as client:
             return {q: action(client, names_for(channel, q)) for q in self.settings.keys}
+
+    def _keyed_channel(self, setting: str) -> Any:
+        """The channel of this worker's keyed queues on Redis, or the error of ``setting``."""
+        channel = self.attachment.channel
+        if self.attachment.keyed is not None and channel is not None:
+            return channel
+        if self.settings.keys:
+            # Keyed queues on RabbitMQ (lanes): no shared state to change on the broker.
+            raise FairConfigError(
+                f"{setting}: this worker's keyed queues are not on Redis; on RabbitMQ keys "
+                "have their configured weights only (docs/fairness-keys.md#keys-on-rabbitmq)"
+            )
+        raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
 
     def set_limits(self, fields: dict[str, str | None]) -> None:
         """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
@@ -271,9 +282,7 @@ class KeyedAdmin:
                 f"(fair_keys: {', '.join(sorted(self.settings.keys)) or 'none'})"
             )
 
-        channel = self.attachment.channel
-        if self.attachment.keyed is None or channel is None:
-            raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
+        channel = self._keyed_channel(setting)
         queues = [queue] if queue is not None else sorted(self.settings.keys)
         with compat.redis_client(channel) as client:
             changed = {}

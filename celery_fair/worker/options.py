@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FairConfigError
-from ..grammar import as_positive, boolean, integer, one_of, parse_pairs, positive
+from ..grammar import as_positive, boolean, integer, one_of, parse_weights, positive
 from ..scheduling.admission import DEFAULT_HARD
 from ..scheduling.cost import COST_MODES
 
@@ -71,20 +71,6 @@ class Option:
     def row(self) -> str:
         """The setting's row in the reference table of docs/configuration.md."""
         return f"| `{self.name}` | {self.shown_default()} | {self.accepts} | {self.meaning} |"
-
-
-def parse_weights(
-    value: Any, *, setting: str = "fair_weights", what: str = "QUEUE=WEIGHT"
-) -> dict[str, float]:
-    """Parse weights from a mapping or from ``"p0=4,p1=8"``.
-
-    >>> parse_weights("p0=4, p1=8")
-    {'p0': 4.0, 'p1': 8.0}
-    """
-    return {
-        name: positive(setting, name)(weight)
-        for name, weight in parse_pairs(value, setting=setting, what=what).items()
-    }
 
 
 def _key_weights(value: Any) -> dict[str, float]:
@@ -369,26 +355,27 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_keys",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             "mapping of queue name -> key source (`ConsistentHashRouter`'s `key=`: "
             '`"tenant_id"`, `"arg:0"`, `"header:x-tenant"`, `"property:message_id"`, a '
             "callable), or a pair of sources for [two-level "
             "keys](fairness-keys.md#two-level-keys-fair-between-tenants-then-between-the-users-of-each)"
-            ' (`("tenant_id", "user_id")`); Redis broker only; not with '
+            ' (`("tenant_id", "user_id")`, Redis only); Redis or RabbitMQ ([keys on '
+            "RabbitMQ](fairness-keys.md#keys-on-rabbitmq)); on Redis not with "
             "`fair_atomic_fetch=False`"
         ),
         meaning=(
             "these queues are keyed: each key's messages wait apart and keys are served in "
             "weighted fair order ([fairness keys](fairness-keys.md)). Set it on producers "
-            "too: they publish to the key's list"
+            "too: they publish to the key's list (Redis) or lane (RabbitMQ)"
         ),
         read=_fair_keys,
     ),
     Option(
         "fair_key_weights",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts='mapping (or `"k=w,k=w"`) of keys to finite numbers > 0',
         meaning=(
             "weight per key, in every keyed queue; written to the broker at worker start. "
@@ -400,7 +387,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_default_key_weight",
         1.0,
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts="finite number > 0",
         meaning="weight of keys without one (and of messages without a key)",
         read=positive("fair_default_key_weight"),
@@ -408,10 +395,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_key_concurrency",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1; '
-            "needs `fair_keys`"
+            "needs `fair_keys`; Redis only"
         ),
         meaning=(
             "tasks of one key fetched and not finished, across every worker ([per-key "
@@ -421,17 +408,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_key_rate_limit",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             'mapping of keys (`"*"`) to Celery rates (`"10/s"`, `"100/m"`, `"1000/h"`) or '
-            "numbers per second; needs `fair_keys`"
+            "numbers per second; needs `fair_keys`; Redis only"
         ),
         meaning="tasks of one key fetched per second, a token bucket on the broker's clock",
     ),
     Option(
         "fair_key_max_backlog",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1; '
             "needs `fair_keys`; Redis only"
@@ -446,7 +433,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_broker_memory_high",
         None,
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts="fraction of `maxmemory`, above 0 and below `fair_broker_memory_hard`; Redis only",
         meaning=(
             "producers: from this share of the broker's `maxmemory` on, a publish to one of "
@@ -459,7 +446,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_broker_memory_hard",
         DEFAULT_HARD,
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             "fraction of `maxmemory`, above `fair_broker_memory_high` and at most 1; needs "
             "`fair_broker_memory_high`"
@@ -469,7 +456,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_key_lease_ttl",
         None,
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts="number > 0 (`None`: the Redis `visibility_timeout`, Kombu's default 3600)",
         meaning=(
             "seconds a fetched task holds its key's slot at most: when a crashed worker's "
@@ -479,7 +466,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_priority",
         "strict",
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts='`"strict"` or `"weighted"`',
         meaning=(
             "how a keyed queue's priority levels share the worker: the first level with work "
@@ -490,7 +477,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fair_priority_weights",
         {},
-        "Fairness keys (Redis)",
+        "Fairness keys",
         accepts=(
             'mapping of Celery priority (0-255) -> number > 0, or `"0=8,9=1"`; only with '
             '`fair_priority="weighted"`'

@@ -2,6 +2,8 @@
 
 Mapped again at every (re)connection from the task consumer's queues; read
 by the dispatch order, the task tracker, the shedder and the quarantine.
+On RabbitMQ a keyed queue's lanes (:mod:`celery_fair.keys.lanes`) map to
+the keyed queue: everything above the consumer sees the one queue.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import compat
+from ..keys.lanes import KeyLanes
 from ..keys.layout import level_rank
+from ..wire import KEY_HEADER
 from ..wire.served import NOT_SERVED, Served
 from .attachment import Attachment
 
@@ -23,13 +27,27 @@ class QueueMap:
     def __init__(self, attachment: Attachment) -> None:
         self.attachment = attachment
         self._by_key: dict[str, str] = {}
+        #: Keyed queues on RabbitMQ: their lanes (None: no lanes).
+        self.lanes: KeyLanes | None = None
+        #: Lane -> its keyed queue (each keyed queue -> itself).
+        self.parents: dict[str, str] = {}
+
+    def use_lanes(self, lanes: KeyLanes) -> None:
+        """Keyed queues on RabbitMQ: a lane's requests are its keyed queue's."""
+        self.lanes = lanes
+        self.parents = lanes.parents()
+
+    def logical(self, name: str) -> str:
+        """The queue a consumed queue is part of: a lane's keyed queue, else itself."""
+        return self.parents.get(name, name)
 
     def map(self, queues: Iterable[Any]) -> None:
         """The consumer's queues now (Kombu ``Queue`` objects)."""
         by_key: dict[str, str] = {}
         for queue in queues:
-            by_key.setdefault(queue.routing_key or queue.name, queue.name)
-            by_key.setdefault(queue.name, queue.name)
+            logical = self.logical(queue.name)
+            by_key.setdefault(queue.routing_key or queue.name, logical)
+            by_key.setdefault(queue.name, logical)
         self._by_key = by_key
 
     def queue_of(self, request: Any) -> str | None:
@@ -46,8 +64,16 @@ class QueueMap:
         anything else): the worker's buffer takes the lowest first.  Not keyed:
         ``(None, 0, None)``.
         """
+        if request is None:
+            return None, 0, None
+        lanes = self.lanes
+        if lanes is not None and queue in lanes.keyed:
+            # RabbitMQ: the key the producer stamped; none (a plain producer's
+            # task, in the queue itself) is the unkeyed key.
+            key = compat.request_headers(request).get(KEY_HEADER)
+            return (key if isinstance(key, str) else ""), 0, None
         keyed = self.attachment.keyed
-        if keyed is None or queue not in keyed.queues or request is None:
+        if keyed is None or queue not in keyed.queues:
             return None, 0, None
         served = Served.from_headers(compat.request_headers(request)) or NOT_SERVED
         return served.key, level_rank(served.level), served.user or None

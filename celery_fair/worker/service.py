@@ -14,6 +14,7 @@ from time import monotonic
 from typing import Any
 
 from .. import compat
+from ..keys.lanes import KeyLanes
 from ..keys.serving import KeyStatistics
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import install_on_channel
@@ -129,6 +130,18 @@ class FairService:
             clock=clock,
         )
 
+    def use_lanes(self, lanes: KeyLanes) -> None:
+        """Keyed queues on RabbitMQ: served from their lanes, by key weight.
+
+        Each lane is consumed with a window of its own
+        (:meth:`PrefetchWindows.lane_window`); in the buffer a lane's tasks are
+        its keyed queue's, taken in weighted fair order over their keys.
+        """
+        self.queue_map.use_lanes(lanes)
+        self.prefetch.lanes = self.queue_map
+        # Nothing of the Redis keyed path: no fetch script, no keyed state to write.
+        self.attachment.keyed = None
+
     # -- consumer side --------------------------------------------------------
 
     def connect(self, consumer: Any) -> None:
@@ -213,7 +226,7 @@ class FairService:
             keyed=attachment.keyed,
             full=self.full,
         )
-        if self.settings.keys:
+        if self.settings.keys and self.queue_map.lanes is None:
             self.keys.publish_settings(
                 channel,
                 lambda write, exc: self.full.later(

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import compat
+from ..routing.isolation import NOISY_MESSAGES
 from ..scheduling.fetch import window_cap
 from ..scheduling.prefetch import AdaptivePrefetch
 from ..scheduling.scheduler import FairScheduler
 from .attachment import Attachment
 from .push_prefetch import PushWindows
+from .queue_map import QueueMap
 from .settings import FairSettings
 
 __all__ = ("PrefetchWindows",)
@@ -54,6 +56,8 @@ class PrefetchWindows:
         self._base_window = 0
         #: Celery's own window, when resources fit the window to what runs at once.
         self._celery_window = 0
+        #: Keyed queues on RabbitMQ: which consumed queues are lanes of which.
+        self.lanes: QueueMap | None = None
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
@@ -69,7 +73,8 @@ class PrefetchWindows:
         channel = task_consumer.channel
         with self.lock:
             self.scheduler.reset_held()
-            self.scheduler.set_queues(q.name for q in task_consumer.queues)
+            # A keyed queue's lanes are that one queue to the scheduler.
+            self.scheduler.set_queues(self._logical(q.name) for q in task_consumer.queues)
         # Celery's full window, not the count it lowers for a while after a
         # reconnection: these windows are fixed until the next one.
         total = int(
@@ -140,8 +145,14 @@ class PrefetchWindows:
         assert not isinstance(setting, str)
         return {q: setting.get(q, w) for q, w in auto.items()}
 
+    def _logical(self, name: str) -> str:
+        return self.lanes.logical(name) if self.lanes is not None else name
+
     def window_for(self, queue: str) -> int:
         """The prefetch window of ``queue`` (a queue added later gets one too)."""
+        parent = self._logical(queue)
+        if parent != queue:
+            return self.windows.setdefault(queue, self.lane_window(queue, parent))
         window = self.windows.get(queue)
         if window is None:
             with self.lock:
@@ -150,6 +161,23 @@ class PrefetchWindows:
                 queue, 1
             )
         return window
+
+    def lane_window(self, lane: str, parent: str) -> int:
+        """The window of a lane of keyed queue ``parent`` (RabbitMQ).
+
+        The keyed queue's own window, as plain Celery gives the queue, so a
+        lane alone keeps the pool as busy as the queue did; a shard lane
+        :data:`NOISY_MESSAGES` more.  A flood publishes that many to its shard
+        before its producer moves it to a noisy lane; with them all in the
+        buffer, a neighbour's task behind them is in the buffer too, where its
+        key's turn comes next, instead of waiting behind them on the broker.
+        Only backlogged lanes hold messages.
+        """
+        base = self.window_for(parent)
+        assert self.lanes is not None and self.lanes.lanes is not None
+        if lane in self.lanes.lanes.shard_lanes(parent):
+            return base + NOISY_MESSAGES
+        return base
 
     def adapt_prefetch(self, consumer: Any, channel: Any) -> None:
         """``fair_prefetch="auto"`` on a polling transport (Redis).

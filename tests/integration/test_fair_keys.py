@@ -210,15 +210,6 @@ def test_a_message_from_a_plain_producer_still_runs(redis_url: str, producer: Ce
     assert Counter(e.tenant for e in entries) == {"a": 20, "plain": 1}
 
 
-def test_keys_are_refused_on_rabbitmq(rabbitmq_server: object) -> None:
-    url = rabbitmq_server.url  # type: ignore[attr-defined]
-    with WorkerProcess(url, [QUEUE], env={"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id"}) as worker:
-        code = worker.wait(timeout=60)
-    assert code != 0
-    assert "fair_keys=['keyed'] needs the Redis broker" in worker.log()
-    assert "'amqp'" in worker.log()
-
-
 def test_weights_change_live_for_the_backlog(redis_url: str, producer: Celery) -> None:
     publish_by_key(producer, QUEUE, {"a": 1000, "b": 1000}, ms=4)
     ledger = Ledger(redis_url)

@@ -32,6 +32,20 @@ def test_check_refuses_what_a_worker_would_refuse() -> None:
         celery_fair.check(app_with(fair_default_weight=-1))
 
 
+def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
+    def amqp(**conf: object) -> Celery:
+        app = Celery("proj", broker="amqp://guest@localhost//", set_as_current=False)
+        app.conf.update(conf)
+        return app  # nothing connects: the transport is read from the URL
+
+    keys = {"fair_keys": {"jobs": "tenant_id"}}
+    assert dict(celery_fair.check(amqp(**keys, fair_key_weights="a=2")).settings.keys)
+    with pytest.raises(celery_fair.FairConfigError, match=r"fair_key_rate_limit=.*RabbitMQ"):
+        celery_fair.check(amqp(**keys, fair_key_rate_limit={"*": "5/s"}))
+    with pytest.raises(celery_fair.FairConfigError, match=r"two-level keys\)=\['jobs'\]"):
+        celery_fair.check(amqp(fair_keys={"jobs": ("tenant_id", "user_id")}))
+
+
 def test_the_check_command_prints_the_settings_or_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

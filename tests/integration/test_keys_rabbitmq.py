@@ -1,0 +1,251 @@
+"""Fairness keys on RabbitMQ: one keyed queue served from its lanes by the real worker.
+
+The producer is an app with celery-fair and ``fair_keys`` (the user's
+surface); the worker is the real ``celery worker`` with Celery's defaults.
+The ledger (on the session's Redis) records every run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
+from celery_fair.routing.isolation import NOISY_MESSAGES
+from celery_fair.routing.ring import HashRing
+from tests.harness.control import control_app, wait_fair_stats
+from tests.harness.harness import WorkerProcess
+from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.ledger import Entry, Ledger, percentile
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+
+
+@pytest.fixture
+def queue() -> str:
+    """A keyed queue of its own for each test: lanes from another test hold nothing here."""
+    return f"keyed-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_server: Any) -> str:
+    return str(rabbitmq_server.url)
+
+
+def _worker(amqp_url: str, ledger_url: str, queue: str, **env: str) -> WorkerProcess:
+    return WorkerProcess(
+        amqp_url,
+        [queue],
+        concurrency=2,
+        env={"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_LEDGER": ledger_url, **env},
+    )
+
+
+def _ready(worker: WorkerProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while " ready." not in worker.log():
+        assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+
+
+def _entries(ledger: Ledger, n: int, worker: WorkerProcess, timeout: float = 120) -> list[Entry]:
+    assert ledger.wait_for(n, timeout=timeout, alive=[worker]), worker.log()[-3000:]
+    return sorted(ledger.entries(), key=lambda e: e.started)
+
+
+@pytest.fixture
+def ledger(redis_url: str) -> Ledger:
+    ledger = Ledger(redis_url)
+    ledger.reset()
+    return ledger
+
+
+@pytest.mark.compat
+def test_key_weights_hold_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    weights = {"a": 1, "b": 2, "c": 4}
+    # A producer without the weights: they act in the workers.
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        # Each key's backlog lasts as long as the others' at these weights.
+        publish_by_key(app, queue, {k: 200 * w for k, w in weights.items()}, ms=2)
+    finally:
+        app.close()
+    with _worker(amqp_url, redis_url, queue, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
+        entries = _entries(ledger, 1000, worker)
+    window = entries[100:900]  # every key backlogged throughout
+    counts = Counter(e.tenant for e in window)
+    for key, weight in weights.items():
+        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+    # Each key is a third of the producer's publishes: noisy, so each had a
+    # noisy lane of its own after its first messages.
+    noisy = set(KeyLanes(frozenset([queue])).noisy_lanes(queue))
+    lanes = {}
+    for key in weights:
+        mine = sorted((e for e in entries if e.tenant == key), key=lambda e: e.published or 0)
+        lanes[key] = {e.queue for e in mine[NOISY_MESSAGES:]}
+    assert all(len(found) == 1 and found <= noisy for found in lanes.values()), lanes
+    assert len(set().union(*lanes.values())) == 3, lanes
+
+
+@pytest.mark.compat
+def test_every_task_runs_once_keyed_unkeyed_and_from_a_plain_producer(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    keys = {f"t{i}": 30 for i in range(40)}
+    try:
+        publish_by_key(app, queue, keys, ms=0)
+        # A task of the keyed queue without a key: the queue itself, the unkeyed key.
+        app.send_task("ledger", kwargs={"ms": 0}, queue=queue)
+    finally:
+        app.close()
+    # A producer without celery-fair publishes to the queue itself.
+    code = (
+        "import sys; from celery import Celery; app = Celery(broker=sys.argv[1]); "
+        f"app.send_task('ledger', kwargs={{'tenant_id': 'plain'}}, queue={queue!r})"
+    )
+    subprocess.run([sys.executable, "-c", code, amqp_url], check=True, timeout=60)
+    total = sum(keys.values()) + 2
+    with _worker(amqp_url, redis_url, queue) as worker:
+        entries = _entries(ledger, total, worker)
+        assert "lane(s) consumed besides" in worker.log()
+        stats = wait_fair_stats(amqp_url)
+        # The lanes are one queue to the scheduler, each consumed with its own window.
+        assert set(stats["weights"]) == {queue}
+        windows = stats["prefetch_windows"]
+        assert windows[f"{queue}.fair.s0"] == windows[queue] + NOISY_MESSAGES
+        assert windows[f"{queue}.fair.n0"] == windows[queue]
+        # What needs the broker's shared state says so, and changes nothing.
+        control = control_app(amqp_url)
+        try:
+            replies = control.control.broadcast(
+                "fair_key_pause", arguments={"keys": ["t1"]}, reply=True, timeout=5
+            )
+        finally:
+            control.close()
+        [reply] = [r for answer in replies for r in answer.values()]
+        assert "keyed queues are not on Redis" in reply["error"], reply
+    runs = Counter(e.id for e in entries)
+    assert len(runs) == total and set(runs.values()) == {1}
+    assert Counter(e.tenant or "" for e in entries) == {**keys, "plain": 1, "": 1}
+    lanes = KeyLanes(frozenset([queue]))
+    shards = set(lanes.shard_lanes(queue))
+    # The 40 keys were spread over the shard lanes; the two unkeyed tasks were
+    # in the queue itself.
+    assert {e.queue for e in entries if e.tenant in keys} <= shards
+    assert len({e.queue for e in entries if e.tenant in keys}) > SHARD_LANES // 2
+    assert {e.queue for e in entries if e.tenant in ("plain", None, "")} == {queue}
+
+
+FLOOD = 1500  # 10 ms tasks: about 8 s of a two-process pool
+FLOOD_MS = 10.0
+QUIET_TENANTS = 20
+EVERY = 15  # one quiet task per this many flood tasks while the flood is published
+
+
+def _quiet_tenants(queue: str) -> list[str]:
+    """The quiet tenants, the first of them hashed to the flood's shard lane."""
+    ring = HashRing(KeyLanes(frozenset([queue])).shard_lanes(queue))
+    names = (f"quiet-{i:02d}" for i in itertools.count())
+    neighbour = next(t for t in names if ring.lookup(t) == ring.lookup("flood"))
+    others = (t for t in names if ring.lookup(t) != ring.lookup("flood"))
+    return [neighbour, *itertools.islice(others, QUIET_TENANTS - 1)]
+
+
+def _flood_run(
+    amqp_url: str, ledger: Ledger, queue: str, tenants: list[str], *, fair: bool
+) -> list[Entry]:
+    """A flood key and quiet keys in one queue, the flood published first; all entries."""
+    # Both with celery-fair installed: it stamps the publish time the waits are measured from.
+    app = keyed_app(amqp_url, {queue: "tenant_id"} if fair else {})
+    ledger.reset()
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id"} if fair else {}
+    worker = WorkerProcess(
+        amqp_url, [queue], concurrency=2, fair=fair,
+        env={"CELERY_FAIR_LEDGER": ledger.url, **env},
+    )  # fmt: skip
+    quiet = itertools.cycle(tenants)
+    sent = 0
+    try:
+        with worker:
+            _ready(worker)
+            with app.producer_or_acquire() as producer:
+
+                def send(tenant: str, ms: float) -> None:
+                    nonlocal sent
+                    app.send_task("ledger", kwargs={"ms": ms, "tenant_id": tenant},
+                                  queue=queue, producer=producer)  # fmt: skip
+                    sent += 1
+
+                for i in range(FLOOD):
+                    send("flood", FLOOD_MS)
+                    if i % EVERY == 0:
+                        send(next(quiet), 1.0)
+                # The quiet tenants go on while the flood's backlog drains.
+                deadline = time.monotonic() + 120
+                while ledger.per_tenant().get("flood", 0) < FLOOD:
+                    assert time.monotonic() < deadline, ledger.per_tenant()
+                    send(next(quiet), 1.0)
+                    time.sleep(0.02)
+            assert ledger.wait_for(sent, timeout=60, alive=[worker]), worker.log()[-3000:]
+    finally:
+        app.close()
+    return ledger.entries()
+
+
+def test_a_flood_leaves_its_lane_and_quiet_keys_keep_a_low_wait(
+    amqp_url: str, ledger: Ledger, queue: str
+) -> None:
+    tenants = _quiet_tenants(queue)
+    plain = _flood_run(amqp_url, ledger, f"{queue}-plain", tenants, fair=False)
+    fair = _flood_run(amqp_url, ledger, queue, tenants, fair=True)
+    for entries in (plain, fair):
+        runs = Counter(e.id for e in entries)
+        assert set(runs.values()) == {1}, "no task ran twice"
+        assert sum(e.tenant != "flood" for e in entries) >= FLOOD // EVERY
+
+    def quiet_p99(entries: list[Entry]) -> float:
+        """The quiet tasks' p99 wait (publish -> start) while the flood lasted."""
+        flood_done = max(e.started for e in entries if e.tenant == "flood")
+        waits = [
+            e.wait for e in entries
+            if e.tenant != "flood" and e.wait is not None and e.started <= flood_done
+        ]  # fmt: skip
+        assert waits
+        return percentile(waits, 0.99)
+
+    # About the first 30 flood tasks waited in the flood's shard lane; the rest
+    # in a noisy lane, where no quiet key waits behind them.
+    lanes = KeyLanes(frozenset([queue]))
+    flood_lanes = Counter(e.queue for e in fair if e.tenant == "flood")
+    noisy = set(lanes.noisy_lanes(queue))
+    assert len(noisy) == NOISY_LANES
+    in_noisy = sum(n for lane, n in flood_lanes.items() if lane in noisy)
+    assert FLOOD - 60 <= in_noisy <= FLOOD - 29, flood_lanes
+    assert all(e.queue not in noisy for e in fair if e.tenant != "flood")
+    # Plain Celery's quiet tasks wait behind the flood's backlog (seconds); here
+    # they wait for about a task, those hashed to the flood's shard lane too.
+    shard = next(lane for lane in flood_lanes if lane not in noisy)
+    neighbours = [e for e in fair if e.tenant == tenants[0]]
+    assert {e.queue for e in neighbours} == {shard}
+    plain_p99 = quiet_p99(plain)
+    assert quiet_p99(fair) < plain_p99 / 20, (quiet_p99(fair), plain_p99)
+    assert quiet_p99(neighbours + [e for e in fair if e.tenant == "flood"]) < plain_p99 / 20
+
+
+def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: str) -> None:
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_KEY_CONCURRENCY": "*=2"}
+    with WorkerProcess(amqp_url, [queue], env=env) as worker:
+        code = worker.wait(timeout=60)
+    assert code != 0
+    assert "fair_key_concurrency={'*': 2}: keyed queues on RabbitMQ" in worker.log()

@@ -1,0 +1,81 @@
+"""Keyed queues on RabbitMQ: lane names and the lane each task takes (pure, injected clock)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kombu import Queue
+
+from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes, LaneChooser, lane_queue
+from celery_fair.routing.isolation import NOISY_MESSAGES
+from tests.harness.clock import FakeClock
+
+
+def test_every_keyed_queue_has_the_same_fixed_lanes() -> None:
+    lanes = KeyLanes(frozenset(["jobs", "mail"]))
+    assert lanes.lanes("jobs") == (
+        *(f"jobs.fair.s{i}" for i in range(SHARD_LANES)),
+        *(f"jobs.fair.n{i}" for i in range(NOISY_LANES)),
+    )
+    parents = lanes.parents()
+    assert parents["jobs"] == "jobs" and parents["mail.fair.s2"] == "mail"
+    assert len(parents) == 2 * (1 + SHARD_LANES + NOISY_LANES)
+
+
+def test_keys_hash_to_shards_always_the_same_and_spread_out() -> None:
+    chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=FakeClock())
+    shards = set(KeyLanes(frozenset(["jobs"])).shard_lanes("jobs"))
+    # Many keys, each rarely: every one on a shard, always the same one, spread out.
+    first = {f"t{i}": chooser.lane("jobs", f"t{i}") for i in range(400)}
+    assert set(first.values()) <= shards
+    assert all(chooser.lane("jobs", k) == lane for k, lane in first.items())
+    per_shard = Counter(first.values())
+    assert len(per_shard) == SHARD_LANES and max(per_shard.values()) < 3 * 400 / SHARD_LANES
+
+
+def test_a_flood_moves_to_a_noisy_lane_after_its_first_messages() -> None:
+    clock = FakeClock()
+    chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=clock)
+    lanes = [chooser.lane("jobs", "flood") for _ in range(200)]
+    noisy = set(KeyLanes(frozenset(["jobs"])).noisy_lanes("jobs"))
+    first = next(i for i, lane in enumerate(lanes) if lane in noisy)
+    assert first == NOISY_MESSAGES - 1  # the 30th publish is the first isolated
+    assert len(set(lanes[:first])) == 1 and set(lanes[:first]) <= set(
+        KeyLanes(frozenset(["jobs"])).shard_lanes("jobs")
+    )
+    assert len(set(lanes[first:])) == 1
+    # A quiet key meanwhile stays on its shard.
+    assert chooser.lane("jobs", "quiet") not in noisy
+    # Once the flood has calmed down (decayed, then held), it is back on its shard.
+    clock.advance(120)
+    for _ in range(50):
+        chooser.lane("jobs", "others")
+    clock.advance(30)
+    assert chooser.lane("jobs", "flood") == lanes[0]
+
+
+def test_one_producers_noisy_keys_get_different_noisy_lanes() -> None:
+    chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=FakeClock())
+    got: dict[str, str] = {}
+    keys = [f"f{i}" for i in range(NOISY_LANES)]  # each 1/8 of the publishes: noisy
+    for _ in range(100):
+        for key in keys:
+            got[key] = chooser.lane("jobs", key)
+    assert len(set(got.values())) == NOISY_LANES, got
+    assert set(got.values()) <= set(KeyLanes(frozenset(["jobs"])).noisy_lanes("jobs"))
+
+
+def test_each_keyed_queue_counts_its_own_publishes() -> None:
+    chooser = LaneChooser(KeyLanes(frozenset(["a", "b"])), clock=FakeClock())
+    for _ in range(100):
+        chooser.lane("a", "flood")
+    # The same key in another queue is not noisy there.
+    assert chooser.lane("b", "flood").startswith("b.fair.s")
+
+
+def test_a_lane_is_declared_as_its_queue_is() -> None:
+    parent = Queue("jobs", durable=True, queue_arguments={"x-queue-type": "quorum"})
+    lane = lane_queue(parent, "jobs.fair.s3")
+    assert lane.name == lane.routing_key == "jobs.fair.s3"
+    assert lane.exchange.name == ""  # the default exchange: no binding to declare
+    assert lane.durable and lane.queue_arguments == {"x-queue-type": "quorum"}
