@@ -22,19 +22,30 @@ Variants run in turns (A B C, B C A, ...), ``--reps`` times; each figure is
 also given over ``plain``'s in the same round, so it holds on any day.  The
 worker's ``inspect fair_stats`` gives the messages per fetch script call.
 
+With ``--broker rabbitmq`` the same on a fresh RabbitMQ (variants ``plain``,
+``fair``, ``keyed-N``; per-key limits are Redis only): the broker's CPU is the
+node's process time (``/proc/<pid>/stat``), and what waits is read four times
+a second with passive declares of the queue and its 24 lanes
+(:mod:`celery_fair.keys.lanes`), in every variant alike (the lanes are
+declared, empty, for the plain ones), so the reads cost every variant the same.
+
     python -m bench.broker_cost [--variants plain,fair,keyed-1000,limits-1000,limits-10000]
                                 [--reps 3] [--tasks 12000] [--pool threads -c 4]
+                                [--broker redis|rabbitmq]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
+from kombu.entity import Queue
 
 from celery_fair.keys.layout import BACKLOG, KeyedNames
 from tests.harness.control import wait_fair_stats
@@ -46,15 +57,83 @@ from .common import environment, summary, write
 
 QUEUE = "jobs"
 VARIANTS = ("plain", "fair", "keyed-1000", "limits-1000", "limits-10000")
+RABBITMQ_VARIANTS = ("plain", "fair", "keyed-10", "keyed-1000", "keyed-10000")
+#: Seconds between two reads of what waits on RabbitMQ (25 passive declares each).
+RABBITMQ_POLL = 0.25
+
+
+class _Redis:
+    """A fresh ``redis-server``: its CPU from ``INFO cpu``, what waits from its lists."""
+
+    poll = 0.005
+
+    def __init__(self) -> None:
+        self.server = RedisServer()
+
+    def __enter__(self) -> _Redis:
+        self.server.start()
+        self.url = self.server.url
+        self.client = redis_lib.Redis.from_url(self.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.close()
+
+    def cpu(self) -> float:
+        info = self.client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def waiting(self, variant: str) -> int:
+        """Messages still in the queue (not yet fetched by the worker)."""
+        if _keys(variant):
+            return int(self.client.hget(KeyedNames(QUEUE).state, BACKLOG) or 0)
+        return int(self.client.llen(QUEUE))
+
+
+class _RabbitMQ:
+    """A fresh RabbitMQ node: its process time, what waits in the queue and its lanes."""
+
+    poll = RABBITMQ_POLL
+
+    def __init__(self) -> None:
+        from tests.harness.rabbitmq import RabbitMQServer
+
+        self.server = RabbitMQServer()
+
+    def __enter__(self) -> _RabbitMQ:
+        from kombu.connection import Connection
+
+        from celery_fair.keys.lanes import KeyLanes, lane_queue
+
+        self.server.start()
+        self.url = self.server.url
+        self.connection = Connection(self.url)  # type: ignore[no-untyped-call]
+        channel = self.connection.channel()
+        parent = Queue(QUEUE)  # type: ignore[no-untyped-call]
+        parent(channel).declare()
+        for lane in KeyLanes(frozenset((QUEUE,))).lanes(QUEUE):
+            lane_queue(parent, lane)(channel).declare()
+        channel.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.connection.release()
+        self.server.close()
+
+    def cpu(self) -> float:
+        pid = self.server.pid
+        assert pid is not None, "the node wrote no pid file"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def waiting(self, variant: str) -> int:
+        from celery_fair.keys.lanes_admin import backlog
+
+        return sum(c.messages or 0 for c in backlog(self.connection, QUEUE))
 
 
 def _keys(variant: str) -> int:
     return int(variant.split("-")[1]) if "-" in variant else 0
-
-
-def _cpu(client: Any) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _producer(url: str, variant: str) -> Any:
@@ -65,28 +144,21 @@ def _producer(url: str, variant: str) -> Any:
     return Celery("broker-cost-producer", broker=url, set_as_current=False)
 
 
-def _publish(url: str, client: Any, variant: str, tasks: int) -> float:
+def _publish(broker: Any, variant: str, tasks: int) -> float:
     """Publish ``tasks`` no-op tasks, the keys in turn; the broker's CPU µs per task."""
-    app = _producer(url, variant)
+    app = _producer(broker.url, variant)
     keys = max(1, _keys(variant))
     try:
         with app.producer_or_acquire() as producer:
-            cpu0 = _cpu(client)
+            cpu0 = broker.cpu()
             for i in range(tasks):
                 app.send_task(
                     "ledger", kwargs={"ms": 0, "tenant_id": f"t{i % keys}"}, queue=QUEUE,
                     producer=producer,
                 )  # fmt: skip
-            return (_cpu(client) - cpu0) / tasks * 1e6
+            return (broker.cpu() - cpu0) / tasks * 1e6
     finally:
         app.close()
-
-
-def _waiting(client: Any, variant: str) -> int:
-    """Messages still in the queue (not yet fetched by the worker)."""
-    if _keys(variant):
-        return int(client.hget(KeyedNames(QUEUE).state, BACKLOG) or 0)
-    return int(client.llen(QUEUE))
 
 
 def _worker(url: str, variant: str, args: argparse.Namespace) -> WorkerProcess:
@@ -104,22 +176,25 @@ def _worker(url: str, variant: str, args: argparse.Namespace) -> WorkerProcess:
 
 def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """One variant on a fresh server: publish, then drain with one worker."""
-    with RedisServer() as server:
-        client = redis_lib.Redis.from_url(server.url)
-        publish_us = _publish(server.url, client, variant, args.tasks)
-        assert _waiting(client, variant) == args.tasks, "the publish did not arrive whole"
+    with _RabbitMQ() if args.broker == "rabbitmq" else _Redis() as broker:
+        publish_us = _publish(broker, variant, args.tasks)
+        # RabbitMQ counts a publish once its queue has taken it: a moment after the send.
+        deadline = time.monotonic() + 30
+        while (arrived := broker.waiting(variant)) != args.tasks:
+            assert time.monotonic() < deadline, f"the publish did not arrive whole: {arrived}"
+            time.sleep(0.1)
         start_at, stop_at = args.tasks - args.warmup, args.tail
-        with _worker(server.url, variant, args) as worker:
+        with _worker(broker.url, variant, args) as worker:
             deadline = time.monotonic() + args.timeout
-            while (left := _waiting(client, variant)) > start_at:
+            while (left := broker.waiting(variant)) > start_at:
                 assert time.monotonic() < deadline, worker.log()[-3000:]
-                time.sleep(0.005)
-            cpu0, t0 = _cpu(client), time.perf_counter()
-            while (now_left := _waiting(client, variant)) > stop_at:
+                time.sleep(broker.poll)
+            cpu0, t0 = broker.cpu(), time.perf_counter()
+            while (now_left := broker.waiting(variant)) > stop_at:
                 assert time.monotonic() < deadline, worker.log()[-3000:]
-                time.sleep(0.02)
-            elapsed, cpu1 = time.perf_counter() - t0, _cpu(client)
-            stats = {} if variant == "plain" else wait_fair_stats(server.url)
+                time.sleep(max(broker.poll, 0.02))
+            elapsed, cpu1 = time.perf_counter() - t0, broker.cpu()
+            stats = {} if variant == "plain" else wait_fair_stats(broker.url)
         n = left - now_left
     fetch = stats.get("atomic_fetch") or {}
     calls, fetches = fetch.get("calls") or 0, fetch.get("fetches") or 0
@@ -133,7 +208,8 @@ def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
+    parser.add_argument("--variants", default=None, help="default: every variant of the broker")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=12_000)
     parser.add_argument("--warmup", type=int, default=1_000)
@@ -143,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--name", default="broker_cost")
     args = parser.parse_args(argv)
+    if args.variants is None:
+        args.variants = ",".join(RABBITMQ_VARIANTS if args.broker == "rabbitmq" else VARIANTS)
     variants = args.variants.split(",")
+    if args.broker == "rabbitmq" and any(v.startswith("limits") for v in variants):
+        parser.error("--variants limits-N: per-key limits need the Redis broker")
     if "plain" not in variants:
         variants.insert(0, "plain")  # the anchor of every ratio
     if args.tasks <= args.warmup + args.tail:
@@ -200,7 +280,8 @@ def _markdown(data: dict[str, Any]) -> str:
     lines = [
         "# What a real worker costs the broker per task, against plain Celery",
         "",
-        f"Reproduce: `python -m bench.broker_cost --variants {a['variants']} --reps {a['reps']} "
+        f"Reproduce: `python -m bench.broker_cost --broker {a.get('broker', 'redis')} "
+        f"--variants {a['variants']} --reps {a['reps']} "
         f"--tasks {a['tasks']} --pool {a['pool']} -c {a['concurrency']}` ({env['when']}, "
         f"celery {env['celery']}, kombu {env['kombu']}, redis-py {env['redis']}, "
         f"{env['cpus']} CPUs). One `celery worker -P {a['pool']} -c {a['concurrency']}` "

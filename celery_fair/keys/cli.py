@@ -1,5 +1,8 @@
 """``celery-fair keys``: a keyed queue's backlog, pauses, or a move back to plain Kombu lists.
 
+On RabbitMQ ``backlog`` and ``unkey`` read and empty the keyed queue's lanes
+(:mod:`celery_fair.keys.lanes_admin`); the rest is Redis only.
+
 ``celery-fair keys backlog QUEUE`` shows what waits in the per-key lists,
 the paused keys and the largest backlogs with their top users.
 ``celery-fair keys pause QUEUE KEY...`` and ``resume`` pause and resume keys
@@ -20,7 +23,13 @@ import sys
 import time
 from typing import Any
 
-from ..cli_options import UsageError, add_broker_options, broker_connection, positive_int
+from ..cli_options import (
+    UsageError,
+    add_broker_options,
+    broker_connection,
+    load_app,
+    positive_int,
+)
 
 __all__ = ("register", "run")
 
@@ -32,7 +41,7 @@ def register(subparsers: Any) -> None:
     """Add the ``keys`` subcommand to the ``celery-fair`` parser."""
     parser = subparsers.add_parser(
         "keys",
-        help="a keyed queue's backlog, or move it back to plain Kombu lists (Redis)",
+        help="a keyed queue's backlog, or move it back for plain Celery workers",
         description=(
             "backlog: what waits in a keyed queue's per-key lists. pause / resume KEY...: "
             "nothing of a paused key is fetched by any worker until it is resumed. "
@@ -40,7 +49,8 @@ def register(subparsers: Any) -> None:
             "to the queue's own lists, where any Celery worker consumes it (each batch is "
             "one atomic step: stopping it half way loses and duplicates nothing). "
             "unschedule: move every message of the queue's schedule (fair_eta='broker', "
-            "keyed or plain queue) into the queue now, due or not (atomic batches too)."
+            "keyed or plain queue) into the queue now, due or not (atomic batches too). "
+            "On RabbitMQ: backlog and unkey, of the keyed queue's lanes."
         ),
     )
     parser.add_argument(
@@ -73,9 +83,13 @@ def run(args: argparse.Namespace) -> int:
     with broker_connection(args) as connection:
         channel = connection.default_channel
         if not compat.is_redis_channel(channel):
+            driver = connection.transport.driver_type
+            if driver == "amqp" and args.action in ("backlog", "unkey"):
+                return _on_rabbitmq(connection, args)
             print(
-                f"celery-fair keys: keyed queues live on Redis; {connection.as_uri()} is "
-                f"{connection.transport.driver_type}",
+                f"celery-fair keys {args.action}: keyed queues live on Redis"
+                f"{' (on RabbitMQ: backlog and unkey)' if driver == 'amqp' else ''}; "
+                f"{connection.as_uri()} is {driver}",
                 file=sys.stderr,
             )
             return 2
@@ -95,6 +109,41 @@ def run(args: argparse.Namespace) -> int:
             if args.action == "unschedule":
                 return _unschedule(client, names, args)
             return _unkey(client, names, _suffixes(channel, args.queue), args)
+
+
+def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
+    """``backlog`` and ``unkey`` of a keyed queue's lanes on RabbitMQ."""
+    from . import lanes_admin
+
+    if args.action == "backlog":
+        counts = lanes_admin.backlog(connection, args.queue)
+        lanes_admin.print_backlog(counts, args.queue, as_json=args.json)
+        return 0
+    total = 0
+    declare = load_app(args.app).amqp.queues[args.queue] if args.app else None
+    try:
+        for lane, moved in lanes_admin.unkey(
+            connection,
+            args.queue,
+            declare=declare,
+            progress=lanes_admin.Progress(PROGRESS_EVERY),
+        ):
+            total += moved
+            print(f"  {lane}: {moved} moved")
+    except lanes_admin.QueueMissing as exc:
+        print(f"celery-fair keys unkey: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.queue}: {total} message(s) moved back from its lanes")
+    left = sum(c.messages or 0 for c in lanes_admin.backlog(connection, args.queue)[1:])
+    if left:
+        # Published to a lane while the move ran: a producer still has fair_keys.
+        print(
+            f"{args.queue}: {left} message(s) arrived in its lanes meanwhile; stop keyed "
+            "publishing (fair_keys in the producers) and run this again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def _backlog(client: Any, names: Any, args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ The ledger (on the session's Redis) records every run.
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 import time
@@ -16,6 +17,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from amqp.exceptions import PreconditionFailed
+from kombu.connection import Connection
+from kombu.entity import Queue
 
 from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
 from celery_fair.routing.isolation import NOISY_MESSAGES
@@ -249,3 +253,74 @@ def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: s
         code = worker.wait(timeout=60)
     assert code != 0
     assert "fair_key_concurrency={'*': 2}: keyed queues on RabbitMQ" in worker.log()
+
+
+def _keys_command(amqp_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery_fair.cli", "keys", *args, "-b", amqp_url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_rolling_back_moves_the_lanes_into_the_queue_for_plain_workers(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    keys = {"flood": 300, **{f"t{i}": 10 for i in range(20)}}
+    try:
+        publish_by_key(app, queue, keys, ms=0)
+    finally:
+        app.close()
+    total = sum(keys.values())
+    shown = _keys_command(amqp_url, "backlog", queue, "--json")
+    assert shown.returncode == 0, shown.stderr
+    backlog = json.loads(shown.stdout)
+    assert backlog["messages"] == total
+    # Every task went to a lane; no worker has declared the queue itself yet, so a
+    # move into it would be lost: refused, nothing moved.
+    assert backlog["lanes"][queue]["messages"] is None
+    refused = _keys_command(amqp_url, "unkey", queue)
+    assert refused.returncode == 2 and "is not declared" in refused.stderr, refused.stderr
+    with Connection(amqp_url) as conn:
+        assert Queue(queue)(conn.channel()).declare() == queue  # as a worker declares it
+    moved = _keys_command(amqp_url, "unkey", queue)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert f"{queue}: {total} message(s) moved back from its lanes" in moved.stdout
+    after = json.loads(_keys_command(amqp_url, "backlog", queue, "--json").stdout)
+    assert after["lanes"][queue]["messages"] == total == after["messages"]
+    # A worker without celery-fair consumes the queue only: it runs everything, once.
+    with WorkerProcess(amqp_url, [queue], fair=False, env={"CELERY_FAIR_LEDGER": redis_url}) as w:
+        entries = _entries(ledger, total, w)
+    runs = Counter(e.id for e in entries)
+    assert len(runs) == total and set(runs.values()) == {1}
+    assert Counter(e.tenant for e in entries) == keys
+    assert {e.queue for e in entries} == {queue}
+
+
+def test_the_lanes_of_a_quorum_queue_are_quorum_queues(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    quorum = {"x-queue-type": "quorum"}
+    app = keyed_app(
+        amqp_url, {queue: "tenant_id"},
+        task_queues=[Queue(queue, durable=True, queue_arguments=quorum)],
+    )  # fmt: skip
+    keys = {f"t{i}": 20 for i in range(10)} | {"flood": 200}
+    try:
+        # The producer declares each lane it uses as its queue is declared.
+        publish_by_key(app, queue, keys, ms=0)
+    finally:
+        app.close()
+    total = sum(keys.values())
+    env = {"CELERY_FAIR_QUORUM_QUEUES": queue}
+    with _worker(amqp_url, redis_url, queue, **env) as worker:
+        entries = _entries(ledger, total, worker)
+    runs = Counter(e.id for e in entries)
+    assert len(runs) == total and set(runs.values()) == {1}
+    # Declaring a lane again as a classic queue is refused: the lanes are quorum queues.
+    with Connection(amqp_url) as conn:
+        lanes = {e.queue for e in entries}
+        assert len(lanes) > 5
+        for lane in lanes:
+            with pytest.raises(PreconditionFailed, match="x-queue-type"):
+                Queue(lane, durable=True)(conn.channel()).declare()

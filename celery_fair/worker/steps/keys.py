@@ -38,10 +38,12 @@ class FairKeysStep(bootsteps.StartStopStep):
         service: FairService = c.controller.fair
         if c.task_consumer is None:
             return
-        keyed = service.attachment.keyed
-        if keyed is not None and not self._warned:
+        keyed, lanes = service.attachment.keyed, service.queue_map.lanes
+        queues = keyed.queues if keyed is not None else lanes.keyed if lanes is not None else ()
+        if queues and not self._warned:
+            # On RabbitMQ too: a plain worker consumes the queue but none of its lanes.
             self._warned = True
-            warn_about_plain_consumers(c.app, keyed.queues)
+            warn_about_plain_consumers(c.app, queues)
         checks = keyed_checks(service)
         self._timers = [c.timer.call_repeatedly(every, check) for every, check in checks]
 

@@ -1,0 +1,144 @@
+"""``celery fair keys backlog|unkey`` for a keyed queue on RabbitMQ: its lanes, read or emptied.
+
+``backlog`` counts what waits in each lane (a passive ``queue.declare`` per
+lane: the broker's count of ready messages, and its consumers).  ``unkey``
+moves every message of every lane into the queue itself, where any Celery
+worker consumes it: the last step of a return to plain Celery
+(docs/migrating.md).  Each message is taken with ``basic.get``, published
+again to the queue with publisher confirms, and only then acknowledged: a
+stop half way (or a crash) leaves at most a copy in both places, never a
+loss.  The copy keeps the body, the headers and the properties.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .lanes import KeyLanes
+
+__all__ = ("LaneCount", "QueueMissing", "backlog", "unkey")
+
+
+@dataclass(frozen=True)
+class LaneCount:
+    """One lane's ready messages and consumers (None: the lane is not declared)."""
+
+    lane: str
+    messages: int | None
+    consumers: int | None
+
+
+def backlog(connection: Any, queue: str) -> list[LaneCount]:
+    """What waits in keyed ``queue`` on RabbitMQ: the queue itself, then each lane.
+
+    ``connection`` is a Kombu connection to RabbitMQ.
+    """
+    return [_count(connection, name) for name in _names(queue)]
+
+
+def _names(queue: str) -> tuple[str, ...]:
+    return (queue, *KeyLanes(frozenset((queue,))).lanes(queue))
+
+
+def _count(connection: Any, name: str) -> LaneCount:
+    """A passive declare on a channel of its own: the broker closes the channel of a
+    passive declare of a queue that does not exist."""
+    from amqp.exceptions import NotFound
+
+    channel = connection.channel()
+    try:
+        ok = channel.queue_declare(queue=name, passive=True)
+    except NotFound:
+        return LaneCount(name, None, None)
+    finally:
+        if channel.is_open:
+            channel.close()
+    return LaneCount(name, int(ok.message_count), int(ok.consumer_count))
+
+
+class QueueMissing(LookupError):
+    """The keyed queue itself is not declared: a move into it would be lost."""
+
+
+def unkey(
+    connection: Any,
+    queue: str,
+    *,
+    declare: Any = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[tuple[str, int]]:
+    """Move every message of ``queue``'s lanes into ``queue``; yields (lane, moved) per lane.
+
+    ``connection`` is a Kombu connection to RabbitMQ.  ``declare``: the
+    queue's Kombu ``Queue`` (from the app), declared first; without it the
+    queue must exist (:class:`QueueMissing`).  Each copy is published
+    ``mandatory``: one the broker cannot route raises before its original is
+    acknowledged.  ``progress(total)`` is called after each message moved.
+    """
+    if declare is not None:
+        channel = connection.channel()
+        try:
+            declare(channel).declare()
+        finally:
+            channel.close()
+    elif _count(connection, queue).messages is None:
+        raise QueueMissing(
+            f"queue {queue!r} is not declared; start a worker on it, or name the app (-A) "
+            "so that it is declared as the app declares it"
+        )
+    total = 0
+    for lane in KeyLanes(frozenset((queue,))).lanes(queue):
+        if not _count(connection, lane).messages:
+            continue
+        channel = connection.channel()
+        try:
+            moved = 0
+            while True:
+                message = channel.basic_get(lane, no_ack=False)
+                if message is None:
+                    break
+                # Published (and confirmed) before the ack: a crash leaves a copy, not a loss.
+                channel.basic_publish_confirm(
+                    message, exchange="", routing_key=queue, mandatory=True
+                )
+                channel.basic_ack(message.delivery_tag)
+                moved += 1
+                total += 1
+                if progress is not None:
+                    progress(total)
+        finally:
+            channel.close()
+        yield lane, moved
+
+
+def print_backlog(counts: list[LaneCount], queue: str, *, as_json: bool) -> None:
+    """``keys backlog`` on RabbitMQ: the total, then each lane holding messages."""
+    total = sum(c.messages or 0 for c in counts)
+    if as_json:
+        lanes = {c.lane: {"messages": c.messages, "consumers": c.consumers} for c in counts}
+        print(json.dumps({"queue": queue, "messages": total, "lanes": lanes}, indent=2))
+        return
+    print(f"{queue}: {total} message(s) in the queue and its {len(counts) - 1} lanes")
+    for c in counts:
+        if c.messages:
+            print(f"  {c.lane}: {c.messages} ({c.consumers} consumer(s))")
+    missing = [c.lane for c in counts if c.messages is None]
+    if missing:
+        print(f"  not declared yet: {len(missing)} lane(s)")
+
+
+class Progress:
+    """Prints how many messages moved, at most every ``every`` seconds."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._shown = time.monotonic()
+
+    def __call__(self, total: int) -> None:
+        if time.monotonic() - self._shown >= self.every:
+            self._shown = time.monotonic()
+            print(f"moved {total} message(s)", flush=True)
