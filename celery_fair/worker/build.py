@@ -235,6 +235,7 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
         "fair_key_rate_limit": dict(limits.rates),
         "fair_key_max_backlog": dict(settings.key_max_backlog),
         "fair_keys (two-level keys)": sorted(parse_fair_keys(app.conf.get("fair_keys")).users),
+        "fair_priority": "weighted" if settings.priority_weights is not None else None,
     }
     for setting, value in refused.items():
         if value:

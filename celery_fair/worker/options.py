@@ -378,9 +378,9 @@ OPTIONS: tuple[Option, ...] = (
         "Fairness keys",
         accepts='mapping (or `"k=w,k=w"`) of keys to finite numbers > 0',
         meaning=(
-            "weight per key, in every keyed queue; written to the broker at worker start. "
-            "`control fair_key_weights KEY=W` overrides it live, `KEY=default` removes the "
-            "override"
+            "weight per key, in every keyed queue; on Redis written to the broker at worker "
+            "start, and `control fair_key_weights KEY=W` overrides it live (`KEY=default` "
+            "removes the override); on RabbitMQ each worker applies its own"
         ),
         read=_key_weights,
     ),

@@ -44,6 +44,8 @@ def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
         celery_fair.check(amqp(**keys, fair_key_rate_limit={"*": "5/s"}))
     with pytest.raises(celery_fair.FairConfigError, match=r"two-level keys\)=\['jobs'\]"):
         celery_fair.check(amqp(fair_keys={"jobs": ("tenant_id", "user_id")}))
+    with pytest.raises(celery_fair.FairConfigError, match="fair_priority='weighted'"):
+        celery_fair.check(amqp(**keys, fair_priority="weighted"))
 
 
 def test_the_check_command_prints_the_settings_or_one_line(
