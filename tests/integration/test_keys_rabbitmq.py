@@ -324,3 +324,51 @@ def test_the_lanes_of_a_quorum_queue_are_quorum_queues(
         for lane in lanes:
             with pytest.raises(PreconditionFailed, match="x-queue-type"):
                 Queue(lane, durable=True)(conn.channel()).declare()
+
+
+def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: str) -> None:
+    """Two keyed workers with late acks (Celery's at-least-once): the broker restarts
+    mid-drain, then one worker is killed with SIGKILL.  Every task runs; a task runs
+    twice only if its first run began before the kill (Celery redelivers what was
+    unacknowledged), never afterwards."""
+    from tests.harness.rabbitmq import RabbitMQServer
+
+    queue = "keyed-crash"
+    keys = {"flood": 600, **{f"t{i}": 30 for i in range(30)}}
+    total = sum(keys.values())
+    ledger = Ledger(redis_url)
+    ledger.reset()
+    env = {"CELERY_FAIR_ACKS_LATE": "1"}
+    with RabbitMQServer() as server:
+        app = keyed_app(server.url, {queue: "tenant_id"})
+        try:
+            publish_by_key(app, queue, keys, ms=5)
+        finally:
+            app.close()
+        survivor = _worker(server.url, redis_url, queue, **env).start()
+        victim = _worker(server.url, redis_url, queue, **env).start()
+        try:
+            assert ledger.wait_for(300, timeout=120, alive=[survivor, victim])
+            server.restart()  # same port, same durable lanes and persistent messages
+            done = len(ledger.entries())
+            assert ledger.wait_for(done + 300, timeout=120, alive=[survivor, victim])
+            victim.kill()
+            killed_at = time.time()
+            entries = _entries(ledger, total, survivor, timeout=180)
+            unique = {e.id for e in entries}
+            deadline = time.monotonic() + 120
+            while len(unique) < total:
+                assert time.monotonic() < deadline, f"{len(unique)} of {total} ran"
+                time.sleep(0.2)
+                entries = ledger.entries()
+                unique = {e.id for e in entries}
+        finally:
+            survivor.stop()
+            victim.kill()
+    runs = Counter(e.id for e in entries)
+    assert len(runs) == total, "every task ran"
+    twice = {i for i, n in runs.items() if n > 1}
+    first = {i: min(e.started for e in entries if e.id == i) for i in twice}
+    assert all(started <= killed_at for started in first.values()), "no repeat after the kill"
+    tenant_of = {e.id: e.tenant for e in entries}
+    assert Counter(tenant_of.values()) == keys
