@@ -26,6 +26,7 @@ from typing import Any
 
 from ..cli_options import add_broker_options, broker_connection
 from ..keys.gauges import PREFIX, keys_throttled
+from ..keys.lanes import KeyLanes
 from ..keys.throttling import Throttled
 from ..parked import PARKING_SUFFIX
 from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
@@ -312,11 +313,13 @@ def run(args: argparse.Namespace) -> int:
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     app = None
+    keyed: list[str] = []
     if args.app:
         from celery.app.utils import find_app
 
         app = find_app(args.app)
         queues = list(dict.fromkeys(app_queues(app) + queues))
+        keyed = list(app.conf.get("fair_keys") or {})
     connection = broker_connection(args)
     broker = connection.as_uri()
     memory: Callable[[], BrokerMemory] | None = None  # Redis only
@@ -357,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         amqp_named = list(queues)
         amqp_looked = [-float("inf")]
+        lanes = set(KeyLanes(frozenset(keyed)).parents()) - set(keyed)
 
         def amqp_discover() -> None:
             # The vhost's queues from the management API: a queue declared only
@@ -366,6 +370,8 @@ def run(args: argparse.Namespace) -> int:
             amqp_looked[0] = time.monotonic()
             found = listing()
             if found is not None:
+                # A keyed queue's lanes are read with it, not as queues of their own.
+                found = [q for q in found if q not in lanes]
                 queues[:] = list(dict.fromkeys(amqp_named + found))
 
         amqp_discover()
@@ -373,15 +379,13 @@ def run(args: argparse.Namespace) -> int:
         def read() -> list[QueueReading]:
             amqp_discover()
             connection.ensure_connection(max_retries=1)
-            return read_rabbitmq(connection, queues, management=management)
+            return read_rabbitmq(connection, queues, management=management, keyed=keyed)
 
     registry = CollectorRegistry(auto_describe=False)
     collector = BrokerCollector(read, broker=broker, memory=memory)
     registry.register(collector)
-    if app is not None and args.consumers_every > 0:
-        keyed = list(app.conf.get("fair_keys") or {})
-        if keyed:
-            collector.check_consumers(app, keyed, args.consumers_every)
+    if app is not None and args.consumers_every > 0 and keyed:
+        collector.check_consumers(app, keyed, args.consumers_every)
     if args.once:
         sys.stdout.write(generate_latest(registry).decode())
         return 0

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
 from ..keys import throttling
+from ..keys.lanes import KeyLanes
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parked import PARKING_SUFFIX, cause_of, decode_record
@@ -271,13 +272,17 @@ def read_rabbitmq(
     queues: Sequence[str],
     *,
     management: Callable[[str], dict[str, Any] | None] | None = None,
+    keyed: Collection[str] = (),
 ) -> list[QueueReading]:
     """Read ``queues`` over AMQP (passive declares); ``management(queue)`` adds unacked.
 
     A queue that does not exist reads as empty (a passive declare of it
-    closes the channel, so a new one is opened for the next).
+    closes the channel, so a new one is opened for the next).  A ``keyed``
+    queue is read with its lanes (:mod:`celery_fair.keys.lanes`): its backlog
+    and unacked count every lane's.
     """
     readings = []
+    lanes = KeyLanes(frozenset(keyed))
     channel = connection.channel()
     try:
         for queue in queues:
@@ -285,6 +290,13 @@ def read_rabbitmq(
             parked, _, channel = _declared(connection, channel, queue + PARKING_SUFFIX)
             details = management(queue) if management is not None else None
             unacked = details.get("messages_unacknowledged") if details else None
+            for lane in lanes.lanes(queue) if queue in keyed else ():
+                waiting, _, channel = _declared(connection, channel, lane)
+                ready += waiting
+                more = management(lane) if management is not None else None
+                held = more.get("messages_unacknowledged") if more else None
+                if isinstance(unacked, int) and isinstance(held, int):
+                    unacked += held
             readings.append(
                 QueueReading(
                     queue=queue,

@@ -25,7 +25,8 @@ from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
 from celery_fair.routing.isolation import NOISY_MESSAGES
 from celery_fair.routing.ring import HashRing
 from tests.harness.control import control_app, wait_fair_stats
-from tests.harness.harness import WorkerProcess
+from tests.harness.exporter import ExporterProcess
+from tests.harness.harness import WORKLOAD, WorkerProcess
 from tests.harness.keys import keyed_app, publish_by_key
 from tests.harness.ledger import Entry, Ledger, percentile
 
@@ -372,3 +373,23 @@ def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: s
     assert all(started <= killed_at for started in first.values()), "no repeat after the kill"
     tenant_of = {e.id: e.tenant for e in entries}
     assert Counter(tenant_of.values()) == keys
+
+
+def test_the_exporter_counts_a_keyed_queue_with_its_lanes(amqp_url: str, queue: str) -> None:
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    keys = {"flood": 100, **{f"t{i}": 5 for i in range(10)}}
+    try:
+        publish_by_key(app, queue, keys, ms=0)
+        app.send_task("ledger", kwargs={"ms": 0}, queue=queue)  # no key: the queue itself
+    finally:
+        app.close()
+    env = {"CELERY_FAIR_BROKER": amqp_url, "CELERY_FAIR_KEYS": f"{queue}=tenant_id"}
+    with ExporterProcess(amqp_url, [queue], app=WORKLOAD, env=env) as exporter:
+        samples = exporter.scrape()
+    backlog = samples.get(("celery_fair_queue_backlog", (("queue", queue),)))
+    assert backlog == sum(keys.values()) + 1
+    # The lanes are read with their queue, not as queues of their own.
+    assert not any(
+        name == "celery_fair_queue_backlog" and ".fair." in dict(labels)["queue"]
+        for name, labels in samples
+    )
