@@ -8,6 +8,7 @@ worker consumes it: the last step of a return to plain Celery
 again to the queue with publisher confirms, and only then acknowledged: a
 stop half way (or a crash) leaves at most a copy in both places, never a
 loss.  The copy keeps the body, the headers and the properties.
+:func:`declared` is the one passive read of a queue, the exporter's too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from .lanes import KeyLanes
 
-__all__ = ("LaneCount", "QueueMissing", "backlog", "unkey")
+__all__ = ("LaneCount", "QueueMissing", "backlog", "declared", "unkey")
 
 
 @dataclass(frozen=True)
@@ -37,27 +38,26 @@ def backlog(connection: Any, queue: str) -> list[LaneCount]:
 
     ``connection`` is a Kombu connection to RabbitMQ.
     """
-    return [_count(connection, name) for name in _names(queue)]
-
-
-def _names(queue: str) -> tuple[str, ...]:
-    return (queue, *KeyLanes(frozenset((queue,))).lanes(queue))
-
-
-def _count(connection: Any, name: str) -> LaneCount:
-    """A passive declare on a channel of its own: the broker closes the channel of a
-    passive declare of a queue that does not exist."""
-    from amqp.exceptions import NotFound
-
+    counts = []
     channel = connection.channel()
     try:
-        ok = channel.queue_declare(queue=name, passive=True)
-    except NotFound:
-        return LaneCount(name, None, None)
+        for name in (queue, *KeyLanes(frozenset((queue,))).lanes(queue)):
+            ready, consumers, channel = declared(connection, channel, name)
+            counts.append(LaneCount(name, ready, consumers))
     finally:
-        if channel.is_open:
-            channel.close()
-    return LaneCount(name, int(ok.message_count), int(ok.consumer_count))
+        channel.close()
+    return counts
+
+
+def declared(connection: Any, channel: Any, queue: str) -> tuple[int | None, int | None, Any]:
+    """(messages ready, consumers, the channel to go on with) of ``queue``, by a passive
+    declare; (None, None, a new channel) when it is not declared, as the broker closes
+    the channel of a passive declare of a missing queue."""
+    try:
+        ok = channel.queue_declare(queue=queue, passive=True)
+    except connection.channel_errors:
+        return None, None, connection.channel()
+    return int(ok.message_count), int(ok.consumer_count), channel
 
 
 class QueueMissing(LookupError):
@@ -79,28 +79,24 @@ def unkey(
     ``mandatory``: one the broker cannot route raises before its original is
     acknowledged.  ``progress(total)`` is called after each message moved.
     """
-    if declare is not None:
-        channel = connection.channel()
-        try:
+    channel = connection.channel()
+    try:
+        if declare is not None:
             declare(channel).declare()
-        finally:
-            channel.close()
-    elif _count(connection, queue).messages is None:
-        raise QueueMissing(
-            f"queue {queue!r} is not declared; start a worker on it, or name the app (-A) "
-            "so that it is declared as the app declares it"
-        )
-    total = 0
-    for lane in KeyLanes(frozenset((queue,))).lanes(queue):
-        if not _count(connection, lane).messages:
-            continue
-        channel = connection.channel()
-        try:
+        else:
+            ready, _, channel = declared(connection, channel, queue)
+            if ready is None:
+                raise QueueMissing(
+                    f"queue {queue!r} is not declared; start a worker on it, or name the app "
+                    "(-A) so that it is declared as the app declares it"
+                )
+        total = 0
+        for lane in KeyLanes(frozenset((queue,))).lanes(queue):
+            ready, _, channel = declared(connection, channel, lane)
+            if not ready:
+                continue
             moved = 0
-            while True:
-                message = channel.basic_get(lane, no_ack=False)
-                if message is None:
-                    break
+            while (message := channel.basic_get(lane, no_ack=False)) is not None:
                 # Published (and confirmed) before the ack: a crash leaves a copy, not a loss.
                 channel.basic_publish_confirm(
                     message, exchange="", routing_key=queue, mandatory=True
@@ -110,9 +106,9 @@ def unkey(
                 total += 1
                 if progress is not None:
                     progress(total)
-        finally:
-            channel.close()
-        yield lane, moved
+            yield lane, moved
+    finally:
+        channel.close()
 
 
 def print_backlog(counts: list[LaneCount], queue: str, *, as_json: bool) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 from .. import compat
 from ..keys import throttling
 from ..keys.lanes import KeyLanes
+from ..keys.lanes_admin import declared
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
 from ..parked import PARKING_SUFFIX, cause_of, decode_record
@@ -312,9 +313,6 @@ def read_rabbitmq(
 
 
 def _declared(connection: Any, channel: Any, queue: str) -> tuple[int, int, Any]:
-    """(messages ready, consumers, the channel to go on with) of ``queue``."""
-    try:
-        ok = channel.queue_declare(queue=queue, passive=True)
-    except connection.channel_errors:
-        return 0, 0, connection.channel()  # not declared: nothing waits there
-    return int(ok.message_count), int(ok.consumer_count), channel
+    """:func:`~celery_fair.keys.lanes_admin.declared`, a queue not declared read as empty."""
+    ready, consumers, channel = declared(connection, channel, queue)
+    return ready or 0, consumers or 0, channel

@@ -138,7 +138,7 @@ class FairService:
         its keyed queue's, taken in weighted fair order over their keys.
         """
         self.queue_map.use_lanes(lanes)
-        self.prefetch.lanes = self.queue_map
+        self.prefetch.queue_map = self.queue_map
         # Nothing of the Redis keyed path: no fetch script, no keyed state to write.
         self.attachment.keyed = None
 

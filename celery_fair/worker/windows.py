@@ -56,8 +56,8 @@ class PrefetchWindows:
         self._base_window = 0
         #: Celery's own window, when resources fit the window to what runs at once.
         self._celery_window = 0
-        #: Keyed queues on RabbitMQ: which consumed queues are lanes of which.
-        self.lanes: QueueMap | None = None
+        #: Keyed queues on RabbitMQ: the worker's queue map, which knows the lanes.
+        self.queue_map: QueueMap | None = None
 
     def attach_push(self, consumer: Any) -> dict[str, int]:
         """Per-queue prefetch windows on a push transport (AMQP).
@@ -146,7 +146,7 @@ class PrefetchWindows:
         return {q: setting.get(q, w) for q, w in auto.items()}
 
     def _logical(self, name: str) -> str:
-        return self.lanes.logical(name) if self.lanes is not None else name
+        return self.queue_map.logical(name) if self.queue_map is not None else name
 
     def window_for(self, queue: str) -> int:
         """The prefetch window of ``queue`` (a queue added later gets one too)."""
@@ -174,8 +174,9 @@ class PrefetchWindows:
         Only backlogged lanes hold messages.
         """
         base = self.window_for(parent)
-        assert self.lanes is not None and self.lanes.lanes is not None
-        if lane in self.lanes.lanes.shard_lanes(parent):
+        lanes = self.queue_map.lanes if self.queue_map is not None else None
+        assert lanes is not None
+        if lane in lanes.shard_lanes(parent):
             return base + NOISY_MESSAGES
         return base
 
