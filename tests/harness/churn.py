@@ -9,9 +9,10 @@ Redis.  Worker ``b`` replaces its pool children every ``--max-tasks-per-child``
 tasks; worker ``a`` runs ``--autoscale 3,1``, growing in each wave of tasks and
 shrinking in the pause after it.  Both have a hard ``--time-limit``.
 
-The queues are ``hi`` and ``lo`` (weights 4:1) and, on Redis, ``jobs``, keyed by
-tenant (``fair_keys``; RabbitMQ has no keyed queue).  The tasks (``prod.churn``, 2 ms)
-are published in waves; a share sleeps 300 ms (the targets of the revokes), a share
+The queues are ``hi`` and ``lo`` (weights 4:1) and ``jobs``, keyed by tenant
+(``fair_keys``; on RabbitMQ served from its lanes, which the counts include).  The
+tasks (``prod.churn``, 2 ms) are published in waves; a share sleeps 300 ms (the
+targets of the revokes), a share
 sleeps beyond a hard time limit (half the worker's ``--time-limit``, half a
 ``time_limit`` of their own), a share has a countdown.  While the waves run, a churn
 thread SIGKILLs a random pool process of a random worker every ``kill_every``
@@ -60,6 +61,7 @@ from typing import Any, NamedTuple
 
 import redis as redis_lib
 
+from celery_fair.keys.lanes import KeyLanes
 from tests.harness.brokers import AmqpBroker, _glob_escape
 from tests.harness.harness import WorkerProcess
 from tests.harness.redis import RedisServer
@@ -71,7 +73,7 @@ TASK = "prod.churn"
 #: The deployment flags of both workers, besides Celery's defaults.
 FLAGS = ("-E", "-O", "fair")
 WEIGHTS = {"hi": 4, "lo": 1}
-#: Redis only: a queue keyed by tenant (weight 1, the default).
+#: A queue keyed by tenant (weight 1, the default).
 KEYED = "jobs"
 #: Tasks published per queue, in proportion: hi and lo equal, so that with 4:1 hi
 #: runs dry first and the window where both are backlogged is most of a wave.
@@ -794,14 +796,16 @@ def run_churn(
     timeout = timeout if timeout is not None else 300.0 + tasks / 40
     deadline = time.monotonic() + timeout
     rng = random.Random(seed)
-    queues = [*WEIGHTS, KEYED] if broker == "redis" else [*WEIGHTS]
+    queues = [*WEIGHTS, KEYED]
     specs = plan(tasks, waves, rng, queues=queues, tenants=tenants, slow=slow_share,
                  over=over_share, countdown=countdown_share)  # fmt: skip
     began = time.time()
     with _servers(broker, redis_server, rabbitmq_server) as (url, backend, ledger_url, rabbit):
         ledger = redis_lib.Redis.from_url(ledger_url)
         ledger.delete("ledger", "ledger:starts", "ledger:queues")
-        queue_state = Broker(broker, url, queues, rabbit)
+        # On RabbitMQ a keyed queue's tasks wait in its lanes, declared by celery-fair.
+        lanes = KeyLanes(frozenset((KEYED,))).lanes(KEYED) if broker != "redis" and fair else ()
+        queue_state = Broker(broker, url, [*queues, *lanes], rabbit)
         queue_state.purge()
         env = {
             "CELERY_FAIR_BROKER": url,
@@ -816,8 +820,8 @@ def run_churn(
                 f"{q}={n}" for q, n in QUEUE_CONCURRENCY.items()
             )
             env["PRODUCTION_COST"] = "dominant"
+        env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
         if broker == "redis":
-            env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
             env["PRODUCTION_VISIBILITY"] = str(VISIBILITY)
         # The producer stores no results: Celery's Redis backend would subscribe
         # to every task's result channel.  The workers store them (db 1).
