@@ -25,7 +25,9 @@ time limit), ``WorkerLostError`` (a pool process killed under it: with late acks
 and ``task_reject_on_worker_lost`` off, Celery marks it failed and acknowledges
 it; a process killed as the task started, before the main process knew the job
 was on it, is not seen as holding the job: the task's hard time limit ends it, plain
-Celery as well), ``REVOKED``.  A task with no such result and no run is **lost** (stranded:
+Celery as well; or a process ``--autoscale`` shrank as the job reached it: billiard
+counts it idle until the process acknowledges the job, and SIGTERMs it, plain Celery
+as well), ``REVOKED``.  A task with no such result and no run is **lost** (stranded:
 where it is, is reported); a task that started twice is a duplicate, explained
 when an earlier run's process was one the churn killed.  The run ends with
 nothing on the broker (Redis: no message waiting and the ``unacked`` hash empty
@@ -53,7 +55,7 @@ import time
 import uuid
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -101,6 +103,8 @@ KILLED_AS_STARTED = "killed as it started (ended by the time limit)"
 CAPACITY = {"cpu": 3.0}
 QUEUE_CONCURRENCY = {"lo": 1}
 DEMANDS = {"slow": {"cpu": 2.0}, "*": {"cpu": 1.0}}
+#: An outcome: a task whose process ``--autoscale`` terminated as the job reached it.
+SHRUNK_AS_STARTED = "terminated by an autoscale shrink as it started"
 #: A worker's log: what the churn causes, and what is a bug.
 STALL = "celery-fair: stall"
 UP_TIMEOUT = "Timed out waiting for UP message"
@@ -411,6 +415,18 @@ def outcomes(backend: str, ids: Iterable[str]) -> dict[str, Outcome]:
 TERMINAL = ("SUCCESS", "FAILURE", "REVOKED")
 
 
+def by_shrink(message: str | None, done: float, shrinks: Iterable[float]) -> bool:
+    """Whether a ``WorkerLostError`` (``message``, its result stored at ``done``) is
+    ``--autoscale``'s: it names SIGTERM, and the worker logged "Scaling down" (at
+    ``shrinks``) in the ``KILL_SLACK`` seconds before.
+
+    billiard's ``shrink`` SIGTERMs a process it counts idle, and a process counts
+    idle until it acknowledges the job just written to it: that job dies as it
+    starts (plain Celery as well: celery#2587, billiard#323).
+    """
+    return "SIGTERM" in str(message) and any(0 <= done - t <= KILL_SLACK for t in shrinks)
+
+
 def account(
     published: Sequence[Published],
     starts: Sequence[dict[str, Any]],
@@ -418,13 +434,17 @@ def account(
     results: dict[str, Outcome],
     kills: Sequence[dict[str, Any]],
     revoked: set[str],
+    shrinks: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
-    """Every task: ran once, or accounted for by a kill, a time limit or a revoke.
+    """Every task: ran once, or accounted for by a kill, a time limit, a revoke or a shrink.
 
     A ``WorkerLostError`` is the churn's when the task's run started in a process
     the churn killed, or, for a task whose process died before its run noted its
     start (the job was on its way to the process), when the error names SIGKILL and
     the churn killed a process in the ``KILL_SLACK`` seconds before the result.
+    ``shrinks``: per worker (node name), when ``--autoscale`` logged "Scaling down".
+    A ``WorkerLostError`` naming SIGTERM is the autoscaler's when its worker (or,
+    with no start noted, any worker) shrank in the ``KILL_SLACK`` seconds before.
     """
     started: dict[str, list[dict[str, Any]]] = {}
     for s in starts:
@@ -444,6 +464,11 @@ def account(
     def kill_before(done: float) -> bool:
         i = bisect_right(kill_times, done)
         return i > 0 and done - kill_times[i - 1] <= KILL_SLACK
+
+    def shrunk_under(starts_of: Sequence[dict[str, Any]], outcome: Outcome) -> bool:
+        nodes = {s["worker"] for s in starts_of} or set(shrinks or {})
+        times = [t for n in nodes for t in (shrinks or {}).get(n, ())]
+        return by_shrink(outcome.message, outcome.done, times)
 
     def killed_as_accepted(done: float) -> bool:
         """A kill one hard time limit (the timer starts as a process accepts the job)
@@ -513,6 +538,8 @@ def account(
                 counts["killed while running"] += 1
             elif "SIGKILL" in str(outcome.message) and kill_before(outcome.done):
                 counts["killed before its run started"] += 1
+            elif shrunk_under(starts_of, outcome):
+                counts[SHRUNK_AS_STARTED] += 1
             else:
                 odd(tid, "WorkerLostError without a kill")
         elif status == "REVOKED":
@@ -650,18 +677,51 @@ def log_lines(log: str) -> dict[str, Any]:
     }
 
 
-_TASK_LINE = re.compile(r"\[(\S+ \S+): \w+/\S+\] Task \S+\[([0-9a-f-]+)\] (received|succeeded)")
+_TASK_LINE = re.compile(r"\[\S+ \S+: \w+/\S+\] Task \S+\[([0-9a-f-]+)\] (received|succeeded)")
 
 
 def task_waits(log: str) -> list[float]:
     """Seconds from "received" to "succeeded" of each task a worker's log shows both for."""
     seen: dict[str, dict[str, float]] = {"received": {}, "succeeded": {}}
     for line in log.splitlines():
-        if m := _TASK_LINE.match(line):
-            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            seen[m.group(3)].setdefault(m.group(2), at)
+        if (m := _TASK_LINE.match(line)) and (at := _stamp(line)) is not None:
+            seen[m.group(2)].setdefault(m.group(1), at)
     done = seen["succeeded"]
     return [done[t] - at for t, at in seen["received"].items() if t in done]
+
+
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): ")
+
+
+def _stamp(line: str) -> float | None:
+    """The epoch seconds a Celery log record is stamped with (local time), or None."""
+    if m := _STAMP.match(line):
+        return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return None
+
+
+def log_times(log: str, needle: str) -> list[float]:
+    """When ``log``'s records containing ``needle`` were stamped."""
+    return [t for line in log.splitlines() if needle in line and (t := _stamp(line)) is not None]
+
+
+def log_around(log: str, at: float, before: float = 2.0, after: float = 0.5,
+               most: int = 40) -> list[str]:  # fmt: skip
+    """The log records of ``log`` stamped in ``[at - before, at + after]`` (epoch seconds).
+
+    Lines without a stamp (tracebacks) go with the record before them; a task's
+    "received" and "succeeded" records are left out.  For an unexplained outcome,
+    the worker's own account of what happened around it.
+    """
+    kept: list[str] = []
+    inside = False
+    for line in log.splitlines():
+        if (stamp := _stamp(line)) is not None:
+            chatter = line.endswith("] received") or "] succeeded in " in line
+            inside = at - before <= stamp <= at + after and not chatter
+        if inside:
+            kept.append(line[:300])
+    return kept[-most:]
 
 
 def _expected(line: str) -> bool:
@@ -905,9 +965,15 @@ def run_churn(
             runs = [json.loads(r) for r in ledger.lrange("ledger", 0, -1)]  # type: ignore[union-attr]
             results = outcomes(backend, [p.id for p in published])
             revoked = {r["id"] for r in churn.revokes}
-            books = account(published, starts, runs, results, churn.kills, revoked)
+            shrinks = {_node(w): log_times(w.log(), "Scaling down") for w in workers}
+            books = account(published, starts, runs, results, churn.kills, revoked, shrinks)
             outcomes_ = Counter(books["outcomes"])
             logs = {"b": log_lines(b.log()), "a": log_lines(a.log())}
+            for example in books["unexplained"][:5]:
+                outcome, begun = example["result"], example["starts"]
+                at = outcome.done if outcome else begun[-1]["started"] if begun else None
+                if at is not None:
+                    example["log"] = {n: log_around(w.log(), at) for n, w in (("b", b), ("a", a))}
             pids = {
                 name: sorted({s["pid"] for s in starts if s["worker"] == _node(w)})
                 for name, w in (("b", b), ("a", a))
