@@ -20,6 +20,7 @@ the same with ``su``), and the temporary directory is handed to that user.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import secrets
@@ -30,6 +31,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -37,7 +39,7 @@ from typing import Any
 from tests.harness.redis import free_port
 from tests.harness.tls import Certificates
 
-__all__ = ("RabbitMQServer",)
+__all__ = ("RabbitMQCluster", "RabbitMQServer")
 
 #: Where the Debian package ``rabbitmq-server`` keeps the real scripts; the
 #: ones in ``/usr/sbin`` are wrappers that ``cd /var/lib/rabbitmq`` and ``su``.
@@ -73,6 +75,7 @@ class RabbitMQServer:
         bin_dir: str | os.PathLike[str] | None = None,
         management: bool = False,
         tls: Certificates | None = None,
+        peer: RabbitMQServer | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir is not None else DEBIAN_BIN_DIR
         self.server_script = self.bin_dir / "rabbitmq-server"
@@ -87,7 +90,9 @@ class RabbitMQServer:
         self.epmd_executable = epmd
         self.port = port or free_port()
         self.dist_port = free_port()
-        self.epmd_port = free_port()
+        #: A cluster's nodes share the first node's epmd and Erlang cookie (``peer``).
+        self.peer = peer
+        self.epmd_port = peer.epmd_port if peer is not None else free_port()
         #: The management plugin's HTTP API on loopback (``management_url``), when asked for.
         self.management_port = free_port() if management else None
         self.plugins = tuple(plugins) + (("rabbitmq_management",) if management else ())
@@ -101,6 +106,11 @@ class RabbitMQServer:
         self.epmd_proc: subprocess.Popen[bytes] | None = None
         self._user = self._run_as()
         self._prepare_dir()
+
+    @property
+    def cookie(self) -> str:
+        """The Erlang cookie the node and its CLI tools share (and a cluster's nodes)."""
+        return (self.dir / "home" / ".erlang.cookie").read_text()
 
     @property
     def management_url(self) -> str:
@@ -169,7 +179,7 @@ class RabbitMQServer:
         (etc / "rabbitmq-env.conf").write_text("")
         (etc / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         cookie = home / ".erlang.cookie"
-        cookie.write_text(secrets.token_hex(20).upper())
+        cookie.write_text(self.peer.cookie if self.peer else secrets.token_hex(20).upper())
         cookie.chmod(0o400)
         if self._user is not None:
             uid, gid = self._user.pw_uid, self._user.pw_gid
@@ -254,6 +264,8 @@ class RabbitMQServer:
         return self
 
     def _start_epmd(self, deadline: float) -> None:
+        if self.peer is not None:  # the first node's epmd
+            return
         if self.epmd_proc is not None and self.epmd_proc.poll() is None:
             return
         with open(self.log_dir / "epmd.log", "ab") as out:
@@ -419,6 +431,74 @@ class RabbitMQServer:
             return None
 
     def __enter__(self) -> RabbitMQServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RabbitMQCluster:
+    """``size`` private RabbitMQ nodes on loopback joined into one cluster.
+
+    The nodes share the first node's epmd and Erlang cookie; each other node is
+    stopped as an application, joined to the first (``rabbitmqctl join_cluster``)
+    and started again, as an operator builds a cluster.  :attr:`url` lists every
+    node for Kombu's failover (``amqp://...;amqp://...``).
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        if size < 2:
+            raise ValueError(f"a cluster has at least 2 nodes, not {size}")
+        first = RabbitMQServer()
+        self.nodes = [first, *(RabbitMQServer(peer=first) for _ in range(size - 1))]
+
+    @property
+    def url(self) -> str:
+        """Every node's AMQP URL, ``;``-separated: Kombu tries them in turn."""
+        return ";".join(node.url for node in self.nodes)
+
+    def start(self, timeout: float = 90.0) -> RabbitMQCluster:
+        """Start the nodes and join them; return once the first lists them all running."""
+        first = self.nodes[0]
+        try:
+            first.start(timeout=timeout)  # with the epmd the others register in
+            with ThreadPoolExecutor(len(self.nodes) - 1) as pool:
+                for started in [pool.submit(n.start, timeout) for n in self.nodes[1:]]:
+                    started.result()
+            for node in self.nodes[1:]:
+                for args in (("stop_app",), ("join_cluster", first.nodename), ("start_app",)):
+                    done = node.ctl("rabbitmqctl", *args, timeout=timeout)
+                    if done.returncode != 0:
+                        raise RuntimeError(
+                            f"rabbitmqctl {' '.join(args)} on {node.nodename} failed: "
+                            f"{done.stdout}{done.stderr}\n{node.log_tail()}"
+                        )
+            running = self.running()
+            if running != {n.nodename for n in self.nodes}:
+                raise RuntimeError(f"cluster of {[n.nodename for n in self.nodes]}: {running}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def running(self) -> set[str]:
+        """The nodes the first node's ``cluster_status`` says are running."""
+        done = self.nodes[0].ctl("rabbitmqctl", "cluster_status", "--formatter", "json")
+        if done.returncode != 0:
+            return set()
+        return set(json.loads(done.stdout).get("running_nodes", []))
+
+    def close(self) -> None:
+        """Stop every node (the first, which runs epmd, last) and delete their directories."""
+        for node in reversed(self.nodes):
+            node.close()
+
+    def __enter__(self) -> RabbitMQCluster:
         return self.start()
 
     def __exit__(
