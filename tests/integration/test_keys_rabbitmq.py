@@ -102,6 +102,36 @@ def test_key_weights_hold_on_rabbitmq(
     assert len(set().union(*lanes.values())) == 3, lanes
 
 
+def test_key_weights_hold_across_two_workers_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """Each worker takes its lanes' tasks in its own weighted order: the shares of
+    the two together hold as one worker's do."""
+    weights = {"a": 1, "b": 2, "c": 4}
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        publish_by_key(app, queue, {k: 300 * w for k, w in weights.items()}, ms=2)
+    finally:
+        app.close()
+    total = 300 * sum(weights.values())
+    env = {"CELERY_FAIR_KEY_WEIGHTS": "a=1,b=2,c=4"}
+    with (
+        _worker(amqp_url, redis_url, queue, **env) as one,
+        _worker(amqp_url, redis_url, queue, **env) as two,
+    ):
+        _ready(one)
+        _ready(two)
+        both = time.time()
+        assert ledger.wait_for(total, timeout=180, alive=[one, two]), two.log()[-3000:]
+    entries = sorted(ledger.entries(), key=lambda e: e.started)
+    # Both workers running, and every key still backlogged (the first 85%).
+    window = [e for e in entries[: int(total * 0.85)] if e.started > both + 1.0]
+    assert len(window) > 800 and len({e.worker for e in window}) == 2, len(window)
+    counts = Counter(e.tenant for e in window)
+    for key, weight in weights.items():
+        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+
+
 @pytest.mark.compat
 def test_every_task_runs_once_keyed_unkeyed_and_from_a_plain_producer(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str
