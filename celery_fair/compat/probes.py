@@ -178,6 +178,14 @@ CAPABILITIES: dict[str, Capability] = {
             "as in plain Celery",
         ),
         Capability(
+            "celery.pool.shrink_spares",
+            "--autoscale shrinking only prefork processes no job is on its way to "
+            "(AsynPool._worker_active, read by _iterinactive, and the jobs' _write_to/"
+            "_scheduled_for; celery#2587)",
+            "a shrink can terminate a process as a job reaches it, and that task fails "
+            "with WorkerLostError (signal 15), as in plain Celery",
+        ),
+        Capability(
             "celery.worker.pool_slots",
             "the pool's size before the pool exists (WorkController.pool_cls, "
             "concurrency, min_concurrency/max_concurrency set by the Pool bootstep)",

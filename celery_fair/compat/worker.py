@@ -245,6 +245,58 @@ def follow_process_exits(pool: Any, probe: Probe) -> bool:
     return True
 
 
+def spare_processes_given_a_job(pool: Any, probe: Probe) -> bool:
+    """Keep ``--autoscale`` from terminating a prefork process a job is on its way to.
+
+    When the autoscaler shrinks the pool, billiard's ``Pool.shrink`` terminates
+    (SIGTERM) the processes ``_worker_active`` finds idle: those no pending job
+    names (``job.worker_pids()``).  A job names its process only once the process
+    has acknowledged it, and the event loop reads that acknowledgement later; a
+    process the loop has just written a job to counts idle until then.  The shrink
+    kills it as the job starts, and the task fails with ``WorkerLostError: Worker
+    exited prematurely: signal 15 (SIGTERM)`` (celery#2587, billiard#323; in the
+    churn soak, 1 or 2 tasks in about one run of five, plain Celery as well).  Here
+    a process also counts busy while a pending job is being written or is to be
+    written to it: ``AsynPool`` records that on the job (``_write_to``,
+    ``_scheduled_for``) to recover the job if the process dies.  Wraps the pool's
+    ``_worker_active`` on this instance, which ``_iterinactive`` (``shrink``'s
+    choice) reads.  False for other pools, or without those parts (the probe
+    says so).
+    """
+    if type(pool).__module__ != _PREFORK_POOL:
+        return False
+    asyn = getattr(pool, "_pool", None)
+    if asyn is None:  # not started
+        return False
+    original: Callable[[Any], bool] | None = getattr(asyn, "_worker_active", None)
+    if getattr(original, "celery_fair_spares", False):
+        return True
+    lacking = _lacks(asyn, ("_worker_active", "_iterinactive", "_cache"))
+    choice = getattr(getattr(type(asyn), "_iterinactive", None), "__code__", None)
+    if not lacking and (choice is None or "_worker_active" not in _names_used(choice)):
+        lacking.append("_iterinactive (self._worker_active)")
+    from billiard.pool import ApplyResult  # the prefork pool's, loaded with it
+
+    if not lacking and _lacks(ApplyResult, ("_write_to", "_scheduled_for", "ready")):
+        lacking.append("ApplyResult._write_to/_scheduled_for")
+    if lacking or original is None:
+        probe.missing_capability("celery.pool.shrink_spares", "AsynPool." + "/".join(lacking))
+        return False
+    acknowledged, cache = original, asyn._cache
+
+    def worker_active(worker: Any) -> bool:
+        if acknowledged(worker):
+            return True
+        return any(
+            worker in (job._write_to, job._scheduled_for) and not job.ready()
+            for job in list(cache.values())
+        )
+
+    worker_active.celery_fair_spares = True  # type: ignore[attr-defined]
+    asyn._worker_active = worker_active
+    return True
+
+
 def runs_inline(pool: Any) -> bool:
     """Whether the pool runs each task inside the delivery callback (``-P solo``)."""
     return type(pool).__module__ == _SOLO_POOL

@@ -517,3 +517,50 @@ def test_a_pool_that_tracks_exits_otherwise_keeps_celerys_maintenance() -> None:
     assert not compat.follow_process_exits(_prefork_pool(Elsewhere), probe)
     assert "celery.pool.process_exits" in probe.missing and len(lines) == 1
     assert not compat.follow_process_exits(object(), probe)  # other pools: nothing to follow
+
+
+def test_a_shrink_spares_the_process_a_job_is_on_its_way_to() -> None:
+    """billiard's ``shrink`` counts a process idle until it acknowledges its job, and
+    terminates it as the job starts (celery#2587); celery-fair counts it busy."""
+    from billiard.pool import ApplyResult
+    from celery import Celery
+    from celery.concurrency.prefork import TaskPool
+
+    app = Celery("shrink", set_as_current=False)
+    # Celery's process_initializer (the pool's) takes the app and the node name.
+    pool = TaskPool(limit=2, initargs=(app, "shrink@test"))
+    pool.start()
+    try:
+        asyn = pool._pool
+        probe = Probe(log=lambda line: None)
+        assert compat.spare_processes_given_a_job(pool, probe) and probe.missing == {}
+        assert compat.spare_processes_given_a_job(pool, probe)  # once: a restart keeps it
+        first, second = list(asyn._pool)
+        job = ApplyResult(asyn._cache, None)
+        job._write_to = first  # written to ``first``, not acknowledged yet
+        # billiard alone counts ``first`` idle, and would terminate it first.
+        assert not type(asyn)._worker_active(asyn, first)
+        assert asyn._worker_active(first) and not asyn._worker_active(second)
+        asyn.shrink(1)
+        second.join(10)
+        assert second.exitcode is not None and first.is_alive()
+        asyn._cache.pop(job._job)
+    finally:
+        pool.terminate()
+    assert not compat.spare_processes_given_a_job(object(), probe)  # other pools
+
+
+def test_a_pool_that_chooses_otherwise_shrinks_as_celery_does() -> None:
+    from celery.concurrency.asynpool import AsynPool
+
+    class Elsewhere(AsynPool):  # type: ignore[misc]
+        def _iterinactive(self) -> Any:
+            return iter(self._pool)
+
+    lines: list[str] = []
+    probe = Probe(log=lines.append)
+    pool = _prefork_pool(Elsewhere)
+    pool._pool._cache = {}
+    assert not compat.spare_processes_given_a_job(pool, probe)
+    assert "celery.pool.shrink_spares" in probe.missing and len(lines) == 1
+    assert "_iterinactive" in lines[0]

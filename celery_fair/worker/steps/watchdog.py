@@ -22,7 +22,9 @@ class FairWatchdogStep(bootsteps.StartStopStep):
     races them.  Without the capability (``celery.worker.state_requests``)
     there is no watchdog and the step does nothing; the probe at start said so.
     At each start it also has the prefork pool replace a child as soon as the
-    child can be joined (:func:`celery_fair.compat.follow_process_exits`).
+    child can be joined (:func:`celery_fair.compat.follow_process_exits`), and
+    shrink none a job is on its way to
+    (:func:`celery_fair.compat.spare_processes_given_a_job`).
     """
 
     name = "celery_fair.watchdog"
@@ -38,6 +40,8 @@ class FairWatchdogStep(bootsteps.StartStopStep):
         # Before the event loop starts (and the pool joins it): a process that
         # exits is replaced as soon as it can be joined (celery#9588).
         compat.follow_process_exits(c.controller.pool, c.controller.fair.probe)
+        # ... and --autoscale terminates no process a job is on its way to (celery#2587).
+        compat.spare_processes_given_a_job(c.controller.pool, c.controller.fair.probe)
         if self._timer is not None:
             return
         watchdog = build_watchdog(c.controller.fair, c.controller)
