@@ -73,29 +73,42 @@ def ledger(redis_url: str) -> Ledger:
     return ledger
 
 
+WEIGHTS = {"a": 1, "b": 2, "c": 4}
+
+
+def _publish_weighted(amqp_url: str, queue: str, per_weight: int) -> None:
+    """``per_weight`` tasks per unit of weight and key: each key's backlog lasts as
+    long as the others' at these weights.  The producer has no weights: they act
+    in the workers."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        publish_by_key(app, queue, {k: per_weight * w for k, w in WEIGHTS.items()}, ms=2)
+    finally:
+        app.close()
+
+
+def _assert_weighted(window: list[Entry]) -> None:
+    """The keys' shares of ``window`` are their weights' within 2 points."""
+    counts = Counter(e.tenant for e in window)
+    for key, weight in WEIGHTS.items():
+        share = weight / sum(WEIGHTS.values())
+        assert counts[key] / len(window) == pytest.approx(share, abs=0.02), counts
+
+
 @pytest.mark.compat
 def test_key_weights_hold_on_rabbitmq(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str
 ) -> None:
-    weights = {"a": 1, "b": 2, "c": 4}
-    # A producer without the weights: they act in the workers.
-    app = keyed_app(amqp_url, {queue: "tenant_id"})
-    try:
-        # Each key's backlog lasts as long as the others' at these weights.
-        publish_by_key(app, queue, {k: 200 * w for k, w in weights.items()}, ms=2)
-    finally:
-        app.close()
+    _publish_weighted(amqp_url, queue, 200)
     with _worker(amqp_url, redis_url, queue, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
         entries = _entries(ledger, 1000, worker)
     window = entries[100:900]  # every key backlogged throughout
-    counts = Counter(e.tenant for e in window)
-    for key, weight in weights.items():
-        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+    _assert_weighted(window)
     # Each key is a third of the producer's publishes: noisy, so each had a
     # noisy lane of its own after its first messages.
     noisy = set(KeyLanes(frozenset([queue])).noisy_lanes(queue))
     lanes = {}
-    for key in weights:
+    for key in WEIGHTS:
         mine = sorted((e for e in entries if e.tenant == key), key=lambda e: e.published or 0)
         lanes[key] = {e.queue for e in mine[NOISY_MESSAGES:]}
     assert all(len(found) == 1 and found <= noisy for found in lanes.values()), lanes
@@ -107,13 +120,8 @@ def test_key_weights_hold_across_two_workers_on_rabbitmq(
 ) -> None:
     """Each worker takes its lanes' tasks in its own weighted order: the shares of
     the two together hold as one worker's do."""
-    weights = {"a": 1, "b": 2, "c": 4}
-    app = keyed_app(amqp_url, {queue: "tenant_id"})
-    try:
-        publish_by_key(app, queue, {k: 300 * w for k, w in weights.items()}, ms=2)
-    finally:
-        app.close()
-    total = 300 * sum(weights.values())
+    _publish_weighted(amqp_url, queue, 300)
+    total = 300 * sum(WEIGHTS.values())
     env = {"CELERY_FAIR_KEY_WEIGHTS": "a=1,b=2,c=4"}
     with (
         _worker(amqp_url, redis_url, queue, **env) as one,
@@ -127,9 +135,7 @@ def test_key_weights_hold_across_two_workers_on_rabbitmq(
     # Both workers running, and every key still backlogged (the first 85%).
     window = [e for e in entries[: int(total * 0.85)] if e.started > both + 1.0]
     assert len(window) > 800 and len({e.worker for e in window}) == 2, len(window)
-    counts = Counter(e.tenant for e in window)
-    for key, weight in weights.items():
-        assert counts[key] / len(window) == pytest.approx(weight / 7, abs=0.02), counts
+    _assert_weighted(window)
 
 
 @pytest.mark.compat
