@@ -180,8 +180,8 @@ CAPABILITIES: dict[str, Capability] = {
         Capability(
             "celery.pool.shrink_spares",
             "--autoscale shrinking only prefork processes no job is on its way to "
-            "(AsynPool._worker_active, read by _iterinactive, and the jobs' _write_to/"
-            "_scheduled_for; celery#2587)",
+            "(AsynPool._worker_active, read by _iterinactive, _waiting_to_start, and the "
+            "jobs' _write_to/_scheduled_for; celery#2587)",
             "a shrink can terminate a process as a job reaches it, and that task fails "
             "with WorkerLostError (signal 15), as in plain Celery",
         ),

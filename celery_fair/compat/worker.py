@@ -258,7 +258,8 @@ def spare_processes_given_a_job(pool: Any, probe: Probe) -> bool:
     churn soak, 1 or 2 tasks in about one run of five, plain Celery as well).  Here
     a process also counts busy while a pending job is being written or is to be
     written to it: ``AsynPool`` records that on the job (``_write_to``,
-    ``_scheduled_for``) to recover the job if the process dies.  Wraps the pool's
+    ``_scheduled_for``) to recover the job if the process dies.  A process that
+    has not reported itself up (``_waiting_to_start``) counts busy as well.  Wraps the pool's
     ``_worker_active`` on this instance, which ``_iterinactive`` (``shrink``'s
     choice) reads.  False for other pools, or without those parts (the probe
     says so).
@@ -271,7 +272,7 @@ def spare_processes_given_a_job(pool: Any, probe: Probe) -> bool:
     original: Callable[[Any], bool] | None = getattr(asyn, "_worker_active", None)
     if getattr(original, "celery_fair_spares", False):
         return True
-    lacking = _lacks(asyn, ("_worker_active", "_iterinactive", "_cache"))
+    lacking = _lacks(asyn, ("_worker_active", "_iterinactive", "_cache", "_waiting_to_start"))
     choice = getattr(getattr(type(asyn), "_iterinactive", None), "__code__", None)
     if not lacking and (choice is None or "_worker_active" not in _names_used(choice)):
         lacking.append("_iterinactive (self._worker_active)")
@@ -282,10 +283,12 @@ def spare_processes_given_a_job(pool: Any, probe: Probe) -> bool:
     if lacking or original is None:
         probe.missing_capability("celery.pool.shrink_spares", "AsynPool." + "/".join(lacking))
         return False
-    acknowledged, cache = original, asyn._cache
+    acknowledged, cache, starting = original, asyn._cache, asyn._waiting_to_start
 
     def worker_active(worker: Any) -> bool:
-        if acknowledged(worker):
+        # A process not up yet is spared too: shrunk before its "up" message, it
+        # trips Celery's check of processes that never came up, which stops the worker.
+        if acknowledged(worker) or worker in starting:
             return True
         return any(
             worker in (job._write_to, job._scheduled_for) and not job.ready()

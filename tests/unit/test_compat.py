@@ -532,6 +532,9 @@ def test_a_shrink_spares_the_process_a_job_is_on_its_way_to() -> None:
     pool.start()
     try:
         asyn = pool._pool
+        # Without an event loop the pool is billiard's own; Celery's AsynPool adds
+        # the set of processes not up yet.
+        asyn._waiting_to_start = set()
         probe = Probe(log=lambda line: None)
         assert compat.spare_processes_given_a_job(pool, probe) and probe.missing == {}
         assert compat.spare_processes_given_a_job(pool, probe)  # once: a restart keeps it
@@ -541,6 +544,9 @@ def test_a_shrink_spares_the_process_a_job_is_on_its_way_to() -> None:
         # billiard alone counts ``first`` idle, and would terminate it first.
         assert not type(asyn)._worker_active(asyn, first)
         assert asyn._worker_active(first) and not asyn._worker_active(second)
+        asyn._waiting_to_start.add(second)  # not up yet: spared too
+        assert asyn._worker_active(second)
+        asyn._waiting_to_start.clear()
         asyn.shrink(1)
         second.join(10)
         assert second.exitcode is not None and first.is_alive()
@@ -560,7 +566,7 @@ def test_a_pool_that_chooses_otherwise_shrinks_as_celery_does() -> None:
     lines: list[str] = []
     probe = Probe(log=lines.append)
     pool = _prefork_pool(Elsewhere)
-    pool._pool._cache = {}
+    pool._pool._cache, pool._pool._waiting_to_start = {}, set()
     assert not compat.spare_processes_given_a_job(pool, probe)
     assert "celery.pool.shrink_spares" in probe.missing and len(lines) == 1
     assert "_iterinactive" in lines[0]
