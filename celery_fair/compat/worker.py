@@ -259,10 +259,10 @@ def spare_processes_given_a_job(pool: Any, probe: Probe) -> bool:
     a process also counts busy while a pending job is being written or is to be
     written to it: ``AsynPool`` records that on the job (``_write_to``,
     ``_scheduled_for``) to recover the job if the process dies.  A process that
-    has not reported itself up (``_waiting_to_start``) counts busy as well.  Wraps the pool's
-    ``_worker_active`` on this instance, which ``_iterinactive`` (``shrink``'s
-    choice) reads.  False for other pools, or without those parts (the probe
-    says so).
+    has not reported itself up (``_waiting_to_start``) counts busy as well.
+    Wraps the pool's ``_worker_active`` on this instance, which ``_iterinactive``
+    (``shrink``'s choice) reads.  False for other pools, or without those parts
+    (the probe says so).
     """
     if type(pool).__module__ != _PREFORK_POOL:
         return False

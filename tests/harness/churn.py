@@ -465,9 +465,11 @@ def account(
         i = bisect_right(kill_times, done)
         return i > 0 and done - kill_times[i - 1] <= KILL_SLACK
 
+    shrunk_at = shrinks or {}
+
     def shrunk_under(starts_of: Sequence[dict[str, Any]], outcome: Outcome) -> bool:
-        nodes = {s["worker"] for s in starts_of} or set(shrinks or {})
-        times = [t for n in nodes for t in (shrinks or {}).get(n, ())]
+        nodes = {s["worker"] for s in starts_of} or set(shrunk_at)
+        times = [t for n in nodes for t in shrunk_at.get(n, ())]
         return by_shrink(outcome.message, outcome.done, times)
 
     def killed_as_accepted(done: float) -> bool:
@@ -965,15 +967,18 @@ def run_churn(
             runs = [json.loads(r) for r in ledger.lrange("ledger", 0, -1)]  # type: ignore[union-attr]
             results = outcomes(backend, [p.id for p in published])
             revoked = {r["id"] for r in churn.revokes}
-            shrinks = {_node(w): log_times(w.log(), "Scaling down") for w in workers}
+            texts = {"b": b.log(), "a": a.log()}  # each worker's log, read once
+            shrinks = {
+                _node(w): log_times(texts[n], "Scaling down") for n, w in (("b", b), ("a", a))
+            }
             books = account(published, starts, runs, results, churn.kills, revoked, shrinks)
             outcomes_ = Counter(books["outcomes"])
-            logs = {"b": log_lines(b.log()), "a": log_lines(a.log())}
+            logs = {n: log_lines(text) for n, text in texts.items()}
             for example in books["unexplained"][:5]:
                 outcome, begun = example["result"], example["starts"]
                 at = outcome.done if outcome else begun[-1]["started"] if begun else None
                 if at is not None:
-                    example["log"] = {n: log_around(w.log(), at) for n, w in (("b", b), ("a", a))}
+                    example["log"] = {n: log_around(text, at) for n, text in texts.items()}
             pids = {
                 name: sorted({s["pid"] for s in starts if s["worker"] == _node(w)})
                 for name, w in (("b", b), ("a", a))
