@@ -19,8 +19,11 @@ from ..keys.eta import register_app as eta_register_app
 from ..keys.lanes import KeyLanes, consume_lanes
 from ..keys.publish import parse_fair_keys, register_app
 from ..keys.releases import CARRY_CHECK
+from ..keys.token_client import TokenClient
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore
+from .key_tokens import AUDIT as TOKEN_AUDIT
+from .key_tokens import POLL as TOKEN_POLL
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
 from .pauses import PAUSED_RECHECK
 from .service import FairService
@@ -96,17 +99,23 @@ def install_dispatch(service: FairService, w: Any) -> None:
         return
     process = tracker.wrap_dispatch(compat.dispatch_of(w))
     compat.set_dispatch(w, process)
+    tokens = service.tokens
     if direct:
         # No semaphore wait on the way to the pool: add a fair one.
         gate = service.gate = FairGate(service, service.concurrency)
         gated = gate.wrap(process, w.pool)
+        if tokens is not None:
+            gated = tokens.wrap(gated)
         # Celery's direct process_task is the unwrapped _process_task: it is
         # replaced, not called, or tasks would skip the observers and the gate.
         compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
     elif getattr(w, "semaphore", None) is not None:
         # prefork: tasks waiting for a slot wait in the semaphore.
         install_on_semaphore(w.semaphore, service)
-        compat.wrap_process_task(w, tracker.wrap_receive)
+        if tokens is not None:
+            compat.wrap_process_task(w, lambda sem: tracker.wrap_receive(tokens.wrap(sem)))
+        else:
+            compat.wrap_process_task(w, tracker.wrap_receive)
 
 
 def _install_resource_gate(service: FairService, w: Any, *, direct: bool) -> None:
@@ -126,12 +135,20 @@ def _install_resource_gate(service: FairService, w: Any, *, direct: bool) -> Non
     )
     process = tracker.wrap_dispatch(compat.dispatch_of(w))
     compat.set_dispatch(w, process)
+    tokens = service.tokens
+
+    def limited(to_pool: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        # A limited key's task takes its tokens before it waits for resources.
+        return to_pool if tokens is None else tokens.wrap(to_pool)
+
     if direct:
-        gated = gate.wrap(process)
+        gated = limited(gate.wrap(process))
         # As with the slot gate: the direct process_task is replaced, not called.
         compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
     else:
-        compat.wrap_process_task(w, lambda semaphore: tracker.wrap_receive(gate.wrap(semaphore)))
+        compat.wrap_process_task(
+            w, lambda semaphore: tracker.wrap_receive(limited(gate.wrap(semaphore)))
+        )
     logger.info(
         "celery-fair: tasks start by what they hold; capacity %s, cost %s",
         {name: amount for name, amount in capacity.items()},
@@ -149,6 +166,9 @@ def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]
     """
     checks: list[tuple[float, Callable[[], None]]] = []
     attachment = service.attachment
+    tokens = service.tokens
+    if tokens is not None:
+        checks.extend([(TOKEN_POLL, tokens.poll), (TOKEN_AUDIT, tokens.audit)])
     if attachment.fetch is not None:
         checks.append((KEYED_RECHECK, service.keys.recheck_backlogs))
     if attachment.keyed is not None:
@@ -207,6 +227,10 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
     if driver == "amqp":
         lanes = KeyLanes(frozenset(settings.keys))
         service.use_lanes(lanes)
+        if settings.key_limits:
+            # Heartbeats off: nothing reads this connection between its calls
+            # (see celery_fair.keys.token_client).
+            service.limit_by_tokens(TokenClient(lambda: app.connection_for_read(heartbeat=0)))
         added = consume_lanes(app, lanes)
         logger.info(
             "celery-fair: keyed queues on RabbitMQ: %d lane(s) consumed besides %s",
@@ -229,10 +253,7 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
     driver = _broker_driver(app)
     if not settings.keys or driver != "amqp":
         return driver
-    limits = settings.key_limits
     refused = {
-        "fair_key_concurrency": dict(limits.concurrency),
-        "fair_key_rate_limit": dict(limits.rates),
         "fair_key_max_backlog": dict(settings.key_max_backlog),
         "fair_keys (two-level keys)": sorted(parse_fair_keys(app.conf.get("fair_keys")).users),
         "fair_priority": "weighted" if settings.priority_weights is not None else None,

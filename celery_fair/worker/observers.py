@@ -30,6 +30,7 @@ from .shedder import RECEIVED_MONOTONIC
 __all__ = (
     "DispatchedTask",
     "KeyLeases",
+    "KeyTokens",
     "Meter",
     "MeterObserver",
     "ResourceRelease",
@@ -142,6 +143,18 @@ class KeyLeases(TaskObserver):
         self.leases.finished(task.queue, task.tag, runtime)
 
 
+class KeyTokens(TaskObserver):
+    """Per-key limits on RabbitMQ: a finished task gives its key's tokens back."""
+
+    follows_completion = True
+
+    def __init__(self, service: SchedulingService) -> None:
+        self.service = service
+
+    def after(self, task: DispatchedTask, runtime: float) -> None:
+        self.service.tokens.finished(task.request)
+
+
 class MeterObserver(TaskObserver):
     """Prometheus metrics: the sojourn at hand-over and, with run-time cost, the charge.
 
@@ -244,6 +257,8 @@ def observers_for(
     keyed = service.attachment.keyed
     if keyed is not None and keyed.limited:
         chain.append(KeyLeases(service))
+    if service.tokens is not None:
+        chain.append(KeyTokens(service))
     if meter is not None:
         chain.append(MeterObserver(meter, charge=post_charged))
     if post_charged:

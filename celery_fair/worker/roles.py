@@ -44,3 +44,6 @@ class SchedulingService(Protocol):
     #: The gate before the pool, if any (a :class:`~.dispatch.FairGate` or a
     #: :class:`~.capacity.ResourceGate`; typed loosely: both import this module).
     gate: Any
+    #: Per-key limits on RabbitMQ: the :class:`~.key_tokens.KeyTokenGate`, or None
+    #: (typed loosely: it imports this module).
+    tokens: Any

@@ -16,6 +16,7 @@ from typing import Any
 from .. import compat
 from ..keys.lanes import KeyLanes
 from ..keys.serving import KeyStatistics
+from ..keys.token_client import TokenClient
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import install_on_channel
 from ..kombu.full import FullBroker, FullBrokerStatistics
@@ -25,6 +26,7 @@ from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
 from .capacity import CapacityStatistics, ResourceGate
 from .dispatch import FairGate, close_during_drain, wake_while_busy
+from .key_tokens import KeyTokenGate, TokenStatistics
 from .keyed_admin import KeyedAdmin
 from .live_weights import LIVE_WEIGHTS, LiveWeights
 from .pauses import PausedKeys
@@ -81,6 +83,8 @@ class FairService:
         self.lock = threading.RLock()
         #: The gate of the pools that dispatch directly (threads, solo, green).
         self.gate: FairGate | ResourceGate | None = None
+        #: Per-key limits on RabbitMQ (:meth:`limit_by_tokens`).
+        self.tokens: KeyTokenGate | None = None
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
         #: The pool never reports tasks running at a connection loss (set at start,
@@ -141,6 +145,11 @@ class FairService:
         self.prefetch.queue_map = self.queue_map
         # Nothing of the Redis keyed path: no fetch script, no keyed state to write.
         self.attachment.keyed = None
+
+    def limit_by_tokens(self, client: TokenClient) -> None:
+        """Per-key limits on RabbitMQ: a limited key's task starts with its tokens
+        (:mod:`celery_fair.worker.key_tokens`), taken on ``client``'s connection."""
+        self.tokens = KeyTokenGate(self, self.settings.key_limits, client, slots=self.concurrency)
 
     # -- consumer side --------------------------------------------------------
 
@@ -320,6 +329,7 @@ class FairService:
             stalls=self.stalls.statistics(),
             broker_full=self.full.statistics(),
             resources=self.gate.statistics() if isinstance(self.gate, ResourceGate) else None,
+            key_tokens=self.tokens.statistics() if self.tokens is not None else None,
         )
 
     def statistics(self) -> dict[str, object]:
@@ -344,6 +354,8 @@ class WorkerStatistics:
     broker_full: FullBrokerStatistics
     #: What the worker holds against its capacity (None: resources off).
     resources: CapacityStatistics | None = None
+    #: Per-key limits on RabbitMQ: the tokens held and the tasks aside (None: none).
+    key_tokens: TokenStatistics | None = None
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly nested data: the scheduler's fields at the top level."""
@@ -364,4 +376,5 @@ class WorkerStatistics:
         stats["stalls"] = asdict(self.stalls)
         stats["broker_full"] = asdict(self.broker_full)
         stats["resources"] = self.resources.as_dict() if self.resources is not None else None
+        stats["key_tokens"] = asdict(self.key_tokens) if self.key_tokens is not None else None
         return stats

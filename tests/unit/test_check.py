@@ -40,8 +40,13 @@ def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
 
     keys = {"fair_keys": {"jobs": "tenant_id"}}
     assert dict(celery_fair.check(amqp(**keys, fair_key_weights="a=2")).settings.keys)
-    with pytest.raises(celery_fair.FairConfigError, match=r"fair_key_rate_limit=.*RabbitMQ"):
-        celery_fair.check(amqp(**keys, fair_key_rate_limit={"*": "5/s"}))
+    # Per-key limits are limit tokens on RabbitMQ: accepted.
+    limited = celery_fair.check(
+        amqp(**keys, fair_key_rate_limit={"*": "5/s"}, fair_key_concurrency="*=2")
+    ).settings.key_limits
+    assert dict(limited.rates) == {"*": 5.0} and dict(limited.concurrency) == {"*": 2}
+    with pytest.raises(celery_fair.FairConfigError, match=r"fair_key_max_backlog=.*RabbitMQ"):
+        celery_fair.check(amqp(**keys, fair_key_max_backlog={"*": 100}))
     with pytest.raises(celery_fair.FairConfigError, match=r"two-level keys\)=\['jobs'\]"):
         celery_fair.check(amqp(fair_keys={"jobs": ("tenant_id", "user_id")}))
     with pytest.raises(celery_fair.FairConfigError, match="fair_priority='weighted'"):

@@ -1,0 +1,262 @@
+"""Per-key limits on RabbitMQ in the worker: a task starts with its key's tokens.
+
+Tasks reach the pool through :class:`KeyTokenGate` (prefork: before its
+semaphore).  A task of a limited key of a keyed queue takes its key's
+tokens first (:mod:`celery_fair.keys.tokens`): with them it goes on, and
+gives them back when it ends; without them it waits aside, unacknowledged,
+and no later task of its key passes it.  Every :data:`POLL` seconds the
+gate tries again for the keys aside, longest-waiting first, and every
+:data:`AUDIT` seconds gives back the tokens of tasks this worker no longer
+has (a finish that was never reported), so a lost callback cannot keep a
+key at its limit.
+
+Tasks of other keys never wait for these: a key without free tokens is
+set aside and the next task is considered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import compat
+from ..keys.limits import KeyLimits
+from ..keys.token_client import TokenClient
+from ..keys.tokens import HeldToken, TokenBook, TokenSpec, token_specs
+from .roles import SchedulingService
+
+__all__ = ("AUDIT", "POLL", "KeyTokenGate", "TokenStatistics")
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between tries for the keys whose tasks wait aside.
+POLL = 0.05
+#: Seconds between looks for tokens held by tasks this worker no longer has.
+AUDIT = 10.0
+#: Tries per poll at most: each is one round trip on the event loop.
+_TRIES_PER_POLL = 64
+
+
+class KeyTokenGate:
+    """Holds back a limited key's tasks until its tokens are free, across workers."""
+
+    def __init__(
+        self, service: SchedulingService, limits: KeyLimits, client: TokenClient, *, slots: int
+    ) -> None:
+        self.service = service
+        self.limits = limits
+        self.client = client
+        #: Limited tasks holding tokens here at most: the pool's slots.  A token is
+        #: taken as the task goes to the pool's wait, so without this a worker's
+        #: backlog would hold tokens other workers could use, and a rate's tokens
+        #: would be spent long before their tasks start.
+        self.slots = max(1, slots)
+        client.on_lost = self._lost
+        self._lock = threading.Lock()
+        self._book: TokenBook[tuple[Callable[[Any], Any], Any]] = TokenBook()
+        self._specs: dict[tuple[str, str], tuple[TokenSpec, ...]] = {}
+        self.lost_with_connection = 0
+        self._polling = self._again = False
+
+    # -- the way to the pool ---------------------------------------------------------
+
+    def wrap(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore)."""
+        gate = self
+
+        def run(request: Any) -> None:
+            try:
+                process(request)
+            finally:
+                # Revoked or rejected on the way (Celery's task_ready ran): it runs
+                # nowhere, so its tokens go back now.
+                if not compat.request_counted(request):
+                    gate.finished(request)
+
+        def gated(request: Any) -> None:
+            gate.submit(run, request)
+
+        return gated
+
+    def _limited(self, request: Any) -> tuple[str, str, tuple[TokenSpec, ...]] | None:
+        queue_map = self.service.queue_map
+        queue = queue_map.queue_of(request)
+        if queue is None or queue_map.lanes is None or queue not in queue_map.lanes.keyed:
+            return None
+        key, _, _ = queue_map.key_of(request, queue)
+        if key is None:
+            return None
+        specs = self._specs.get((queue, key))
+        if specs is None:
+            specs = self._specs[(queue, key)] = token_specs(self.limits, queue, key)
+        return (queue, key, specs) if specs else None
+
+    def submit(self, run: Callable[[Any], Any], request: Any) -> None:
+        """Run ``request`` now if its key's tokens are free, else set it aside."""
+        limited = self._limited(request)
+        if limited is None:
+            run(request)
+            return
+        queue, key, specs = limited
+        with self._lock:
+            if self._book.waiting(queue, key) or len(self._book.holders()) >= self.slots:
+                self._book.put_aside(queue, key, (run, request))
+                return
+        tokens = self._take(specs)
+        if tokens is None:
+            with self._lock:
+                self._book.put_aside(queue, key, (run, request))
+            return
+        self._start(run, request, tokens)
+
+    def _take(self, specs: tuple[TokenSpec, ...]) -> list[HeldToken] | None:
+        """Every token ``specs`` ask for, or None (and those taken go back)."""
+        taken: list[HeldToken] = []
+        for spec in specs:
+            token = self.client.take(spec)
+            if token is None:
+                for held in taken:
+                    self.client.give_back(held)
+                return None
+            taken.append(token)
+        return taken
+
+    def _start(self, run: Callable[[Any], Any], request: Any, tokens: list[HeldToken]) -> None:
+        with self._lock:
+            self._book.hold(_task_id(request), tokens)
+        run(request)
+
+    def finished(self, request: Any) -> None:
+        """The task ended (ran, failed, or never reached the pool): its tokens go back."""
+        with self._lock:
+            tokens = self._book.release(_task_id(request))
+        for token in tokens:
+            self.client.give_back(token)
+        if tokens:
+            self.poll()  # a slot here is free: the tasks aside may take it
+
+    # -- on the consumer's timer ---------------------------------------------------------
+
+    def poll(self) -> None:
+        """Start the tasks aside whose keys have free tokens now, longest-waiting key first."""
+        with self._lock:
+            if self._polling:
+                self._again = True  # a task finished while starting others (solo)
+                return
+            self._polling = True
+        try:
+            while True:
+                self._poll_once()
+                with self._lock:
+                    if not self._again:
+                        return
+                    self._again = False
+        finally:
+            with self._lock:
+                self._polling = False
+
+    def _poll_once(self) -> None:
+        tries = 0
+        with self._lock:
+            keys = self._book.keys_aside()
+        for queue, key in keys:
+            while tries < _TRIES_PER_POLL:
+                with self._lock:
+                    if len(self._book.holders()) >= self.slots:
+                        return
+                    if not self._book.waiting(queue, key):
+                        break
+                specs = self._specs.get((queue, key), ())
+                tries += 1
+                tokens = self._take(specs)
+                if tokens is None:
+                    break
+                with self._lock:
+                    entry = self._book.next_aside(queue, key)
+                if entry is None:
+                    for token in tokens:
+                        self.client.give_back(token)
+                    break
+                run, request = entry
+                self._start(run, request, tokens)
+
+    def audit(self) -> None:
+        """Give back the tokens of tasks this worker no longer has (and log how many).
+
+        A task's finish may go unreported (a callback lost with a pool
+        process); its tokens would hold its key at the limit for ever.
+        """
+        try:
+            reserved, active, known = compat.worker_requests()
+        except RuntimeError:
+            return  # the pool's threads changed the sets: next time
+        live = {_task_id(r) for r in (*reserved, *active, *known)}
+        with self._lock:
+            gone = [task_id for task_id in self._book.holders() if task_id not in live]
+            tokens = [t for task_id in gone for t in self._book.release(task_id)]
+            self._book.repaired += len(gone)
+            # Tasks aside that Celery no longer has (revoked while they waited).
+            dropped = self._book.drop_aside(lambda entry: _task_id(entry[1]) in live)
+        for token in tokens:
+            self.client.give_back(token)
+        if gone:
+            logger.warning(
+                "celery-fair: %d task(s) ended without a reported finish held key limit "
+                "tokens; %d token(s) given back",
+                len(gone), len(tokens),
+            )  # fmt: skip
+        for run, request in dropped:
+            run(request)  # Celery finds it revoked and acknowledges it
+
+    def _lost(self, generation: int) -> None:
+        with self._lock:
+            self.lost_with_connection += self._book.forget_generation(generation)
+
+    def close(self) -> None:
+        """The worker stops: every token goes back with the connection."""
+        self.client.close()
+
+    def statistics(self) -> TokenStatistics:
+        with self._lock:
+            book = self._book
+            return TokenStatistics(
+                held=book.held_count(),
+                held_by_key=book.held_by_key(),
+                aside=book.aside_count(),
+                aside_by_key=book.aside_by_key(),
+                started=book.taken,
+                set_aside=book.set_aside,
+                repaired=book.repaired,
+                lost_with_connection=self.lost_with_connection,
+                mints=self.client.mints,
+                broker_errors=self.client.errors,
+            )
+
+
+@dataclass(frozen=True)
+class TokenStatistics:
+    """One worker's limit tokens (``inspect fair_stats``, under ``key_tokens``)."""
+
+    #: Tokens held by this worker's tasks, in all and per key.
+    held: int
+    held_by_key: Mapping[str, int]
+    #: Tasks waiting aside for their keys' tokens, in all and per key.
+    aside: int
+    aside_by_key: Mapping[str, int]
+    #: Tasks that started with tokens; tasks that were set aside (each time).
+    started: int
+    set_aside: int
+    #: Tasks whose finish went unreported: their tokens were given back by the audit.
+    repaired: int
+    #: Tokens that went back on the broker with a lost connection.
+    lost_with_connection: int
+    #: Token sets this worker minted; broker failures of the token connection.
+    mints: int
+    broker_errors: int
+
+
+def _task_id(request: Any) -> str:
+    return str(getattr(request, "id", None) or id(request))

@@ -1,0 +1,162 @@
+"""Per-key concurrency and rate limits on RabbitMQ: limit tokens as messages, real workers.
+
+Two real ``celery worker`` processes with Celery's defaults share one keyed
+queue on a real RabbitMQ; the ledger (on the session's Redis) records
+every run with its start and finish, so the tasks of a key running at once
+are counted from outside the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import pytest
+from kombu.connection import Connection
+
+from celery_fair.keys.limits import KeyLimits
+from celery_fair.keys.tokens import token_specs
+from tests.harness.control import fair_stats
+from tests.harness.harness import poll_until
+from tests.harness.keys import keyed_app, most_at_once, publish_by_key
+from tests.harness.ledger import Ledger
+from tests.integration.test_keys_rabbitmq import _ready, _worker, amqp_url, ledger, queue
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+
+__all__ = ("amqp_url", "ledger", "queue")  # fixtures, imported for this module's tests
+
+
+def _publish(amqp_url: str, queue: str, counts: dict[str, int], ms: float) -> None:
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        publish_by_key(app, queue, counts, ms=ms)
+    finally:
+        app.close()
+
+
+def _token_stats(amqp_url: str, workers: int) -> dict[str, dict[str, Any]]:
+    """Every worker's ``key_tokens`` statistics (``inspect fair_stats``), by worker name."""
+    found: dict[str, dict[str, Any]] = {}
+
+    def answered() -> bool:
+        replies = fair_stats(amqp_url, timeout=2.0, limit=workers)
+        found.clear()
+        found.update({name: stats["key_tokens"] for name, stats in replies.items()})
+        return len(found) == workers
+
+    assert poll_until(answered, 30), found
+    return found
+
+
+def _held(amqp_url: str, workers: int) -> int:
+    return sum(int(s["held"]) for s in _token_stats(amqp_url, workers).values())
+
+
+def _ready_tokens(amqp_url: str, spec_name: str) -> int:
+    with Connection(amqp_url) as conn:
+        return int(conn.default_channel.queue_declare(spec_name, passive=True).message_count)
+
+
+def test_concurrency_limits_hold_across_two_workers_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    singles = {f"k{i}": 20 for i in range(6)}
+    _publish(amqp_url, queue, {**singles, "wide": 60}, ms=60)
+    env = {"CELERY_FAIR_KEY_CONCURRENCY": "*=1,wide=3"}
+    total = sum(singles.values()) + 60
+    with (
+        _worker(amqp_url, redis_url, queue, **env) as one,
+        _worker(amqp_url, redis_url, queue, **env) as two,
+    ):
+        assert ledger.wait_for(total, timeout=180, alive=[one, two]), one.log()[-3000:]
+        # Every token is given back once its task ended (the ledger is written
+        # just before the task returns, so the last give-back may be on its way).
+        assert poll_until(
+            lambda: all(s["held"] == 0 for s in _token_stats(amqp_url, 2).values()), 20
+        )
+        stats = list(_token_stats(amqp_url, 2).values())
+    entries = ledger.entries()
+    assert len({e.id for e in entries}) == total
+    most = most_at_once(entries)
+    assert all(most[k] <= 1 for k in singles), most
+    assert most["wide"] <= 3, most
+    # The limits made workers wait: tasks were set aside for tokens held elsewhere.
+    assert sum(s["set_aside"] for s in stats) > 0, stats
+    assert all(s["aside"] == 0 and s["repaired"] == 0 for s in stats), stats
+    # Both workers ran the limited keys, and every token is back in its queue.
+    assert len({e.worker for e in entries}) == 2
+    limits = KeyLimits(concurrency={"*": 1, "wide": 3})
+    for key, count in {"k0": 1, "wide": 3}.items():
+        (spec,) = token_specs(limits, queue, key)
+        assert _ready_tokens(amqp_url, spec.name) == count
+
+
+def test_a_rate_limited_key_runs_at_its_rate_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    _publish(amqp_url, queue, {"slow": 40, **{f"free{i}": 40 for i in range(3)}}, ms=1)
+    env = {"CELERY_FAIR_KEY_RATE": "slow=10/s"}
+    with (
+        _worker(amqp_url, redis_url, queue, **env) as one,
+        _worker(amqp_url, redis_url, queue, **env) as two,
+    ):
+        assert ledger.wait_for(160, timeout=120, alive=[one, two]), one.log()[-3000:]
+    entries = sorted(ledger.entries(), key=lambda e: e.started)
+    slow = [e.started for e in entries if e.tenant == "slow"]
+    assert len(slow) == 40
+    # A token is back one period after it was spent, so at most 10 are spent in
+    # any second.  A task spends its token as it goes to its worker's pool wait,
+    # where it may wait for one of the pool's 2 slots: starts can bunch by up to
+    # the 4 slots of the two workers.
+    assert max(sum(1 for t in slow if s <= t < s + 1.0) for s in slow) <= 10 + 4, slow
+    # And 10 a second once the first period's tokens are spent.
+    steady = slow[10:]
+    fit = statistics.linear_regression(steady, list(range(len(steady))))
+    assert fit.slope == pytest.approx(10, rel=0.15), (fit.slope, steady)
+    # The unlimited keys, published alongside, are not held back by it.
+    free_done = max(e.finished for e in entries if e.tenant != "slow")
+    assert free_done < slow[20], (free_done - slow[0], slow[20] - slow[0])
+
+
+def test_a_killed_workers_tokens_come_back_and_the_limit_holds(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    _publish(amqp_url, queue, {"solo": 16}, ms=300)
+    # Late acks: the task running on the killed worker is delivered again.
+    env = {"CELERY_FAIR_KEY_CONCURRENCY": "solo=1", "CELERY_FAIR_ACKS_LATE": "1"}
+    (spec,) = token_specs(KeyLimits(concurrency={"solo": 1}), queue, "solo")
+    survivor = _worker(amqp_url, redis_url, queue, **env).start()
+    doomed = _worker(amqp_url, redis_url, queue, **env).start()
+    try:
+        _ready(survivor)
+        _ready(doomed)
+        # Kill the worker whose task holds the key's one token.
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline, doomed.log()[-3000:]
+            held = {n: s["held"] for n, s in _token_stats(amqp_url, 2).items()}
+            if sum(held.values()) == 1 and ledger.count() >= 2:
+                break
+            time.sleep(0.05)
+        holder = next(name for name, n in held.items() if n)
+        victim = doomed if holder.startswith(doomed.name + "@") else survivor
+        keep = survivor if victim is doomed else doomed
+        assert victim.proc is not None
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait(timeout=10)
+        deadline = time.monotonic() + 90
+        while len({e.id for e in ledger.entries()}) < 16:
+            assert time.monotonic() < deadline, keep.log()[-3000:]
+            assert keep.proc is not None and keep.proc.poll() is None, keep.log()[-3000:]
+            time.sleep(0.2)
+        assert poll_until(lambda: _ready_tokens(amqp_url, spec.name) == 1, 20)
+    finally:
+        doomed.stop()
+        survivor.stop()
+    runs = {e.id: e for e in ledger.entries()}
+    assert len(runs) == 16  # nothing lost
+    assert most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
