@@ -14,7 +14,8 @@ RabbitMQ runs no scripts, so a key's limits there are messages
   messages expire after the period and are dead-lettered back.  So at most
   ``n`` tasks start in any period: a sliding window, not Redis's refilling
   bucket.  ``n = round(r)`` over one second from 1/s up, one token over
-  ``1/r`` seconds below.
+  ``1/r`` seconds below, and :data:`MAX_RATE_TOKENS` over ``n / r`` seconds
+  above that many a second.
 
 The names carry the limit (``jobs.fair.t.c2.<digest of the key>``), so a
 changed limit is a new set of tokens and workers with different settings
@@ -32,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from .limits import CONCURRENCY, DEFAULT_KEY, RATE, KeyLimits
 
-__all__ = ("TOKEN_EXPIRES", "HeldToken", "TokenBook", "TokenSpec", "token_specs")
+__all__ = ("MAX_RATE_TOKENS", "TOKEN_EXPIRES", "HeldToken", "TokenBook", "TokenSpec", "token_specs")
 
 #: Seconds a key's token queue is kept unused (no ``basic.get``) before
 #: RabbitMQ deletes it (``x-expires``); its marker goes with it, so the next
@@ -96,8 +97,15 @@ def token_specs(limits: KeyLimits, queue: str, key: str) -> tuple[TokenSpec, ...
     return tuple(specs)
 
 
+#: Tokens of one rate at most: a faster rate has a shorter period.
+MAX_RATE_TOKENS = 100
+
+
 def _window(per_second: float) -> tuple[int, float]:
-    """A rate as ``(tokens, period)``: ``round(r)`` per second from 1/s, else 1 per 1/r s."""
+    """A rate as ``(tokens, period)``: ``round(r)`` per second from 1/s, else 1 per 1/r s;
+    above :data:`MAX_RATE_TOKENS` per second, that many over a shorter period."""
+    if per_second > MAX_RATE_TOKENS:
+        return MAX_RATE_TOKENS, MAX_RATE_TOKENS / per_second
     if per_second >= 1.0:
         return max(1, round(per_second)), 1.0
     return 1, 1.0 / per_second

@@ -176,6 +176,10 @@ class KeyTokenGate:
                     break
                 with self._lock:
                     entry = self._book.next_aside(queue, key)
+                    # Celery forgets what it received when its connection closes
+                    # (the messages went back): such a task is not started here.
+                    while entry is not None and not compat.request_counted(entry[1]):
+                        entry = self._book.next_aside(queue, key)
                 if entry is None:
                     for token in tokens:
                         self.client.give_back(token)
@@ -198,8 +202,10 @@ class KeyTokenGate:
             gone = [task_id for task_id in self._book.holders() if task_id not in live]
             tokens = [t for task_id in gone for t in self._book.release(task_id)]
             self._book.repaired += len(gone)
-            # Tasks aside that Celery no longer has (revoked while they waited).
-            dropped = self._book.drop_aside(lambda entry: _task_id(entry[1]) in live)
+            # Tasks aside that Celery no longer has: it forgets what it had received
+            # when its broker connection closes, and the messages went back with
+            # the channel.  Started here, they would run twice.
+            self._book.drop_aside(lambda entry: _task_id(entry[1]) in live)
         for token in tokens:
             self.client.give_back(token)
         if gone:
@@ -208,8 +214,13 @@ class KeyTokenGate:
                 "tokens; %d token(s) given back",
                 len(gone), len(tokens),
             )  # fmt: skip
-        for run, request in dropped:
-            run(request)  # Celery finds it revoked and acknowledges it
+
+    def reset(self) -> int:
+        """The consumer's channel is new: the tasks aside went back to the broker with
+        the old one.  Forget them; returns how many."""
+        with self._lock:
+            dropped = self._book.drop_aside(lambda entry: False)
+        return len(dropped)
 
     def _lost(self, generation: int) -> None:
         with self._lock:

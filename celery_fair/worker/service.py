@@ -212,6 +212,10 @@ class FairService:
             self.scheduler.reset_held()
         attachment = self.attachment
         attachment.channel = channel
+        if self.tokens is not None:
+            # Tasks aside for tokens went back with the old channel, as Celery's
+            # own waiting tasks did; their tokens go back at the next audit.
+            self.tokens.reset()
         if attachment.keyed is not None:
             unreported = attachment.keyed.reset(running_unreported=self.pool_forgets_running)
             if unreported:

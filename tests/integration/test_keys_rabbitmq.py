@@ -27,7 +27,7 @@ from celery_fair.routing.ring import HashRing
 from tests.harness.control import control_app, wait_fair_stats
 from tests.harness.exporter import ExporterProcess
 from tests.harness.harness import WORKLOAD, WorkerProcess
-from tests.harness.keys import keyed_app, publish_by_key
+from tests.harness.keys import keyed_app, most_at_once, publish_by_key
 from tests.harness.ledger import Entry, Ledger, percentile
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
@@ -364,10 +364,11 @@ def test_the_lanes_of_a_quorum_queue_are_quorum_queues(
 
 
 def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: str) -> None:
-    """Two keyed workers with late acks (Celery's at-least-once): the broker restarts
-    mid-drain, then one worker is killed with SIGKILL.  Every task runs; a task runs
-    twice only if its first run began before the kill (Celery redelivers what was
-    unacknowledged), never afterwards."""
+    """Two keyed workers with late acks (Celery's at-least-once) and the flood limited
+    to 2 at once: the broker restarts mid-drain, then one worker is killed with
+    SIGKILL.  Every task runs; a task runs twice only if its first run began before
+    the kill (Celery redelivers what was unacknowledged), never afterwards; and
+    after the kill the flood's limit holds (the dead worker's tokens came back)."""
     from tests.harness.rabbitmq import RabbitMQServer
 
     queue = "keyed-crash"
@@ -375,7 +376,7 @@ def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: s
     total = sum(keys.values())
     ledger = Ledger(redis_url)
     ledger.reset()
-    env = {"CELERY_FAIR_ACKS_LATE": "1"}
+    env = {"CELERY_FAIR_ACKS_LATE": "1", "CELERY_FAIR_KEY_CONCURRENCY": "flood=2"}
     with RabbitMQServer() as server:
         app = keyed_app(server.url, {queue: "tenant_id"})
         try:
@@ -409,6 +410,8 @@ def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: s
     assert all(started <= killed_at for started in first.values()), "no repeat after the kill"
     tenant_of = {e.id: e.tenant for e in entries}
     assert Counter(tenant_of.values()) == keys
+    after = [e for e in entries if e.tenant == "flood" and e.started > killed_at]
+    assert after and most_at_once(after)["flood"] <= 2
 
 
 def test_the_exporter_counts_a_keyed_queue_with_its_lanes(amqp_url: str, queue: str) -> None:

@@ -61,7 +61,10 @@ def test_held_tokens_are_released_once_and_a_lost_channel_forgets_its_own() -> N
     assert book.taken == 2
 
 
-@pytest.mark.parametrize(("rate", "window"), [(50.0, (50, 1.0)), (1.0, (1, 1.0)), (0.1, (1, 10.0))])
+@pytest.mark.parametrize(
+    ("rate", "window"),
+    [(50.0, (50, 1.0)), (1.0, (1, 1.0)), (0.1, (1, 10.0)), (100_000.0, (100, 0.001))],
+)
 def test_a_rate_is_tokens_over_a_period(rate: float, window: tuple[int, float]) -> None:
     (spec,) = token_specs(KeyLimits(rates={"*": rate}), "q", "k")
     assert (spec.count, spec.period) == pytest.approx(window)
