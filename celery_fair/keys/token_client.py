@@ -1,27 +1,37 @@
-"""Limit tokens on RabbitMQ: mint, take, give back and spend them (one connection).
+"""Limit tokens on RabbitMQ: mint, take, give back and spend them.
 
-The broker side of :mod:`celery_fair.keys.tokens`, on a connection of its
-own (the worker's consumer connection is driven by Celery's event loop).
-Every call is one short synchronous round trip, made under a lock: the
-thread pool gives tokens back from its threads.
+The broker side of :mod:`celery_fair.keys.tokens`, on two connections of its
+own (the worker's consumer connection is driven by Celery's event loop):
+
+* the **holder** takes, gives back and spends tokens: one short round trip
+  per call, on the worker's event loop, under a lock (the thread pool gives
+  tokens back from its threads);
+* the **minter**, a thread, finds out whether a key's set exists and mints
+  it if not.  A mint declares queues and an exchange and waits for the
+  broker to write the tokens: 30-50 ms on this machine, too long to hold
+  the event loop.  Until a key's set is known, its tasks wait aside.
+
+Two connections also keep refusals apart from held tokens: RabbitMQ closes
+a channel on a refusal (a marker not found: 404, a mint lock held: 405),
+and a closed channel's unacknowledged messages go back.
 
 **Minting, exactly once per set.**  A set is minted by the one connection
 that holds its exclusive mint-lock queue (RabbitMQ refuses a second holder,
 and deletes the queue when its connection closes).  The holder declares the
 token queue, purges it (a minter that died half-way left a partial set,
 which no one has taken: tokens are taken only once minted), publishes the
-tokens with publisher confirms, and only then declares the marker exchange
-and binds it to the token queue.  The marker is auto-deleted when its
-binding goes, that is when the token queue expires unused
-(:data:`~celery_fair.keys.tokens.TOKEN_EXPIRES`), so a marker never
-outlives its tokens.
+tokens in one transaction (its commit returns once the broker has them), and
+only then declares the marker exchange and binds it to the token queue.  The
+marker is auto-deleted when its binding goes, that is when the token queue
+expires unused (:data:`~celery_fair.keys.tokens.TOKEN_EXPIRES`), so a marker
+never outlives its tokens.
 
-**Heartbeats are off** on this connection: nothing reads it between calls,
-so the broker would close it after two missed heartbeats and give back the
-tokens of tasks still running.  A worker that dies closes its socket and
-the broker gives its tokens back at once; after a fork the pool's processes
-close their copy of the socket, so a dead worker's children do not keep it
-open.
+**Heartbeats are off** on the holder's connection: nothing reads it between
+calls, so the broker would close it after two missed heartbeats and give
+back the tokens of tasks still running.  A worker that dies closes its
+socket and the broker gives its tokens back at once; after a fork the
+pool's processes close their copy of the sockets, so a dead worker's
+children do not keep them open.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
 from time import monotonic
@@ -47,15 +58,28 @@ _TOUCH_EVERY = 600.0
 #: Seconds a failed connection is not tried again.
 _RETRY_AFTER = 1.0
 
+_Errors = tuple[type[BaseException], ...]
+
+
+def _errors(connection: Any) -> tuple[_Errors, _Errors]:
+    """(connection errors, channel errors) of ``connection``'s transport."""
+    conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
+    chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
+    return conn_errors, chan_errors
+
+
+def _close_copy(connection: Any) -> None:
+    """In a forked child: close this process's copy of ``connection``'s socket only
+    (no AMQP close, no ``shutdown()``, which would end it for the parent too)."""
+    sock = getattr(getattr(connection, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
+
 
 class TokenClient:
-    """Token operations on the broker of ``connect()`` (a Kombu connection, unconnected).
-
-    Two channels: one *holds* the tokens (``basic.get`` and ``basic.reject``
-    only), the other declares, checks and mints.  RabbitMQ closes a channel
-    on a refusal (a marker not found: 404, a mint lock held: 405), and a
-    closed channel's unacknowledged messages go back: the tokens of tasks
-    still running must not go with a refused check.
+    """Token operations on the broker of ``connect()`` (a new, unconnected Kombu connection
+    at each call).
 
     Failures of the broker are not raised: a token that cannot be taken is
     a token not free (the task waits, which never exceeds a limit), and a
@@ -70,23 +94,24 @@ class TokenClient:
         self._lock = threading.RLock()
         self._connection: Any = None
         self._holder: Any = None
-        self._admin: Any = None
-        self._minted: set[str] = set()
-        self._touched: dict[str, float] = {}
         self._failed_at: float | None = None
+        self.minter = _Minter(connect, clock=clock)
         #: Bumped at every new holding channel: tokens taken on an earlier one went back.
         self.generation = 0
         self.on_lost: Callable[[int], None] | None = None
         self.errors = 0
-        self.mints = 0
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forget_in_child)
 
-    # -- the connection ----------------------------------------------------------
+    @property
+    def mints(self) -> int:
+        return self.minter.mints
+
+    # -- the holder's connection ----------------------------------------------------
 
     def _ready(self) -> bool:
-        """Whether both channels are open, connecting if needed (False: the broker is away)."""
-        if self._holder is not None and self._admin is not None:
+        """Whether the holding channel is open, connecting if needed."""
+        if self._holder is not None:
             return True
         if self._failed_at is not None and self._clock() - self._failed_at < _RETRY_AFTER:
             return False
@@ -95,15 +120,11 @@ class TokenClient:
                 connection = self._connect()
                 connection.ensure_connection(max_retries=1)
                 self._connection = connection
-                self._minted.clear()
-            if self._holder is None:
-                self._holder = self._connection.channel()
-                self.generation += 1
-            if self._admin is None:
-                self._admin = self._connection.channel()
+            self._holder = self._connection.channel()
         except Exception as exc:  # noqa: BLE001 - any broker failure: try again later
             self._failed(exc)
             return False
+        self.generation += 1
         self._failed_at = None
         return True
 
@@ -112,7 +133,7 @@ class TokenClient:
         self.errors += 1
         logger.warning("celery-fair: key limit tokens: the broker connection failed: %r", exc)
         self._lose_holder()
-        connection, self._connection, self._admin = self._connection, None, None
+        connection, self._connection = self._connection, None
         if connection is not None:
             # It is gone either way.
             with contextlib.suppress(Exception):
@@ -126,40 +147,33 @@ class TokenClient:
             self.on_lost(self.generation)
 
     def _forget_in_child(self) -> None:
-        # A pool process must not keep the worker's token connection open: close
-        # the child's copy of the socket only (no AMQP close, no shutdown()).
-        connection, self._connection = self._connection, None
-        self._holder = self._admin = None
-        sock = getattr(getattr(connection, "connection", None), "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
+        connection, self._connection, self._holder = self._connection, None, None
+        _close_copy(connection)
         self._lock = threading.RLock()
 
     def close(self) -> None:
-        """Close the connection: every token it holds goes back."""
+        """Close the connections: every token they hold goes back."""
         with self._lock:
-            connection, self._connection = self._connection, None
-            self._holder = self._admin = None
+            connection, self._connection, self._holder = self._connection, None, None
             if connection is not None:
                 with contextlib.suppress(Exception):
                     connection.release()
-
-    def _errors(self) -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-        """(connection errors, channel errors) of the transport."""
-        connection = self._connection
-        conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
-        chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
-        return conn_errors, chan_errors
+        self.minter.close()
 
     # -- tokens --------------------------------------------------------------------
 
     def take(self, spec: TokenSpec) -> HeldToken | None:
-        """A token of ``spec`` if one is free now (a rate's is spent at once)."""
+        """A token of ``spec`` if one is free now (a rate's is spent at once).
+
+        None too while the set is not yet known to exist: the minter looks
+        (and mints) in the background; the caller tries again later.
+        """
+        if not self.minter.ready(spec):
+            return None
         with self._lock:
-            if not self._ready() or not self._ensure(spec):
+            if not self._ready():
                 return None
-            conn_errors, chan_errors = self._errors()
+            conn_errors, chan_errors = _errors(self._connection)
             holder = self._holder
             try:
                 message = holder.basic_get(spec.name, no_ack=False)
@@ -169,13 +183,11 @@ class TokenClient:
                 if spec.kind == RATE:
                     # Spent: dead-lettered through the wait queue, back after the period.
                     holder.basic_reject(tag, requeue=False)
-                token = HeldToken(spec, tag, self.generation)
-                if spec.kind == RATE:
-                    self._touch(spec)
-                return token
+                    self.minter.spent(spec)
+                return HeldToken(spec, tag, self.generation)
             except chan_errors:
-                # The token queue is gone (deleted, expired): mint again next time.
-                self._minted.discard(spec.name)
+                # The token queue is gone (deleted, expired): mint it again.
+                self.minter.forget(spec)
                 self._lose_holder()
                 return None
             except conn_errors as exc:
@@ -189,7 +201,7 @@ class TokenClient:
         with self._lock:
             if token.generation != self.generation or self._holder is None:
                 return False
-            conn_errors, chan_errors = self._errors()
+            conn_errors, chan_errors = _errors(self._connection)
             try:
                 self._holder.basic_reject(token.tag, requeue=True)
                 return True
@@ -199,32 +211,133 @@ class TokenClient:
                 self._failed(exc)
             return False
 
-    # -- minting (on the admin channel) ----------------------------------------------
 
-    def _ensure(self, spec: TokenSpec) -> bool:
-        """Whether ``spec``'s tokens exist (minting them if this connection may)."""
-        if spec.name in self._minted:
-            return True
-        conn_errors, _ = self._errors()
-        try:
-            minted = self._marked(spec) or self._mint(spec)
-        except conn_errors as exc:
-            self._failed(exc)
-            return False
-        if minted:
-            self._minted.add(spec.name)
-        return minted
+class _Minter:
+    """Finds out, in a thread, whether a key's token set exists, and mints it if not."""
+
+    def __init__(self, connect: Callable[[], Any], *, clock: Callable[[], float]) -> None:
+        self._connect = connect
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._known: set[str] = set()
+        self._asked: set[str] = set()
+        self._requests: queue.Queue[TokenSpec | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._connection: Any = None
+        self._admin: Any = None
+        self._touched: dict[str, float] = {}
+        self.mints = 0
+        self.errors = 0
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def ready(self, spec: TokenSpec) -> bool:
+        """Whether ``spec``'s set is known to exist (if not, it is looked for now)."""
+        with self._lock:
+            if spec.name in self._known:
+                return True
+            if spec.name in self._asked:
+                return False
+            self._asked.add(spec.name)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-fair-key-tokens", daemon=True
+                )
+                self._thread.start()
+        self._requests.put(spec)
+        return False
+
+    def forget(self, spec: TokenSpec) -> None:
+        """``spec``'s token queue was not found: look for (and mint) it again."""
+        with self._lock:
+            self._known.discard(spec.name)
+            self._asked.discard(spec.name)
+
+    def spent(self, spec: TokenSpec) -> None:
+        """A rate token was spent: keep the wait queue alive now and then."""
+        now = self._clock()
+        with self._lock:
+            last = self._touched.get(spec.wait)
+            if last is None:
+                self._touched[spec.wait] = now
+                return
+            if now - last < _TOUCH_EVERY:
+                return
+            self._touched[spec.wait] = now
+        self._requests.put(spec)  # a look at a known rate set redeclares its wait queue
+
+    def close(self) -> None:
+        self._requests.put(None)
+        connection, self._connection, self._admin = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.release()
+
+    def _forget_in_child(self) -> None:
+        connection, self._connection, self._admin = self._connection, None, None
+        _close_copy(connection)
+        self._lock = threading.Lock()
+        self._thread = None
+        self._requests = queue.Queue()
+        self._asked = set(self._known)
+
+    # -- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            spec = self._requests.get()
+            if spec is None:
+                return
+            try:
+                found = self._look(spec)
+            except Exception as exc:  # noqa: BLE001 - the broker away: try again later
+                self.errors += 1
+                logger.warning("celery-fair: key limit tokens: minting failed: %r", exc)
+                self._drop()
+                found = False
+            with self._lock:
+                if found:
+                    self._known.add(spec.name)
+                else:
+                    # Asked again by the next take: a minter elsewhere, or the broker back.
+                    self._asked.discard(spec.name)
+            if not found:
+                threading.Event().wait(0.05 if self._connection is not None else _RETRY_AFTER)
+
+    def _channel(self) -> Any:
+        if self._connection is None:
+            connection = self._connect()
+            connection.ensure_connection(max_retries=1)
+            self._connection = connection
+        if self._admin is None:
+            self._admin = self._connection.channel()
+        return self._admin
+
+    def _drop(self) -> None:
+        connection, self._connection, self._admin = self._connection, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.release()
 
     def _refused(self) -> None:
-        """The admin channel was closed by a refusal: open another."""
+        """The channel was closed by a refusal (404, 405): the next call opens another."""
         self._admin = None
-        if self._connection is not None:
-            self._admin = self._connection.channel()
+
+    def _look(self, spec: TokenSpec) -> bool:
+        """Whether ``spec``'s set exists now, minting it if this connection may."""
+        if spec.name in self._known:
+            if spec.kind == RATE:
+                self._channel().queue_declare(
+                    spec.wait, durable=True, auto_delete=False, arguments=_wait_arguments(spec)
+                )
+            return True
+        return self._marked(spec) or self._mint(spec)
 
     def _marked(self, spec: TokenSpec) -> bool:
-        _, chan_errors = self._errors()
+        admin = self._channel()
+        _, chan_errors = _errors(self._connection)
         try:
-            self._admin.exchange_declare(spec.marker, "fanout", passive=True)
+            admin.exchange_declare(spec.marker, "fanout", passive=True)
             return True
         except chan_errors:
             self._refused()  # 404: not minted
@@ -232,30 +345,35 @@ class TokenClient:
 
     def _mint(self, spec: TokenSpec) -> bool:
         """Mint ``spec``'s tokens unless another connection is minting them."""
-        _, chan_errors = self._errors()
+        admin = self._channel()
+        _, chan_errors = _errors(self._connection)
         try:
-            self._admin.queue_declare(spec.mint_lock, exclusive=True, auto_delete=True)
+            admin.queue_declare(spec.mint_lock, exclusive=True, auto_delete=True)
         except chan_errors:
             self._refused()  # 405: another worker mints; its tokens come soon
             return False
         try:
             if self._marked(spec):
                 return True
-            admin = self._admin
-            self._declare(admin, spec)
+            admin = self._channel()
+            _declare(admin, spec)
             admin.queue_purge(spec.name)
             if spec.kind == RATE:
                 admin.queue_purge(spec.wait)
             from amqp import Message
 
+            # One transaction: its commit returns once the broker has every token
+            # (persistent ones written): one wait for the set, not one per token.
+            admin.tx_select()
             for _ in range(spec.count):
-                admin.basic_publish_confirm(
+                admin.basic_publish(
                     Message(b"", delivery_mode=2), exchange="", routing_key=spec.name
                 )
+            admin.tx_commit()
             admin.exchange_declare(spec.marker, "fanout", durable=True, auto_delete=True)
             admin.queue_bind(spec.name, spec.marker, routing_key="")
             self.mints += 1
-            logger.info(
+            logger.debug(
                 "celery-fair: minted %d %s token(s) for key %r of %s (%s)",
                 spec.count, "concurrency" if spec.kind == CONCURRENCY else "rate", spec.key,
                 spec.queue, spec.name,
@@ -268,33 +386,15 @@ class TokenClient:
                 except chan_errors:
                     self._refused()
 
-    def _declare(self, channel: Any, spec: TokenSpec) -> None:
-        arguments: dict[str, Any] = {
-            "x-queue-type": "classic",
-            "x-expires": int(TOKEN_EXPIRES * 1000),
-        }
-        if spec.kind == RATE:
-            arguments.update({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": spec.wait})
-            channel.queue_declare(
-                spec.wait, durable=True, auto_delete=False, arguments=_wait_arguments(spec)
-            )
-        channel.queue_declare(spec.name, durable=True, auto_delete=False, arguments=arguments)
 
-    def _touch(self, spec: TokenSpec) -> None:
-        """Keep a rate's wait queue from expiring while its tokens pass through it."""
-        now = self._clock()
-        last = self._touched.get(spec.wait)
-        if last is not None and now - last < _TOUCH_EVERY:
-            return
-        self._touched[spec.wait] = now
-        if last is not None:
-            _, chan_errors = self._errors()
-            try:
-                self._admin.queue_declare(
-                    spec.wait, durable=True, auto_delete=False, arguments=_wait_arguments(spec)
-                )
-            except chan_errors:
-                self._refused()
+def _declare(channel: Any, spec: TokenSpec) -> None:
+    arguments: dict[str, Any] = {"x-queue-type": "classic", "x-expires": int(TOKEN_EXPIRES * 1000)}
+    if spec.kind == RATE:
+        arguments.update({"x-dead-letter-exchange": "", "x-dead-letter-routing-key": spec.wait})
+        channel.queue_declare(
+            spec.wait, durable=True, auto_delete=False, arguments=_wait_arguments(spec)
+        )
+    channel.queue_declare(spec.name, durable=True, auto_delete=False, arguments=arguments)
 
 
 def _wait_arguments(spec: TokenSpec) -> dict[str, Any]:

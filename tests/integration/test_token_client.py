@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -36,6 +37,21 @@ def _spec(kind: str = CONCURRENCY, count: int = 3, period: float = 0.0) -> Token
     return TokenSpec(f"q-{uuid.uuid4().hex[:6]}", "tenant", kind, count, period)
 
 
+def _take(client: TokenClient, spec: TokenSpec, timeout: float = 10.0) -> HeldToken | None:
+    """A token, once the client's minter has found (or minted) the set; None if none is
+    free within ``timeout``."""
+    found: list[HeldToken] = []
+
+    def taken() -> bool:
+        token = client.take(spec)
+        if token is not None:
+            found.append(token)
+        return bool(found)
+
+    poll_until(taken, timeout)
+    return found[0] if found else None
+
+
 def test_clients_racing_to_mint_make_one_set(amqp_url: str) -> None:
     spec = _spec(count=3)
     clients = [_client(amqp_url) for _ in range(4)]
@@ -44,10 +60,12 @@ def test_clients_racing_to_mint_make_one_set(amqp_url: str) -> None:
 
     def take_all(client: TokenClient) -> None:
         barrier.wait()
-        for _ in range(50):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
             token = client.take(spec)
             if token is not None:
                 held.append(token)
+            time.sleep(0.01)
 
     threads = [threading.Thread(target=take_all, args=(c,)) for c in clients]
     for thread in threads:
@@ -66,14 +84,14 @@ def test_a_refused_check_keeps_the_tokens_held_and_give_back_returns_one(amqp_ur
     spec, other = _spec(count=1), _spec(count=1)
     client = _client(amqp_url)
     try:
-        token = client.take(spec)
+        token = _take(client, spec)
         assert token is not None and client.take(spec) is None
         # A key seen for the first time: its marker is not found (RabbitMQ closes
         # the checking channel), and it is minted; the first token stays held.
-        assert client.take(other) is not None
+        assert _take(client, other) is not None
         assert _ready(amqp_url, spec.name) == 0
         assert client.give_back(token) and _ready(amqp_url, spec.name) == 1
-        assert client.take(spec) is not None
+        assert client.take(spec) is not None  # known now: at once
     finally:
         client.close()
 
@@ -82,7 +100,7 @@ def test_a_spent_rate_token_comes_back_after_its_period(amqp_url: str) -> None:
     spec = _spec(RATE, count=2, period=0.3)
     client = _client(amqp_url)
     try:
-        assert client.take(spec) is not None and client.take(spec) is not None
+        assert _take(client, spec) is not None and client.take(spec) is not None
         assert client.take(spec) is None  # both spent, waiting out the period
         # A spent token is not held: there is nothing to give back.
         assert not client.give_back(HeldToken(spec, 1, client.generation))
@@ -97,11 +115,11 @@ def test_after_a_lost_connection_old_tokens_are_not_given_back_twice(amqp_url: s
     lost: list[int] = []
     client.on_lost = lost.append
     try:
-        token = client.take(spec)
+        token = _take(client, spec)
         assert token is not None
         client.close()  # as a broker restart would: the token went back
         assert poll_until(lambda: _ready(amqp_url, spec.name) == 1, 10)
-        again = client.take(spec)
+        again = _take(client, spec)
         assert again is not None and again.generation != token.generation
         assert not client.give_back(token)  # an old tag: not sent on the new channel
         assert _ready(amqp_url, spec.name) == 0
