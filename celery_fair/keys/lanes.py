@@ -73,6 +73,12 @@ class KeyLanes:
         """Every lane of keyed ``queue`` but the queue itself."""
         return self.shard_lanes(queue) + self.noisy_lanes(queue)
 
+    @staticmethod
+    def directory(lane: str) -> str:
+        """The queue that names the key a producer last gave noisy ``lane`` to (one
+        message, the newest: ``x-max-length`` 1, ``drop-head``), for the exporter."""
+        return f"{lane}.key"
+
     def parents(self) -> dict[str, str]:
         """Lane -> its keyed queue, for every keyed queue (the queue itself included)."""
         parents: dict[str, str] = {}
@@ -109,6 +115,10 @@ class LaneChooser:
 
     def lane(self, queue: str, key: str) -> str:
         """The lane a task of ``key`` published now to keyed ``queue`` goes to."""
+        return self.choose(queue, key)[0]
+
+    def choose(self, queue: str, key: str) -> tuple[str, bool]:
+        """:meth:`lane`, and whether ``key`` was given that noisy lane just now."""
         lanes = self.lanes
         with self._lock:
             detector = self._detectors.get(queue)
@@ -120,14 +130,15 @@ class LaneChooser:
             noisy = self._noisy[queue]
             if detector.observe(key):
                 lane = noisy.get(key)
-                if lane is None:
-                    # Forget keys released since; then a lane no other noisy key holds.
-                    for gone in [k for k in noisy if not detector.is_isolated(k)]:
-                        del noisy[gone]
-                    lane = noisy[key] = _free_lane(lanes.noisy_lanes(queue), key, noisy.values())
-                return lane
+                if lane is not None:
+                    return lane, False
+                # Forget keys released since; then a lane no other noisy key holds.
+                for gone in [k for k in noisy if not detector.is_isolated(k)]:
+                    del noisy[gone]
+                lane = noisy[key] = _free_lane(lanes.noisy_lanes(queue), key, noisy.values())
+                return lane, True
             noisy.pop(key, None)
-            return self._rings[queue].lookup(key)
+            return self._rings[queue].lookup(key), False
 
 
 def _free_lane(candidates: tuple[str, ...], key: str, taken: Iterable[str]) -> str:

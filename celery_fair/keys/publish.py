@@ -211,7 +211,9 @@ def _stamping_sender(
             if lanes is not None and _is_amqp(producer):
                 key = _stamped_key(message, options.get("headers"))
                 if key:
-                    lane = lanes.lane(queue, key)
+                    lane, isolated = lanes.choose(queue, key)
+                    if isolated:
+                        _name_lane(producer, lane, key, durable=app.amqp.queues[queue].durable)
                     target = lane_queues.get(lane)
                     if target is None:
                         target = lane_queues[lane] = lane_queue(app.amqp.queues[queue], lane)
@@ -223,6 +225,26 @@ def _stamping_sender(
         return original(producer, name, message, *args, **options)
 
     return send
+
+
+def _name_lane(producer: Any, lane: str, key: str, *, durable: bool) -> None:
+    """Write ``key`` as the key of noisy ``lane`` (:meth:`KeyLanes.directory`): the
+    exporter reports the lane's backlog as the key's.  Once per isolation; a failure
+    costs the exporter a name, never the task."""
+    from kombu.entity import Exchange, Queue
+
+    name = KeyLanes.directory(lane)
+    directory = Queue(  # type: ignore[no-untyped-call]
+        name, Exchange(""), routing_key=name, durable=durable,  # type: ignore[no-untyped-call]
+        queue_arguments={"x-max-length": 1, "x-overflow": "drop-head"},
+    )  # fmt: skip
+    try:
+        producer.publish(
+            key, exchange="", routing_key=name, declare=[directory], serializer="json",
+            delivery_mode=2 if durable else 1,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the task's own publish must go on
+        logger.warning("celery-fair: could not name the key of lane %s: %r", lane, exc)
 
 
 def _is_amqp(producer: Any) -> bool:

@@ -224,9 +224,11 @@ def families(readings: Sequence[QueueReading]) -> Iterator[Any]:
         keyed = r.keyed
         if keyed is None:
             continue
-        active.add_metric([r.queue], float(keyed.active_keys))
-        throttled[r.queue] = keyed.throttled
-        longest.add_metric([r.queue], keyed.longest_throttled or 0.0)
+        if keyed.active_keys is not None:
+            active.add_metric([r.queue], float(keyed.active_keys))
+        if keyed.throttled is not None:
+            throttled[r.queue] = keyed.throttled
+            longest.add_metric([r.queue], keyed.longest_throttled or 0.0)
         for key in keyed.top:
             key_backlog.add_metric([r.queue, key.key], float(key.backlog))
             if key.oldest_age is not None:
@@ -379,7 +381,9 @@ def run(args: argparse.Namespace) -> int:
         def read() -> list[QueueReading]:
             amqp_discover()
             connection.ensure_connection(max_retries=1)
-            return read_rabbitmq(connection, queues, management=management, keyed=keyed)
+            return read_rabbitmq(
+                connection, queues, management=management, keyed=keyed, top_keys=args.top
+            )
 
     registry = CollectorRegistry(auto_describe=False)
     collector = BrokerCollector(read, broker=broker, memory=memory)

@@ -73,10 +73,12 @@ class KeyReading:
 class KeyedReading:
     """The keyed part of a queue."""
 
-    #: Keys with messages waiting in line (the unkeyed key included).
-    active_keys: int
-    #: Keys throttled now: at their concurrency limit, and by their rate limit.
-    throttled: throttling.Throttled
+    #: Keys with messages waiting in line (the unkeyed key included; None: not known,
+    #: RabbitMQ, whose shard lanes mix keys).
+    active_keys: int | None
+    #: Keys throttled now: at their concurrency limit, and by their rate limit (None:
+    #: not known to the broker, RabbitMQ, where the workers hold them back).
+    throttled: throttling.Throttled | None
     #: The keys with the largest backlogs, largest first.
     top: tuple[KeyReading, ...]
     #: Seconds the key throttled longest has been, now (among ``THROTTLED_SCAN`` keys).
@@ -274,13 +276,17 @@ def read_rabbitmq(
     *,
     management: Callable[[str], dict[str, Any] | None] | None = None,
     keyed: Collection[str] = (),
+    top_keys: int = 10,
 ) -> list[QueueReading]:
     """Read ``queues`` over AMQP (passive declares); ``management(queue)`` adds unacked.
 
     A queue that does not exist reads as empty (a passive declare of it
     closes the channel, so a new one is opened for the next).  A ``keyed``
     queue is read with its lanes (:mod:`celery_fair.keys.lanes`): its backlog
-    and unacked count every lane's.
+    and unacked count every lane's.  Its largest keys (``top_keys``) are the
+    keys isolated to a noisy lane, each with its lane's backlog (a lane's
+    directory names its key), and the unkeyed key with the queue's own; the
+    keys sharing a shard lane are not told apart.
     """
     readings = []
     lanes = KeyLanes(frozenset(keyed))
@@ -291,13 +297,20 @@ def read_rabbitmq(
             parked, _, channel = _declared(connection, channel, queue + PARKING_SUFFIX)
             details = management(queue) if management is not None else None
             unacked = details.get("messages_unacknowledged") if details else None
+            by_key: dict[str, int] = {"": ready} if ready else {}
+            noisy = set(lanes.noisy_lanes(queue))
             for lane in lanes.lanes(queue) if queue in keyed else ():
                 waiting, _, channel = _declared(connection, channel, lane)
                 ready += waiting
+                if waiting and lane in noisy:
+                    key, channel = _lane_key(connection, channel, lane)
+                    if key is not None:
+                        by_key[key] = by_key.get(key, 0) + waiting
                 more = management(lane) if management is not None else None
                 held = more.get("messages_unacknowledged") if more else None
                 if isinstance(unacked, int) and isinstance(held, int):
                     unacked += held
+            top = sorted(by_key.items(), key=lambda item: (-item[1], item[0]))[:top_keys]
             readings.append(
                 QueueReading(
                     queue=queue,
@@ -305,11 +318,36 @@ def read_rabbitmq(
                     unacked=int(unacked) if isinstance(unacked, int) else None,
                     consumers=consumers,
                     parked={"any": parked} if parked else {},
+                    keyed=KeyedReading(
+                        active_keys=None,
+                        throttled=None,
+                        top=tuple(KeyReading(key, n, None) for key, n in top),
+                    )
+                    if queue in keyed
+                    else None,
                 )
             )
     finally:
         channel.close()
     return readings
+
+
+def _lane_key(connection: Any, channel: Any, lane: str) -> tuple[str | None, Any]:
+    """The key a producer last gave noisy ``lane`` to (its directory's one message, read
+    and put back), and the channel to go on with."""
+    directory = KeyLanes.directory(lane)
+    waiting, _, channel = declared(connection, channel, directory)
+    if not waiting:
+        return None, channel
+    message = channel.basic_get(directory, no_ack=False)
+    if message is None:
+        return None, channel
+    channel.basic_reject(message.delivery_tag, requeue=True)
+    try:
+        key = json.loads(message.body)
+    except (TypeError, ValueError):
+        return None, channel
+    return (key if isinstance(key, str) else None), channel
 
 
 def _declared(connection: Any, channel: Any, queue: str) -> tuple[int, int, Any]:

@@ -54,6 +54,16 @@ def test_a_flood_moves_to_a_noisy_lane_after_its_first_messages() -> None:
     assert chooser.lane("jobs", "flood") == lanes[0]
 
 
+def test_the_choice_says_when_a_key_gets_its_noisy_lane() -> None:
+    """The producer names the key of a noisy lane for the exporter once, when given."""
+    chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=FakeClock())
+    choices = [chooser.choose("jobs", "flood") for _ in range(100)]
+    given = [i for i, (_, isolated) in enumerate(choices) if isolated]
+    assert given == [NOISY_MESSAGES - 1]
+    lane = choices[given[0]][0]
+    assert KeyLanes.directory(lane) == lane + ".key"
+
+
 def test_one_producers_noisy_keys_get_different_noisy_lanes() -> None:
     chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=FakeClock())
     got: dict[str, str] = {}
