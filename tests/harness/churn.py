@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import redis as redis_lib
@@ -66,6 +67,7 @@ import redis as redis_lib
 from celery_fair.keys.lanes import KeyLanes
 from tests.harness.brokers import AmqpBroker, _glob_escape
 from tests.harness.harness import WorkerProcess
+from tests.harness.keys import most_at_once
 from tests.harness.redis import RedisServer
 
 __all__ = ("Churn", "account", "log_lines", "run_churn", "wave_shares")
@@ -614,6 +616,27 @@ def resource_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerP
     return {"settled": ok, "workers": last}
 
 
+def key_token_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerProcess],
+                    timeout: float) -> dict[str, Any]:  # fmt: skip
+    """Each worker's ``key_tokens`` (RabbitMQ's per-key limits) from ``inspect fair_stats``,
+    asked until every worker holds no token and has no task aside, or ``timeout``."""
+    last: dict[str, Any] = {}
+
+    def settled() -> bool:
+        replies = (
+            control.control.inspect(timeout=2.0, destination=list(nodes))._request("fair_stats")
+            or {}
+        )
+        for node, reply in replies.items():
+            last[node] = (reply or {}).get("key_tokens")
+        return all(
+            (t := last.get(n)) is not None and t["held"] == 0 and t["aside"] == 0 for n in nodes
+        )
+
+    ok = _wait(settled, workers, timeout, every=1.0)
+    return {"settled": ok, "workers": last}
+
+
 def wave_shares(published: Sequence[Published], starts: Sequence[dict[str, Any]],
                 waves: int) -> dict[str, Any]:  # fmt: skip
     """hi:lo over each wave while both were backlogged, and over every wave together.
@@ -837,6 +860,7 @@ def run_churn(
     timeout: float | None = None,
     seed: int = 49,
     resources: bool = False,
+    key_concurrency: int | None = None,
     redis_server: RedisServer | None = None,
     rabbitmq_server: Any = None,
     progress: Callable[[str], None] = print,
@@ -850,6 +874,9 @@ def run_churn(
     accounted for after which the rest counts as lost.  ``timeout``: the whole run.
     ``resources``: the workers have a capacity, ``lo`` a concurrency limit and the cost
     is DRF's, and every task declares what it holds (:data:`CAPACITY`).
+    ``key_concurrency``: every key of the keyed queue limited to that many at once
+    (``fair_key_concurrency = {"*": n}``); the record's ``key_limits`` says what the
+    workers held after the churn and the most of a key that ran at once.
     """
     if broker not in ("redis", "rabbitmq"):
         raise ValueError(f"broker must be redis or rabbitmq, not {broker!r}")
@@ -883,6 +910,8 @@ def run_churn(
             )
             env["PRODUCTION_COST"] = "dominant"
         env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
+        if key_concurrency is not None:
+            env["PRODUCTION_KEY_CONCURRENCY"] = f"*={key_concurrency}"
         if broker == "redis":
             env["PRODUCTION_VISIBILITY"] = str(VISIBILITY)
         # The producer stores no results: Celery's Redis backend would subscribe
@@ -959,6 +988,11 @@ def run_churn(
                 else resource_books(control, [_node(w) for w in workers], workers, 30) if fair
                 else {"settled": None, "workers": {}}  # plain Celery keeps no such books
             )  # fmt: skip
+            tokens = (
+                key_token_books(control, [_node(w) for w in workers], workers, 30)
+                if fair and key_concurrency is not None and broker == "rabbitmq"
+                else None
+            )
             where = queue_state.locate(pending)
             for w in workers:
                 exits[w.name] = w.stop(timeout=60)
@@ -1033,6 +1067,17 @@ def run_churn(
                     **held,
                     "at_once": held_at_once(published, runs),
                 },
+                "key_limits": None
+                if key_concurrency is None
+                else {
+                    "limit": key_concurrency,
+                    "most_at_once": most_at_once(
+                        SimpleNamespace(**r)
+                        for r in runs
+                        if r["queue"] == KEYED or str(r["queue"]).startswith(KEYED + ".fair.")
+                    ),
+                    "tokens": tokens,
+                },  # fmt: skip
                 "exit_codes": exits,
                 "churn_errors": churn.errors[:10],
                 "waves_seconds": waves_s,

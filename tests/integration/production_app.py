@@ -134,6 +134,8 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
         app.conf.fair_key_weights = {
             k: float(w) for k, w in _pairs(env["PRODUCTION_KEY_WEIGHTS"]).items()
         }
+    if env.get("PRODUCTION_KEY_CONCURRENCY"):
+        app.conf.fair_key_concurrency = env["PRODUCTION_KEY_CONCURRENCY"]
     if env.get("PRODUCTION_MEMORY_HIGH"):
         app.conf.fair_broker_memory_high = float(env["PRODUCTION_MEMORY_HIGH"])
     if env.get("PRODUCTION_CAPACITY"):

@@ -41,11 +41,14 @@ MAX_TASKS = 20
 RATIO = (2.0, 6.5)
 
 
-def _churn(broker: str, redis_server: RedisServer, rabbitmq_server: Any = None) -> dict[str, Any]:
+def _churn(
+    broker: str, redis_server: RedisServer, rabbitmq_server: Any = None, **options: Any
+) -> dict[str, Any]:
     return run_churn(
         broker, TASKS, True, waves=2, max_tasks_per_child=MAX_TASKS, kill_every=1.0,
         revoke_every=1.0, slow_share=0.01, over_share=0.005, quiet=20.0, timeout=120.0,
         redis_server=redis_server, rabbitmq_server=rabbitmq_server, progress=lambda _: None,
+        **options,
     )  # fmt: skip
 
 
@@ -86,4 +89,12 @@ def test_churn_on_redis_with_a_keyed_queue(redis_server: RedisServer, redis_url:
 
 @pytest.mark.rabbitmq
 def test_churn_on_rabbitmq(redis_server: RedisServer, rabbitmq_server: Any) -> None:
-    _check(_churn("rabbitmq", redis_server, rabbitmq_server))
+    """The keyed queue's keys are limited to one at once: each of its tasks takes its
+    key's token through the churn, and every token comes back."""
+    record = _churn("rabbitmq", redis_server, rabbitmq_server, key_concurrency=1)
+    _check(record)
+    limits = record["key_limits"]
+    assert limits["tokens"]["settled"], limits  # nothing held, nothing aside
+    tokens = limits["tokens"]["workers"].values()
+    assert sum(t["started"] for t in tokens) >= 100, limits  # the keyed tasks took tokens
+    assert max(limits["most_at_once"].values()) == 1, limits
