@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between tries for the keys whose tasks wait aside.
 POLL = 0.05
-#: Seconds between looks for tokens held by tasks this worker no longer has.
-AUDIT = 10.0
+#: Seconds between looks for tokens held by tasks this worker no longer has (a task
+#: revoked while it waited for prefork's semaphore ends with no finish reported).
+AUDIT = 2.0
 #: Tries per poll at most: each is one round trip on the event loop.
 _TRIES_PER_POLL = 64
 
@@ -211,8 +212,8 @@ class KeyTokenGate:
         if gone:
             logger.warning(
                 "celery-fair: %d task(s) ended without a reported finish held key limit "
-                "tokens; %d token(s) given back",
-                len(gone), len(tokens),
+                "tokens (%s); %d token(s) given back",
+                len(gone), ", ".join(gone[:5]), len(tokens),
             )  # fmt: skip
 
     def reset(self) -> int:
@@ -221,6 +222,11 @@ class KeyTokenGate:
         with self._lock:
             dropped = self._book.drop_aside(lambda entry: False)
         return len(dropped)
+
+    def waiting(self) -> list[Any]:
+        """The requests waiting aside for their keys' tokens."""
+        with self._lock:
+            return [request for _, request in self._book]
 
     def _lost(self, generation: int) -> None:
         with self._lock:

@@ -84,6 +84,11 @@ class PoolWatchdog:
                 started |= buffered | aside
             else:
                 buffered |= aside
+        tokens = self.service.tokens
+        if tokens is not None:
+            # Per-key limits on RabbitMQ: a task aside waits for its key's tokens,
+            # which tasks on other workers may hold; not a stall of this pool.
+            started |= {id(r) for r in tokens.waiting()}
         waiting: dict[Any, str] = {}
         requests: dict[Any, Any] = {}
         for request in reserved:
