@@ -53,7 +53,7 @@ from ..scheduling.resources import (
     unfit_reason,
 )
 from ..wire import RESOURCES_HEADER
-from .dispatch import admission, buffer_task, gate_request
+from .dispatch import admission, buffer_task, gate_request, holding_gate
 from .roles import SchedulingService
 
 __all__ = (
@@ -482,22 +482,7 @@ class ResourceGate:
 
     def wrap(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore)."""
-        gate = self
-
-        def run(request: Any) -> None:
-            try:
-                process(request)
-            finally:
-                # Revoked or rejected on the way (Celery's task_ready ran): it holds
-                # nothing.  A task still waiting for prefork's semaphore, or running,
-                # is still counted, and is released when it ends.
-                if not compat.request_counted(request):
-                    gate.finished(request)
-
-        def gated(request: Any) -> None:
-            gate.submit(run, request)
-
-        return gated
+        return holding_gate(process, self.submit, self.finished)
 
 
 def check_declared(tasks: Mapping[str, Any], capacity: Resources) -> None:

@@ -37,6 +37,7 @@ __all__ = (
     "buffered_requests",
     "close_during_drain",
     "gate_request",
+    "holding_gate",
     "install_on_semaphore",
     "release_waiters",
     "wake_while_busy",
@@ -309,6 +310,33 @@ class FairGate:
             gate.submit(run, request)
 
         return gated
+
+
+def holding_gate(
+    process: Callable[[Any], Any],
+    submit: Callable[[Callable[[Any], Any], Any], None],
+    finished: Callable[[Any], None],
+) -> Callable[[Any], Any]:
+    """``process`` (the worker's hand-over to the pool, or to prefork's semaphore) behind
+    a gate whose tasks hold something until they end: ``submit(run, request)`` runs
+    or holds back each task, ``finished(request)`` frees what it held.
+
+    A task revoked or rejected on the way (Celery's ``task_ready`` ran) runs
+    nowhere: what it held is freed as ``process`` returns.  A task still waiting
+    for prefork's semaphore, or running, is still counted, and is freed when it ends.
+    """
+
+    def run(request: Any) -> None:
+        try:
+            process(request)
+        finally:
+            if not compat.request_counted(request):
+                finished(request)
+
+    def gated(request: Any) -> None:
+        submit(run, request)
+
+    return gated
 
 
 def close_during_drain(connection: Any, gate: Gate) -> None:

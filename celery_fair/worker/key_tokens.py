@@ -26,6 +26,7 @@ from .. import compat
 from ..keys.limits import KeyLimits
 from ..keys.token_client import TokenClient
 from ..keys.tokens import HeldToken, TokenBook, TokenSpec, token_specs
+from .dispatch import holding_gate
 from .roles import SchedulingService
 
 __all__ = ("AUDIT", "POLL", "KeyTokenGate", "TokenStatistics")
@@ -66,21 +67,7 @@ class KeyTokenGate:
 
     def wrap(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore)."""
-        gate = self
-
-        def run(request: Any) -> None:
-            try:
-                process(request)
-            finally:
-                # Revoked or rejected on the way (Celery's task_ready ran): it runs
-                # nowhere, so its tokens go back now.
-                if not compat.request_counted(request):
-                    gate.finished(request)
-
-        def gated(request: Any) -> None:
-            gate.submit(run, request)
-
-        return gated
+        return holding_gate(process, self.submit, self.finished)
 
     def _limited(self, request: Any) -> tuple[str, str, tuple[TokenSpec, ...]] | None:
         queue_map = self.service.queue_map

@@ -598,42 +598,39 @@ def resource_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerP
           timeout: float) -> dict[str, Any]:  # fmt: skip
     """Each worker's ``resources`` from ``inspect fair_stats``, asked until every worker
     holds nothing and runs nothing (its books repaired after the churn) or ``timeout``."""
-    last: dict[str, Any] = {}
-
-    def settled() -> bool:
-        replies = (
-            control.control.inspect(timeout=2.0, destination=list(nodes))._request("fair_stats")
-            or {}
-        )
-        for node, reply in replies.items():
-            last[node] = (reply or {}).get("resources")
-        return all(
-            (r := last.get(n)) is not None and r["running"] == 0 and not any(r["held"].values())
-            for n in nodes
-        )
-
-    ok = _wait(settled, workers, timeout, every=1.0)
-    return {"settled": ok, "workers": last}
+    return _settled_books(
+        control, nodes, workers, timeout, "resources",
+        lambda r: r["running"] == 0 and not any(r["held"].values()),
+    )  # fmt: skip
 
 
 def key_token_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerProcess],
                     timeout: float) -> dict[str, Any]:  # fmt: skip
     """Each worker's ``key_tokens`` (RabbitMQ's per-key limits) from ``inspect fair_stats``,
     asked until every worker holds no token and has no task aside, or ``timeout``."""
+    return _settled_books(
+        control, nodes, workers, timeout, "key_tokens",
+        lambda t: t["held"] == 0 and t["aside"] == 0,
+    )  # fmt: skip
+
+
+def _settled_books(control: Any, nodes: Sequence[str], workers: Sequence[WorkerProcess],
+                   timeout: float, part: str,
+                   settled: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:  # fmt: skip
+    """Each worker's ``part`` of ``inspect fair_stats``, asked until ``settled`` holds for
+    every worker's or ``timeout``: ``{"settled": ok, "workers": {node: part}}``."""
     last: dict[str, Any] = {}
 
-    def settled() -> bool:
+    def all_settled() -> bool:
         replies = (
             control.control.inspect(timeout=2.0, destination=list(nodes))._request("fair_stats")
             or {}
         )
         for node, reply in replies.items():
-            last[node] = (reply or {}).get("key_tokens")
-        return all(
-            (t := last.get(n)) is not None and t["held"] == 0 and t["aside"] == 0 for n in nodes
-        )
+            last[node] = (reply or {}).get(part)
+        return all((books := last.get(n)) is not None and settled(books) for n in nodes)
 
-    ok = _wait(settled, workers, timeout, every=1.0)
+    ok = _wait(all_settled, workers, timeout, every=1.0)
     return {"settled": ok, "workers": last}
 
 
