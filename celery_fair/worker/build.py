@@ -231,6 +231,12 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
             # Heartbeats off: nothing reads this connection between its calls
             # (see celery_fair.keys.token_client).
             service.limit_by_tokens(TokenClient(lambda: app.connection_for_read(heartbeat=0)))
+            limits = settings.key_limits
+            logger.info(
+                "celery-fair: per-key limits on RabbitMQ as limit tokens: concurrency %s, "
+                "rates (per second) %s",
+                dict(limits.concurrency) or "-", dict(limits.rates) or "-",
+            )  # fmt: skip
         added = consume_lanes(app, lanes)
         logger.info(
             "celery-fair: keyed queues on RabbitMQ: %d lane(s) consumed besides %s",
@@ -245,8 +251,9 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
 def check_keyed_broker(app: Any, settings: FairSettings) -> str:
     """The keyed settings a RabbitMQ broker cannot serve yet, refused; returns the driver.
 
-    Redis serves everything keyed.  RabbitMQ serves keys and key weights
-    (:mod:`celery_fair.keys.lanes`); the rest is refused with a
+    Redis serves everything keyed.  RabbitMQ serves keys, key weights
+    (:mod:`celery_fair.keys.lanes`) and per-key limits (limit tokens,
+    :mod:`celery_fair.keys.tokens`); the rest is refused with a
     :class:`FairConfigError` naming the setting, rather than ignored.  Needs no
     connection: ``celery fair check`` and ``install`` call it too.
     """

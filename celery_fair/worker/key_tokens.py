@@ -219,10 +219,6 @@ class KeyTokenGate:
         with self._lock:
             self.lost_with_connection += self._book.forget_generation(generation)
 
-    def close(self) -> None:
-        """The worker stops: every token goes back with the connection."""
-        self.client.close()
-
     def statistics(self) -> TokenStatistics:
         with self._lock:
             book = self._book
