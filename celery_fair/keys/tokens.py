@@ -153,6 +153,10 @@ class TokenBook(Generic[T]):
     def holders(self) -> list[str]:
         return list(self._held)
 
+    def held_tasks(self) -> int:
+        """Tasks holding tokens now."""
+        return len(self._held)
+
     def held_count(self) -> int:
         return sum(len(tokens) for tokens in self._held.values())
 

@@ -90,7 +90,7 @@ class KeyTokenGate:
             return
         queue, key, specs = limited
         with self._lock:
-            if self._book.waiting(queue, key) or len(self._book.holders()) >= self.slots:
+            if self._book.waiting(queue, key) or self._book.held_tasks() >= self.slots:
                 self._book.put_aside(queue, key, (run, request))
                 return
         tokens = self._take(specs)
@@ -153,7 +153,7 @@ class KeyTokenGate:
         for queue, key in keys:
             while tries < _TRIES_PER_POLL:
                 with self._lock:
-                    if len(self._book.holders()) >= self.slots:
+                    if self._book.held_tasks() >= self.slots:
                         return
                     if not self._book.waiting(queue, key):
                         break
@@ -232,7 +232,7 @@ class KeyTokenGate:
                 repaired=book.repaired,
                 lost_with_connection=self.lost_with_connection,
                 mints=self.client.mints,
-                broker_errors=self.client.errors,
+                broker_errors=self.client.errors + self.client.minter.errors,
             )
 
 
@@ -253,7 +253,7 @@ class TokenStatistics:
     repaired: int
     #: Tokens that went back on the broker with a lost connection.
     lost_with_connection: int
-    #: Token sets this worker minted; broker failures of the token connection.
+    #: Token sets this worker minted; broker failures of the token connections.
     mints: int
     broker_errors: int
 

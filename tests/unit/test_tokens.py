@@ -54,6 +54,7 @@ def test_held_tokens_are_released_once_and_a_lost_channel_forgets_its_own() -> N
     book.hold("t1", [HeldToken(spec, 1, generation=1)])
     book.hold("t2", [HeldToken(spec, 2, generation=2)])
     assert book.held_by_key() == {"k": 2} and book.holders() == ["t1", "t2"]
+    assert book.held_tasks() == 2
     assert book.forget_generation(1) == 1
     assert book.release("t1") == [] and book.holders() == ["t2"]
     (token,) = book.release("t2")
