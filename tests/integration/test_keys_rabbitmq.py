@@ -120,8 +120,10 @@ def test_key_weights_hold_across_two_workers_on_rabbitmq(
 ) -> None:
     """Each worker takes its lanes' tasks in its own weighted order: the shares of
     the two together hold as one worker's do."""
-    _publish_weighted(amqp_url, queue, 300)
-    total = 300 * sum(WEIGHTS.values())
+    # Enough that, after the later of the two workers is ready, more than 800
+    # tasks start while every key is backlogged, however late it comes up.
+    _publish_weighted(amqp_url, queue, 450)
+    total = 450 * sum(WEIGHTS.values())
     env = {"CELERY_FAIR_KEY_WEIGHTS": "a=1,b=2,c=4"}
     with (
         _worker(amqp_url, redis_url, queue, **env) as one,
