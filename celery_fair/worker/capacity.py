@@ -53,7 +53,7 @@ from ..scheduling.resources import (
     unfit_reason,
 )
 from ..wire import RESOURCES_HEADER
-from .dispatch import admission, buffer_task, gate_request, holding_gate
+from .dispatch import Holders, admission, buffer_task, gate_request, holding_gate
 from .roles import SchedulingService
 
 __all__ = (
@@ -142,7 +142,8 @@ class CapacityStatistics:
 
 
 def _ident(request: Any) -> object:
-    return getattr(request, "id", None) or id(request)
+    """A request's key in the ledger: the request object (see :class:`~.dispatch.Holders`)."""
+    return Holders.key(request)
 
 
 class ResourceGate:
@@ -179,6 +180,7 @@ class ResourceGate:
         self.aside: list[tuple[object, dict[str, float], str, tuple[Any, Any]]] = []
         #: The queue of each running task (for the dominant shares each queue holds).
         self._running_queue: dict[object, str] = {}
+        self._holders = Holders()
         self._lock = service.lock
         # CoDel is asked as a task starts, not as it is taken: its sojourn then
         # includes the wait for room (RFC 8289 measures at dequeue).
@@ -236,6 +238,7 @@ class ResourceGate:
         with self._lock:
             released = self.ledger.release(_ident(request))
             self._running_queue.pop(_ident(request), None)
+            self._holders.release(Holders.key(request))
         if released:
             self.pump()
 
@@ -369,6 +372,7 @@ class ResourceGate:
         with self._lock:
             self.ledger.release(_ident(request))
             self._running_queue.pop(_ident(request), None)
+            self._holders.release(Holders.key(request))
             if queue is not None:
                 self.service.scheduler.dispatch.refund(queue)
         return True
@@ -385,6 +389,7 @@ class ResourceGate:
             return None
         ident, demand, queue, entry = self.aside.pop(order[index])
         self.ledger.hold(ident, demand)
+        self._holders.hold(entry[1])
         self._running_queue[ident] = queue
         return entry
 
@@ -445,6 +450,7 @@ class ResourceGate:
             lost = self.ledger.reset(running) if len(running) != len(self.ledger.running) else []
             for ident in lost:
                 self._running_queue.pop(ident, None)
+                self._holders.release(str(ident))
             self._repaired += len(lost)
         if lost:
             logger.warning(
@@ -472,7 +478,7 @@ class ResourceGate:
                 held=dict(self.ledger.held),
                 running=len(self.ledger.running),
                 waiting_for_room=len(self.aside),
-                reserved=None if reserved is None else str(reserved),
+                reserved=None if reserved is None else Holders.task_id(str(reserved)),
                 parked=self._parked,
                 repaired=self._repaired,
                 cluster=dict(self.cluster),

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ __all__ = (
     "BUSY_DRAIN",
     "FairGate",
     "Gate",
+    "Holders",
     "admission",
     "buffer_task",
     "buffered_requests",
@@ -310,6 +311,50 @@ class FairGate:
             gate.submit(run, request)
 
         return gated
+
+
+class Holders:
+    """The requests a gate let through while they hold something, by request object.
+
+    A gate's book is keyed by :meth:`key`, the request object's identity, never
+    by its task id alone: when the consumer's connection closes, Celery drops
+    the requests that had not reached a pool process, with no finish reported,
+    and their messages come back on the new channel with the same task ids, as
+    new requests.  By task id, the book would count a dropped request's holding
+    as the new one's, its repair would never come, and the new one would wait
+    for what its own ghost holds.  A strong reference to each request held is
+    kept until it is released, so no later request can take its identity.
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[str, Any] = {}
+
+    @staticmethod
+    def key(request: Any) -> str:
+        """``request``'s key in a gate's book: its task id (for people) and its identity."""
+        return f"{getattr(request, 'id', None)}@{id(request):x}"
+
+    def hold(self, request: Any) -> str:
+        key = self.key(request)
+        self._requests[key] = request
+        return key
+
+    def release(self, key: str) -> None:
+        self._requests.pop(key, None)
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Forget every request but those of ``keys`` (the book let go of the others)."""
+        kept = set(keys)
+        for key in [k for k in self._requests if k not in kept]:
+            del self._requests[key]
+
+    def keys_of(self, requests: Iterable[Any]) -> set[str]:
+        """The keys of ``requests`` (those Celery still counts, for a repair)."""
+        return {self.key(request) for request in requests}
+
+    @staticmethod
+    def task_id(key: str) -> str:
+        return key.rsplit("@", 1)[0]
 
 
 def holding_gate(

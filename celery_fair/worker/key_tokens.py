@@ -26,7 +26,7 @@ from .. import compat
 from ..keys.limits import KeyLimits
 from ..keys.token_client import TokenClient
 from ..keys.tokens import HeldToken, TokenBook, TokenSpec, token_specs
-from .dispatch import holding_gate
+from .dispatch import Holders, holding_gate
 from .roles import SchedulingService
 
 __all__ = ("AUDIT", "POLL", "KeyTokenGate", "TokenStatistics")
@@ -58,7 +58,9 @@ class KeyTokenGate:
         self.slots = max(1, slots)
         client.on_lost = self._lost
         self._lock = threading.Lock()
+        #: Held tokens by :meth:`Holders.key`: a request, never a task id alone.
         self._book: TokenBook[tuple[Callable[[Any], Any], Any]] = TokenBook()
+        self._holders = Holders()
         self._specs: dict[tuple[str, str], tuple[TokenSpec, ...]] = {}
         self.lost_with_connection = 0
         self._polling = self._again = False
@@ -114,13 +116,15 @@ class KeyTokenGate:
 
     def _start(self, run: Callable[[Any], Any], request: Any, tokens: list[HeldToken]) -> None:
         with self._lock:
-            self._book.hold(_task_id(request), tokens)
+            self._book.hold(self._holders.hold(request), tokens)
         run(request)
 
     def finished(self, request: Any) -> None:
         """The task ended (ran, failed, or never reached the pool): its tokens go back."""
+        key = Holders.key(request)
         with self._lock:
-            tokens = self._book.release(_task_id(request))
+            tokens = self._book.release(key)
+            self._holders.release(key)
         for token in tokens:
             self.client.give_back(token)
         if tokens:
@@ -179,35 +183,42 @@ class KeyTokenGate:
         """Give back the tokens of tasks this worker no longer has (and log how many).
 
         A task's finish may go unreported (a callback lost with a pool
-        process); its tokens would hold its key at the limit for ever.
+        process, a request Celery dropped with its connection); its tokens
+        would hold its key at the limit for ever.  Requests are compared as
+        objects (:class:`~.dispatch.Holders`): the task may be here again, received
+        anew, waiting aside for the tokens its dropped request holds.
         """
         try:
             reserved, active, known = compat.worker_requests()
         except RuntimeError:
             return  # the pool's threads changed the sets: next time
-        live = {_task_id(r) for r in (*reserved, *active, *known)}
+        live = self._holders.keys_of((*reserved, *active, *known))
         with self._lock:
-            gone = [task_id for task_id in self._book.holders() if task_id not in live]
-            tokens = [t for task_id in gone for t in self._book.release(task_id)]
+            gone = [key for key in self._book.holders() if key not in live]
+            tokens = [t for key in gone for t in self._book.release(key)]
+            for key in gone:
+                self._holders.release(key)
             self._book.repaired += len(gone)
             # Tasks aside that Celery no longer has: it forgets what it had received
             # when its broker connection closes, and the messages went back with
             # the channel.  Started here, they would run twice.
-            self._book.drop_aside(lambda entry: _task_id(entry[1]) in live)
+            self._book.drop_aside(lambda entry: Holders.key(entry[1]) in live)
         for token in tokens:
             self.client.give_back(token)
         if gone:
             logger.warning(
                 "celery-fair: %d task(s) ended without a reported finish held key limit "
                 "tokens (%s); %d token(s) given back",
-                len(gone), ", ".join(gone[:5]), len(tokens),
+                len(gone), ", ".join(Holders.task_id(key) for key in gone[:5]), len(tokens),
             )  # fmt: skip
 
     def reset(self) -> int:
         """The consumer's channel is new: the tasks aside went back to the broker with
-        the old one.  Forget them; returns how many."""
+        the old one.  Forget them, and give back the tokens of the tasks Celery
+        dropped with it (:meth:`audit`); returns how many were aside."""
         with self._lock:
             dropped = self._book.drop_aside(lambda entry: False)
+        self.audit()
         return len(dropped)
 
     def waiting(self) -> list[Any]:
@@ -218,6 +229,7 @@ class KeyTokenGate:
     def _lost(self, generation: int) -> None:
         with self._lock:
             self.lost_with_connection += self._book.forget_generation(generation)
+            self._holders.keep(self._book.holders())
 
     def statistics(self) -> TokenStatistics:
         with self._lock:
@@ -256,7 +268,3 @@ class TokenStatistics:
     #: Token sets this worker minted; broker failures of the token connections.
     mints: int
     broker_errors: int
-
-
-def _task_id(request: Any) -> str:
-    return str(getattr(request, "id", None) or id(request))

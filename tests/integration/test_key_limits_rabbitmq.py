@@ -12,14 +12,16 @@ import os
 import signal
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
+import kombu.pools
 import pytest
 from kombu.connection import Connection
 
 from celery_fair.keys.limits import KeyLimits
 from celery_fair.keys.tokens import token_specs
-from tests.harness.control import fair_stats
+from tests.harness.control import control_app, fair_stats
 from tests.harness.harness import poll_until
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
 from tests.harness.ledger import Ledger
@@ -160,3 +162,45 @@ def test_a_killed_workers_tokens_come_back_and_the_limit_holds(
     runs = {e.id: e for e in ledger.entries()}
     assert len(runs) == 16  # nothing lost
     assert most_at_once(list(runs.values()))["solo"] == 1  # the limit held throughout
+
+
+def test_a_task_received_again_after_a_lost_connection_is_not_held_up_by_its_first_receipt(
+    rabbitmq_server: Any, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """Both pool processes are busy; two tasks of a key limited to 2 take its tokens
+    and wait for prefork's semaphore (this worker's cap on tasks holding tokens,
+    one per pool process, is reached); then the broker closes the worker's
+    connections.  Celery drops those requests with no finish reported, and their
+    messages come back on the new channel with the same task ids.  What the
+    dropped requests held must not keep them waiting: they run, once each."""
+    amqp_url = str(rabbitmq_server.url)
+    env = {"CELERY_FAIR_KEY_CONCURRENCY": "lim=2"}
+    _publish(amqp_url, queue, {"busy": 2}, ms=3000)
+    with _worker(amqp_url, redis_url, queue, **env) as worker:
+        _ready(worker)
+        control = control_app(amqp_url)
+        try:
+
+            def both_busy() -> bool:
+                active = control.control.inspect(timeout=1.0).active() or {}
+                return sum(len(tasks) for tasks in active.values()) == 2
+
+            assert poll_until(both_busy, 30), worker.log()[-3000:]
+        finally:
+            control.close()
+        _publish(amqp_url, queue, {"lim": 4}, ms=0)
+        # Two tasks hold the tokens (in the semaphore's wait), two wait aside.
+        seen: list[Any] = []
+
+        def held_and_aside() -> bool:
+            seen[:] = [(s["held"], s["aside"]) for s in _token_stats(amqp_url, 1).values()]
+            return seen == [(2, 2)]
+
+        assert poll_until(held_and_aside, 30), (seen, worker.log()[-3000:])
+        rabbitmq_server.ctl("rabbitmqctl", "close_all_connections", "test: a lost connection")
+        kombu.pools.reset()  # this process's pooled connections were closed too
+        assert ledger.wait_for(6, timeout=60, alive=[worker]), worker.log()[-3000:]
+        assert poll_until(lambda: _held(amqp_url, 1) == 0, 20)
+    runs = Counter(e.id for e in ledger.entries())
+    assert len(runs) == 6 and set(runs.values()) == {1}, runs
+    assert most_at_once(e for e in ledger.entries() if e.tenant == "lim")["lim"] <= 2
