@@ -398,11 +398,12 @@ OPTIONS: tuple[Option, ...] = (
         "Fairness keys",
         accepts=(
             'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1; '
-            "needs `fair_keys`; Redis only"
+            "needs `fair_keys`; Redis or RabbitMQ"
         ),
         meaning=(
             "tasks of one key fetched and not finished, across every worker ([per-key "
-            "limits](fairness-keys.md#per-key-limits))"
+            "limits](fairness-keys.md#per-key-limits); on RabbitMQ as token messages, "
+            "[limits on RabbitMQ](fairness-keys.md#limits-on-rabbitmq))"
         ),
     ),
     Option(
@@ -411,9 +412,12 @@ OPTIONS: tuple[Option, ...] = (
         "Fairness keys",
         accepts=(
             'mapping of keys (`"*"`) to Celery rates (`"10/s"`, `"100/m"`, `"1000/h"`) or '
-            "numbers per second; needs `fair_keys`; Redis only"
+            "numbers per second; needs `fair_keys`; Redis or RabbitMQ"
         ),
-        meaning="tasks of one key fetched per second, a token bucket on the broker's clock",
+        meaning=(
+            "tasks of one key fetched per second: on Redis a token bucket on the broker's "
+            "clock, on RabbitMQ a sliding window of tokens (no burst above one second's)"
+        ),
     ),
     Option(
         "fair_key_max_backlog",
