@@ -166,8 +166,10 @@ def _split_defaults(value: Any, setting: str, what: str) -> tuple[list[str], dic
 
 @control_command(variadic="weights", signature="KEY=WEIGHT|KEY=default [KEY=WEIGHT ...]")
 def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Change key weights of the keyed queues, on the broker: every worker uses them at once.
+    """Change key weights of the keyed queues: every worker uses them at once.
 
+    On Redis they are stored on the broker (workers started later use them too);
+    on RabbitMQ each worker that answers applies them until it stops.
     ``KEY=default`` removes a live weight (the configured one applies again).
     Invalid input changes nothing.
     """
@@ -182,10 +184,10 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
         parsed.update(dict.fromkeys(reset))
         if not parsed:
             raise FairConfigError(f"fair_key_weights: no KEY=WEIGHT given, got {weights!r}")
-        service.keys.set_weights(parsed)
+        where = service.set_key_weights(parsed)
     except FairConfigError as exc:
         return {"error": str(exc)}
-    return {"ok": f"key weights set {parsed}"}
+    return {"ok": f"key weights set {parsed} {where}"}
 
 
 _LIMIT_KINDS = {"concurrency": CONCURRENCY, "rate": RATE}

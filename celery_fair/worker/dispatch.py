@@ -93,8 +93,7 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
     if key is not None and service.queue_map.lanes is not None:
         # RabbitMQ: no fetch script orders the keys, so their weights act here,
         # over what each lane's window holds: a key of weight 4 gets 4 turns to 1.
-        settings = service.settings
-        cost /= settings.key_weights.get(key, settings.default_key_weight)
+        cost /= service.lane_key_weights.weight(key)
     service.scheduler.wait(queue, entry, key, level, user, cost)
 
 

@@ -254,8 +254,9 @@ class KeyedAdmin:
         if self.settings.keys:
             # Keyed queues on RabbitMQ (lanes): no shared state to change on the broker.
             raise FairConfigError(
-                f"{setting}: this worker's keyed queues are not on Redis; on RabbitMQ keys "
-                "have their configured weights only (docs/fairness-keys.md#keys-on-rabbitmq)"
+                f"{setting}: this worker's keyed queues are not on Redis, and {setting} "
+                "changes state every worker shares on the broker, which RabbitMQ does not "
+                "keep for keys (docs/fairness-keys.md#keys-on-rabbitmq)"
             )
         raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
 

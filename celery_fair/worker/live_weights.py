@@ -29,7 +29,13 @@ from ..scheduling.scheduler import FairScheduler
 from .attachment import Attachment
 from .settings import FairSettings, parse_weights
 
-__all__ = ("LIVE_WEIGHTS", "LIVE_WEIGHTS_EXPIRY", "LIVE_WEIGHTS_RECHECK", "LiveWeights")
+__all__ = (
+    "LIVE_WEIGHTS",
+    "LIVE_WEIGHTS_EXPIRY",
+    "LIVE_WEIGHTS_RECHECK",
+    "LaneKeyWeights",
+    "LiveWeights",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +236,47 @@ class LiveWeights:
                 logger.warning(
                     "celery-fair: could not remove lapsed live weights from the broker: %r", exc
                 )
+
+
+class LaneKeyWeights:
+    """Key weights of the keyed queues on RabbitMQ, where this worker's buffer applies them.
+
+    On Redis the fetch script reads key weights from the broker, so a live
+    weight reaches every worker.  On RabbitMQ the keys' turns are taken in each
+    worker's buffer (:func:`celery_fair.worker.dispatch.buffer_task`), and the
+    broker keeps no shared state to write: ``control fair_key_weights`` reaches
+    the workers that answer its broadcast, and each keeps the weight until it is
+    set back (``KEY=default``) or the worker stops.  A worker started later has
+    the configured weights.
+    """
+
+    def __init__(self, configured: Mapping[str, float], default: float) -> None:
+        self.configured = dict(configured)
+        self.default = default
+        # Replaced whole, never changed in place: readers on other threads
+        # (the event loop's buffer) see one map or the other.
+        self._live: dict[str, float] = {}
+
+    def weight(self, key: str) -> float:
+        """The key's weight: live, else configured, else ``fair_default_key_weight``."""
+        live = self._live.get(key)
+        if live is not None:
+            return live
+        return self.configured.get(key, self.default)
+
+    def set(self, weights: Mapping[str, float | None]) -> None:
+        """Live weights; a key with None goes back to its configured weight."""
+        live = dict(self._live)
+        for key, weight in weights.items():
+            if weight is None:
+                live.pop(key, None)
+            else:
+                live[key] = float(weight)
+        self._live = live
+
+    def live(self) -> dict[str, float]:
+        """The weights set live in this worker (``inspect fair_stats``)."""
+        return dict(sorted(self._live.items()))
 
 
 def _lapsed(until: Any, now: float) -> bool:

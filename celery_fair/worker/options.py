@@ -380,7 +380,8 @@ OPTIONS: tuple[Option, ...] = (
         meaning=(
             "weight per key, in every keyed queue; on Redis written to the broker at worker "
             "start, and `control fair_key_weights KEY=W` overrides it live (`KEY=default` "
-            "removes the override); on RabbitMQ each worker applies its own"
+            "removes the override); on RabbitMQ each worker applies its own, and the "
+            "command sets them in the workers that answer until they stop"
         ),
         read=_key_weights,
     ),

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from .. import compat
 from ..scheduling.scheduler import FairScheduler
 from .attachment import Attachment
+from .live_weights import LaneKeyWeights
 from .pauses import PausedKeys
 from .queue_map import QueueMap
 from .settings import FairSettings
@@ -39,6 +40,8 @@ class SchedulingService(Protocol):
     queue_map: QueueMap
     #: The consumer's live channel, cycle and keyed queues.
     attachment: Attachment
+    #: Key weights of keyed queues on RabbitMQ, as this worker's buffer applies them.
+    lane_key_weights: LaneKeyWeights
     #: The prefetch windows (``fair_prefetch="auto"`` learns from finished tasks).
     prefetch: PrefetchWindows
     #: The gate before the pool, if any (a :class:`~.dispatch.FairGate` or a

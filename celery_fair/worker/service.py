@@ -28,7 +28,7 @@ from .capacity import CapacityStatistics, ResourceGate
 from .dispatch import FairGate, close_during_drain, wake_while_busy
 from .key_tokens import KeyTokenGate, TokenStatistics
 from .keyed_admin import KeyedAdmin
-from .live_weights import LIVE_WEIGHTS, LiveWeights
+from .live_weights import LIVE_WEIGHTS, LaneKeyWeights, LiveWeights
 from .pauses import PausedKeys
 from .push_prefetch import PushWindowsStatistics
 from .quarantine import Quarantine, QuarantineStatistics
@@ -124,6 +124,8 @@ class FairService:
         self.live_weights = LiveWeights(
             settings, self.scheduler, self.lock, self.attachment, clock=clock
         )
+        #: Key weights of keyed queues on RabbitMQ, applied in this worker's buffer.
+        self.lane_key_weights = LaneKeyWeights(settings.key_weights, settings.default_key_weight)
         self.prefetch = PrefetchWindows(
             settings,
             self.scheduler,
@@ -274,6 +276,19 @@ class FairService:
         if keyed is not None:
             keyed.flush_releases()
 
+    def set_key_weights(self, weights: dict[str, float | None]) -> str:
+        """Set key weights live (None: back to the configured weight); where they act.
+
+        On Redis they are stored on the broker, where every worker's fetch reads
+        them; on RabbitMQ this worker's buffer applies them until it stops
+        (:class:`LaneKeyWeights`).
+        """
+        if self.queue_map.lanes is None:
+            self.keys.set_weights(weights)
+            return "on the broker"
+        self.lane_key_weights.set(weights)
+        return "in this worker (RabbitMQ: until it stops)"
+
     def pause_keys(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
         """Pause (or resume) keys on the broker: per keyed queue, how many changed."""
         changed = self.keys.pause(keys, queue, paused)
@@ -334,6 +349,9 @@ class FairService:
             broker_full=self.full.statistics(),
             resources=self.gate.statistics() if isinstance(self.gate, ResourceGate) else None,
             key_tokens=self.tokens.statistics() if self.tokens is not None else None,
+            key_weights_live=(
+                self.lane_key_weights.live() if self.queue_map.lanes is not None else None
+            ),
         )
 
     def statistics(self) -> dict[str, object]:
@@ -360,6 +378,8 @@ class WorkerStatistics:
     resources: CapacityStatistics | None = None
     #: Per-key limits on RabbitMQ: the tokens held and the tasks aside (None: none).
     key_tokens: TokenStatistics | None = None
+    #: Keyed queues on RabbitMQ: the key weights set live in this worker (None: not lanes).
+    key_weights_live: Mapping[str, float] | None = None
 
     def as_dict(self) -> dict[str, object]:
         """JSON-friendly nested data: the scheduler's fields at the top level."""
@@ -381,4 +401,6 @@ class WorkerStatistics:
         stats["broker_full"] = asdict(self.broker_full)
         stats["resources"] = self.resources.as_dict() if self.resources is not None else None
         stats["key_tokens"] = asdict(self.key_tokens) if self.key_tokens is not None else None
+        if self.key_weights_live is not None:
+            stats["key_weights_live"] = dict(self.key_weights_live)
         return stats

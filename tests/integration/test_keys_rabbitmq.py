@@ -115,6 +115,44 @@ def test_key_weights_hold_on_rabbitmq(
     assert len(set().union(*lanes.values())) == 3, lanes
 
 
+def test_key_weights_set_live_act_in_the_worker_that_answers(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """``control fair_key_weights`` on RabbitMQ: the answering worker's buffer takes
+    the keys' turns by the new weights at once, and says they live in it."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    # Every key stays backlogged through 800 starts at 1:2:4 even if the worker
+    # ran 900 at 1:1:1 before the command reached it.
+    backlog = {"a": 500, "b": 700, "c": 1100}
+    try:
+        publish_by_key(app, queue, backlog, ms=2)
+    finally:
+        app.close()
+    with _worker(amqp_url, redis_url, queue) as worker:  # every key weighs 1
+        _ready(worker)
+        control = control_app(amqp_url)
+        try:
+            replies = control.control.broadcast(
+                "fair_key_weights",
+                arguments={"weights": ["b=2", "c=4"]},
+                reply=True,
+                timeout=5,
+                limit=1,
+            )
+            changed = time.time()
+            stats = wait_fair_stats(amqp_url)
+        finally:
+            control.close()
+        [reply] = [r for answer in replies for r in answer.values()]
+        assert "in this worker" in reply.get("ok", ""), reply
+        assert stats["key_weights_live"] == {"b": 2.0, "c": 4.0}, stats
+        entries = _entries(ledger, sum(backlog.values()), worker)
+    # Tasks already in the buffer kept their turns: from half a second on, the new ones.
+    window = [e for e in entries if e.started > changed + 0.5][:800]
+    assert len(window) == 800
+    _assert_weighted(window)
+
+
 def test_key_weights_hold_across_two_workers_on_rabbitmq(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str
 ) -> None:

@@ -329,6 +329,10 @@ class _FakeService:
     def __init__(self) -> None:
         self.keys = _FakeKeys()
 
+    def set_key_weights(self, weights: dict[str, float | None]) -> str:
+        self.keys.set_weights(weights)
+        return "on the broker"
+
 
 def _state(service: _FakeService) -> object:
     from types import SimpleNamespace
@@ -365,10 +369,23 @@ def test_control_fair_key_weights_sets_and_resets() -> None:
     from celery_fair.worker.control import fair_key_weights
 
     service = _FakeService()
-    assert "ok" in fair_key_weights(_state(service), weights=["gold=4", "silver=default"])
+    reply = fair_key_weights(_state(service), weights=["gold=4", "silver=default"])
+    assert reply == {"ok": "key weights set {'gold': 4.0, 'silver': None} on the broker"}, reply
     assert service.keys.weights == [{"gold": 4.0, "silver": None}]
     reply = fair_key_weights(_state(service), weights=["gold=-1"])
     assert "fair_key_weights['gold'] must be a positive number" in reply["error"]
+
+
+def test_lane_key_weights_live_over_configured_over_default() -> None:
+    from celery_fair.worker.live_weights import LaneKeyWeights
+
+    weights = LaneKeyWeights({"gold": 4.0}, 1.5)
+    assert (weights.weight("gold"), weights.weight("other")) == (4.0, 1.5)
+    weights.set({"gold": 8, "other": 2})
+    assert (weights.weight("gold"), weights.weight("other")) == (8.0, 2.0)
+    weights.set({"gold": None})
+    assert weights.weight("gold") == 4.0
+    assert weights.live() == {"other": 2.0}
 
 
 def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
