@@ -40,6 +40,6 @@ test-matrix: setup
 
 # What CI runs besides `make test` (the whole suite in the project's venv, the
 # newest version set): the compatibility and deployment tests in the oldest set,
-# and in the newest set too when the project's venv does not hold its pins.
+# and in the newest set too when the project's venv is not that set or newer.
 test-matrix-ci: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nox -s ci
