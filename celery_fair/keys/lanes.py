@@ -110,35 +110,64 @@ class LaneChooser:
         self._lock = threading.Lock()
         self._rings: dict[str, HashRing] = {}
         self._detectors: dict[str, NoisyKeyDetector] = {}
-        #: Per keyed queue: noisy key -> its noisy lane.
-        self._noisy: dict[str, dict[str, str]] = {}
+        #: Per keyed queue with two-level keys: the detector of noisy users.
+        self._user_detectors: dict[str, NoisyKeyDetector] = {}
+        #: Per keyed queue: noisy ``(False, key)`` or ``(True, "key/user")`` -> its noisy lane.
+        self._noisy: dict[str, dict[tuple[bool, str], str]] = {}
 
-    def lane(self, queue: str, key: str) -> str:
-        """The lane a task of ``key`` published now to keyed ``queue`` goes to."""
-        return self.choose(queue, key)[0]
+    def lane(self, queue: str, key: str, user: str | None = None) -> str:
+        """The lane a task of ``key`` (and ``user``) published now to keyed ``queue`` goes to."""
+        return self.choose(queue, key, user)[0]
 
-    def choose(self, queue: str, key: str) -> tuple[str, bool]:
-        """:meth:`lane`, and whether ``key`` was given that noisy lane just now."""
-        lanes = self.lanes
+    def choose(self, queue: str, key: str, user: str | None = None) -> tuple[str, str | None]:
+        """:meth:`lane`, and who was given that noisy lane just now (``key`` or
+        ``key/user``; None: nobody, the lane was the key's already or is a shard).
+
+        With two-level keys (``user``), a user that is noisy by itself (more
+        than 10% of the queue's recent publishes) gets a lane of its own, so
+        that its key's other users wait in another lane than its flood; the
+        key's other tasks go where the key alone would (its own noisy lane if
+        the key is noisy, else its shard).
+        """
         with self._lock:
             detector = self._detectors.get(queue)
             if detector is None:
                 policy = self._policy or IsolationPolicy(queue=f"{queue}.fair.n*")
                 detector = self._detectors[queue] = NoisyKeyDetector(policy, clock=self._clock)
-                self._rings[queue] = HashRing(lanes.shard_lanes(queue))
+                self._rings[queue] = HashRing(self.lanes.shard_lanes(queue))
                 self._noisy[queue] = {}
-            noisy = self._noisy[queue]
+            if user is not None:
+                users = self._user_detectors.get(queue)
+                if users is None:
+                    users = self._user_detectors[queue] = NoisyKeyDetector(
+                        detector.policy, clock=self._clock
+                    )
+                pair = f"{key}/{user}"
+                if users.observe(pair):
+                    detector.observe(key)  # the user's publishes count for its key too
+                    return self._isolate(queue, (True, pair))
+                self._noisy[queue].pop((True, pair), None)
             if detector.observe(key):
-                lane = noisy.get(key)
-                if lane is not None:
-                    return lane, False
-                # Forget keys released since; then a lane no other noisy key holds.
-                for gone in [k for k in noisy if not detector.is_isolated(k)]:
-                    del noisy[gone]
-                lane = noisy[key] = _free_lane(lanes.noisy_lanes(queue), key, noisy.values())
-                return lane, True
-            noisy.pop(key, None)
-            return self._rings[queue].lookup(key), False
+                return self._isolate(queue, (False, key))
+            self._noisy[queue].pop((False, key), None)
+            return self._rings[queue].lookup(key), None
+
+    def _isolate(self, queue: str, noisy_one: tuple[bool, str]) -> tuple[str, str | None]:
+        """The noisy lane of ``noisy_one`` (``(False, key)``, or ``(True, "key/user")``),
+        given now if it had none."""
+        noisy = self._noisy[queue]
+        lane = noisy.get(noisy_one)
+        if lane is not None:
+            return lane, None
+        # Forget the keys and users released since; then a lane no other noisy one holds.
+        detectors = {False: self._detectors[queue], True: self._user_detectors.get(queue)}
+        for gone in list(noisy):
+            by = detectors[gone[0]]
+            if by is None or not by.is_isolated(gone[1]):
+                del noisy[gone]
+        name = noisy_one[1]
+        lane = noisy[noisy_one] = _free_lane(self.lanes.noisy_lanes(queue), name, noisy.values())
+        return lane, name
 
 
 def _free_lane(candidates: tuple[str, ...], key: str, taken: Iterable[str]) -> str:

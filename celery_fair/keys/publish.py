@@ -211,9 +211,10 @@ def _stamping_sender(
             if lanes is not None and _is_amqp(producer):
                 key = _stamped_key(message, options.get("headers"))
                 if key:
-                    lane, isolated = lanes.choose(queue, key)
-                    if isolated:
-                        _name_lane(producer, lane, key, durable=app.amqp.queues[queue].durable)
+                    user = _stamped_user(message, options.get("headers"))
+                    lane, given = lanes.choose(queue, key, user)
+                    if given is not None:
+                        _name_lane(producer, lane, given, durable=app.amqp.queues[queue].durable)
                     target = lane_queues.get(lane)
                     if target is None:
                         target = lane_queues[lane] = lane_queue(app.amqp.queues[queue], lane)
@@ -259,6 +260,13 @@ def _stamped_key(message: Any, extra_headers: Mapping[str, Any] | None) -> str |
     headers = message[0] if isinstance(message[0], dict) else {}
     key = (extra_headers or {}).get(KEY_HEADER, headers.get(KEY_HEADER))
     return _text(key) if key is not None else None
+
+
+def _stamped_user(message: Any, extra_headers: Mapping[str, Any] | None) -> str | None:
+    """The user :func:`stamp_key` found for a two-level key (None: a one-level key)."""
+    headers = message[0] if isinstance(message[0], dict) else {}
+    user = (extra_headers or {}).get(USER_HEADER, headers.get(USER_HEADER))
+    return _text(user) if user is not None else None
 
 
 def _task(app: Any, name: str) -> Any:

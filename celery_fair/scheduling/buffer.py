@@ -11,10 +11,12 @@ Tasks of a keyed queue (:mod:`celery_fair.keys`) carry their key and their
 priority level; within that queue they wait by level, then in start-time
 fair order over the keys instead of FIFO, so a quiet key's task is not stuck
 behind a flooding key's tasks already prefetched, nor an urgent task behind
-batch work.  Every key counts one task per turn here (or its
+batch work.  On Redis every key counts one task per turn here (or its
 cost, under ``fair_cost="dominant"``): the weights between keys act where
 messages are fetched (the broker's script), and this buffer only holds the
-prefetch window.
+prefetch window.  On RabbitMQ no script orders the keys, so the caller
+divides each task's cost by its key's weight (and its user's, with
+two-level keys) and the weights act here.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from itertools import count
+from typing import Generic, TypeVar, cast
 
 from .drr import DeficitRoundRobin
 
 __all__ = ("FairBuffer",)
 
 T = TypeVar("T")
+
+
+#: A key's turn whose task is taken from the key's own order over its users.
+_USERS = object()
 
 
 class _KeyOrder(Generic[T]):
@@ -40,63 +47,131 @@ class _KeyOrder(Generic[T]):
     ``max(the level's virtual time, its key's last tag + 1)``; the lowest tag
     is taken first (FIFO among equal tags, and within a key).  The per-key
     tags are forgotten whenever the queue's buffer empties, so state never
-    outlives the tasks buffered.  With two-level keys the turns go to each
-    (key, user): a quiet user's task prefetched behind a flooding user's of
-    the same key does not wait for them.
+    outlives the tasks buffered.
+
+    With two-level keys the order is hierarchical, as the Redis fetch's
+    (docs/fairness-keys.md): a task with a user gives its key a turn
+    (``_USERS``) in this order, and the key's own ``_KeyOrder`` over its
+    users decides which of the key's tasks that turn serves.  A flooding
+    user's prefetched tasks then take only their key's turns, and a quiet
+    user of the same key is not behind them.  The key keeps as many turns
+    per level as it has tasks per level, so a turn of level ``l`` always
+    finds a task of level ``l`` in the key's order (every lower turn, of any
+    key, was taken first).
     """
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, T, str]] = []
+    def __init__(self, seq: Iterator[int] | None = None) -> None:
+        self._heap: list[tuple[int, float, int, object, str]] = []
         self._next: dict[tuple[int, str, str | None], float] = {}
         self._vt: dict[int, float] = {}
-        self._seq = 0
+        self._seq = count() if seq is None else seq
+        self._users: dict[str, _KeyOrder[T]] = {}
 
     def append(
-        self, item: T, key: str, level: int = 0, user: str | None = None, cost: float = 1.0
+        self,
+        item: T,
+        key: str,
+        level: int = 0,
+        user: str | None = None,
+        cost: float = 1.0,
+        user_cost: float | None = None,
     ) -> None:
-        turn = (level, key, user)
+        entry: object = item
+        if user is not None:
+            users = self._users.get(key)
+            if users is None:
+                users = self._users[key] = _KeyOrder(self._seq)
+            users.append(item, user, level, cost=cost if user_cost is None else user_cost)
+            entry = _USERS
+        turn = (level, key, None)
         tag = max(self._vt.get(level, 0.0), self._next.get(turn, 0.0))
         self._next[turn] = tag + cost
-        heapq.heappush(self._heap, (level, tag, self._seq, item, key))
-        self._seq += 1
+        heapq.heappush(self._heap, (level, tag, next(self._seq), entry, key))
 
     def popleft(self) -> T:
-        level, tag, _, item, _ = heapq.heappop(self._heap)
+        level, tag, _, entry, key = heapq.heappop(self._heap)
         self._vt[level] = tag
+        if entry is _USERS:
+            users = self._users[key]
+            item = users.popleft()
+            if not users:
+                del self._users[key]
+        else:
+            item = cast(T, entry)
         if not self._heap:
-            self._next.clear()
-            self._vt.clear()
+            self.clear()
         return item
+
+    def _taken(self) -> list[tuple[int, T]]:
+        """Every task with its sequence number (its users' tasks, for a key's turns)."""
+        found = [(e[2], cast(T, e[3])) for e in self._heap if e[3] is not _USERS]
+        for users in self._users.values():
+            found.extend(users._taken())
+        return found
 
     def take_key(self, key: str) -> list[T]:
         """Remove every task of ``key``, oldest first (a paused key's tasks go back)."""
-        taken = sorted((e for e in self._heap if e[4] == key), key=lambda e: e[2])
+        taken = [(e[2], cast(T, e[3])) for e in self._heap if e[4] == key and e[3] is not _USERS]
+        users = self._users.pop(key, None)
+        if users is not None:
+            taken.extend(users._taken())
         if taken:
             self._heap = [e for e in self._heap if e[4] != key]
             heapq.heapify(self._heap)
             if not self._heap:
                 self.clear()
-        return [e[3] for e in taken]
+        return [item for _, item in sorted(taken, key=lambda pair: pair[0])]
 
     def remove(self, item: T) -> None:
         for i, entry in enumerate(self._heap):
             if entry[3] is item or entry[3] == item:
-                self._heap[i] = self._heap[-1]
-                self._heap.pop()
-                heapq.heapify(self._heap)
+                self._drop(i)
                 return
+        for key, users in self._users.items():
+            level = users.level_of(item)
+            if level is None:
+                continue
+            users.remove(item)
+            if not users:
+                del self._users[key]
+            # The key gives up its latest turn of that level.
+            turns = [
+                i for i, e in enumerate(self._heap)
+                if e[4] == key and e[0] == level and e[3] is _USERS
+            ]  # fmt: skip
+            self._drop(max(turns, key=lambda i: (self._heap[i][1], self._heap[i][2])))
+            return
         raise ValueError(item)
+
+    def level_of(self, item: T) -> int | None:
+        """The level ``item`` waits at (None: not here)."""
+        for entry in self._heap:
+            if entry[3] is item or entry[3] == item:
+                return entry[0]
+        for users in self._users.values():
+            level = users.level_of(item)
+            if level is not None:
+                return level
+        return None
+
+    def _drop(self, index: int) -> None:
+        self._heap[index] = self._heap[-1]
+        self._heap.pop()
+        heapq.heapify(self._heap)
 
     def clear(self) -> None:
         self._heap.clear()
         self._next.clear()
         self._vt.clear()
+        self._users.clear()
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[T]:
-        return (entry[3] for entry in sorted(self._heap, key=lambda e: (e[0], e[1], e[2])))
+        users = {key: iter(order) for key, order in self._users.items()}
+        for entry in sorted(self._heap, key=lambda e: (e[0], e[1], e[2])):
+            yield next(users[entry[4]]) if entry[3] is _USERS else cast(T, entry[3])
 
 
 class FairBuffer(Generic[T]):
@@ -119,19 +194,21 @@ class FairBuffer(Generic[T]):
         level: int = 0,
         user: str | None = None,
         cost: float = 1.0,
+        user_cost: float | None = None,
     ) -> None:
         """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s
-        (and their ``user``s, with two-level keys).
+        (and, with two-level keys, over each key's ``user``s within its turns).
 
         A keyed queue's tasks are taken by ``level`` first (the lowest first);
         within a level a key's turn advances by ``cost`` per task (start-time
-        fair queueing: a key of tasks twice as costly gets half the turns).
+        fair queueing: a key of tasks twice as costly gets half the turns), and
+        a user's turn within its key by ``user_cost`` (default: ``cost``).
         """
         items = self._items.get(queue)
         if items is None:
             items = self._items[queue] = deque() if key is None else _KeyOrder()
         if isinstance(items, _KeyOrder):
-            items.append(item, key or "", level, user, cost)
+            items.append(item, key or "", level, user, cost, user_cost)
         else:
             items.append(item)
         self._size += 1

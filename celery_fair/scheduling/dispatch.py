@@ -76,10 +76,12 @@ class DispatchRound(Generic[T]):
         level: int = 0,
         user: str | None = None,
         cost: float = 1.0,
+        user_cost: float | None = None,
     ) -> None:
         """Buffer ``item`` of ``queue`` (``key``, ``level``, ``user``: a keyed queue's key,
-        level and user within the key; ``cost``: what the key's turn advances by)."""
-        self.buffer.put(queue, item, key, level, user, cost)
+        level and user within the key; ``cost`` and ``user_cost``: what the key's
+        turn and the user's turn within it advance by)."""
+        self.buffer.put(queue, item, key, level, user, cost, user_cost)
 
     def take(self) -> tuple[str, T] | None:
         """The next ``(queue, item)`` in DWRR order, charged its cost."""

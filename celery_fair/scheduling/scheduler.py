@@ -206,17 +206,19 @@ class FairScheduler:
         level: int = 0,
         user: str | None = None,
         cost: float = 1.0,
+        user_cost: float | None = None,
     ) -> None:
         """Buffer a task of ``queue`` until a pool slot is free.
 
         ``key`` and ``level``: a keyed queue's key and priority level (the lowest
         level is taken first); ``user``: its user within the key (two-level keys);
         ``cost``: what the key's turn in this buffer advances by (1, or its
-        dominant cost).
+        dominant cost; on RabbitMQ divided by the key's weight); ``user_cost``:
+        what the user's turn within the key advances by (default: ``cost``).
         """
         if self.fetch.adopt(queue):
             self._apply_quanta()
-        self.dispatch.put(queue, item, key, level, user, cost)
+        self.dispatch.put(queue, item, key, level, user, cost, user_cost)
 
     # -- introspection ------------------------------------------------------
 

@@ -45,6 +45,14 @@ class Served:
     #: (absent before two-level keys).
     paused: float | None = None
 
+    def user_or(self, stamped: Any) -> str | None:
+        """The task's user within its key for telemetry: the one served (Redis), else
+        ``stamped``, the producer's :data:`~celery_fair.wire.USER_HEADER` (RabbitMQ,
+        where no fetch script stamps this record); None for a one-level key."""
+        if self.user:
+            return self.user
+        return stamped if isinstance(stamped, str) and stamped else None
+
     def to_wire(self) -> list[Any]:
         """The header's value: the seven fields in their wire order."""
         return [

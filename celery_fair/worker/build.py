@@ -17,7 +17,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys.eta import register_app as eta_register_app
 from ..keys.lanes import KeyLanes, consume_lanes
-from ..keys.publish import parse_fair_keys, register_app
+from ..keys.publish import register_app
 from ..keys.releases import CARRY_CHECK
 from ..keys.token_client import TokenClient
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
@@ -251,8 +251,8 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
 def check_keyed_broker(app: Any, settings: FairSettings) -> str:
     """The keyed settings a RabbitMQ broker cannot serve yet, refused; returns the driver.
 
-    Redis serves everything keyed.  RabbitMQ serves keys, key weights
-    (:mod:`celery_fair.keys.lanes`) and per-key limits (limit tokens,
+    Redis serves everything keyed.  RabbitMQ serves keys, two-level keys, key
+    weights (:mod:`celery_fair.keys.lanes`) and per-key limits (limit tokens,
     :mod:`celery_fair.keys.tokens`); the rest is refused with a
     :class:`FairConfigError` naming the setting, rather than ignored.  Needs no
     connection: ``celery fair check`` and ``install`` call it too.
@@ -262,7 +262,6 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
         return driver
     refused = {
         "fair_key_max_backlog": dict(settings.key_max_backlog),
-        "fair_keys (two-level keys)": sorted(parse_fair_keys(app.conf.get("fair_keys")).users),
         "fair_priority": "weighted" if settings.priority_weights is not None else None,
     }
     for setting, value in refused.items():

@@ -90,11 +90,16 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
         # The keys' turns in the buffer advance by what each task costs, as on the broker.
         charge = getattr(service.gate, "cost", None)
         cost = 1.0 if charge is None else max(charge(request, queue), 1e-6)
+    user_cost = None
     if key is not None and service.queue_map.lanes is not None:
         # RabbitMQ: no fetch script orders the keys, so their weights act here,
-        # over what each lane's window holds: a key of weight 4 gets 4 turns to 1.
-        cost /= service.lane_key_weights.weight(key)
-    service.scheduler.wait(queue, entry, key, level, user, cost)
+        # over what each lane's window holds: a key of weight 4 gets 4 turns to 1,
+        # and a user "key/user" of weight 2 two turns to 1 within the key's.
+        weights = service.lane_key_weights
+        if user is not None:
+            user_cost = cost / weights.weight(f"{key}/{user}")
+        cost /= weights.weight(key)
+    service.scheduler.wait(queue, entry, key, level, user, cost, user_cost)
 
 
 def admission(

@@ -361,7 +361,7 @@ OPTIONS: tuple[Option, ...] = (
             '`"tenant_id"`, `"arg:0"`, `"header:x-tenant"`, `"property:message_id"`, a '
             "callable), or a pair of sources for [two-level "
             "keys](fairness-keys.md#two-level-keys-fair-between-tenants-then-between-the-users-of-each)"
-            ' (`("tenant_id", "user_id")`, Redis only); Redis or RabbitMQ ([keys on '
+            ' (`("tenant_id", "user_id")`); Redis or RabbitMQ ([keys on '
             "RabbitMQ](fairness-keys.md#keys-on-rabbitmq)); on Redis not with "
             "`fair_atomic_fetch=False`"
         ),

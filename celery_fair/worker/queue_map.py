@@ -14,7 +14,7 @@ from typing import Any
 from .. import compat
 from ..keys.lanes import KeyLanes
 from ..keys.layout import level_rank
-from ..wire import KEY_HEADER
+from ..wire import KEY_HEADER, USER_HEADER
 from ..wire.served import NOT_SERVED, Served
 from .attachment import Attachment
 
@@ -70,8 +70,10 @@ class QueueMap:
         if lanes is not None and queue in lanes.keyed:
             # RabbitMQ: the key the producer stamped; none (a plain producer's
             # task, in the queue itself) is the unkeyed key.
-            key = compat.request_headers(request).get(KEY_HEADER)
-            return (key if isinstance(key, str) else ""), 0, None
+            headers = compat.request_headers(request)
+            key, user = headers.get(KEY_HEADER), headers.get(USER_HEADER)
+            user = user if isinstance(user, str) else None
+            return (key if isinstance(key, str) else ""), 0, user
         keyed = self.attachment.keyed
         if keyed is None or queue not in keyed.queues:
             return None, 0, None

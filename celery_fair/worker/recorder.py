@@ -40,6 +40,7 @@ from ..wire import (
     QUEUE_STAMP,
     RECEIVED_STAMP,
     SERVED_HEADER,
+    USER_HEADER,
     WEIGHT_STAMP,
 )
 from ..wire.served import NOT_SERVED, Served
@@ -196,7 +197,7 @@ class PoolRecorder:
                 self.pid,  # pid
                 "worker",  # source
                 as_int((getattr(request, "delivery_info", None) or {}).get("priority")),
-                served.user or None,  # key_user (None: a one-level key)
+                served.user_or(getattr(request, USER_HEADER, None)),  # key_user
                 served.paused,  # key_paused
                 as_amounts(getattr(request, DEMAND_STAMP, None)),  # resources
                 as_amounts(getattr(request, CAPACITY_STAMP, None)),  # capacity

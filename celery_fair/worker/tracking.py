@@ -28,6 +28,7 @@ from ..wire import (
     QUEUE_STAMP,
     RECEIVED_STAMP,
     SERVED_HEADER,
+    USER_HEADER,
 )
 from ..wire.served import NOT_SERVED, Served
 from .capacity import ResourceGate
@@ -279,7 +280,7 @@ class TaskTracker:
                 hostname=self.hostname,
                 pid=self.pid,
                 priority=as_int((info or {}).get("priority")),
-                key_user=served.user or None,
+                key_user=served.user_or(get(USER_HEADER)),
                 key_paused=served.paused,
                 resources=as_amounts(get(DEMAND_STAMP)),
                 capacity=capacity,

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,6 +323,93 @@ def test_a_flood_leaves_its_lane_and_quiet_keys_keep_a_low_wait(
     plain_p99 = quiet_p99(plain)
     assert quiet_p99(fair) < plain_p99 / 20, (quiet_p99(fair), plain_p99)
     assert quiet_p99(neighbours + [e for e in fair if e.tenant == "flood"]) < plain_p99 / 20
+
+
+TWO_LEVEL = ("tenant_id", "user_id")
+
+
+def _send_users(app: Any, queue: str, tasks: list[tuple[str, str, float]]) -> None:
+    """Publish ``ledger`` tasks ``(tenant, user, ms)`` in this order."""
+    with app.producer_or_acquire() as producer:
+        for tenant, user, ms in tasks:
+            app.send_task("ledger", kwargs={"ms": ms, "tenant_id": tenant, "user_id": user},
+                          queue=queue, producer=producer)  # fmt: skip
+
+
+@pytest.mark.compat
+def test_two_level_keys_share_tenants_then_users_by_weight_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str, tmp_path: Path
+) -> None:
+    """Tenants 1:1 whatever their number of users; t1's users 1:3 (``t1/u3=3``);
+    telemetry records each task's user."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    app = keyed_app(amqp_url, {queue: TWO_LEVEL})
+    try:
+        pairs = (("t1", "u1"), ("t1", "u3"), ("t2", "v"))
+        _send_users(app, queue, [(t, u, 2.0) for _ in range(300) for t, u in pairs])
+    finally:
+        app.close()
+    telemetry = tmp_path / "telemetry"
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id+user_id", "CELERY_FAIR_KEY_WEIGHTS": "t1/u3=3",
+           "CELERY_FAIR_TELEMETRY_DIR": str(telemetry)}  # fmt: skip
+    with _worker(amqp_url, redis_url, queue, **env) as worker:
+        entries = _entries(ledger, 900, worker)
+    window = entries[50:450]  # every tenant and user backlogged throughout
+    tenants = Counter(e.tenant for e in window)
+    assert tenants["t1"] / len(window) == pytest.approx(0.5, abs=0.02), tenants
+    users = Counter(e.user for e in window if e.tenant == "t1")
+    assert users["u3"] / sum(users.values()) == pytest.approx(0.75, abs=0.02), users
+    assert len({e.id for e in entries}) == 900
+    rows = {r["task_id"]: r for r in pq.read_table(telemetry).to_pylist()}
+    assert {e.id: (rows[e.id]["fair_key"], rows[e.id]["key_user"]) for e in entries} == {
+        e.id: (e.tenant, e.user) for e in entries
+    }
+
+
+def test_a_flooding_user_leaves_its_tenants_other_users_a_low_wait_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """One user of t1 floods: t1's other users and the other tenants wait about a
+    task, not behind the flood, and the flood gets a lane of its own."""
+    flood, every = 1200, 15
+    quiet = [("t1", f"q{i}") for i in range(4)] + [(f"t{i}", "u") for i in range(2, 6)]
+    turns = itertools.cycle(quiet)
+    app = keyed_app(amqp_url, {queue: TWO_LEVEL})
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id+user_id"}
+    sent = 0
+    try:
+        with _worker(amqp_url, redis_url, queue, **env) as worker:
+            _ready(worker)
+            for i in range(flood):
+                batch = [("t1", "flood", FLOOD_MS)]
+                if i % every == 0:
+                    batch.append((*next(turns), 1.0))
+                _send_users(app, queue, batch)
+                sent += len(batch)
+            deadline = time.monotonic() + 120
+            while ledger.per_tenant().get("t1", 0) < flood:
+                assert time.monotonic() < deadline, ledger.per_tenant()
+                _send_users(app, queue, [(*next(turns), 1.0)])
+                sent += 1
+                time.sleep(0.02)  # a quiet pace while the flood drains
+            entries = _entries(ledger, sent, worker)
+    finally:
+        app.close()
+    assert len({e.id for e in entries}) == len(entries) == sent  # none lost, none twice
+    floods = [e for e in entries if e.user == "flood"]
+    flood_lanes = Counter(e.queue for e in floods)
+    noisy = set(KeyLanes(frozenset([queue])).noisy_lanes(queue))
+    flood_lane = flood_lanes.most_common(1)[0][0]
+    assert flood_lane in noisy and flood_lanes[flood_lane] >= flood - 60, flood_lanes
+    others = [e for e in entries if e.user != "flood"]
+    assert all(e.queue != flood_lane for e in others)
+    flood_done = max(e.started for e in floods)
+    lasted = flood_done - min(e.published or e.started for e in floods)
+    for group in ([e for e in others if e.tenant == "t1"], [e for e in others if e.tenant != "t1"]):
+        waits = [e.wait for e in group if e.wait is not None and e.started <= flood_done]
+        assert len(waits) >= 20
+        # Behind the flood they would wait for up to its whole backlog (seconds).
+        assert percentile(waits, 0.99) < lasted / 20, (percentile(waits, 0.99), lasted)
 
 
 def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: str) -> None:

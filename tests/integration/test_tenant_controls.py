@@ -220,22 +220,3 @@ def test_a_bad_backlog_cap_is_refused_at_start_naming_the_setting(redis_url: str
     assert "fair_key_max_backlog: the cap of key 'a' must be an integer of at least 1" in (
         worker.log()
     )
-
-
-@pytest.mark.parametrize(
-    ("env", "message"),
-    [
-        ({"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id+user_id"},
-         f"fair_keys (two-level keys)=['{QUEUE}']: keyed queues on RabbitMQ"),
-        ({"CELERY_FAIR_KEYS": f"{QUEUE}=tenant_id", "CELERY_FAIR_KEY_MAX_BACKLOG": "*=5"},
-         "fair_key_max_backlog={'*': 5}: keyed queues on RabbitMQ"),
-    ],
-)  # fmt: skip
-def test_two_level_keys_and_caps_are_refused_on_rabbitmq(
-    rabbitmq_server: object, env: dict[str, str], message: str
-) -> None:
-    url = rabbitmq_server.url  # type: ignore[attr-defined]
-    with WorkerProcess(url, [QUEUE], env=env) as worker:
-        code = worker.wait(timeout=60)
-    assert code != 0
-    assert message in worker.log()

@@ -456,13 +456,55 @@ def test_the_buffer_gives_turns_to_users_of_a_two_level_key_and_hands_back_a_key
     buffer.put("jobs", "quiet", "t1", user="quiet")
     buffer.put("jobs", "other", "t2", user="u")
     taken = [buffer.take(lambda q: 1.0) for _ in range(3)]
-    # The quiet user's task is not behind the flooding user's four.
-    assert [item for _, item in taken if item] == ["flood0", "quiet", "other"]
+    # Turns go to the keys first, then to the users within a key's turns: the
+    # quiet user's task is not behind the flooding user's four, and t2 is not
+    # behind t1's users.
+    assert [item for _, item in taken if item] == ["flood0", "other", "quiet"]
     # A paused key's tasks, oldest first, out of the buffer; the others stay.
     assert buffer.take_key("jobs", "t1") == ["flood1", "flood2", "flood3"]
     assert len(buffer) == 0 and buffer.take_key("jobs", "t1") == []
     buffer.put("jobs", "after", "t3")
     assert buffer.take(lambda q: 1.0) == ("jobs", "after")
+
+
+def test_two_level_turns_go_to_keys_by_weight_then_to_their_users_by_weight() -> None:
+    """Hierarchical, as the Redis fetch: t1's three users share t1's turns; t1 and
+    t2 get 1:1 whatever their number of users; a user of weight 3 gets 3 to 1."""
+    buffer: FairBuffer[str] = FairBuffer()
+    buffer.set_quanta({"jobs": 1.0})
+    for i in range(60):
+        for user in ("a", "b", "c"):
+            buffer.put("jobs", f"t1:{user}:{i}", "t1", user=user)
+        buffer.put("jobs", f"t2:x:{i}", "t2", user="x")
+        buffer.put("jobs", f"t3:u:{i}", "t3", user="u", cost=1.0, user_cost=1.0)
+        buffer.put("jobs", f"t3:v:{i}", "t3", user="v", cost=1.0, user_cost=1 / 3)
+    taken = [buffer.take(lambda q: 1.0)[1] for _ in range(120)]  # type: ignore[index]
+    by_key = {key: sum(item.startswith(key) for item in taken) for key in ("t1", "t2", "t3")}
+    assert by_key == {"t1": 40, "t2": 40, "t3": 40}
+    t1_users = {u: sum(item.startswith(f"t1:{u}:") for item in taken) for u in "abc"}
+    assert max(t1_users.values()) - min(t1_users.values()) <= 1
+    t3 = [item for item in taken if item.startswith("t3")]
+    assert sum(item.startswith("t3:v") for item in t3) == 30  # 3:1 within t3's 40
+    # Within one user, publish order.
+    assert [item for item in taken if item.startswith("t1:a:")] == [
+        f"t1:a:{i}" for i in range(t1_users["a"])
+    ]
+
+
+def test_two_level_buffer_keeps_levels_removals_and_listing_consistent() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    buffer.set_quanta({"jobs": 1.0})
+    buffer.put("jobs", "batch", "t1", level=3, user="a")
+    buffer.put("jobs", "urgent", "t1", level=0, user="b")
+    buffer.put("jobs", "plain", "t2", level=0)
+    buffer.put("jobs", "gone", "t1", level=3, user="a")
+    assert sorted(buffer) == ["batch", "gone", "plain", "urgent"]
+    assert buffer.remove("jobs", "gone") and len(buffer) == 3
+    assert not buffer.remove("jobs", "gone")
+    taken = [buffer.take(lambda q: 1.0)[1] for _ in range(3)]  # type: ignore[index]
+    # Level first: both urgent tasks before t1's batch task, whose turn is level 3.
+    assert taken[2] == "batch" and set(taken[:2]) == {"urgent", "plain"}
+    assert buffer.take(lambda q: 1.0) is None and len(buffer) == 0
 
 
 def test_keyed_checks_follow_what_the_channel_serves() -> None:

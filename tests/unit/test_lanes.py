@@ -58,10 +58,33 @@ def test_the_choice_says_when_a_key_gets_its_noisy_lane() -> None:
     """The producer names the key of a noisy lane for the exporter once, when given."""
     chooser = LaneChooser(KeyLanes(frozenset(["jobs"])), clock=FakeClock())
     choices = [chooser.choose("jobs", "flood") for _ in range(100)]
-    given = [i for i, (_, isolated) in enumerate(choices) if isolated]
-    assert given == [NOISY_MESSAGES - 1]
+    given = [i for i, (_, who) in enumerate(choices) if who is not None]
+    assert given == [NOISY_MESSAGES - 1] and choices[given[0]][1] == "flood"
     lane = choices[given[0]][0]
     assert KeyLanes.directory(lane) == lane + ".key"
+
+
+def test_a_flooding_user_gets_a_lane_apart_from_its_keys_other_users() -> None:
+    """Two-level keys: the user that floods is isolated by itself, so its key's
+    other users wait neither behind it nor in the shard the key hashes to."""
+    lanes = KeyLanes(frozenset(["jobs"]))
+    chooser = LaneChooser(lanes, clock=FakeClock())
+    shard = chooser.lane("jobs", "t1", "quiet")
+    assert shard in lanes.shard_lanes("jobs")
+    choices = [chooser.choose("jobs", "t1", "flood") for _ in range(100)]
+    given = [(i, who) for i, (_, who) in enumerate(choices) if who is not None]
+    # The key is found noisy (its user's publishes count for it, and it had one
+    # more), then the user by itself, which has a lane of its own from then on.
+    assert given == [(NOISY_MESSAGES - 2, "t1"), (NOISY_MESSAGES - 1, "t1/flood")]
+    flood_lane = choices[-1][0]
+    assert {lane for lane, _ in choices[NOISY_MESSAGES - 1 :]} == {flood_lane}
+    assert flood_lane in lanes.noisy_lanes("jobs")
+    # The key's other users go to the key's own noisy lane, not the flood's.
+    quiet_lane, who = chooser.choose("jobs", "t1", "quiet")
+    assert quiet_lane == choices[NOISY_MESSAGES - 2][0] != flood_lane
+    assert who is None
+    # Another key's users are untouched.
+    assert chooser.lane("jobs", "t2", "flood") in lanes.shard_lanes("jobs")
 
 
 def test_one_producers_noisy_keys_get_different_noisy_lanes() -> None:
