@@ -1,7 +1,8 @@
 """``celery-fair keys``: a keyed queue's backlog, pauses, or a move back to plain Kombu lists.
 
 On RabbitMQ ``backlog`` and ``unkey`` read and empty the keyed queue's lanes
-(:mod:`celery_fair.keys.lanes_admin`); the rest is Redis only.
+(:mod:`celery_fair.keys.lanes_admin`), and ``pause`` and ``resume`` write the
+pause log (:mod:`celery_fair.keys.pause_log`); ``unschedule`` is Redis only.
 
 ``celery-fair keys backlog QUEUE`` shows what waits in the per-key lists,
 the paused keys and the largest backlogs with their top users.
@@ -50,7 +51,7 @@ def register(subparsers: Any) -> None:
             "one atomic step: stopping it half way loses and duplicates nothing). "
             "unschedule: move every message of the queue's schedule (fair_eta='broker', "
             "keyed or plain queue) into the queue now, due or not (atomic batches too). "
-            "On RabbitMQ: backlog and unkey, of the keyed queue's lanes."
+            "On RabbitMQ: backlog, pause, resume and unkey, of the keyed queue's lanes."
         ),
     )
     parser.add_argument(
@@ -84,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
         channel = connection.default_channel
         if not compat.is_redis_channel(channel):
             driver = connection.transport.driver_type
+            if driver == "amqp" and args.action in ("pause", "resume"):
+                return _pause_on_rabbitmq(connection, args)
             if driver == "amqp" and args.action in ("backlog", "unkey"):
                 return _on_rabbitmq(connection, args)
+            also = " (on RabbitMQ: backlog, pause, resume and unkey)" if driver == "amqp" else ""
             print(
-                f"celery-fair keys {args.action}: keyed queues live on Redis"
-                f"{' (on RabbitMQ: backlog and unkey)' if driver == 'amqp' else ''}; "
+                f"celery-fair keys {args.action}: keyed queues live on Redis{also}; "
                 f"{connection.as_uri()} is {driver}",
                 file=sys.stderr,
             )
@@ -109,6 +112,47 @@ def run(args: argparse.Namespace) -> int:
             if args.action == "unschedule":
                 return _unschedule(client, names, args)
             return _unkey(client, names, _suffixes(channel, args.queue), args)
+
+
+def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
+    """``pause`` and ``resume`` on RabbitMQ: an event in the pause log every worker reads
+    (:mod:`celery_fair.keys.pause_log`); a resume also moves the parked tasks back."""
+    from kombu.entity import Queue
+
+    from .pause_log import PauseLog, PauseLogUnavailable
+
+    paused = args.action == "pause"
+    # The parked lanes are declared as the queue is: the app's declaration, else
+    # Celery's default (durable, classic).
+    if args.app:
+        parent = load_app(args.app).amqp.queues[args.queue]
+    else:
+        parent = Queue(args.queue, durable=True)  # type: ignore[no-untyped-call]
+    log = PauseLog(lambda: connection.clone(heartbeat=0), {args.queue: parent})
+    try:
+        if not log.read(catch_up=True):
+            why = log.unsupported or "the pause log could not be read"
+            print(f"celery-fair keys {args.action}: {why}", file=sys.stderr)
+            return 2
+        changed = log.append(args.queue, args.keys, paused)
+        while not paused:  # moved back in steps, until a step finds nothing parked
+            before = log.moved
+            log.read()
+            if log.moved == before:
+                break
+    except PauseLogUnavailable as exc:
+        print(f"celery-fair keys {args.action}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        log.close()
+    done = "paused" if paused else "resumed"
+    if args.json:
+        print(json.dumps({"queue": args.queue, done: changed, "of": len(args.keys),
+                          "moved_back": log.moved}))  # fmt: skip
+    else:
+        moved = "" if paused else f", {log.moved} parked task(s) moved back"
+        print(f"{args.queue}: {done} {changed} of {len(args.keys)} key(s){moved}")
+    return 0
 
 
 def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:

@@ -61,14 +61,14 @@ _RETRY_AFTER = 1.0
 _Errors = tuple[type[BaseException], ...]
 
 
-def _errors(connection: Any) -> tuple[_Errors, _Errors]:
+def broker_errors(connection: Any) -> tuple[_Errors, _Errors]:
     """(connection errors, channel errors) of ``connection``'s transport."""
     conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
     chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
     return conn_errors, chan_errors
 
 
-def _close_copy(connection: Any) -> None:
+def close_copy(connection: Any) -> None:
     """In a forked child: close this process's copy of ``connection``'s socket only
     (no AMQP close, no ``shutdown()``, which would end it for the parent too)."""
     sock = getattr(getattr(connection, "connection", None), "sock", None)
@@ -148,7 +148,7 @@ class TokenClient:
 
     def _forget_in_child(self) -> None:
         connection, self._connection, self._holder = self._connection, None, None
-        _close_copy(connection)
+        close_copy(connection)
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -173,7 +173,7 @@ class TokenClient:
         with self._lock:
             if not self._ready():
                 return None
-            conn_errors, chan_errors = _errors(self._connection)
+            conn_errors, chan_errors = broker_errors(self._connection)
             holder = self._holder
             try:
                 message = holder.basic_get(spec.name, no_ack=False)
@@ -201,7 +201,7 @@ class TokenClient:
         with self._lock:
             if token.generation != self.generation or self._holder is None:
                 return False
-            conn_errors, chan_errors = _errors(self._connection)
+            conn_errors, chan_errors = broker_errors(self._connection)
             try:
                 self._holder.basic_reject(token.tag, requeue=True)
                 return True
@@ -275,7 +275,7 @@ class _Minter:
 
     def _forget_in_child(self) -> None:
         connection, self._connection, self._admin = self._connection, None, None
-        _close_copy(connection)
+        close_copy(connection)
         self._lock = threading.Lock()
         self._thread = None
         self._requests = queue.Queue()
@@ -335,7 +335,7 @@ class _Minter:
 
     def _marked(self, spec: TokenSpec) -> bool:
         admin = self._channel()
-        _, chan_errors = _errors(self._connection)
+        _, chan_errors = broker_errors(self._connection)
         try:
             admin.exchange_declare(spec.marker, "fanout", passive=True)
             return True
@@ -346,7 +346,7 @@ class _Minter:
     def _mint(self, spec: TokenSpec) -> bool:
         """Mint ``spec``'s tokens unless another connection is minting them."""
         admin = self._channel()
-        _, chan_errors = _errors(self._connection)
+        _, chan_errors = broker_errors(self._connection)
         try:
             admin.queue_declare(spec.mint_lock, exclusive=True, auto_delete=True)
         except chan_errors:

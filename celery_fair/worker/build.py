@@ -17,11 +17,12 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys.eta import register_app as eta_register_app
 from ..keys.lanes import KeyLanes, consume_lanes
+from ..keys.pause_log import PauseLog
 from ..keys.publish import register_app
 from ..keys.releases import CARRY_CHECK
 from ..keys.token_client import TokenClient
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
-from .dispatch import FairGate, install_on_semaphore
+from .dispatch import FairGate, install_on_semaphore, park_paused
 from .key_tokens import AUDIT as TOKEN_AUDIT
 from .key_tokens import POLL as TOKEN_POLL
 from .metrics import DispatchMeter, FairCollector, MetricsServer, require_prometheus_client
@@ -108,14 +109,20 @@ def install_dispatch(service: FairService, w: Any) -> None:
             gated = tokens.wrap(gated)
         # Celery's direct process_task is the unwrapped _process_task: it is
         # replaced, not called, or tasks would skip the observers and the gate.
-        compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
+        compat.wrap_process_task(w, lambda _direct: _received(service, gated))
     elif getattr(w, "semaphore", None) is not None:
         # prefork: tasks waiting for a slot wait in the semaphore.
         install_on_semaphore(w.semaphore, service)
         if tokens is not None:
-            compat.wrap_process_task(w, lambda sem: tracker.wrap_receive(tokens.wrap(sem)))
+            compat.wrap_process_task(w, lambda sem: _received(service, tokens.wrap(sem)))
         else:
-            compat.wrap_process_task(w, tracker.wrap_receive)
+            compat.wrap_process_task(w, lambda sem: _received(service, sem))
+
+
+def _received(service: FairService, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """What the worker calls on each task it receives: the tracker's stamp, then (on
+    RabbitMQ) a paused key's task parked, then ``receive``."""
+    return service.tracker.wrap_receive(park_paused(service, receive))
 
 
 def _install_resource_gate(service: FairService, w: Any, *, direct: bool) -> None:
@@ -144,10 +151,10 @@ def _install_resource_gate(service: FairService, w: Any, *, direct: bool) -> Non
     if direct:
         gated = limited(gate.wrap(process))
         # As with the slot gate: the direct process_task is replaced, not called.
-        compat.wrap_process_task(w, lambda _direct: tracker.wrap_receive(gated))
+        compat.wrap_process_task(w, lambda _direct: _received(service, gated))
     else:
         compat.wrap_process_task(
-            w, lambda semaphore: tracker.wrap_receive(limited(gate.wrap(semaphore)))
+            w, lambda semaphore: _received(service, limited(gate.wrap(semaphore)))
         )
     logger.info(
         "celery-fair: tasks start by what they hold; capacity %s, cost %s",
@@ -171,10 +178,10 @@ def keyed_checks(service: FairService) -> list[tuple[float, Callable[[], None]]]
         checks.extend([(TOKEN_POLL, tokens.poll), (TOKEN_AUDIT, tokens.audit)])
     if attachment.fetch is not None:
         checks.append((KEYED_RECHECK, service.keys.recheck_backlogs))
-    if attachment.keyed is not None:
+    if attachment.keyed is not None or service.keys.pause_log is not None:
         checks.append((PAUSED_RECHECK, service.refresh_paused))
-        if attachment.keyed.limited:
-            checks.append((CARRY_CHECK, attachment.keyed.releases.flush_if_stuck))
+    if attachment.keyed is not None and attachment.keyed.limited:
+        checks.append((CARRY_CHECK, attachment.keyed.releases.flush_if_stuck))
     return checks
 
 
@@ -237,6 +244,10 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
                 "rates (per second) %s",
                 dict(limits.concurrency) or "-", dict(limits.rates) or "-",
             )  # fmt: skip
+        service.use_pause_log(PauseLog(
+            lambda: app.connection_for_read(heartbeat=0),
+            {q: app.amqp.queues[q] for q in settings.keys if q in app.amqp.queues},
+        ))  # fmt: skip
         added = consume_lanes(app, lanes)
         logger.info(
             "celery-fair: keyed queues on RabbitMQ: %d lane(s) consumed besides %s",

@@ -68,6 +68,11 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
         except Exception as exc:
             stats["keys"]["controls"] = {"error": repr(exc)}
         stats["keys"]["max_backlog"] = dict(service.settings.key_max_backlog)
+    elif service.keys.pause_log is not None:
+        # Keyed queues on RabbitMQ: the paused keys, from the pause log.
+        stats["keys"] = {
+            "controls": {queue: asdict(c) for queue, c in service.keys.controls().items()}
+        }
     return stats
 
 

@@ -40,6 +40,7 @@ __all__ = (
     "gate_request",
     "holding_gate",
     "install_on_semaphore",
+    "park_paused",
     "release_waiters",
     "wake_while_busy",
 )
@@ -137,6 +138,38 @@ def admission(
         next_admitted, service.scheduler.dispatch, service.lock, checks, send_back,
         empty=shedder.empty if codel and shedder is not None else None,
     )  # fmt: skip
+
+
+def park_paused(service: SchedulingService, receive: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """RabbitMQ: a task of a paused key goes to its parked lane as it is received.
+
+    On Redis the fetch serves nothing of a paused key, so only tasks already
+    buffered need checking (:func:`admission`).  On RabbitMQ the lanes keep
+    delivering the key's tasks, and one that finds a free pool slot never
+    waits in the buffer: it is checked here, before it can start.  A task
+    that cannot be parked (the broker refused the copy) is passed on: running
+    it beats losing it.
+    """
+    pauses = service.pauses
+    if pauses.park is None:
+        return receive
+    from celery.worker.state import task_ready
+
+    def fair_receive(request: Any) -> Any:
+        if pauses.any():
+            queue = service.queue_map.queue_of(request)
+            if queue is not None:
+                key, _, _ = service.queue_map.key_of(request, queue)
+                back = pauses.check(queue, key)
+                if back is not None and not pauses.send_back([request], back, _itself, task_ready):
+                    return None
+        return receive(request)
+
+    return fair_receive
+
+
+def _itself(request: Any) -> Any:
+    return request
 
 
 def _send_back_key(

@@ -17,6 +17,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys import store, throttling
 from ..keys.layout import KeyedNames
+from ..keys.pause_log import PauseLog, PauseLogUnavailable
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing
 from ..kombu.cycle import connection_errors
@@ -50,6 +51,9 @@ class KeyedAdmin:
         self.slots = slots
         #: Keyed queues this worker marked configured on the broker (see ``publish_settings``).
         self._configured: set[str] = set()
+        #: RabbitMQ: the log of paused keys (None on Redis, where a set on the broker
+        #: holds them).
+        self.pause_log: PauseLog | None = None
 
     def serving(self) -> KeyedServing | None:
         """The keyed queues of ``fair_keys``, served in fair key order (None without)."""
@@ -283,8 +287,13 @@ class KeyedAdmin:
                 f"(fair_keys: {', '.join(sorted(self.settings.keys)) or 'none'})"
             )
 
-        channel = self._keyed_channel(setting)
         queues = [queue] if queue is not None else sorted(self.settings.keys)
+        if self.pause_log is not None:
+            try:
+                return {q: self.pause_log.append(q, keys, paused) for q in queues}
+            except PauseLogUnavailable as exc:
+                raise FairConfigError(f"{setting}: {exc}") from None
+        channel = self._keyed_channel(setting)
         with compat.redis_client(channel) as client:
             changed = {}
             for q in queues:
@@ -294,6 +303,10 @@ class KeyedAdmin:
 
     def paused_keys(self) -> dict[str, set[str]] | None:
         """The paused keys of each keyed queue, from the broker (None: not readable now)."""
+        log = self.pause_log
+        if log is not None:
+            # Each read also moves back what keys resumed lately left parked.
+            return log.state.paused() if log.read() else None
         channel = self.attachment.channel
         if self.attachment.keyed is None or channel is None:
             return None
@@ -311,6 +324,24 @@ class KeyedAdmin:
 
     def controls(self) -> dict[str, store.KeyControls]:
         """Each keyed queue's paused keys, largest backlogs and their top users."""
+        log = self.pause_log
+        if log is not None:
+            # RabbitMQ: the pauses from the log; no backlog per key to rank.
+            state, now = log.state, log.wall()
+            paused = state.paused()
+            return {
+                q: store.KeyControls(
+                    paused={
+                        k: max(0.0, now - (state.paused_since(q, k) or now))
+                        for k in sorted(paused.get(q, ()))
+                    },
+                    paused_seconds=state.paused_seconds.get(q, 0.0),
+                    pauses=state.pauses.get(q, 0),
+                    largest=(),
+                    top_users={},
+                )  # fmt: skip
+                for q in sorted(self.settings.keys)
+            }
         if self.attachment.keyed is None or self.attachment.channel is None:
             return {}
         return self._on_keyed_queues("fair_stats", store.controls)

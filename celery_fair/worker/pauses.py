@@ -12,6 +12,11 @@ duplicate, never a loss (:func:`celery_fair.kombu.requeue.requeue`, as CoDel's r
 The worker learns of pauses from the control command (at once) and by
 reading the paused sets every :data:`PAUSED_RECHECK` seconds (a worker that
 started later, or missed the broadcast).
+
+On RabbitMQ the pause is an event in a log every worker reads
+(:mod:`celery_fair.keys.pause_log`), and a paused key's prefetched tasks
+go, oldest first, to the back of the key's parked lane, which no worker
+consumes until the key is resumed.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ class PausedKeys:
         self._paused: dict[str, frozenset[str]] = {}
         #: Prefetched tasks sent back because their key was paused.
         self.returned = 0
+        #: RabbitMQ: ``park(queue, key)`` names the queue where a paused key's tasks
+        #: wait (:func:`~celery_fair.keys.pause_events.parked_lane`); None on Redis,
+        #: where they go back to the front of the key's list.
+        self.park: Callable[[str, str], str] | None = None
 
     def replace(self, paused: Mapping[str, Iterable[str]]) -> None:
         """The paused keys per keyed queue, as read from the broker."""
@@ -63,8 +72,13 @@ class PausedKeys:
 
     def check(self, queue: str, key: str | None) -> SendBack | None:
         """The admission loop's pause check: a paused key's task goes back with its key's
-        other buffered tasks, to the front of the key's list."""
-        return SendBack("paused", queue, key=key) if self.is_paused(queue, key) else None
+        other buffered tasks, to the front of the key's list (RabbitMQ: to the back of
+        its parked lane)."""
+        if not self.is_paused(queue, key):
+            return None
+        if self.park is not None and key is not None:
+            return SendBack("paused", self.park(queue, key), key=key, front=False)
+        return SendBack("paused", queue, key=key)
 
     def send_back(
         self, entries: list[Any], back: SendBack, request_of: Callable[[Any], Any],
@@ -72,20 +86,21 @@ class PausedKeys:
     ) -> list[Any]:  # fmt: skip
         """Return buffered ``entries`` (a paused key's, oldest first) as ``back`` says.
 
-        Newest first, so that the oldest ends first in line.  ``done(request)``
+        Newest first to the front of a list, so that the oldest ends first in
+        line; oldest first to the back of a queue.  ``done(request)``
         tells Celery's worker state a request is finished here.  Returns the
         entries that could not be sent back (oldest first), for the caller to
         keep: running a task beats losing it.
         """
         kept: list[Any] = []
-        for entry in reversed(entries):
+        for entry in reversed(entries) if back.front else list(entries):
             request = request_of(entry)
             if not requeue(
                 request.message, back, log=logger,
                 failure="celery-fair: could not return %s of a paused key to the broker",
                 args=(getattr(request, "id", "?"),), ack=request.acknowledge,
             ):  # fmt: skip
-                kept.insert(0, entry)
+                kept.insert(0 if back.front else len(kept), entry)
                 continue
             done(request)
             self.returned += 1

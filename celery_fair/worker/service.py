@@ -15,6 +15,8 @@ from typing import Any
 
 from .. import compat
 from ..keys.lanes import KeyLanes
+from ..keys.pause_events import parked_lane
+from ..keys.pause_log import PauseLog
 from ..keys.serving import KeyStatistics
 from ..keys.token_client import TokenClient
 from ..kombu.atomic import AtomicFetchStatistics
@@ -136,6 +138,12 @@ class FairService:
             clock=clock,
         )
 
+    def use_pause_log(self, log: PauseLog) -> None:
+        """Keyed queues on RabbitMQ: pauses from ``log``; a paused key's tasks go to its
+        parked lane."""
+        self.keys.pause_log = log
+        self.pauses.park = parked_lane
+
     def use_lanes(self, lanes: KeyLanes) -> None:
         """Keyed queues on RabbitMQ: served from their lanes, by key weight.
 
@@ -199,7 +207,9 @@ class FairService:
                 # task finishing during a blocking drain must start the next.
                 close_during_drain(consumer.connection, gate)
         # After attaching: a keyed backlog found on the channel may add keyed queues.
-        if self.attachment.keyed is not None:
+        # On RabbitMQ the first read takes the whole pause log, before any task
+        # of this connection is dispatched.
+        if self.attachment.keyed is not None or self.keys.pause_log is not None:
             self.refresh_paused()
 
     def attach(self, channel: Any, queues: Iterable[Any]) -> bool:

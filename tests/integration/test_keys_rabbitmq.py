@@ -23,6 +23,7 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 
 from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
+from celery_fair.keys.pause_events import parked_lane
 from celery_fair.routing.isolation import NOISY_MESSAGES
 from celery_fair.routing.ring import HashRing
 from tests.harness.control import control_app, wait_fair_stats
@@ -211,8 +212,9 @@ def test_every_task_runs_once_keyed_unkeyed_and_from_a_plain_producer(
         control = control_app(amqp_url)
         try:
             replies = control.control.broadcast(
-                "fair_key_pause", arguments={"keys": ["t1"]}, reply=True, timeout=5
-            )
+                "fair_key_limits", arguments={"limits": ["concurrency", "t1=2"]}, reply=True,
+                timeout=5,
+            )  # fmt: skip
         finally:
             control.close()
         [reply] = [r for answer in replies for r in answer.values()]
@@ -412,6 +414,58 @@ def test_a_flooding_user_leaves_its_tenants_other_users_a_low_wait_on_rabbitmq(
         assert percentile(waits, 0.99) < lasted / 20, (percentile(waits, 0.99), lasted)
 
 
+def _broadcast(app: Any, command: str, **arguments: Any) -> list[dict[str, Any]]:
+    """Broadcast ``command`` until ``count`` workers reply; no reply may be an error."""
+    deadline = time.monotonic() + 30
+    while True:
+        replies = app.control.broadcast(command, arguments=arguments, reply=True, timeout=2)
+        if replies:
+            assert not any("error" in r for reply in replies for r in reply.values()), replies
+            return list(replies)
+        assert time.monotonic() < deadline, f"no reply to {command}"
+
+
+def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drains(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """``control fair_key_pause`` on RabbitMQ: the key's tasks wait in its parked lane
+    on every worker, one started after the pause too, and all run after the resume."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        publish_by_key(app, queue, {"a": 150, "b": 150}, ms=20)
+        with _worker(amqp_url, redis_url, queue) as one:
+            assert ledger.wait_for(20, timeout=120, alive=[one]), one.log()[-3000:]
+            [reply] = [r for answer in _broadcast(app, "fair_key_pause", keys=["a"])
+                       for r in answer.values()]  # fmt: skip
+            assert "paused" in reply.get("ok", ""), reply
+            paused_at = time.time()
+            # A worker started after the pause reads it from the log at start.
+            with _worker(amqp_url, redis_url, queue) as two:
+                _ready(two)
+                publish_by_key(app, queue, {"a": 50, "b": 50}, ms=20)
+                deadline = time.monotonic() + 120
+                while ledger.per_tenant().get("b", 0) < 200:
+                    assert time.monotonic() < deadline, ledger.per_tenant()
+                    assert two.proc is not None and two.proc.poll() is None, two.log()[-3000:]
+                    time.sleep(0.1)  # polled with a deadline
+                stats = _broadcast(app, "fair_stats")
+                resumed_at = time.time()
+                _broadcast(app, "fair_key_resume", keys=["a"])
+                assert ledger.wait_for(400, timeout=120, alive=[one, two]), two.log()[-3000:]
+                entries = ledger.entries()
+    finally:
+        app.close()
+    # Tasks handed to a pool before the pause may start a moment after it; none later.
+    late = [e for e in entries if e.tenant == "a" and paused_at + 0.5 < e.started < resumed_at]
+    assert late == [], late
+    # 0 lost, each once; the later worker served tasks too.
+    assert Counter(e.tenant for e in entries) == {"a": 200, "b": 200}
+    assert len({e.id for e in entries}) == 400
+    assert len({e.worker for e in entries if e.started > paused_at}) == 2
+    # inspect fair_stats named the paused key on both workers.
+    assert len(stats) == 2 and all("'a'" in str(r) and "paused" in str(r) for r in stats), stats
+
+
 def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: str) -> None:
     env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_KEY_MAX_BACKLOG": "*=100"}
     with WorkerProcess(amqp_url, [queue], env=env) as worker:
@@ -425,6 +479,41 @@ def _keys_command(amqp_url: str, *args: str) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "celery_fair.cli", "keys", *args, "-b", amqp_url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_keys_pause_and_resume_without_a_worker_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """``celery fair keys pause|resume`` write the pause log; a resume with no worker
+    running moves the parked tasks back, and a worker then runs them."""
+    paused = _keys_command(amqp_url, "pause", queue, "a")
+    assert paused.returncode == 0 and f"{queue}: paused 1 of 1 key(s)" in paused.stdout, paused
+    app = keyed_app(amqp_url, {queue: "tenant_id"})
+    try:
+        publish_by_key(app, queue, {"a": 40, "b": 40}, ms=5)
+    finally:
+        app.close()
+    parked = parked_lane(queue, "a")
+    with _worker(amqp_url, redis_url, queue) as worker:
+        deadline = time.monotonic() + 120
+        # Every task of a reaches the worker and is parked; b runs.
+        while ledger.per_tenant().get("b", 0) < 40 or _count(amqp_url, parked) < 40:
+            assert time.monotonic() < deadline, (ledger.per_tenant(), _count(amqp_url, parked))
+            assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+            time.sleep(0.1)  # polled with a deadline
+    assert ledger.per_tenant().get("a", 0) == 0
+    resumed = _keys_command(amqp_url, "resume", queue, "a", "--json")
+    assert resumed.returncode == 0, resumed
+    assert json.loads(resumed.stdout) == {"queue": queue, "resumed": 1, "of": 1, "moved_back": 40}
+    assert _count(amqp_url, parked) == 0
+    with _worker(amqp_url, redis_url, queue) as worker:
+        entries = _entries(ledger, 80, worker)
+    assert Counter(e.tenant for e in entries) == {"a": 40, "b": 40}
+
+
+def _count(url: str, name: str) -> int:
+    with Connection(url) as conn:
+        return int(conn.default_channel.queue_declare(name, passive=True).message_count)
 
 
 def test_rolling_back_moves_the_lanes_into_the_queue_for_plain_workers(

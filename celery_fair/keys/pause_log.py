@@ -1,0 +1,352 @@
+"""Paused keys on RabbitMQ: the control log read and written, and parked tasks moved back.
+
+The broker side of :mod:`celery_fair.keys.pause_events`, on a connection of
+its own (the worker's consumer connection is driven by Celery's event loop),
+with heartbeats off, as the limit tokens' (:mod:`celery_fair.keys.token_client`):
+nothing reads it between the worker's timer calls.
+
+* **Reading.**  One channel consumes the stream :data:`PAUSE_LOG` from its
+  first retained event (``x-stream-offset: first``).  :meth:`PauseLog.read`
+  takes whatever has arrived, without waiting; with ``catch_up`` it first
+  appends a marker of its own and reads until the marker comes back, so the
+  state is the whole log's at that moment (a worker calls it as its
+  consumer connects, before any task is dispatched).
+* **Writing.**  An event is published with a publisher confirm: the command
+  that paused a key answers only once the broker has the event.
+* **Parking.**  Before a key is marked paused here, its parked lane is
+  declared as the keyed queue is (durable, its arguments), so the worker's
+  copies of the key's tasks have somewhere to go (a message published to a
+  queue that does not exist is dropped by the default exchange).
+* **Moving back.**  When a key is resumed, every reader moves its parked
+  tasks back, at most :data:`MOVE_PER_READ` per read so that the worker's
+  loop is never held long: each is taken with ``basic.get``, published to
+  the key's hashed noisy lane with a confirm, then acknowledged (a crash in
+  between leaves a duplicate, never a loss).  The noisy lane, not the shard:
+  a resumed backlog must not stand in front of the shard's quiet keys.  A
+  worker that had not yet read the resume may park a task after the parked
+  lane was emptied, so each reader looks again at the keys resumed in the
+  last :data:`RESUME_SWEEP` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from time import monotonic, time
+from typing import Any
+
+from .lanes import KeyLanes, lane_queue
+from .pause_events import PAUSE_LOG, PAUSE_LOG_ARGUMENTS, PauseEvent, PauseState, parked_lane
+from .token_client import broker_errors, close_copy
+
+__all__ = ("CATCH_UP_TIMEOUT", "MOVE_PER_READ", "RESUME_SWEEP", "PauseLog", "PauseLogUnavailable")
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a reader waits for its own marker before it goes on with what it read.
+CATCH_UP_TIMEOUT = 10.0
+#: Parked tasks moved back per key and read (one confirmed publish each).
+MOVE_PER_READ = 500
+#: Seconds after a resume during which readers look for tasks parked late.
+RESUME_SWEEP = 60.0
+#: Events read per call at most (the stream's unacknowledged window is 2x).
+_READ_BATCH = 1000
+
+
+class PauseLogUnavailable(RuntimeError):
+    """The broker cannot keep the pause log (no stream queues)."""
+
+
+class PauseLog:
+    """This process's reader and writer of the pause log, for the keyed queues ``parents``.
+
+    ``connect()``: a new, unconnected Kombu connection to the broker.
+    ``parents``: keyed queue name -> its Kombu ``Queue`` (a parked lane is
+    declared as it is).  ``wall``: wall-clock seconds (events are stamped
+    with it); ``clock``: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        parents: Mapping[str, Any],
+        *,
+        wall: Callable[[], float] = time,
+        clock: Callable[[], float] = monotonic,
+    ) -> None:
+        self._connect = connect
+        self.parents = dict(parents)
+        self.lanes = KeyLanes(frozenset(self.parents))
+        self.wall = wall
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._connection: Any = None
+        self._reader: Any = None
+        self._admin: Any = None
+        self._arrived: list[tuple[int, bytes]] = []
+        self._awaited: str | None = None
+        self._seen = False
+        self._declared: set[str] = set()
+        self._moving: set[tuple[str, str]] = set()
+        self.state = PauseState()
+        #: Whether the whole log has been read at least once.
+        self.caught_up = False
+        #: Why this broker cannot keep the log (None: it can, as far as known).
+        self.unsupported: str | None = None
+        #: Tasks moved back from parked lanes by this process; broker failures.
+        self.moved = 0
+        self.errors = 0
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    # -- the connection ---------------------------------------------------------
+
+    def _open(self) -> None:
+        if self.unsupported is not None:
+            raise PauseLogUnavailable(self.unsupported)
+        if self._connection is not None:
+            return
+        connection = self._connect()
+        connection.ensure_connection(max_retries=1)
+        try:
+            admin = connection.channel()
+            try:
+                admin.queue_declare(PAUSE_LOG, durable=True, auto_delete=False,
+                                    arguments=dict(PAUSE_LOG_ARGUMENTS))  # fmt: skip
+            except broker_errors(connection)[1] as exc:
+                # A broker without streams (RabbitMQ before 3.9) refuses the declaration.
+                self.unsupported = (
+                    f"pausing keys on RabbitMQ needs stream queues (RabbitMQ 3.9 or later) "
+                    f"for its log {PAUSE_LOG!r}; the broker refused it: {exc}"
+                )
+                logger.warning("celery-fair: %s", self.unsupported)
+                raise PauseLogUnavailable(self.unsupported) from exc
+            reader = connection.channel()
+            reader.basic_qos(0, 2 * _READ_BATCH, False)  # a stream consumer needs a window
+            reader.basic_consume(
+                PAUSE_LOG, no_ack=False, callback=self._on_event,
+                arguments={"x-stream-offset": "first"},
+            )  # fmt: skip
+        except Exception:
+            with contextlib.suppress(Exception):
+                connection.release()
+            raise
+        self._connection, self._admin, self._reader = connection, admin, reader
+        # Replayed from the first event: the state is rebuilt from scratch, and is
+        # not to be used before it has been read to the end again.
+        self.state = PauseState()
+        self.caught_up = False
+        self._arrived.clear()
+        self._declared.clear()
+
+    def _on_event(self, message: Any) -> None:
+        self._arrived.append((message.delivery_tag, message.body))
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        logger.warning("celery-fair: the pause log on RabbitMQ: the broker connection failed: %r",
+                       exc)  # fmt: skip
+        connection, self._connection, self._reader, self._admin = self._connection, None, None, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.release()
+
+    def _forget_in_child(self) -> None:
+        connection, self._connection, self._reader, self._admin = self._connection, None, None, None
+        close_copy(connection)
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            connection, self._connection, self._reader, self._admin = (
+                self._connection, None, None, None,
+            )  # fmt: skip
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.release()
+
+    # -- reading ----------------------------------------------------------------
+
+    def read(self, *, catch_up: bool = False) -> bool:
+        """Apply the events that arrived (with ``catch_up``: the whole log, waiting up to
+        :data:`CATCH_UP_TIMEOUT` s), then move back what resumed keys left parked.
+
+        Returns whether this process has read the whole log at least once.
+        Broker failures are logged, counted and retried at the next call.
+        """
+        with self._lock:
+            if self.unsupported is not None:
+                return False
+            try:
+                self._open()
+                if catch_up or not self.caught_up:
+                    self._catch_up()
+                else:
+                    self._drain(0.0)
+                self._sweep()
+            except PauseLogUnavailable:
+                return False
+            except Exception as exc:  # noqa: BLE001 - any broker failure: reconnect next time
+                self._failed(exc)
+            return self.caught_up
+
+    def _catch_up(self) -> None:
+        marker = PauseEvent(uuid.uuid4().hex)
+        self._publish(marker)
+        if self._read_until(marker.id):
+            self.caught_up = True
+        else:
+            logger.warning(
+                "celery-fair: the pause log on RabbitMQ was not read to its end within %.0f s; "
+                "going on with the %d event(s) read", CATCH_UP_TIMEOUT, self.state.events,
+            )  # fmt: skip
+
+    def _read_until(self, event_id: str) -> bool:
+        """Read until the entry ``event_id`` has been applied (False: not within
+        :data:`CATCH_UP_TIMEOUT` s)."""
+        self._awaited, self._seen = event_id, False
+        deadline = self._clock() + CATCH_UP_TIMEOUT
+        while not self._seen:
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            self._drain(min(left, 0.5))
+        return True
+
+    def _drain(self, timeout: float) -> None:
+        """Read what the broker sent (waiting up to ``timeout`` s for the first frame)."""
+        connection = self._connection
+        wait = timeout
+        while len(self._arrived) < _READ_BATCH:
+            try:
+                connection.drain_events(timeout=wait)
+            except TimeoutError:
+                break
+            wait = 0.0
+        self._apply_arrived()
+
+    def _apply_arrived(self) -> None:
+        arrived, self._arrived = self._arrived, []
+        for tag, body in arrived:
+            try:
+                event = PauseEvent.from_body(body)
+            except ValueError as exc:
+                self.state.malformed += 1
+                logger.warning("celery-fair: the pause log holds an entry that is not an event "
+                               "(skipped): %s", exc)  # fmt: skip
+                event = None
+            if event is not None and event.id == self._awaited:
+                self._seen = True
+            if event is not None and event.keys and event.queue in self.parents:
+                for queue, key in self.state.apply(event):
+                    if event.paused:
+                        self._declare_parked(queue, key)
+                    else:
+                        self._moving.add((queue, key))
+            self._reader.basic_ack(tag)
+
+    # -- writing ----------------------------------------------------------------
+
+    def append(self, queue: str, keys: Iterable[str], paused: bool) -> int:
+        """Pause (or resume) ``keys`` of keyed ``queue`` for every worker; how many changed.
+
+        The parked lanes are declared first; the event is confirmed by the
+        broker, then read back, so that this process's state has it in the
+        log's order before this returns.  Raises on a broker failure (the
+        command's caller is told).
+        """
+        keys = tuple(dict.fromkeys(keys))
+        with self._lock:
+            before = self.state.paused().get(queue, set())
+            try:
+                self._open()
+                if paused:
+                    for key in keys:
+                        self._declare_parked(queue, key)
+                event = PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall())
+                self._publish(event)
+                if self._read_until(event.id):
+                    self.caught_up = True  # read from the first entry to this one
+                else:
+                    raise TimeoutError(
+                        f"the pause log: the event was written but not read back within "
+                        f"{CATCH_UP_TIMEOUT:.0f} s"
+                    )
+            except Exception as exc:
+                self._failed(exc)
+                raise
+            return sum((key in before) != paused for key in keys)
+
+    def _publish(self, event: PauseEvent) -> None:
+        from amqp import Message
+
+        self._admin.basic_publish_confirm(
+            Message(event.to_body(), content_type="application/json", delivery_mode=2),
+            exchange="",
+            routing_key=PAUSE_LOG,
+        )
+
+    # -- parking ----------------------------------------------------------------
+
+    def _declare_parked(self, queue: str, key: str) -> str:
+        return self._declare(queue, parked_lane(queue, key))
+
+    def _declare(self, queue: str, lane: str) -> str:
+        """Declare ``lane`` of keyed ``queue`` as the queue is (once per connection)."""
+        if lane not in self._declared:
+            lane_queue(self.parents[queue], lane)(self._admin).declare()
+            self._declared.add(lane)
+        return lane
+
+    def destination(self, queue: str, key: str) -> str:
+        """The lane a resumed key's parked tasks go back to: its hashed noisy lane."""
+        lanes = self.lanes.noisy_lanes(queue)
+        start = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+        return lanes[start % len(lanes)]
+
+    def _sweep(self) -> None:
+        """Move back the parked tasks of keys resumed lately, :data:`MOVE_PER_READ` each."""
+        since = self.wall() - RESUME_SWEEP
+        due = set(self._moving) | set(self.state.resumed(since, self.parents))
+        for queue, key in sorted(due):
+            if self._move_back(queue, key) < MOVE_PER_READ:
+                self._moving.discard((queue, key))
+
+    def _move_back(self, queue: str, key: str) -> int:
+        from amqp import Message
+
+        name = self._declare_parked(queue, key)
+        target = self._declare(queue, self.destination(queue, key))
+        admin, moved = self._admin, 0
+        while moved < MOVE_PER_READ:
+            if self.state.paused_since(queue, key) is not None:
+                break  # paused again meanwhile
+            message = admin.basic_get(name, no_ack=False)
+            if message is None:
+                break
+            admin.basic_publish_confirm(
+                Message(message.body, **message.properties), exchange="", routing_key=target
+            )
+            admin.basic_ack(message.delivery_tag)
+            moved += 1
+        if moved:
+            self.moved += moved
+            logger.info("celery-fair: %d parked task(s) of resumed key %r moved back to %s",
+                        moved, key, target)  # fmt: skip
+        return moved
+
+    def parked(self, queue: str, key: str) -> int | None:
+        """Tasks waiting in the parked lane of ``key`` (None: not readable now)."""
+        with self._lock:
+            try:
+                self._open()
+                name = self._declare_parked(queue, key)
+                return int(self._admin.queue_declare(name, passive=True).message_count)
+            except Exception as exc:  # noqa: BLE001 - a count is not worth a failure
+                self._failed(exc)
+                return None

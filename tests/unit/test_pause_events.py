@@ -1,0 +1,44 @@
+"""The pause log's events and the state they add up to (pure: no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_fair.keys.pause_events import PauseEvent, PauseState, parked_lane
+
+
+def _event(keys: tuple[str, ...], paused: bool, at: float, queue: str = "jobs") -> PauseEvent:
+    return PauseEvent(f"id-{at}", queue, keys, paused, at)
+
+
+def test_replaying_the_log_gives_the_last_word_per_key_and_counts_pauses() -> None:
+    state = PauseState()
+    assert state.apply(_event(("a", "b"), True, 10.0)) == [("jobs", "a"), ("jobs", "b")]
+    assert state.apply(_event(("a",), True, 11.0)) == []  # a repeat keeps the first time
+    assert state.paused_since("jobs", "a") == 10.0
+    assert state.apply(_event(("a", "never"), False, 15.0)) == [("jobs", "a")]
+    assert state.paused() == {"jobs": {"b"}}
+    assert state.paused_since("jobs", "a") is None
+    assert (state.pauses, state.paused_seconds) == ({"jobs": 2}, {"jobs": 5.0})
+    # A resume of a key never paused leaves nothing behind to sweep.
+    assert state.resumed(0.0, ["jobs"]) == [("jobs", "a")]
+    assert state.resumed(16.0, ["jobs"]) == [] and state.resumed(0.0, ["other"]) == []
+    assert state.events == 3
+
+
+def test_an_event_survives_its_wire_form_and_a_bad_one_is_named() -> None:
+    event = _event(("t-1", "t/2"), False, 3.5, queue="q")
+    assert PauseEvent.from_body(event.to_body()) == event
+    marker = PauseEvent("m")
+    assert PauseEvent.from_body(marker.to_body()) == marker and not marker.keys
+    with pytest.raises(ValueError, match="not JSON"):
+        PauseEvent.from_body(b"{nope")
+    with pytest.raises(ValueError, match="not a pause event"):
+        PauseEvent.from_body(b'{"id": "x", "queue": "q", "keys": [1], "paused": true, "at": 1}')
+
+
+def test_each_key_has_its_own_parked_lane_of_its_queue() -> None:
+    assert parked_lane("jobs", "a") == parked_lane("jobs", "a")
+    assert parked_lane("jobs", "a") != parked_lane("jobs", "b")
+    assert parked_lane("jobs", "a").startswith("jobs.fair.p.")
+    assert parked_lane("mail", "a").startswith("mail.fair.p.")
