@@ -338,7 +338,6 @@ def _send_users(app: Any, queue: str, tasks: list[tuple[str, str, float]]) -> No
                           queue=queue, producer=producer)  # fmt: skip
 
 
-@pytest.mark.compat
 def test_two_level_keys_share_tenants_then_users_by_weight_on_rabbitmq(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str, tmp_path: Path
 ) -> None:
@@ -373,7 +372,7 @@ def test_a_flooding_user_leaves_its_tenants_other_users_a_low_wait_on_rabbitmq(
 ) -> None:
     """One user of t1 floods: t1's other users and the other tenants wait about a
     task, not behind the flood, and the flood gets a lane of its own."""
-    flood, every = 1200, 15
+    flood, every = 800, 10
     quiet = [("t1", f"q{i}") for i in range(4)] + [(f"t{i}", "u") for i in range(2, 6)]
     turns = itertools.cycle(quiet)
     app = keyed_app(amqp_url, {queue: TWO_LEVEL})
