@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ("control_app", "fair_stats", "wait_fair_stats")
+__all__ = ("broadcast_until_replied", "control_app", "fair_stats", "wait_fair_stats")
 
 
 def control_app(broker_url: str) -> Any:
@@ -38,3 +38,17 @@ def wait_fair_stats(broker_url: str, *, timeout: float = 30.0) -> dict[str, Any]
         if replies:
             return next(iter(replies.values()))
     raise AssertionError(f"no fair_stats reply within {timeout:g} s")
+
+
+def broadcast_until_replied(app: Any, command: str, **arguments: Any) -> list[dict[str, Any]]:
+    """Broadcast ``command`` from ``app`` until a worker replies (one may still be
+    starting), for up to 30 s; no reply may be an error."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        replies = app.control.broadcast(command, arguments=arguments, reply=True, timeout=2)
+        if replies:
+            assert not any("error" in r for reply in replies for r in reply.values()), replies
+            return list(replies)
+        assert time.monotonic() < deadline, f"no reply to {command}"

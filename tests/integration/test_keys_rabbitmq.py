@@ -26,7 +26,7 @@ from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
 from celery_fair.keys.pause_events import parked_lane
 from celery_fair.routing.isolation import NOISY_MESSAGES
 from celery_fair.routing.ring import HashRing
-from tests.harness.control import control_app, wait_fair_stats
+from tests.harness.control import broadcast_until_replied, control_app, wait_fair_stats
 from tests.harness.exporter import ExporterProcess
 from tests.harness.harness import WORKLOAD, WorkerProcess
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
@@ -413,17 +413,6 @@ def test_a_flooding_user_leaves_its_tenants_other_users_a_low_wait_on_rabbitmq(
         assert percentile(waits, 0.99) < lasted / 20, (percentile(waits, 0.99), lasted)
 
 
-def _broadcast(app: Any, command: str, **arguments: Any) -> list[dict[str, Any]]:
-    """Broadcast ``command`` until ``count`` workers reply; no reply may be an error."""
-    deadline = time.monotonic() + 30
-    while True:
-        replies = app.control.broadcast(command, arguments=arguments, reply=True, timeout=2)
-        if replies:
-            assert not any("error" in r for reply in replies for r in reply.values()), replies
-            return list(replies)
-        assert time.monotonic() < deadline, f"no reply to {command}"
-
-
 def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drains(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str
 ) -> None:
@@ -434,7 +423,7 @@ def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drain
         publish_by_key(app, queue, {"a": 150, "b": 150}, ms=20)
         with _worker(amqp_url, redis_url, queue) as one:
             assert ledger.wait_for(20, timeout=120, alive=[one]), one.log()[-3000:]
-            [reply] = [r for answer in _broadcast(app, "fair_key_pause", keys=["a"])
+            [reply] = [r for answer in broadcast_until_replied(app, "fair_key_pause", keys=["a"])
                        for r in answer.values()]  # fmt: skip
             assert "paused" in reply.get("ok", ""), reply
             paused_at = time.time()
@@ -447,9 +436,9 @@ def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drain
                     assert time.monotonic() < deadline, ledger.per_tenant()
                     assert two.proc is not None and two.proc.poll() is None, two.log()[-3000:]
                     time.sleep(0.1)  # polled with a deadline
-                stats = _broadcast(app, "fair_stats")
+                stats = broadcast_until_replied(app, "fair_stats")
                 resumed_at = time.time()
-                _broadcast(app, "fair_key_resume", keys=["a"])
+                broadcast_until_replied(app, "fair_key_resume", keys=["a"])
                 assert ledger.wait_for(400, timeout=120, alive=[one, two]), two.log()[-3000:]
                 entries = ledger.entries()
     finally:

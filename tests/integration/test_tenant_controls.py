@@ -19,6 +19,7 @@ from celery import Celery
 
 import celery_fair
 from celery_fair.keys.layout import KeyedNames
+from tests.harness.control import broadcast_until_replied
 from tests.harness.harness import QUICK_STOP, WorkerProcess
 from tests.harness.keys import keyed_app, restore_unacked
 from tests.harness.ledger import Entry, Ledger
@@ -47,17 +48,6 @@ def _publish(app: Celery, tasks: list[dict[str, Any]], ms: float) -> None:
     with app.producer_or_acquire() as producer:
         for kwargs in tasks:
             app.send_task("ledger", kwargs={"ms": ms, **kwargs}, queue=QUEUE, producer=producer)
-
-
-def _control(app: Celery, command: str, **arguments: Any) -> list[dict[str, Any]]:
-    """Broadcast ``command`` until a worker replies (a worker may still be starting)."""
-    deadline = time.monotonic() + 30
-    while True:
-        replies = app.control.broadcast(command, arguments=arguments, reply=True, timeout=2)
-        if replies:
-            assert not any("error" in r for reply in replies for r in reply.values()), replies
-            return list(replies)
-        assert time.monotonic() < deadline, f"no reply to {command}"
 
 
 @pytest.fixture
@@ -143,7 +133,7 @@ def test_a_paused_key_starts_nothing_on_two_workers_and_drains_in_order_after_re
     client = redis_lib.Redis.from_url(redis_url)
     with _worker(redis_url) as one, _worker(redis_url) as two:
         assert ledger.wait_for(20, timeout=120, alive=[one, two]), one.log()[-3000:]
-        replies = _control(app, "fair_key_pause", keys=["a"])
+        replies = broadcast_until_replied(app, "fair_key_pause", keys=["a"])
         paused_at = time.time()
         assert len(replies) >= 1
         # b goes on and ends; a waits.
@@ -152,9 +142,9 @@ def test_a_paused_key_starts_nothing_on_two_workers_and_drains_in_order_after_re
             assert time.monotonic() < deadline, ledger.per_tenant()
             time.sleep(0.1)
         waiting = [json.loads(m) for m in client.lrange(NAMES.key_list("a"), 0, -1)]
-        stats = _control(app, "fair_stats")
+        stats = broadcast_until_replied(app, "fair_stats")
         resumed_at = time.time()
-        _control(app, "fair_key_resume", keys=["a"])
+        broadcast_until_replied(app, "fair_key_resume", keys=["a"])
         entries = _entries(ledger, 300, one, two)
     # Tasks handed to a pool before the pause may start a moment after it; none later.
     late = [e for e in entries if e.tenant == "a" and paused_at + 0.5 < e.started < resumed_at]
