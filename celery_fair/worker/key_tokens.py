@@ -155,6 +155,8 @@ class KeyTokenGate:
         with self._lock:
             keys = self._book.keys_aside()
         for queue, key in keys:
+            if self._park_if_paused(queue, key):
+                continue
             while tries < _TRIES_PER_POLL:
                 with self._lock:
                     if self._book.held_tasks() >= self.slots:
@@ -178,6 +180,28 @@ class KeyTokenGate:
                     break
                 run, request = entry
                 self._start(run, request, tokens)
+
+    def _park_if_paused(self, queue: str, key: str) -> bool:
+        """A paused key's tasks aside go to its parked lane (those the broker refused
+        stay aside); True if the key is paused.  Tasks received after the pause
+        were parked on receipt: these waited for tokens when it came."""
+        pauses = self.service.pauses
+        back = pauses.check(queue, key)
+        if back is None:
+            return False
+        from celery.worker.state import task_ready
+
+        with self._lock:
+            entries = []
+            while (entry := self._book.next_aside(queue, key)) is not None:
+                # One Celery forgot with its connection went back already.
+                if compat.request_counted(entry[1]):
+                    entries.append(entry)
+        kept = pauses.send_back(entries, back, lambda entry: entry[1], task_ready)
+        with self._lock:
+            for entry in kept:
+                self._book.put_aside(queue, key, entry)
+        return True
 
     def audit(self) -> None:
         """Give back the tokens of tasks this worker no longer has (and log how many).

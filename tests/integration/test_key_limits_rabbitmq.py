@@ -20,6 +20,7 @@ import pytest
 from kombu.connection import Connection
 
 from celery_fair.keys.limits import KeyLimits
+from celery_fair.keys.pause_events import parked_lane
 from celery_fair.keys.tokens import token_specs
 from tests.harness.control import control_app, fair_stats
 from tests.harness.harness import poll_until
@@ -204,3 +205,43 @@ def test_a_task_received_again_after_a_lost_connection_is_not_held_up_by_its_fir
     runs = Counter(e.id for e in ledger.entries())
     assert len(runs) == 6 and set(runs.values()) == {1}, runs
     assert most_at_once(e for e in ledger.entries() if e.tenant == "lim")["lim"] <= 2
+
+
+def test_a_paused_keys_tasks_waiting_for_tokens_are_parked_not_started(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """A key at its limit has tasks aside in the worker when it is paused: they go to
+    its parked lane rather than start when a token frees, and run after the resume."""
+    from tests.harness.control import broadcast_until_replied
+
+    _publish(amqp_url, queue, {"a": 40, "b": 40}, ms=50)
+    app = control_app(amqp_url)
+    try:
+        with _worker(amqp_url, redis_url, queue, CELERY_FAIR_KEY_CONCURRENCY="a=1") as worker:
+            assert ledger.wait_for(4, timeout=120, alive=[worker]), worker.log()[-3000:]
+            assert sum(s["aside"] for s in _token_stats(amqp_url, 1).values()) > 0
+            broadcast_until_replied(app, "fair_key_pause", keys=["a"])
+            paused_at = time.time()
+            parked = parked_lane(queue, "a")
+
+            def settled() -> bool:
+                # b done, and every task of a either started or parked: those aside
+                # when the pause came among them, and pool slots free meanwhile.
+                done = ledger.per_tenant()
+                return (
+                    done.get("b", 0) == 40
+                    and done.get("a", 0) + _ready_tokens(amqp_url, parked) == 40
+                )
+
+            assert poll_until(settled, 120), (ledger.per_tenant(), _ready_tokens(amqp_url, parked))
+            started = ledger.per_tenant().get("a", 0)
+            resumed_at = time.time()
+            broadcast_until_replied(app, "fair_key_resume", keys=["a"])
+            assert ledger.wait_for(80, timeout=120, alive=[worker]), worker.log()[-3000:]
+    finally:
+        app.close()
+    entries = ledger.entries()
+    late = [e for e in entries if e.tenant == "a" and paused_at + 0.5 < e.started < resumed_at]
+    assert late == [] and started < 40, (late, started)
+    assert Counter(e.tenant for e in entries) == {"a": 40, "b": 40}
+    assert len({e.id for e in entries}) == 80
