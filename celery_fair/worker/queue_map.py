@@ -31,6 +31,8 @@ class QueueMap:
         self.lanes: KeyLanes | None = None
         #: Lane -> its keyed queue (each keyed queue -> itself).
         self.parents: dict[str, str] = {}
+        #: The consumed queues declared with a maximum priority (RabbitMQ's own).
+        self._prioritised: frozenset[str] = frozenset()
 
     def use_lanes(self, lanes: KeyLanes) -> None:
         """Keyed queues on RabbitMQ: a lane's requests are its keyed queue's."""
@@ -44,11 +46,15 @@ class QueueMap:
     def map(self, queues: Iterable[Any]) -> None:
         """The consumer's queues now (Kombu ``Queue`` objects)."""
         by_key: dict[str, str] = {}
+        prioritised: set[str] = set()
         for queue in queues:
             logical = self.logical(queue.name)
             by_key.setdefault(queue.routing_key or queue.name, logical)
             by_key.setdefault(queue.name, logical)
+            if queue.max_priority or (queue.queue_arguments or {}).get("x-max-priority"):
+                prioritised.add(logical)
         self._by_key = by_key
+        self._prioritised = frozenset(prioritised)
 
     def queue_of(self, request: Any) -> str | None:
         """The consumed queue a request came from (by its routing key)."""
@@ -56,13 +62,23 @@ class QueueMap:
         key = info.get("routing_key")
         return self._by_key.get(key) if key is not None else None
 
+    def _rank(self, request: Any, queue: str) -> int:
+        """RabbitMQ: a task's level in the buffer, from its priority when ``queue`` was
+        declared with a maximum priority (the highest first, as RabbitMQ delivers
+        within each lane); else the one level 0."""
+        if queue not in self._prioritised:
+            return 0
+        priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+        return -priority if isinstance(priority, int) else 0
+
     def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:
         """A keyed queue's request: the key it was served as, its level's rank and
         its user within the key (two-level keys; else None).
 
         The rank is Kombu's priority step of the level (0, the first, for
-        anything else): the worker's buffer takes the lowest first.  Not keyed:
-        ``(None, 0, None)``.
+        anything else): the worker's buffer takes the lowest first.  On
+        RabbitMQ it is the negated priority, for a queue declared with a
+        maximum priority.  Not keyed: ``(None, 0, None)``.
         """
         if request is None:
             return None, 0, None
@@ -73,7 +89,7 @@ class QueueMap:
             headers = compat.request_headers(request)
             key, user = headers.get(KEY_HEADER), headers.get(USER_HEADER)
             user = user if isinstance(user, str) else None
-            return (key if isinstance(key, str) else ""), 0, user
+            return (key if isinstance(key, str) else ""), self._rank(request, queue), user
         keyed = self.attachment.keyed
         if keyed is None or queue not in keyed.queues:
             return None, 0, None

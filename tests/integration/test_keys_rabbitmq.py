@@ -28,7 +28,7 @@ from celery_fair.routing.isolation import NOISY_MESSAGES
 from celery_fair.routing.ring import HashRing
 from tests.harness.control import broadcast_until_replied, control_app, wait_fair_stats
 from tests.harness.exporter import ExporterProcess
-from tests.harness.harness import WORKLOAD, WorkerProcess
+from tests.harness.harness import WORKLOAD, WorkerProcess, poll_until
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
 from tests.harness.ledger import Entry, Ledger, percentile
 
@@ -178,6 +178,31 @@ def test_key_weights_hold_across_two_workers_on_rabbitmq(
     window = [e for e in entries[: int(total * 0.85)] if e.started > both + 1.0]
     assert len(window) > 800 and len({e.worker for e in window}) == 2, len(window)
     _assert_weighted(window)
+
+
+def test_urgent_tasks_pass_every_keys_batch_work_in_the_buffer_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """A keyed queue with a maximum priority: RabbitMQ orders each lane, and the
+    worker's buffer takes the highest priority first across the lanes, as the
+    Redis fetch takes the first level (strict priority)."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, task_queue_max_priority=10)
+    batch = {f"k{i}": 100 for i in range(6)}
+    try:
+        publish_by_key(app, queue, batch, ms=20, priority=0)
+        with _worker(amqp_url, redis_url, queue, CELERY_FAIR_MAX_PRIORITY="10") as worker:
+            assert ledger.wait_for(30, timeout=120, alive=[worker]), worker.log()[-3000:]
+            sent = time.time()
+            publish_by_key(app, queue, {"urgent": 20}, ms=20, priority=9)
+            assert poll_until(lambda: ledger.per_tenant().get("urgent", 0) == 20, 120)
+            entries = ledger.entries()
+    finally:
+        app.close()
+    last_urgent = max(e.started for e in entries if e.tenant == "urgent")
+    passed = [e for e in entries if e.tenant != "urgent" and sent < e.started < last_urgent]
+    # Only what the pool had already taken: at fair turns among seven keys, the
+    # urgent key's 20 tasks would wait for about 120 batch tasks.
+    assert len(passed) <= 10, len(passed)
 
 
 @pytest.mark.compat
