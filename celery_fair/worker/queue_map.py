@@ -51,7 +51,8 @@ class QueueMap:
             logical = self.logical(queue.name)
             by_key.setdefault(queue.routing_key or queue.name, logical)
             by_key.setdefault(queue.name, logical)
-            if queue.max_priority or (queue.queue_arguments or {}).get("x-max-priority"):
+            arguments = getattr(queue, "queue_arguments", None) or {}
+            if getattr(queue, "max_priority", None) or arguments.get("x-max-priority"):
                 prioritised.add(logical)
         self._by_key = by_key
         self._prioritised = frozenset(prioritised)
