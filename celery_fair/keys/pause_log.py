@@ -54,6 +54,8 @@ CATCH_UP_TIMEOUT = 10.0
 MOVE_PER_READ = 500
 #: Seconds after a resume during which readers look for tasks parked late.
 RESUME_SWEEP = 60.0
+#: Seconds a later read waits for a marker the first catch-up did not reach.
+_CATCH_UP_STEP = 0.5
 #: Events read per call at most (the stream's unacknowledged window is 2x).
 _READ_BATCH = 1000
 
@@ -141,6 +143,7 @@ class PauseLog:
         # not to be used before it has been read to the end again.
         self.state = PauseState()
         self.caught_up = False
+        self._awaited, self._seen = None, False
         self._arrived.clear()
         self._declared.clear()
 
@@ -196,21 +199,31 @@ class PauseLog:
             return self.caught_up
 
     def _catch_up(self) -> None:
-        marker = PauseEvent(uuid.uuid4().hex)
-        self._publish(marker)
-        if self._read_until(marker.id):
-            self.caught_up = True
+        """Read the log to its end: up to a marker of this reader's, appended now.
+
+        A log too long to read within :data:`CATCH_UP_TIMEOUT` s is read on at
+        the next calls, each waiting at most :data:`_CATCH_UP_STEP` s for the same
+        marker, so that the worker's loop is never held longer.
+        """
+        if self._awaited is None or self._seen:
+            marker = PauseEvent(uuid.uuid4().hex)
+            self._publish(marker)
+            budget = CATCH_UP_TIMEOUT
+            self._awaited, self._seen = marker.id, False
         else:
+            budget = _CATCH_UP_STEP
+        if self._read_until(budget):
+            self.caught_up = True
+        elif budget == CATCH_UP_TIMEOUT:
             logger.warning(
                 "celery-fair: the pause log on RabbitMQ was not read to its end within %.0f s; "
-                "going on with the %d event(s) read", CATCH_UP_TIMEOUT, self.state.events,
+                "%d event(s) read so far, the rest at the next reads", CATCH_UP_TIMEOUT,
+                self.state.events,
             )  # fmt: skip
 
-    def _read_until(self, event_id: str) -> bool:
-        """Read until the entry ``event_id`` has been applied (False: not within
-        :data:`CATCH_UP_TIMEOUT` s)."""
-        self._awaited, self._seen = event_id, False
-        deadline = self._clock() + CATCH_UP_TIMEOUT
+    def _read_until(self, budget: float) -> bool:
+        """Read until the awaited entry has been applied (False: not within ``budget`` s)."""
+        deadline = self._clock() + budget
         while not self._seen:
             left = deadline - self._clock()
             if left <= 0:
@@ -270,7 +283,8 @@ class PauseLog:
                         self._declare_parked(queue, key)
                 event = PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall())
                 self._publish(event)
-                if self._read_until(event.id):
+                self._awaited, self._seen = event.id, False
+                if self._read_until(CATCH_UP_TIMEOUT):
                     self.caught_up = True  # read from the first entry to this one
                 else:
                     raise TimeoutError(

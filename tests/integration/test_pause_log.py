@@ -115,3 +115,26 @@ def test_a_malformed_entry_is_skipped_and_counted(amqp_url: str, queue: str) -> 
             assert log.state.malformed >= 1
         finally:
             log.close()
+
+
+def test_a_log_not_read_to_its_end_in_time_is_read_on_at_the_next_reads(
+    amqp_url: str, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first catch-up runs out of time (the injected clock jumps past it): the
+    reader says so once, is not caught up, and reaches the end at the next read."""
+    times = iter([0.0, 100.0])
+
+    def clock() -> float:
+        return next(times, 100.0)
+
+    log = PauseLog(
+        lambda: Connection(amqp_url, heartbeat=0), {queue: Queue(queue, durable=True)},
+        clock=clock,
+    )  # fmt: skip
+    try:
+        assert not log.read(catch_up=False)
+        assert "was not read to its end within 10 s" in caplog.text
+        assert log.read() and log.caught_up
+        assert caplog.text.count("was not read to its end") == 1
+    finally:
+        log.close()
