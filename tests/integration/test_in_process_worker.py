@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +25,15 @@ def celery_config(redis_server: RedisServer) -> dict[str, Any]:
         "fair_weights": {"heavy": 3, "light": 1},
         "worker_prefetch_multiplier": 1,
     }
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_kept() -> Iterator[None]:
+    # start_worker sets the root logger to its own level (ERROR by default); the
+    # tests that follow in this process read warnings through caplog.
+    level = logging.root.level
+    yield
+    logging.root.setLevel(level)
 
 
 def test_in_process_worker_runs_fair_and_reports(
