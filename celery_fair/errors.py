@@ -55,11 +55,13 @@ class PublishRefused(Exception):
 class KeyBacklogFull(PublishRefused):
     """A publish refused: the key already has its cap of messages waiting.
 
-    Raised in the producer by ``apply_async`` for a keyed queue on Redis when
+    Raised in the producer by ``apply_async`` for a keyed queue when
     ``fair_key_max_backlog`` caps the key and its backlog (messages waiting in
     the queue, all priority levels and users together; running tasks are not
-    counted) has reached the cap.  Nothing was written: the caller may retry
-    later, shed the work or tell its user.
+    counted) has reached the cap: on Redis counted by the push script, on
+    RabbitMQ in the key's counter (:mod:`celery_fair.keys.backlog_counter`).
+    Nothing was written: the caller may retry later, shed the work or tell
+    its user.
     """
 
     def __init__(self, queue: str, key: str, cap: int, backlog: int) -> None:

@@ -46,6 +46,7 @@ __all__ = (
     "KeyLanes",
     "LaneChooser",
     "consume_lanes",
+    "key_digest",
     "lane_queue",
 )
 
@@ -72,6 +73,12 @@ class KeyLanes:
     def lanes(self, queue: str) -> tuple[str, ...]:
         """Every lane of keyed ``queue`` but the queue itself."""
         return self.shard_lanes(queue) + self.noisy_lanes(queue)
+
+    @staticmethod
+    def backlog_counter(queue: str, key: str, cap: int) -> str:
+        """The queue counting ``key``'s tasks waiting in keyed ``queue`` under ``cap``
+        (:mod:`celery_fair.keys.backlog_counter`): one name per cap."""
+        return f"{queue}.fair.b{cap}.{key_digest(key)}"
 
     @staticmethod
     def directory(lane: str) -> str:
@@ -168,6 +175,12 @@ class LaneChooser:
         name = noisy_one[1]
         lane = noisy[noisy_one] = _free_lane(self.lanes.noisy_lanes(queue), name, noisy.values())
         return lane, name
+
+
+def key_digest(key: str) -> str:
+    """A key as it appears in the names of its own queues (16 hex digits: any key,
+    any length, in a name RabbitMQ accepts)."""
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
 def _free_lane(candidates: tuple[str, ...], key: str, taken: Iterable[str]) -> str:

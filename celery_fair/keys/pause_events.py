@@ -17,10 +17,11 @@ the workers move them back to the key's shard lane.  The I/O is in
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from .lanes import key_digest
 
 __all__ = (
     "PAUSE_LOG",
@@ -43,8 +44,7 @@ PAUSE_LOG_ARGUMENTS: Mapping[str, object] = {
 
 def parked_lane(queue: str, key: str) -> str:
     """The queue where the tasks of ``key`` in keyed ``queue`` wait while it is paused."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-    return f"{queue}.fair.p.{digest}"
+    return f"{queue}.fair.p.{key_digest(key)}"
 
 
 @dataclass(frozen=True)

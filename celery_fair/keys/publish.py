@@ -48,6 +48,7 @@ from ..wire import (
     USER_HEADER,
 )
 from . import store
+from .backlog_counter import BacklogCounter
 from .lanes import KeyLanes, LaneChooser, lane_queue
 from .layout import KeyedNames
 
@@ -160,7 +161,12 @@ def register_app(app: Any) -> None:
         return
     wrap_kombu()
     lanes = LaneChooser(KeyLanes(frozenset(keyed)))
-    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps, lanes))
+    counter = None
+    if caps:
+        # Used on RabbitMQ only (Redis counts in its push script); connects when
+        # first used. Heartbeats off: nothing reads it between calls.
+        counter = BacklogCounter(lambda: app.connection_for_write(heartbeat=0))
+    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps, lanes, counter))
 
 
 def _refusing_sender(error: Exception) -> Callable[..., Any]:
@@ -192,11 +198,14 @@ def _stamping_sender(
     keyed: KeyedQueues,
     caps: Mapping[str, int] | None = None,
     lanes: LaneChooser | None = None,
+    counter: BacklogCounter | None = None,
 ) -> Callable[..., Any]:
     """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks.
 
     On RabbitMQ (``lanes``) a keyed task also goes to its key's lane
-    (:mod:`celery_fair.keys.lanes`) rather than to the queue itself.
+    (:mod:`celery_fair.keys.lanes`) rather than to the queue itself, and a
+    capped one is counted first in its key's ``counter``
+    (:mod:`celery_fair.keys.backlog_counter`), which may refuse it.
     """
     lane_queues: dict[str, Any] = {}
 
@@ -223,9 +232,43 @@ def _stamping_sender(
                     for option in ("exchange", "routing_key", "exchange_type"):
                         options.pop(option, None)
                     options["queue"] = target
+                counted = (
+                    _count(counter, queue, key or "", message, options.get("expiration"))
+                    if counter
+                    else None
+                )
+                if counted is not None:
+                    try:
+                        return original(producer, name, message, *args, **options)
+                    except BaseException:
+                        counter.release(*counted)  # type: ignore[union-attr]
+                        raise
         return original(producer, name, message, *args, **options)
 
     return send
+
+
+def _count(
+    counter: BacklogCounter, queue: str, key: str, message: Any, expiration: Any = None
+) -> tuple[str, str, int] | None:
+    """Count a capped task in its key's counter: (queue, key, cap) if counted.
+
+    ``expiration``: the task's time to live in the broker (seconds), from its
+    ``expires``: its marker gets it too.
+
+    Raises :class:`~celery_fair.errors.KeyBacklogFull` at the cap.  A task the
+    broker could not count goes out without its cap, so that no worker frees
+    a place it never took.
+    """
+    headers = message[0] if isinstance(message[0], dict) else {}
+    cap = headers.get(MAX_BACKLOG_HEADER)
+    if not isinstance(cap, int):
+        return None
+    ttl = float(expiration) if isinstance(expiration, (int, float)) else None
+    if counter.claim(queue, key, cap, expires_in=ttl):
+        return queue, key, cap
+    del headers[MAX_BACKLOG_HEADER]
+    return None
 
 
 def _name_lane(producer: Any, lane: str, key: str, *, durable: bool) -> None:

@@ -25,12 +25,12 @@ limits apply to a key, and what one worker holds and sets aside.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from .lanes import key_digest
 from .limits import CONCURRENCY, DEFAULT_KEY, RATE, KeyLimits
 
 __all__ = ("MAX_RATE_TOKENS", "TOKEN_EXPIRES", "HeldToken", "TokenBook", "TokenSpec", "token_specs")
@@ -59,7 +59,7 @@ class TokenSpec:
     @property
     def name(self) -> str:
         """The queue that holds the tokens."""
-        digest = hashlib.blake2b(self.key.encode(), digest_size=8).hexdigest()
+        digest = key_digest(self.key)
         if self.kind == RATE:
             return f"{self.queue}.fair.t.r{self.count}p{round(self.period * 1000)}.{digest}"
         return f"{self.queue}.fair.t.c{self.count}.{digest}"

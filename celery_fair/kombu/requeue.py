@@ -28,7 +28,7 @@ from .. import compat
 from ..keys.publish import level_of, message_key, message_user, names_for
 from ..keys.store import enqueue
 from ..scheduling.dispatch import SendBack
-from ..wire import PUBLISHED_HEADER, REQUEUE_HEADER
+from ..wire import MAX_BACKLOG_HEADER, PUBLISHED_HEADER, REQUEUE_HEADER
 
 __all__ = (
     "copy_properties",
@@ -140,6 +140,10 @@ def return_copy(
         return
     merged = dict(message.headers or {})
     merged.update(headers)
+    # The copy is not counted in its key's backlog counter on RabbitMQ (a copy
+    # sent back is never refused: celery_fair.keys.backlog_counter); without the
+    # cap, its receipt frees no place that another task holds.
+    merged.pop(MAX_BACKLOG_HEADER, None)
     info = message.delivery_info or {}
     producer_on(message.channel).publish(
         message.body,

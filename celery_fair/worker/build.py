@@ -15,12 +15,14 @@ from typing import Any
 
 from .. import compat
 from ..errors import FairConfigError
+from ..keys.backlog_counter import BacklogCounter
 from ..keys.eta import register_app as eta_register_app
 from ..keys.lanes import KeyLanes, consume_lanes
 from ..keys.pause_log import PauseLog
 from ..keys.publish import register_app
 from ..keys.releases import CARRY_CHECK
 from ..keys.token_client import TokenClient
+from .backlog import BacklogReleases
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore, park_paused
 from .key_tokens import AUDIT as TOKEN_AUDIT
@@ -244,6 +246,11 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
                 "rates (per second) %s",
                 dict(limits.concurrency) or "-", dict(limits.rates) or "-",
             )  # fmt: skip
+        # Any producer may cap its keys (fair_key_max_backlog is the producer's):
+        # every keyed worker frees the places of the capped tasks it receives.
+        service.backlog = BacklogReleases(
+            BacklogCounter(lambda: app.connection_for_read(heartbeat=0)), service.queue_map
+        )
         service.use_pause_log(PauseLog(
             lambda: app.connection_for_read(heartbeat=0),
             {q: app.amqp.queues[q] for q in settings.keys if q in app.amqp.queues},
@@ -272,7 +279,6 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
     if not settings.keys or driver != "amqp":
         return driver
     refused = {
-        "fair_key_max_backlog": dict(settings.key_max_backlog),
         "fair_priority": "weighted" if settings.priority_weights is not None else None,
     }
     for setting, value in refused.items():

@@ -73,6 +73,9 @@ def fair_stats(state: Any, **kwargs: Any) -> dict[str, Any]:
         stats["keys"] = {
             "controls": {queue: asdict(c) for queue, c in service.keys.controls().items()}
         }
+        if service.backlog is not None:
+            # The producers' caps, as this worker met them (fair_key_max_backlog).
+            stats["keys"]["backlog_counters"] = service.backlog.counter.stats()
     return stats
 
 

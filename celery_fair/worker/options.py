@@ -426,7 +426,7 @@ OPTIONS: tuple[Option, ...] = (
         "Fairness keys",
         accepts=(
             'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1; '
-            "needs `fair_keys`; Redis only"
+            "needs `fair_keys`"
         ),
         meaning=(
             "producers: a key with this many messages waiting refuses a publish with "

@@ -26,6 +26,7 @@ from ..scheduling.prefetch import PrefetchStatistics
 from ..scheduling.scheduler import FairScheduler, SchedulerStatistics
 from ..scheduling.stalls import StallStatistics, StallWatch
 from .attachment import Attachment
+from .backlog import BacklogReleases
 from .capacity import CapacityStatistics, ResourceGate
 from .dispatch import FairGate, close_during_drain, wake_while_busy
 from .key_tokens import KeyTokenGate, TokenStatistics
@@ -87,6 +88,8 @@ class FairService:
         self.gate: FairGate | ResourceGate | None = None
         #: Per-key limits on RabbitMQ (:meth:`limit_by_tokens`).
         self.tokens: KeyTokenGate | None = None
+        #: Keyed queues on RabbitMQ: capped tasks free their places as they arrive.
+        self.backlog: BacklogReleases | None = None
         #: What the start-up probes found missing (see :mod:`celery_fair.compat`).
         self.probe = compat.Probe()
         #: The pool never reports tasks running at a connection loss (set at start,

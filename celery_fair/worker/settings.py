@@ -283,8 +283,7 @@ class FairSettings:
         caps = read["fair_key_max_backlog"]
         if caps and not keys:
             raise FairConfigError(
-                f"fair_key_max_backlog={caps!r} applies to keyed queues on Redis: set "
-                "fair_keys too (on RabbitMQ, keyed queues and their caps are refused)"
+                f"fair_key_max_backlog={caps!r} applies to keyed queues: set fair_keys too"
             )
         return cls(
             weights=read["fair_weights"],

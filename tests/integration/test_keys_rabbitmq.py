@@ -480,11 +480,11 @@ def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drain
 
 
 def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: str) -> None:
-    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_KEY_MAX_BACKLOG": "*=100"}
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_PRIORITY": "weighted"}
     with WorkerProcess(amqp_url, [queue], env=env) as worker:
         code = worker.wait(timeout=60)
     assert code != 0
-    assert "fair_key_max_backlog={'*': 100}: keyed queues on RabbitMQ" in worker.log()
+    assert "fair_priority='weighted': keyed queues on RabbitMQ" in worker.log()
 
 
 def _keys_command(amqp_url: str, *args: str) -> subprocess.CompletedProcess[str]:

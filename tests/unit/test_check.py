@@ -45,8 +45,9 @@ def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
         amqp(**keys, fair_key_rate_limit={"*": "5/s"}, fair_key_concurrency="*=2")
     ).settings.key_limits
     assert dict(limited.rates) == {"*": 5.0} and dict(limited.concurrency) == {"*": 2}
-    with pytest.raises(celery_fair.FairConfigError, match=r"fair_key_max_backlog=.*RabbitMQ"):
-        celery_fair.check(amqp(**keys, fair_key_max_backlog={"*": 100}))
+    # Backlog caps are counters on RabbitMQ: accepted.
+    capped = celery_fair.check(amqp(**keys, fair_key_max_backlog={"*": 100}))
+    assert dict(capped.settings.key_max_backlog) == {"*": 100}
     two_level = celery_fair.check(amqp(fair_keys={"jobs": ("tenant_id", "user_id")}))
     assert set(two_level.settings.keys) == {"jobs"}  # two-level keys work on RabbitMQ
     with pytest.raises(celery_fair.FairConfigError, match="fair_priority='weighted'"):

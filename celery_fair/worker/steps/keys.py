@@ -46,8 +46,15 @@ class FairKeysStep(bootsteps.StartStopStep):
             warn_about_plain_consumers(c.app, queues)
         checks = keyed_checks(service)
         self._timers = [c.timer.call_repeatedly(every, check) for every, check in checks]
+        if service.backlog is not None:
+            service.backlog.connect()
 
     def stop(self, c: Any) -> None:
         for timer in self._timers:
             timer.cancel()
         self._timers = []
+
+    def shutdown(self, c: Any) -> None:
+        service: FairService = c.controller.fair
+        if service.backlog is not None:
+            service.backlog.disconnect()

@@ -1,0 +1,174 @@
+"""Backlog caps (``fair_key_max_backlog``) on a real RabbitMQ, with the real ``celery worker``.
+
+The producer counts a capped key's tasks in the key's counter queue, which the
+broker refuses to fill past the cap; the worker frees a place as it receives a
+task (:mod:`celery_fair.keys.backlog_counter`).  Workers start with Celery's
+defaults.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from amqp.exceptions import NotFound
+from kombu.connection import Connection
+
+import celery_fair
+from celery_fair.keys.lanes import KeyLanes
+from tests.harness.control import wait_fair_stats
+from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.keys import keyed_app
+from tests.harness.ledger import Ledger
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"capped-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def amqp_url(rabbitmq_server: Any) -> str:
+    return str(rabbitmq_server.url)
+
+
+def _waiting(url: str, queue: str) -> int:
+    """Messages waiting in keyed ``queue`` and all its lanes."""
+    names = (queue, *KeyLanes(frozenset({queue})).lanes(queue))
+    total = 0
+    with Connection(url) as conn:
+        for name in names:
+            channel = conn.channel()
+            try:
+                total += int(channel.queue_declare(name, passive=True).message_count)
+            except NotFound:  # a lane no task took (RabbitMQ closed the channel)
+                continue
+            channel.close()
+    return total
+
+
+def _counted(url: str, queue: str, key: str, cap: int) -> int:
+    with Connection(url) as conn:
+        name = KeyLanes.backlog_counter(queue, key, cap)
+        return int(conn.default_channel.queue_declare(name, passive=True).message_count)
+
+
+def test_a_cap_refuses_exactly_the_excess_with_concurrent_producers_on_rabbitmq(
+    amqp_url: str, queue: str
+) -> None:
+    refused: list[celery_fair.KeyBacklogFull] = []
+    lock = threading.Lock()
+    caps = {"*": 1000, "capped": 100}
+
+    def produce() -> None:
+        app = keyed_app(amqp_url, {queue: "tenant_id"}, fair_key_max_backlog=caps)
+        try:
+            with app.producer_or_acquire() as producer:
+                for _ in range(60):
+                    try:
+                        app.send_task("ledger", kwargs={"tenant_id": "capped"}, queue=queue,
+                                      producer=producer)  # fmt: skip
+                    except celery_fair.KeyBacklogFull as exc:
+                        with lock:
+                            refused.append(exc)
+                    app.send_task("ledger", kwargs={"tenant_id": "other"}, queue=queue,
+                                  producer=producer)  # fmt: skip
+        finally:
+            app.close()
+
+    threads = [threading.Thread(target=produce) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(refused) == 4 * 60 - 100
+    # What waits: the capped key's 100 and the other key's 240 (under the "*" cap).
+    assert _waiting(amqp_url, queue) == 100 + 240
+    assert _counted(amqp_url, queue, "capped", 100) == 100
+    assert _counted(amqp_url, queue, "other", 1000) == 240
+    err = refused[0]
+    assert (err.queue, err.key, err.cap, err.backlog) == (queue, "capped", 100, 100)
+    assert "fair_key_max_backlog" in str(err) and "'capped'" in str(err)
+
+
+def test_a_worker_frees_the_places_of_what_it_receives_on_rabbitmq(
+    amqp_url: str, redis_url: str, queue: str
+) -> None:
+    """A full key, then a worker: every task it receives frees its place (a task
+    with a countdown as it arrives), a task that expires in the broker takes its
+    marker with it, one revoked before it arrives frees its place as Celery drops
+    it, and the key takes its cap again."""
+    ledger = Ledger(redis_url)
+    ledger.reset()
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, fair_key_max_backlog={"a": 20})
+    try:
+        for _ in range(18):
+            app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+        app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue, countdown=2)
+        # Celery gives it a time to live in RabbitMQ, which drops it unreceived.
+        app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue, expires=0.2)
+        with pytest.raises(celery_fair.KeyBacklogFull):
+            app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+        assert _counted(amqp_url, queue, "a", 20) == 20
+        env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_LEDGER": redis_url}
+        with WorkerProcess(amqp_url, [queue], concurrency=2, env=env) as worker:
+            assert ledger.wait_for(19, timeout=120, alive=[worker]), worker.log()[-3000:]
+            assert poll_until(lambda: _counted(amqp_url, queue, "a", 20) == 0, timeout=30), (
+                _counted(amqp_url, queue, "a", 20),
+                worker.log()[-3000:],
+            )
+            for _ in range(20):
+                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+            assert ledger.wait_for(39, timeout=120, alive=[worker]), worker.log()[-3000:]
+            # Revoked before it arrives: Celery drops it at receipt, which frees its place.
+            revoked = str(uuid.uuid4())
+            assert app.control.revoke(revoked, reply=True, timeout=5)
+            app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue, task_id=revoked)
+            assert poll_until(lambda: _counted(amqp_url, queue, "a", 20) == 0, timeout=30)
+            stats = wait_fair_stats(amqp_url)
+        assert ledger.count() == 39
+    finally:
+        app.close()
+    counters = stats["keys"]["backlog_counters"]
+    # 19 + 20 received and one revoked; the expired task's marker expired with it.
+    assert counters["released"] == 40 and counters["errors"] == 0, counters
+
+
+def test_a_copy_sent_back_is_not_counted_again_on_rabbitmq(amqp_url: str, queue: str) -> None:
+    """CoDel, a pause or the wait for room send a received task back as a copy: the
+    original freed its place as it arrived, and the copy, never counted, carries no cap
+    that would free another task's place."""
+    from kombu import Exchange, Producer
+    from kombu import Queue as KombuQueue
+
+    from celery_fair.kombu.requeue import return_copy
+    from celery_fair.wire import KEY_HEADER, MAX_BACKLOG_HEADER
+
+    declared = KombuQueue(queue, Exchange(""), routing_key=queue, durable=False)
+    with Connection(amqp_url) as conn:
+        channel = conn.channel()
+        Producer(channel).publish(
+            {"x": 1}, exchange="", routing_key=queue, declare=[declared],
+            headers={KEY_HEADER: "a", MAX_BACKLOG_HEADER: 20}, serializer="json",
+        )  # fmt: skip
+        got: list[Any] = []
+
+        def take(**kwargs: Any) -> bool:
+            message = declared(channel).get(**kwargs)
+            if message is not None:
+                got.append(message)
+            return message is not None
+
+        assert poll_until(take, timeout=10)
+        original = got.pop()
+        return_copy(original, queue, {"fair_requeues": 1}, front=False)
+        original.ack()
+        assert poll_until(lambda: take(no_ack=True), timeout=10)
+        copy = got.pop()
+    assert copy.headers[KEY_HEADER] == "a" and copy.headers["fair_requeues"] == 1
+    assert MAX_BACKLOG_HEADER not in copy.headers
+    assert copy.payload == {"x": 1}
