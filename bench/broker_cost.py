@@ -16,11 +16,17 @@ Variants:
 * ``keyed-N``: ``fair_keys`` over N keys;
 * ``limits-N``: the same with per-key limits on, ``fair_key_concurrency =
   {"*": 4}`` and ``fair_key_rate_limit = {"*": "100000/s"}``: checked at every
-  fetch, never binding.
+  fetch, never binding;
+* ``capped-N``: ``fair_keys`` over N keys with every key's backlog capped
+  (``fair_key_max_backlog = {"*": tasks}``, never binding): on Redis the push
+  script counts, on RabbitMQ a marker per task in the key's counter (a
+  confirmed publish in the producer, a ``basic.get`` in the worker).
 
 Variants run in turns (A B C, B C A, ...), ``--reps`` times; each figure is
 also given over ``plain``'s in the same round, so it holds on any day.  The
 worker's ``inspect fair_stats`` gives the messages per fetch script call.
+The producer's publishes per second (wall time, one thread) are given over
+plain's too: a capped publish on RabbitMQ waits for its marker's confirm.
 
 With ``--broker rabbitmq`` the same on a fresh RabbitMQ (variants ``plain``,
 ``fair``, ``keyed-N``, and ``limits-N`` with the concurrency limit alone, a
@@ -138,7 +144,9 @@ def _keys(variant: str) -> int:
     return int(variant.split("-")[1]) if "-" in variant else 0
 
 
-def _producer(url: str, variant: str) -> Any:
+def _producer(url: str, variant: str, tasks: int) -> Any:
+    if variant.startswith("capped"):
+        return keyed_app(url, {QUEUE: "tenant_id"}, fair_key_max_backlog={"*": tasks})
     if _keys(variant):
         return keyed_app(url, {QUEUE: "tenant_id"})
     from celery import Celery
@@ -146,19 +154,21 @@ def _producer(url: str, variant: str) -> Any:
     return Celery("broker-cost-producer", broker=url, set_as_current=False)
 
 
-def _publish(broker: Any, variant: str, tasks: int) -> float:
-    """Publish ``tasks`` no-op tasks, the keys in turn; the broker's CPU µs per task."""
-    app = _producer(broker.url, variant)
+def _publish(broker: Any, variant: str, tasks: int) -> tuple[float, float]:
+    """Publish ``tasks`` no-op tasks, the keys in turn: the broker's CPU µs per task,
+    and the publishes per second."""
+    app = _producer(broker.url, variant, tasks)
     keys = max(1, _keys(variant))
     try:
         with app.producer_or_acquire() as producer:
-            cpu0 = broker.cpu()
+            cpu0, t0 = broker.cpu(), time.perf_counter()
             for i in range(tasks):
                 app.send_task(
                     "ledger", kwargs={"ms": 0, "tenant_id": f"t{i % keys}"}, queue=QUEUE,
                     producer=producer,
                 )  # fmt: skip
-            return (broker.cpu() - cpu0) / tasks * 1e6
+            elapsed = time.perf_counter() - t0
+            return (broker.cpu() - cpu0) / tasks * 1e6, tasks / elapsed
     finally:
         app.close()
 
@@ -182,7 +192,7 @@ def _worker(url: str, variant: str, args: argparse.Namespace) -> WorkerProcess:
 def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """One variant on a fresh server: publish, then drain with one worker."""
     with _RabbitMQ() if args.broker == "rabbitmq" else _Redis() as broker:
-        publish_us = _publish(broker, variant, args.tasks)
+        publish_us, publish_per_s = _publish(broker, variant, args.tasks)
         # RabbitMQ counts a publish once its queue has taken it: a moment after the send.
         deadline = time.monotonic() + 30
         while (arrived := broker.waiting(variant)) != args.tasks:
@@ -208,6 +218,7 @@ def one_run(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     calls, fetches = fetch.get("calls") or 0, fetch.get("fetches") or 0
     return {
         "publish_us": publish_us,
+        "publish_per_s": publish_per_s,
         "drain_us": (cpu1 - cpu0) / n * 1e6,
         "tasks_per_s": n / elapsed,
         "per_call": fetches / calls if calls else None,
@@ -294,6 +305,11 @@ def _results(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "throughput_x_plain": summary(
                 [r["tasks_per_s"] / p["tasks_per_s"] for r, p in zip(reps, plain, strict=True)]
             ),
+            "publish_rate_x_plain": summary(
+                [r["publish_per_s"] / p["publish_per_s"] for r, p in zip(reps, plain, strict=True)]
+            )
+            if all("publish_per_s" in r for r in (*reps, *plain))
+            else None,
             "tasks_per_s": summary([r["tasks_per_s"] for r in reps]),
             "per_call": statistics.median(per_call) if per_call else None,
             "mint_ms": summary(mints)
@@ -324,15 +340,17 @@ def _markdown(data: dict[str, Any]) -> str:
         "in the same round.",
         "",
         "| variant | publish, µs CPU/task | drain, µs CPU/task | total x plain "
-        "| drain x plain | tasks/s x plain | messages per fetch call |",
-        "|---|---|---|---|---|---|---|",
+        "| drain x plain | tasks/s x plain | publishes/s x plain | messages per fetch call |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for variant, r in data["results"].items():
         per_call = "-" if r["per_call"] is None else f"{r['per_call']:.2f}"
+        rate = r.get("publish_rate_x_plain")
         lines.append(
             f"| {variant} | {_cell(r['publish_us'], '.1f')} | {_cell(r['drain_us'], '.1f')} "
             f"| {_cell(r['x_plain'], '.2f', 'x')} | {_cell(r['drain_x_plain'], '.2f', 'x')} "
-            f"| {_cell(r['throughput_x_plain'], '.2f', 'x')} | {per_call} |"
+            f"| {_cell(r['throughput_x_plain'], '.2f', 'x')} "
+            f"| {'-' if rate is None else _cell(rate, '.2f', 'x')} | {per_call} |"
         )
     minted = {v: r["mint_ms"] for v, r in data["results"].items() if r.get("mint_ms")}
     if minted:
