@@ -79,6 +79,9 @@ FLAGS = ("-E", "-O", "fair")
 WEIGHTS = {"hi": 4, "lo": 1}
 #: A queue keyed by tenant (weight 1, the default).
 KEYED = "jobs"
+#: Every tenant's backlog cap in ``jobs``, never reached: on RabbitMQ each keyed task
+#: is counted in its tenant's counter, and every place must be free at the end.
+BACKLOG_CAP = 1_000_000
 #: Tasks published per queue, in proportion: hi and lo equal, so that with 4:1 hi
 #: runs dry first and the window where both are backlogged is most of a wave.
 MIX = {"hi": 2, "lo": 2, KEYED: 1}
@@ -338,6 +341,14 @@ class Broker:
         with contextlib.suppress(Exception):  # a queue not declared yet
             return sum(AmqpBroker(self.url).lengths(self.queues).values())
         return -1
+
+    def markers(self, counters: Sequence[str]) -> tuple[int, int] | None:
+        """RabbitMQ: how many of backlog ``counters`` exist, and the markers left in them
+        (None on Redis, or unknown)."""
+        if self.kind != "rabbitmq" or self.rabbitmq is None:
+            return None
+        counts = rabbitmq_counts(self.rabbitmq, counters)
+        return None if counts is None else (len(counts), sum(r + u for r, u in counts.values()))
 
     def left(self) -> dict[str, int | None]:
         """Messages waiting, and messages delivered but not acknowledged."""
@@ -907,6 +918,7 @@ def run_churn(
             )
             env["PRODUCTION_COST"] = "dominant"
         env["PRODUCTION_KEYS"] = f"{KEYED}=tenant_id"
+        env["PRODUCTION_KEY_MAX_BACKLOG"] = f"*={BACKLOG_CAP}"
         if key_concurrency is not None:
             env["PRODUCTION_KEY_CONCURRENCY"] = f"*={key_concurrency}"
         if broker == "redis":
@@ -980,6 +992,18 @@ def run_churn(
                 return not any(left_running.values())
 
             _wait(empty, workers, 15, every=0.5)
+            # Every keyed task received freed its place (RabbitMQ's counters).
+            counters = [
+                KeyLanes.backlog_counter(KEYED, f"t{i}", BACKLOG_CAP) for i in range(tenants)
+            ]
+            markers = {"left": queue_state.markers(counters)}
+
+            def freed() -> bool:
+                markers["left"] = queue_state.markers(counters)
+                return markers["left"] is None or markers["left"][1] == 0
+
+            if fair:
+                _wait(freed, workers, 15, every=0.5)
             held = (
                 None if not resources
                 else resource_books(control, [_node(w) for w in workers], workers, 30) if fair
@@ -1056,6 +1080,7 @@ def run_churn(
                 "left_running_first": first_left,
                 "left_running": left_running,
                 "left_after_stop": left_stopped,
+                "backlog_markers": markers["left"],
                 # resources=True: what each worker's books say after the churn, and the
                 # most held at once per worker from the finished runs.
                 "resources": None

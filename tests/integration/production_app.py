@@ -16,6 +16,7 @@ Configured from the environment (like ``tests.harness.workload``):
 ``PRODUCTION_WEIGHTS``      the ``fair_weights`` setting, as ``q=w,q=w``
 ``PRODUCTION_KEYS``         the ``fair_keys`` setting, as ``queue=argument[,queue=argument]``
 ``PRODUCTION_KEY_WEIGHTS``  the ``fair_key_weights`` setting, as ``key=w,key=w``
+``PRODUCTION_KEY_MAX_BACKLOG``  the ``fair_key_max_backlog`` setting, as ``key=n,key=n``
 ``PRODUCTION_VISIBILITY``   ``broker_transport_options['visibility_timeout']`` (s, Redis)
 ``PRODUCTION_MEMORY_HIGH``  the producer's ``fair_broker_memory_high`` (admission)
 ``PRODUCTION_CAPACITY``     the ``fair_capacity`` setting, as ``name=amount,...``
@@ -136,6 +137,8 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
         }
     if env.get("PRODUCTION_KEY_CONCURRENCY"):
         app.conf.fair_key_concurrency = env["PRODUCTION_KEY_CONCURRENCY"]
+    if env.get("PRODUCTION_KEY_MAX_BACKLOG"):
+        app.conf.fair_key_max_backlog = env["PRODUCTION_KEY_MAX_BACKLOG"]
     if env.get("PRODUCTION_MEMORY_HIGH"):
         app.conf.fair_broker_memory_high = float(env["PRODUCTION_MEMORY_HIGH"])
     if env.get("PRODUCTION_CAPACITY"):

@@ -93,6 +93,8 @@ def test_churn_on_rabbitmq(redis_server: RedisServer, rabbitmq_server: Any) -> N
     key's token through the churn, and every token comes back."""
     record = _churn("rabbitmq", redis_server, rabbitmq_server, key_concurrency=1)
     _check(record)
+    # Each keyed task was counted under its tenant's backlog cap, and freed its place.
+    assert tuple(record["backlog_markers"]) == (8, 0), record["backlog_markers"]  # 8 tenants
     limits = record["key_limits"]
     assert limits["tokens"]["settled"], limits  # nothing held, nothing aside
     tokens = limits["tokens"]["workers"].values()
