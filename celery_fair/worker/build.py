@@ -270,8 +270,8 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
     """The keyed settings a RabbitMQ broker cannot serve yet, refused; returns the driver.
 
     Redis serves everything keyed.  RabbitMQ serves keys, two-level keys, key
-    weights (:mod:`celery_fair.keys.lanes`) and per-key limits (limit tokens,
-    :mod:`celery_fair.keys.tokens`); the rest is refused with a
+    weights (:mod:`celery_fair.keys.lanes`), per-key limits (limit tokens,
+    :mod:`celery_fair.keys.tokens`), pauses and backlog caps; the rest is refused with a
     :class:`FairConfigError` naming the setting, rather than ignored.  Needs no
     connection: ``celery fair check`` and ``install`` call it too.
     """
