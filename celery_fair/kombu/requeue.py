@@ -139,11 +139,12 @@ def return_copy(
     if queue is not None and push_redis(message, queue, headers, front=front):
         return
     merged = dict(message.headers or {})
-    merged.update(headers)
-    # The copy is not counted in its key's backlog counter on RabbitMQ (a copy
-    # sent back is never refused: celery_fair.keys.backlog_counter); without the
-    # cap, its receipt frees no place that another task holds.
+    # A received task's copy is not counted in its key's backlog counter on
+    # RabbitMQ (a copy sent back is never refused: celery_fair.keys.backlog_counter):
+    # without the cap, its receipt frees no place that another task holds.  A
+    # caller whose task never freed its place gives the cap back in ``headers``.
     merged.pop(MAX_BACKLOG_HEADER, None)
+    merged.update(headers)
     info = message.delivery_info or {}
     producer_on(message.channel).publish(
         message.body,

@@ -38,7 +38,7 @@ from ..kombu.requeue import requeue
 from ..parked import PARKED_LOG
 from ..parking.store import Parking, parking_for
 from ..scheduling.dispatch import SendBack
-from ..wire import RETURNS_HEADER
+from ..wire import MAX_BACKLOG_HEADER, RETURNS_HEADER
 
 __all__ = ("Quarantine", "QuarantineStatistics", "returns_of")
 
@@ -185,7 +185,13 @@ class Quarantine:
             return  # the transport gave it back already (reconnection, shutdown)
         # Unknown queue (None): the copy goes to the exchange and routing key it came with.
         queue = self.queue_of(message)
-        back = SendBack("unknown-task", queue, {RETURNS_HEADER: count + 1}, front=False)
+        headers: dict[str, Any] = {RETURNS_HEADER: count + 1}
+        cap = (message.headers or {}).get(MAX_BACKLOG_HEADER)
+        if cap is not None:
+            # Celery never received it (no task_received): its place in its key's
+            # backlog counter is still taken, and the copy keeps it.
+            headers[MAX_BACKLOG_HEADER] = cap
+        back = SendBack("unknown-task", queue, headers, front=False)
         if not requeue(
             message, back, log=logger,
             failure="celery-fair: could not send back unknown task %r of queue %r",

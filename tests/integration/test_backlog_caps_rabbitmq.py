@@ -139,9 +139,9 @@ def test_a_worker_frees_the_places_of_what_it_receives_on_rabbitmq(
 
 
 def test_a_copy_sent_back_is_not_counted_again_on_rabbitmq(amqp_url: str, queue: str) -> None:
-    """CoDel, a pause or the wait for room send a received task back as a copy: the
-    original freed its place as it arrived, and the copy, never counted, carries no cap
-    that would free another task's place."""
+    """CoDel or a pause send a received task back as a copy: the original freed its
+    place as it arrived, and the copy, never counted, carries no cap that would free
+    another task's place."""
     from kombu import Exchange, Producer
     from kombu import Queue as KombuQueue
 
@@ -169,6 +169,11 @@ def test_a_copy_sent_back_is_not_counted_again_on_rabbitmq(amqp_url: str, queue:
         original.ack()
         assert poll_until(lambda: take(no_ack=True), timeout=10)
         copy = got.pop()
+        # An unknown task goes back unreceived: its place is still taken, the copy keeps it.
+        return_copy(copy, queue, {MAX_BACKLOG_HEADER: 20}, front=False)
+        assert poll_until(lambda: take(no_ack=True), timeout=10)
+        unreceived = got.pop()
     assert copy.headers[KEY_HEADER] == "a" and copy.headers["fair_requeues"] == 1
     assert MAX_BACKLOG_HEADER not in copy.headers
     assert copy.payload == {"x": 1}
+    assert unreceived.headers[MAX_BACKLOG_HEADER] == 20
