@@ -46,6 +46,7 @@ __all__ = (
     "KeyLanes",
     "LaneChooser",
     "consume_lanes",
+    "free_lane",
     "key_digest",
     "lane_queue",
 )
@@ -173,7 +174,7 @@ class LaneChooser:
             if by is None or not by.is_isolated(gone[1]):
                 del noisy[gone]
         name = noisy_one[1]
-        lane = noisy[noisy_one] = _free_lane(self.lanes.noisy_lanes(queue), name, noisy.values())
+        lane = noisy[noisy_one] = free_lane(self.lanes.noisy_lanes(queue), name, noisy.values())
         return lane, name
 
 
@@ -183,7 +184,7 @@ def key_digest(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
 
 
-def _free_lane(candidates: tuple[str, ...], key: str, taken: Iterable[str]) -> str:
+def free_lane(candidates: tuple[str, ...], key: str, taken: Iterable[str]) -> str:
     """The first lane from ``key``'s hashed start that is not taken (else the start)."""
     used = set(taken)
     start = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")

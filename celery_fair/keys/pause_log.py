@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from time import monotonic, time
 from typing import Any
 
-from .lanes import KeyLanes, _free_lane, lane_queue
+from .lanes import KeyLanes, free_lane, lane_queue
 from .pause_events import PAUSE_LOG, PAUSE_LOG_ARGUMENTS, PauseEvent, PauseState, parked_lane
 from .token_client import broker_errors, close_copy
 
@@ -318,7 +318,7 @@ class PauseLog:
 
     def destination(self, queue: str, key: str) -> str:
         """The lane a resumed key's parked tasks go back to: its hashed noisy lane."""
-        return _free_lane(self.lanes.noisy_lanes(queue), key, ())
+        return free_lane(self.lanes.noisy_lanes(queue), key, ())
 
     def _sweep(self) -> None:
         """Move back the parked tasks of keys resumed lately, :data:`MOVE_PER_READ` each."""

@@ -54,6 +54,7 @@ from .layout import KeyedNames
 
 __all__ = (
     "KeyedQueues",
+    "backlog_cap",
     "parse_fair_keys",
     "parse_max_backlog",
     "register_app",
@@ -261,8 +262,8 @@ def _count(
     a place it never took.
     """
     headers = message[0] if isinstance(message[0], dict) else {}
-    cap = headers.get(MAX_BACKLOG_HEADER)
-    if not isinstance(cap, int):
+    cap = backlog_cap(headers.get(MAX_BACKLOG_HEADER))
+    if cap is None:
         return None
     ttl = float(expiration) if isinstance(expiration, (int, float)) else None
     if counter.claim(queue, key, cap, expires_in=ttl):
@@ -439,8 +440,12 @@ def message_user(message: Mapping[str, Any]) -> str | None:
 def message_cap(message: Mapping[str, Any]) -> int | None:
     """The backlog cap a keyed payload was published under (None: not capped)."""
     headers = message.get("headers")
-    cap = headers.get(MAX_BACKLOG_HEADER) if isinstance(headers, Mapping) else None
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    return backlog_cap(headers.get(MAX_BACKLOG_HEADER) if isinstance(headers, Mapping) else None)
+
+
+def backlog_cap(value: Any) -> int | None:
+    """A :data:`MAX_BACKLOG_HEADER` value as the cap it states (None: none, or malformed)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def names_for(channel: Any, queue: str) -> KeyedNames:

@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import compat
 from ..keys.backlog_counter import BacklogCounter
+from ..keys.publish import backlog_cap
 from ..wire import KEY_HEADER, MAX_BACKLOG_HEADER
 from .queue_map import QueueMap
 
@@ -76,8 +77,8 @@ class BacklogReleases:
 
     def _release(self, request: Any, get: Callable[[str], Any]) -> bool:
         """Free a capped task's place; whether it was one (of a keyed queue here)."""
-        cap = get(MAX_BACKLOG_HEADER)
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        cap = backlog_cap(get(MAX_BACKLOG_HEADER))
+        if cap is None:
             return False
         queue = self.queue_map.queue_of(request)
         lanes = self.queue_map.lanes
