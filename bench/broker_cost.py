@@ -237,7 +237,7 @@ def _premint(url: str, keys: int) -> float:
 
     limits = KeyLimits(concurrency={"*": 4})
     specs = [spec for i in range(keys) for spec in token_specs(limits, QUEUE, f"t{i}")]
-    client = TokenClient(lambda: Connection(url, heartbeat=0))  # type: ignore[no-untyped-call]
+    client = TokenClient(lambda: Connection(url))  # type: ignore[no-untyped-call]
     t0 = time.perf_counter()
     try:
         deadline = time.monotonic() + 600

@@ -26,23 +26,20 @@ tasks in flight, as a restore on Redis may), and a task taken by a plain
 Celery worker after ``celery fair keys unkey`` frees none.  Markers are
 transient: a broker restart empties the counters.
 
-The counters live on a connection of their own with heartbeats off (nothing
-reads it between calls), as the limit tokens' do (:mod:`.token_client`).
+The counters live on a :class:`~.side_connection.SideConnection` of their
+own, as the limit tokens do.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
 from ..errors import KeyBacklogFull
 from .lanes import KeyLanes
-from .token_client import broker_errors, close_copy
+from .side_connection import SideConnection
 from .tokens import TOKEN_EXPIRES
 
 __all__ = ("BacklogCounter",)
@@ -55,8 +52,8 @@ COUNTER_EXPIRES = TOKEN_EXPIRES
 #: Seconds between a producer's declarations of one counter: they keep it from
 #: expiring while only producers use it (publishing is not use for ``x-expires``).
 _DECLARE_EVERY = 600.0
-#: Seconds a failed connection is not tried again.
-_RETRY_AFTER = 1.0
+#: The channel markers are published and taken on.
+_CHANNEL = "counters"
 
 
 class BacklogCounter:
@@ -66,17 +63,12 @@ class BacklogCounter:
     def __init__(
         self, connect: Callable[[], Any], *, clock: Callable[[], float] = monotonic
     ) -> None:
-        self._connect = connect
         self._clock = clock
-        self._lock = threading.RLock()
-        self._connection: Any = None
-        self._channel: Any = None
-        self._failed_at: float | None = None
-        self._declared: dict[str, float] = {}
-        #: Markers published, refused (publishes over a cap), taken; broker failures.
-        self.claimed = self.refused = self.released = self.errors = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_in_child)
+        self.side = SideConnection(connect, "key backlog counters", clock=clock)
+        #: Counter name -> when it was declared, and on which of the side's connections.
+        self._declared: dict[str, tuple[float, int]] = {}
+        #: Markers published, refused (publishes over a cap), taken.
+        self.claimed = self.refused = self.released = 0
 
     def claim(self, queue: str, key: str, cap: int, *, expires_in: float | None = None) -> bool:
         """Count a task of ``key`` about to be published to keyed ``queue``.
@@ -94,8 +86,8 @@ class BacklogCounter:
         from amqp.exceptions import MessageNacked
 
         name = KeyLanes.backlog_counter(queue, key, cap)
-        with self._lock:
-            channel = self._ready()
+        with self.side.lock:
+            channel = self.side.ready(_CHANNEL)
             if channel is None:
                 return False
             try:
@@ -111,7 +103,7 @@ class BacklogCounter:
                 self.refused += 1
                 raise KeyBacklogFull(queue, key, cap, cap) from None
             except Exception as exc:  # noqa: BLE001 - the task goes on, uncounted
-                self._failed(exc)
+                self.side.failed(exc)
                 return False
             self.claimed += 1
             return True
@@ -124,19 +116,19 @@ class BacklogCounter:
         a place taken until the counter expires.
         """
         name = KeyLanes.backlog_counter(queue, key, cap)
-        with self._lock:
-            channel = self._ready()
+        with self.side.lock:
+            channel = self.side.ready(_CHANNEL)
             if channel is None:
                 return False
             try:
                 got = channel.basic_get(name, no_ack=True)
-            except broker_errors(self._connection)[1]:
+            except self.side.errors_of()[1]:
                 # No such counter (expired, or counted on another broker): RabbitMQ
                 # closed the channel with a 404; the next call opens another.
-                self._channel = None
+                self.side.refused(_CHANNEL)
                 return False
             except Exception as exc:  # noqa: BLE001 - the task runs; its place stays taken
-                self._failed(exc)
+                self.side.failed(exc)
                 return False
             if got is None:
                 return False
@@ -146,57 +138,20 @@ class BacklogCounter:
     def stats(self) -> dict[str, int]:
         """What ``inspect fair_stats`` shows under ``keys.backlog_counters``."""
         return {"claimed": self.claimed, "refused": self.refused,
-                "released": self.released, "errors": self.errors}  # fmt: skip
-
-    # -- the connection ---------------------------------------------------------
-
-    def _ready(self) -> Any:
-        """The open channel, connecting if needed; None while the broker cannot be reached."""
-        if self._channel is not None:
-            return self._channel
-        if self._failed_at is not None and self._clock() - self._failed_at < _RETRY_AFTER:
-            return None
-        try:
-            if self._connection is None:
-                connection = self._connect()
-                connection.ensure_connection(max_retries=1)
-                self._connection = connection
-                self._declared.clear()
-            self._channel = self._connection.channel()
-        except Exception as exc:  # noqa: BLE001 - any broker failure: try again later
-            self._failed(exc)
-            return None
-        self._failed_at = None
-        return self._channel
+                "released": self.released, "errors": self.side.errors}  # fmt: skip
 
     def _declare(self, channel: Any, name: str, cap: int) -> None:
-        now = self._clock()
-        if now - self._declared.get(name, -_DECLARE_EVERY) < _DECLARE_EVERY:
+        """Declare counter ``name`` on a new connection, and again now and then."""
+        now, connection = self._clock(), self.side.connections
+        when, on = self._declared.get(name, (0.0, 0))
+        if on == connection and now - when < _DECLARE_EVERY:
             return
         channel.queue_declare(
             name, durable=True, auto_delete=False,
             arguments={"x-max-length": cap, "x-overflow": "reject-publish",
                        "x-expires": int(COUNTER_EXPIRES * 1000)},
         )  # fmt: skip
-        self._declared[name] = now
-
-    def _failed(self, exc: BaseException) -> None:
-        self.errors += 1
-        self._failed_at = self._clock()
-        logger.warning("celery-fair: key backlog counters: the broker connection failed: %r", exc)
-        connection, self._connection, self._channel = self._connection, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.release()
-
-    def _forget_in_child(self) -> None:
-        connection, self._connection, self._channel = self._connection, None, None
-        close_copy(connection)
-        self._lock = threading.RLock()
+        self._declared[name] = (now, connection)
 
     def close(self) -> None:
-        with self._lock:
-            connection, self._connection, self._channel = self._connection, None, None
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    connection.release()
+        self.side.close()

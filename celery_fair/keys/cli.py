@@ -128,7 +128,7 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
         parent = load_app(args.app).amqp.queues[args.queue]
     else:
         parent = Queue(args.queue, durable=True)  # type: ignore[no-untyped-call]
-    log = PauseLog(lambda: connection.clone(heartbeat=0), {args.queue: parent})
+    log = PauseLog(connection.clone, {args.queue: parent})
     try:
         if not log.read(catch_up=True):
             why = log.unsupported or "the pause log could not be read"

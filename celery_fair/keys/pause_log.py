@@ -1,9 +1,9 @@
 """Paused keys on RabbitMQ: the control log read and written, and parked tasks moved back.
 
-The broker side of :mod:`celery_fair.keys.pause_events`, on a connection of
-its own (the worker's consumer connection is driven by Celery's event loop),
-with heartbeats off, as the limit tokens' (:mod:`celery_fair.keys.token_client`):
-nothing reads it between the worker's timer calls.
+The broker side of :mod:`celery_fair.keys.pause_events`, on a
+:class:`~.side_connection.SideConnection` of its own (the worker's consumer
+connection is driven by Celery's event loop): nothing reads it between the
+worker's timer calls.
 
 * **Reading.**  One channel consumes the stream :data:`PAUSE_LOG` from its
   first retained event (``x-stream-offset: first``).  :meth:`PauseLog.read`
@@ -30,10 +30,7 @@ nothing reads it between the worker's timer calls.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from time import monotonic, time
@@ -41,7 +38,7 @@ from typing import Any
 
 from .lanes import KeyLanes, free_lane, lane_queue
 from .pause_events import PAUSE_LOG, PAUSE_LOG_ARGUMENTS, PauseEvent, PauseState, parked_lane
-from .token_client import broker_errors, close_copy
+from .side_connection import SideConnection
 
 __all__ = ("CATCH_UP_TIMEOUT", "MOVE_PER_READ", "RESUME_SWEEP", "PauseLog", "PauseLogUnavailable")
 
@@ -57,6 +54,8 @@ RESUME_SWEEP = 60.0
 _CATCH_UP_STEP = 0.5
 #: Events read per call at most (the stream's unacknowledged window is 2x).
 _READ_BATCH = 1000
+#: The side connection's channels: one consumes the log, one does the rest.
+_READER, _ADMIN = "reader", "admin"
 
 
 class PauseLogUnavailable(RuntimeError):
@@ -80,15 +79,11 @@ class PauseLog:
         wall: Callable[[], float] = time,
         clock: Callable[[], float] = monotonic,
     ) -> None:
-        self._connect = connect
+        self.side = SideConnection(connect, "the pause log on RabbitMQ", clock=clock)
         self.parents = dict(parents)
         self.lanes = KeyLanes(frozenset(self.parents))
         self.wall = wall
         self._clock = clock
-        self._lock = threading.RLock()
-        self._connection: Any = None
-        self._reader: Any = None
-        self._admin: Any = None
         self._arrived: list[tuple[int, bytes]] = []
         self._awaited: str | None = None
         self._seen = False
@@ -99,45 +94,41 @@ class PauseLog:
         self.caught_up = False
         #: Why this broker cannot keep the log (None: it can, as far as known).
         self.unsupported: str | None = None
-        #: Tasks moved back from parked lanes by this process; broker failures.
+        #: Tasks moved back from parked lanes by this process.
         self.moved = 0
-        self.errors = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    @property
+    def errors(self) -> int:
+        """Failures of the broker connection."""
+        return self.side.errors
 
     # -- the connection ---------------------------------------------------------
 
     def _open(self) -> None:
+        """Connect and consume the log from its first event, unless already done."""
         if self.unsupported is not None:
             raise PauseLogUnavailable(self.unsupported)
-        if self._connection is not None:
+        if self.side.has(_READER):
             return
-        connection = self._connect()
-        connection.ensure_connection(max_retries=1)
+        admin = self.side.channel(_ADMIN)
         try:
-            admin = connection.channel()
-            try:
-                admin.queue_declare(PAUSE_LOG, durable=True, auto_delete=False,
-                                    arguments=dict(PAUSE_LOG_ARGUMENTS))  # fmt: skip
-            except broker_errors(connection)[1] as exc:
-                # A broker without streams (RabbitMQ before 3.9) refuses the declaration.
-                self.unsupported = (
-                    f"pausing keys on RabbitMQ needs stream queues (RabbitMQ 3.9 or later) "
-                    f"for its log {PAUSE_LOG!r}; the broker refused it: {exc}"
-                )
-                logger.warning("celery-fair: %s", self.unsupported)
-                raise PauseLogUnavailable(self.unsupported) from exc
-            reader = connection.channel()
-            reader.basic_qos(0, 2 * _READ_BATCH, False)  # a stream consumer needs a window
-            reader.basic_consume(
-                PAUSE_LOG, no_ack=False, callback=self._on_event,
-                arguments={"x-stream-offset": "first"},
-            )  # fmt: skip
-        except Exception:
-            with contextlib.suppress(Exception):
-                connection.release()
-            raise
-        self._connection, self._admin, self._reader = connection, admin, reader
+            admin.queue_declare(PAUSE_LOG, durable=True, auto_delete=False,
+                                arguments=dict(PAUSE_LOG_ARGUMENTS))  # fmt: skip
+        except self.side.errors_of()[1] as exc:
+            # A broker without streams (RabbitMQ before 3.9) refuses the declaration.
+            self.unsupported = (
+                f"pausing keys on RabbitMQ needs stream queues (RabbitMQ 3.9 or later) "
+                f"for its log {PAUSE_LOG!r}; the broker refused it: {exc}"
+            )
+            logger.warning("celery-fair: %s", self.unsupported)
+            self.side.close()
+            raise PauseLogUnavailable(self.unsupported) from exc
+        reader = self.side.channel(_READER)
+        reader.basic_qos(0, 2 * _READ_BATCH, False)  # a stream consumer needs a window
+        reader.basic_consume(
+            PAUSE_LOG, no_ack=False, callback=self._on_event,
+            arguments={"x-stream-offset": "first"},
+        )  # fmt: skip
         # Replayed from the first event: the state is rebuilt from scratch, and is
         # not to be used before it has been read to the end again.
         self.state = PauseState()
@@ -149,28 +140,8 @@ class PauseLog:
     def _on_event(self, message: Any) -> None:
         self._arrived.append((message.delivery_tag, message.body))
 
-    def _failed(self, exc: BaseException) -> None:
-        self.errors += 1
-        logger.warning("celery-fair: the pause log on RabbitMQ: the broker connection failed: %r",
-                       exc)  # fmt: skip
-        connection, self._connection, self._reader, self._admin = self._connection, None, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.release()
-
-    def _forget_in_child(self) -> None:
-        connection, self._connection, self._reader, self._admin = self._connection, None, None, None
-        close_copy(connection)
-        self._lock = threading.RLock()
-
     def close(self) -> None:
-        with self._lock:
-            connection, self._connection, self._reader, self._admin = (
-                self._connection, None, None, None,
-            )  # fmt: skip
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    connection.release()
+        self.side.close()
 
     # -- reading ----------------------------------------------------------------
 
@@ -181,7 +152,7 @@ class PauseLog:
         Returns whether this process has read the whole log at least once.
         Broker failures are logged, counted and retried at the next call.
         """
-        with self._lock:
+        with self.side.lock:
             if self.unsupported is not None:
                 return False
             try:
@@ -194,7 +165,7 @@ class PauseLog:
             except PauseLogUnavailable:
                 return False
             except Exception as exc:  # noqa: BLE001 - any broker failure: reconnect next time
-                self._failed(exc)
+                self.side.failed(exc)
             return self.caught_up
 
     def _catch_up(self) -> None:
@@ -232,7 +203,7 @@ class PauseLog:
 
     def _drain(self, timeout: float) -> None:
         """Read what the broker sent (waiting up to ``timeout`` s for the first frame)."""
-        connection = self._connection
+        connection = self.side.connection
         wait = timeout
         while len(self._arrived) < _READ_BATCH:
             try:
@@ -260,7 +231,7 @@ class PauseLog:
                         self._declare_parked(queue, key)
                     else:
                         self._moving.add((queue, key))
-            self._reader.basic_ack(tag)
+            self.side.channel(_READER).basic_ack(tag)
 
     # -- writing ----------------------------------------------------------------
 
@@ -273,7 +244,7 @@ class PauseLog:
         command's caller is told).
         """
         keys = tuple(dict.fromkeys(keys))
-        with self._lock:
+        with self.side.lock:
             before = self.state.paused().get(queue, set())
             try:
                 self._open()
@@ -291,14 +262,14 @@ class PauseLog:
                         f"{CATCH_UP_TIMEOUT:.0f} s"
                     )
             except Exception as exc:
-                self._failed(exc)
+                self.side.failed(exc)
                 raise
             return sum((key in before) != paused for key in keys)
 
     def _publish(self, event: PauseEvent) -> None:
         from amqp import Message
 
-        self._admin.basic_publish_confirm(
+        self.side.channel(_ADMIN).basic_publish_confirm(
             Message(event.to_body(), content_type="application/json", delivery_mode=2),
             exchange="",
             routing_key=PAUSE_LOG,
@@ -312,7 +283,7 @@ class PauseLog:
     def _declare(self, queue: str, lane: str) -> str:
         """Declare ``lane`` of keyed ``queue`` as the queue is (once per connection)."""
         if lane not in self._declared:
-            lane_queue(self.parents[queue], lane)(self._admin).declare()
+            lane_queue(self.parents[queue], lane)(self.side.channel(_ADMIN)).declare()
             self._declared.add(lane)
         return lane
 
@@ -333,7 +304,7 @@ class PauseLog:
 
         name = self._declare_parked(queue, key)
         target = self._declare(queue, self.destination(queue, key))
-        admin, moved = self._admin, 0
+        admin, moved = self.side.channel(_ADMIN), 0
         while moved < MOVE_PER_READ:
             if self.state.paused_since(queue, key) is not None:
                 break  # paused again meanwhile
@@ -353,11 +324,12 @@ class PauseLog:
 
     def parked(self, queue: str, key: str) -> int | None:
         """Tasks waiting in the parked lane of ``key`` (None: not readable now)."""
-        with self._lock:
+        with self.side.lock:
             try:
                 self._open()
                 name = self._declare_parked(queue, key)
-                return int(self._admin.queue_declare(name, passive=True).message_count)
+                declared = self.side.channel(_ADMIN).queue_declare(name, passive=True)
+                return int(declared.message_count)
             except Exception as exc:  # noqa: BLE001 - a count is not worth a failure
-                self._failed(exc)
+                self.side.failed(exc)
                 return None

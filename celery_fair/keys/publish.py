@@ -165,8 +165,8 @@ def register_app(app: Any) -> None:
     counter = None
     if caps:
         # Used on RabbitMQ only (Redis counts in its push script); connects when
-        # first used. Heartbeats off: nothing reads it between calls.
-        counter = BacklogCounter(lambda: app.connection_for_write(heartbeat=0))
+        # first used.
+        counter = BacklogCounter(app.connection_for_write)
     compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps, lanes, counter))
 
 

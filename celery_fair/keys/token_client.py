@@ -26,17 +26,12 @@ marker is auto-deleted when its binding goes, that is when the token queue
 expires unused (:data:`~celery_fair.keys.tokens.TOKEN_EXPIRES`), so a marker
 never outlives its tokens.
 
-**Heartbeats are off** on the holder's connection: nothing reads it between
-calls, so the broker would close it after two missed heartbeats and give
-back the tokens of tasks still running.  A worker that dies closes its
-socket and the broker gives its tokens back at once; after a fork the
-pool's processes close their copy of the sockets, so a dead worker's
-children do not keep them open.
+Both are :class:`~.side_connection.SideConnection` (heartbeats off: a
+worker's tokens go back only when it dies or closes them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -46,6 +41,7 @@ from time import monotonic
 from typing import Any
 
 from .limits import CONCURRENCY, RATE
+from .side_connection import RETRY_AFTER, SideConnection
 from .tokens import TOKEN_EXPIRES, HeldToken, TokenSpec
 
 __all__ = ("TokenClient",)
@@ -55,26 +51,6 @@ logger = logging.getLogger(__name__)
 #: Seconds between redeclares of a rate's wait queue: messages passing
 #: through do not count as use, so without them it would expire.
 _TOUCH_EVERY = 600.0
-#: Seconds a failed connection is not tried again.
-_RETRY_AFTER = 1.0
-
-_Errors = tuple[type[BaseException], ...]
-
-
-def broker_errors(connection: Any) -> tuple[_Errors, _Errors]:
-    """(connection errors, channel errors) of ``connection``'s transport."""
-    conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
-    chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
-    return conn_errors, chan_errors
-
-
-def close_copy(connection: Any) -> None:
-    """In a forked child: close this process's copy of ``connection``'s socket only
-    (no AMQP close, no ``shutdown()``, which would end it for the parent too)."""
-    sock = getattr(getattr(connection, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.close()
 
 
 class TokenClient:
@@ -89,75 +65,37 @@ class TokenClient:
     def __init__(
         self, connect: Callable[[], Any], *, clock: Callable[[], float] = monotonic
     ) -> None:
-        self._connect = connect
-        self._clock = clock
-        self._lock = threading.RLock()
-        self._connection: Any = None
-        self._holder: Any = None
-        self._failed_at: float | None = None
+        self.side = SideConnection(connect, "key limit tokens", clock=clock, on_drop=self._dropped)
         self.minter = _Minter(connect, clock=clock)
         #: Bumped at every new holding channel: tokens taken on an earlier one went back.
         self.generation = 0
         self.on_lost: Callable[[int], None] | None = None
-        self.errors = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_in_child)
 
     @property
     def mints(self) -> int:
         return self.minter.mints
 
-    # -- the holder's connection ----------------------------------------------------
+    @property
+    def errors(self) -> int:
+        """Failures of the holder's connection."""
+        return self.side.errors
 
-    def _ready(self) -> bool:
-        """Whether the holding channel is open, connecting if needed."""
-        if self._holder is not None:
-            return True
-        if self._failed_at is not None and self._clock() - self._failed_at < _RETRY_AFTER:
-            return False
-        try:
-            if self._connection is None:
-                connection = self._connect()
-                connection.ensure_connection(max_retries=1)
-                self._connection = connection
-            self._holder = self._connection.channel()
-        except Exception as exc:  # noqa: BLE001 - any broker failure: try again later
-            self._failed(exc)
-            return False
-        self.generation += 1
-        self._failed_at = None
-        return True
+    def _holder(self) -> Any:
+        """The holding channel, opened if needed (None while the broker is away)."""
+        fresh = not self.side.has(_HOLDER)
+        holder = self.side.ready(_HOLDER)
+        if holder is not None and fresh:
+            self.generation += 1
+        return holder
 
-    def _failed(self, exc: BaseException) -> None:
-        """The connection is unusable: drop it; its tokens went back on the broker."""
-        self.errors += 1
-        logger.warning("celery-fair: key limit tokens: the broker connection failed: %r", exc)
-        self._lose_holder()
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            # It is gone either way.
-            with contextlib.suppress(Exception):
-                connection.release()
-        self._failed_at = self._clock()
-
-    def _lose_holder(self) -> None:
+    def _dropped(self, channels: frozenset[str]) -> None:
         """The holding channel closed: the broker took back every token it held."""
-        had, self._holder = self._holder, None
-        if had is not None and self.on_lost is not None:
+        if _HOLDER in channels and self.on_lost is not None:
             self.on_lost(self.generation)
-
-    def _forget_in_child(self) -> None:
-        connection, self._connection, self._holder = self._connection, None, None
-        close_copy(connection)
-        self._lock = threading.RLock()
 
     def close(self) -> None:
         """Close the connections: every token they hold goes back."""
-        with self._lock:
-            connection, self._connection, self._holder = self._connection, None, None
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    connection.release()
+        self.side.close()
         self.minter.close()
 
     # -- tokens --------------------------------------------------------------------
@@ -170,11 +108,11 @@ class TokenClient:
         """
         if not self.minter.ready(spec):
             return None
-        with self._lock:
-            if not self._ready():
+        with self.side.lock:
+            holder = self._holder()
+            if holder is None:
                 return None
-            conn_errors, chan_errors = broker_errors(self._connection)
-            holder = self._holder
+            conn_errors, chan_errors = self.side.errors_of()
             try:
                 message = holder.basic_get(spec.name, no_ack=False)
                 if message is None:
@@ -188,46 +126,49 @@ class TokenClient:
             except chan_errors:
                 # The token queue is gone (deleted, expired): mint it again.
                 self.minter.forget(spec)
-                self._lose_holder()
+                self.side.refused(_HOLDER)
                 return None
             except conn_errors as exc:
-                self._failed(exc)
+                self.side.failed(exc)
                 return None
 
     def give_back(self, token: HeldToken) -> bool:
         """Return a concurrency token taken on this channel (False: it went back already)."""
         if token.spec.kind != CONCURRENCY:
             return False
-        with self._lock:
-            if token.generation != self.generation or self._holder is None:
+        with self.side.lock:
+            if token.generation != self.generation or not self.side.has(_HOLDER):
                 return False
-            conn_errors, chan_errors = broker_errors(self._connection)
+            conn_errors, chan_errors = self.side.errors_of()
             try:
-                self._holder.basic_reject(token.tag, requeue=True)
+                self.side.channel(_HOLDER).basic_reject(token.tag, requeue=True)
                 return True
             except chan_errors:
-                self._lose_holder()
+                self.side.refused(_HOLDER)
             except conn_errors as exc:
-                self._failed(exc)
+                self.side.failed(exc)
             return False
+
+
+#: The channel that takes and holds tokens.
+_HOLDER = "holder"
+#: The minter's channel (declarations, mint locks, the tokens' publishes).
+_ADMIN = "admin"
 
 
 class _Minter:
     """Finds out, in a thread, whether a key's token set exists, and mints it if not."""
 
     def __init__(self, connect: Callable[[], Any], *, clock: Callable[[], float]) -> None:
-        self._connect = connect
         self._clock = clock
         self._lock = threading.Lock()
         self._known: set[str] = set()
         self._asked: set[str] = set()
         self._requests: queue.Queue[TokenSpec | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._connection: Any = None
-        self._admin: Any = None
+        self.side = SideConnection(connect, "key limit tokens, minting", clock=clock)
         self._touched: dict[str, float] = {}
         self.mints = 0
-        self.errors = 0
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forget_in_child)
 
@@ -266,16 +207,17 @@ class _Minter:
             self._touched[spec.wait] = now
         self._requests.put(spec)  # a look at a known rate set redeclares its wait queue
 
+    @property
+    def errors(self) -> int:
+        """Failures of the minter's connection."""
+        return self.side.errors
+
     def close(self) -> None:
         self._requests.put(None)
-        connection, self._connection, self._admin = self._connection, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.release()
+        self.side.close()
 
     def _forget_in_child(self) -> None:
-        connection, self._connection, self._admin = self._connection, None, None
-        close_copy(connection)
+        # The side connection forgets its own (it registered first).
         self._lock = threading.Lock()
         self._thread = None
         self._requests = queue.Queue()
@@ -291,9 +233,7 @@ class _Minter:
             try:
                 found = self._look(spec)
             except Exception as exc:  # noqa: BLE001 - the broker away: try again later
-                self.errors += 1
-                logger.warning("celery-fair: key limit tokens: minting failed: %r", exc)
-                self._drop()
+                self.side.failed(exc)
                 found = False
             with self._lock:
                 if found:
@@ -302,26 +242,15 @@ class _Minter:
                     # Asked again by the next take: a minter elsewhere, or the broker back.
                     self._asked.discard(spec.name)
             if not found:
-                threading.Event().wait(0.05 if self._connection is not None else _RETRY_AFTER)
+                connected = self.side.connection is not None
+                threading.Event().wait(0.05 if connected else RETRY_AFTER)
 
     def _channel(self) -> Any:
-        if self._connection is None:
-            connection = self._connect()
-            connection.ensure_connection(max_retries=1)
-            self._connection = connection
-        if self._admin is None:
-            self._admin = self._connection.channel()
-        return self._admin
-
-    def _drop(self) -> None:
-        connection, self._connection, self._admin = self._connection, None, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.release()
+        return self.side.channel(_ADMIN)
 
     def _refused(self) -> None:
         """The channel was closed by a refusal (404, 405): the next call opens another."""
-        self._admin = None
+        self.side.refused(_ADMIN)
 
     def _look(self, spec: TokenSpec) -> bool:
         """Whether ``spec``'s set exists now, minting it if this connection may."""
@@ -335,7 +264,7 @@ class _Minter:
 
     def _marked(self, spec: TokenSpec) -> bool:
         admin = self._channel()
-        _, chan_errors = broker_errors(self._connection)
+        _, chan_errors = self.side.errors_of()
         try:
             admin.exchange_declare(spec.marker, "fanout", passive=True)
             return True
@@ -346,7 +275,7 @@ class _Minter:
     def _mint(self, spec: TokenSpec) -> bool:
         """Mint ``spec``'s tokens unless another connection is minting them."""
         admin = self._channel()
-        _, chan_errors = broker_errors(self._connection)
+        _, chan_errors = self.side.errors_of()
         try:
             admin.queue_declare(spec.mint_lock, exclusive=True, auto_delete=True)
         except chan_errors:
@@ -380,9 +309,9 @@ class _Minter:
             )  # fmt: skip
             return True
         finally:
-            if self._admin is not None:
+            if self.side.has(_ADMIN):
                 try:
-                    self._admin.queue_delete(spec.mint_lock)
+                    self._channel().queue_delete(spec.mint_lock)
                 except chan_errors:
                     self._refused()
 

@@ -237,9 +237,7 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
         lanes = KeyLanes(frozenset(settings.keys))
         service.use_lanes(lanes)
         if settings.key_limits:
-            # Heartbeats off: nothing reads this connection between its calls
-            # (see celery_fair.keys.token_client).
-            service.limit_by_tokens(TokenClient(lambda: app.connection_for_read(heartbeat=0)))
+            service.limit_by_tokens(TokenClient(app.connection_for_read))
             limits = settings.key_limits
             logger.info(
                 "celery-fair: per-key limits on RabbitMQ as limit tokens: concurrency %s, "
@@ -249,10 +247,10 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
         # Any producer may cap its keys (fair_key_max_backlog is the producer's):
         # every keyed worker frees the places of the capped tasks it receives.
         service.backlog = BacklogReleases(
-            BacklogCounter(lambda: app.connection_for_read(heartbeat=0)), service.queue_map
+            BacklogCounter(app.connection_for_read), service.queue_map
         )
         service.use_pause_log(PauseLog(
-            lambda: app.connection_for_read(heartbeat=0),
+            app.connection_for_read,
             {q: app.amqp.queues[q] for q in settings.keys if q in app.amqp.queues},
         ))  # fmt: skip
         added = consume_lanes(app, lanes)

@@ -29,7 +29,7 @@ def queue() -> str:
 
 def _log(url: str, queue: str) -> PauseLog:
     # Heartbeats off, as the worker's (see celery_fair.keys.pause_log).
-    return PauseLog(lambda: Connection(url, heartbeat=0), {queue: Queue(queue, durable=True)})
+    return PauseLog(lambda: Connection(url), {queue: Queue(queue, durable=True)})
 
 
 def _count(url: str, name: str) -> int:
@@ -129,7 +129,7 @@ def test_a_log_not_read_to_its_end_in_time_is_read_on_at_the_next_reads(
         return next(times, 100.0)
 
     log = PauseLog(
-        lambda: Connection(amqp_url, heartbeat=0), {queue: Queue(queue, durable=True)},
+        lambda: Connection(amqp_url), {queue: Queue(queue, durable=True)},
         clock=clock,
     )  # fmt: skip
     caplog.set_level(logging.WARNING, logger="celery_fair.keys.pause_log")

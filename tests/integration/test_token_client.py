@@ -24,8 +24,7 @@ def amqp_url(rabbitmq_server: Any) -> str:
 
 
 def _client(url: str) -> TokenClient:
-    # Heartbeats off, as the worker's (see celery_fair.keys.token_client).
-    return TokenClient(lambda: Connection(url, heartbeat=0))
+    return TokenClient(lambda: Connection(url))
 
 
 def _ready(url: str, name: str) -> int:
