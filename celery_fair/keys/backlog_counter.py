@@ -19,12 +19,12 @@ is a new counter, and a task frees a place in the counter it was counted in
   (``basic.get``, no ack) as the worker receives the task: as on Redis,
   waiting is what is counted, and a task fetched frees its place.
 
-The counters are approximate where a task leaves without a worker receiving
-it as celery-fair does, and after a crash (docs/fairness-keys.md): a
-redelivered task frees a second place (the key can exceed its cap by the
-tasks in flight, as a restore on Redis may), and a task taken by a plain
-Celery worker after ``celery fair keys unkey`` frees none.  Markers are
-transient: a broker restart empties the counters.
+A task the broker redelivers after a crash frees no second place
+(:mod:`celery_fair.worker.backlog`).  The counters are approximate where a
+task leaves without a worker receiving it as celery-fair does
+(docs/fairness-keys.md): a task taken by a plain Celery worker after
+``celery fair keys unkey`` frees none.  Markers are transient: a broker
+restart empties the counters.
 
 The counters live on a :class:`~.side_connection.SideConnection` of their
 own, as the limit tokens do.

@@ -12,6 +12,14 @@ received the task before (a revoke after receipt, or of a running task).
 The cap is the producer's setting: the worker frees the place of any task
 stamped with one (``fair_max_backlog``), whatever its own settings.
 
+A task the broker **redelivers** (AMQP's ``redelivered`` flag: a worker died
+or closed its channel holding it) freed its place when it was first
+delivered, to a celery-fair worker: it frees none again.  While such tasks
+are on their way back, the counter holds fewer than wait; once they are
+received again it is exact.  A place is lost (held until the counter
+expires) only if the first worker died between receiving the task and
+freeing its place, or was a plain Celery worker.
+
 The places are freed by a thread of their own, in the order the tasks came:
 each is a ``basic.get`` round trip, which on the event loop would halve the
 throughput of short tasks.  A place is free a moment after its task arrived.
@@ -60,6 +68,8 @@ class BacklogReleases:
 
     def on_received(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """Celery's ``task_received``: ``request`` is the worker's ``Request``."""
+        if _redelivered(request):
+            return
         if not self._release(request, compat.request_headers(request).get):
             return
         task_id = getattr(request, "id", None)
@@ -71,7 +81,7 @@ class BacklogReleases:
 
     def on_revoked(self, sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         """Celery's ``task_revoked``: ``request`` is the task's context."""
-        if getattr(request, "id", None) in self._received:
+        if getattr(request, "id", None) in self._received or _redelivered(request):
             return
         self._release(request, lambda name: getattr(request, name, None))
 
@@ -125,3 +135,10 @@ class BacklogReleases:
             self._pending.put(None)
             thread.join(DRAIN_TIMEOUT)
         self.counter.close()
+
+
+def _redelivered(request: Any) -> bool:
+    """Whether the broker delivered ``request``'s message before (Celery's request and
+    task context both carry AMQP's flag in ``delivery_info``)."""
+    info = getattr(request, "delivery_info", None)
+    return bool(isinstance(info, dict) and info.get("redelivered"))

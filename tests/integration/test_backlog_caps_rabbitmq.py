@@ -177,3 +177,49 @@ def test_a_copy_sent_back_is_not_counted_again_on_rabbitmq(amqp_url: str, queue:
     assert MAX_BACKLOG_HEADER not in copy.headers
     assert copy.payload == {"x": 1}
     assert unreceived.headers[MAX_BACKLOG_HEADER] == 20
+
+
+def test_tasks_redelivered_after_a_crash_free_no_second_place_on_rabbitmq(
+    amqp_url: str, redis_url: str, queue: str
+) -> None:
+    """A worker killed with SIGKILL holding capped tasks: the broker delivers them again
+    to the next worker, which frees no place for them (they freed theirs on their first
+    delivery), so the counter again holds exactly the tasks that wait."""
+    cap, tasks = 100, 100
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, fair_key_max_backlog={"a": cap})
+    # Long tasks on one process: each worker holds its windows' worth of tasks (a
+    # shard lane's 34, a noisy lane's 4) while the test looks.
+    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_LEDGER": redis_url}
+
+    def exact() -> bool:
+        return _counted(amqp_url, queue, "a", cap) == _waiting(amqp_url, queue)
+
+    try:
+        for _ in range(tasks):
+            app.send_task("ledger", kwargs={"tenant_id": "a", "ms": 4000}, queue=queue)
+        first = WorkerProcess(amqp_url, [queue], concurrency=1, env=env).start()
+        try:
+            assert poll_until(
+                lambda: _waiting(amqp_url, queue) <= tasks - 30 and exact(), timeout=60
+            ), (_counted(amqp_url, queue, "a", cap), _waiting(amqp_url, queue))
+        finally:
+            first.kill()
+        # What it held goes back (but the task it had started, acknowledged early):
+        # more wait than are counted until the next worker receives them again.
+        assert poll_until(
+            lambda: _waiting(amqp_url, queue) > _counted(amqp_url, queue, "a", cap) + 20,
+            timeout=30,
+        )
+        with WorkerProcess(amqp_url, [queue], concurrency=1, env=env) as second:
+            assert poll_until(lambda: _waiting(amqp_url, queue) <= tasks - 31, timeout=60)
+            assert poll_until(exact, timeout=30), (
+                _counted(amqp_url, queue, "a", cap),
+                _waiting(amqp_url, queue),
+                second.log()[-3000:],
+            )
+            stats = wait_fair_stats(amqp_url)
+    finally:
+        app.close()
+    counters = stats["keys"]["backlog_counters"]
+    # The second worker received over 30 tasks, nearly all redelivered ones.
+    assert counters["errors"] == 0 and counters["released"] < 10, counters

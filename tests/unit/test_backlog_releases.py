@@ -106,3 +106,20 @@ def test_places_are_freed_off_the_event_loop_in_order_and_drained_at_shutdown() 
     releases.disconnect()  # waits for the thread to free what was received
     assert counter.released == [("jobs", f"k{i}", 3) for i in range(50)]
     assert counter.closed
+
+
+def test_a_redelivered_task_frees_no_second_place() -> None:
+    """A task the broker delivers again (its first worker died holding it) freed its
+    place at its first delivery: received or revoked again, it frees none."""
+    releases, counter = _releases()
+    again = _request("t1", "jobs.fair.s3", **CAPPED)
+    again.delivery_info["redelivered"] = True
+    releases.on_received(request=again)
+    revoked = _context("t2", "jobs.fair.s3", **CAPPED)
+    revoked.delivery_info["redelivered"] = True
+    releases.on_revoked(request=revoked)
+    assert counter.released == []
+    first = _request("t3", "jobs.fair.s3", **CAPPED)
+    first.delivery_info["redelivered"] = False
+    releases.on_received(request=first)
+    assert counter.released == [("jobs", "a", 20)]
