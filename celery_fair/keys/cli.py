@@ -60,7 +60,12 @@ def register(subparsers: Any) -> None:
         help="what to do (see above)",
     )
     parser.add_argument("queue", metavar="QUEUE", help="the keyed queue (unschedule: any queue)")
-    parser.add_argument("keys", metavar="KEY", nargs="*", help="the keys (pause, resume)")
+    parser.add_argument(
+        "keys",
+        metavar="KEY",
+        nargs="*",
+        help="the keys (pause, resume; backlog on RabbitMQ: the capped keys' counts)",
+    )
     add_broker_options(parser)
     parser.add_argument(
         "--batch",
@@ -158,10 +163,22 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
 def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
     """``backlog`` and ``unkey`` of a keyed queue's lanes on RabbitMQ."""
     from . import lanes_admin
+    from .publish import parse_max_backlog
 
     if args.action == "backlog":
+        keys = None
+        if args.keys:
+            # Only a capped key is counted, in a counter named by its cap: the
+            # producers' setting says which.
+            if not args.app:
+                raise UsageError(
+                    "keys backlog QUEUE KEY... on RabbitMQ: name the app (-A) whose "
+                    "fair_key_max_backlog caps the keys"
+                )
+            caps = parse_max_backlog(load_app(args.app).conf.get("fair_key_max_backlog"))
+            keys = lanes_admin.capped(connection, args.queue, args.keys, caps)
         counts = lanes_admin.backlog(connection, args.queue)
-        lanes_admin.print_backlog(counts, args.queue, as_json=args.json)
+        lanes_admin.print_backlog(counts, args.queue, as_json=args.json, keys=keys)
         return 0
     total = 0
     declare = load_app(args.app).amqp.queues[args.queue] if args.app else None

@@ -1,7 +1,8 @@
 """``celery fair keys backlog|unkey`` for a keyed queue on RabbitMQ: its lanes, read or emptied.
 
 ``backlog`` counts what waits in each lane (a passive ``queue.declare`` per
-lane: the broker's count of ready messages, and its consumers).  ``unkey``
+lane: the broker's count of ready messages, and its consumers), and, for the
+keys named, what their backlog counters hold (:func:`capped`).  ``unkey``
 moves every message of every lane into the queue itself, where any Celery
 worker consumes it: the last step of a return to plain Celery
 (docs/migrating.md).  Each message is taken with ``basic.get``, published
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .lanes import KeyLanes
+from .publish import cap_for
 
-__all__ = ("LaneCount", "QueueMissing", "backlog", "declared", "unkey")
+__all__ = ("CappedKey", "LaneCount", "QueueMissing", "backlog", "capped", "declared", "unkey")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,37 @@ def backlog(connection: Any, queue: str) -> list[LaneCount]:
     finally:
         channel.close()
     return counts
+
+
+@dataclass(frozen=True)
+class CappedKey:
+    """A key's cap (None: none) and the tasks its counter holds as waiting (None: no
+    counter, as no capped task of the key was published since it last expired)."""
+
+    key: str
+    cap: int | None
+    waiting: int | None
+
+
+def capped(
+    connection: Any, queue: str, keys: Iterable[str], caps: Mapping[str, int]
+) -> list[CappedKey]:
+    """The counters of ``keys`` of keyed ``queue`` under ``caps`` (``fair_key_max_backlog``
+    parsed): what each key has waiting as the producers count it
+    (:mod:`~celery_fair.keys.backlog_counter`)."""
+    found = []
+    channel = connection.channel()
+    try:
+        for key in dict.fromkeys(keys):
+            cap = cap_for(caps, key)
+            waiting = None
+            if cap is not None:
+                name = KeyLanes.backlog_counter(queue, key, cap)
+                waiting, _, channel = declared(connection, channel, name)
+            found.append(CappedKey(key, cap, waiting))
+    finally:
+        channel.close()
+    return found
 
 
 def declared(connection: Any, channel: Any, queue: str) -> tuple[int | None, int | None, Any]:
@@ -111,12 +144,18 @@ def unkey(
         channel.close()
 
 
-def print_backlog(counts: list[LaneCount], queue: str, *, as_json: bool) -> None:
-    """``keys backlog`` on RabbitMQ: the total, then each lane holding messages."""
+def print_backlog(
+    counts: list[LaneCount], queue: str, *, as_json: bool, keys: list[CappedKey] | None = None
+) -> None:
+    """``keys backlog`` on RabbitMQ: the total, then each lane holding messages, then the
+    keys named with their caps."""
     total = sum(c.messages or 0 for c in counts)
     if as_json:
         lanes = {c.lane: {"messages": c.messages, "consumers": c.consumers} for c in counts}
-        print(json.dumps({"queue": queue, "messages": total, "lanes": lanes}, indent=2))
+        record: dict[str, Any] = {"queue": queue, "messages": total, "lanes": lanes}
+        if keys is not None:
+            record["keys"] = {k.key: {"cap": k.cap, "waiting": k.waiting} for k in keys}
+        print(json.dumps(record, indent=2))
         return
     print(f"{queue}: {total} message(s) in the queue and its {len(counts) - 1} lanes")
     for c in counts:
@@ -125,6 +164,13 @@ def print_backlog(counts: list[LaneCount], queue: str, *, as_json: bool) -> None
     missing = [c.lane for c in counts if c.messages is None]
     if missing:
         print(f"  not declared yet: {len(missing)} lane(s)")
+    if keys:
+        print("keys (waiting as their backlog counters count them, of fair_key_max_backlog):")
+    for k in keys or ():
+        if k.cap is None:
+            print(f"  {k.key}: no cap (RabbitMQ counts a key's tasks only under a cap)")
+        else:
+            print(f"  {k.key}: {k.waiting or 0} of {k.cap}")
 
 
 class Progress:

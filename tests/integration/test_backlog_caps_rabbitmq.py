@@ -8,6 +8,10 @@ defaults.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from typing import Any
@@ -223,3 +227,41 @@ def test_tasks_redelivered_after_a_crash_free_no_second_place_on_rabbitmq(
     counters = stats["keys"]["backlog_counters"]
     # The second worker received over 30 tasks, nearly all redelivered ones.
     assert counters["errors"] == 0 and counters["released"] < 10, counters
+
+
+def test_keys_backlog_shows_what_the_named_keys_counters_hold_on_rabbitmq(
+    amqp_url: str, queue: str
+) -> None:
+    """``celery fair keys backlog QUEUE KEY... -A app``: each named key's count of
+    waiting tasks and its cap, from the app's ``fair_key_max_backlog``."""
+    caps = "a=20,b=50"
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, fair_key_max_backlog=caps)
+    try:
+        for key, n in (("a", 7), ("b", 3)):
+            for _ in range(n):
+                app.send_task("ledger", kwargs={"tenant_id": key}, queue=queue)
+    finally:
+        app.close()
+
+    def keys_backlog(*more: str, app: str | None = "tests.harness.workload") -> Any:
+        command = [sys.executable, "-m", "celery_fair.cli", "keys", "backlog", queue,
+                   "a", "b", "c", *more, *(("-A", app) if app else ("-b", amqp_url))]  # fmt: skip
+        # The workload app's broker and caps.
+        env = {**os.environ, "CELERY_FAIR_BROKER": amqp_url, "CELERY_FAIR_KEY_MAX_BACKLOG": caps}
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+    shown = keys_backlog("--json")
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout)
+    assert record["messages"] == 10
+    assert record["keys"] == {
+        "a": {"cap": 20, "waiting": 7},
+        "b": {"cap": 50, "waiting": 3},
+        "c": {"cap": None, "waiting": None},
+    }
+    text = keys_backlog()
+    assert "  a: 7 of 20" in text.stdout and "  b: 3 of 50" in text.stdout, text.stdout
+    assert "  c: no cap" in text.stdout
+    # Which keys are capped, and at what, is the producers' setting: the app must say.
+    without = keys_backlog(app=None)
+    assert without.returncode != 0 and "name the app (-A)" in without.stderr, without.stderr
