@@ -98,7 +98,8 @@ def test_quorum_queues_keep_working(rabbitmq_server: object) -> None:
         env={"CELERY_FAIR_QUORUM_QUEUES": "qa,qb"},
         extra_args=["--fair-weights", "qa=3,qb=1"],
     )
-    assert result.shares()["qa"] == pytest.approx(0.75, abs=0.03)
+    shares = result.shares()
+    assert shares["qa"] == pytest.approx(0.75, abs=0.03), (result.consumed, result.elapsed)
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
