@@ -32,7 +32,7 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
-__all__ = ("RETRY_AFTER", "SideConnection", "broker_errors")
+__all__ = ("RETRY_AFTER", "SideConnection")
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,6 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER = 1.0
 
 _Errors = tuple[type[BaseException], ...]
-
-
-def broker_errors(connection: Any) -> tuple[_Errors, _Errors]:
-    """(connection errors, channel errors) of ``connection``'s transport."""
-    conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
-    chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
-    return conn_errors, chan_errors
 
 
 class SideConnection:
@@ -88,8 +81,12 @@ class SideConnection:
         return self._connection
 
     def errors_of(self) -> tuple[_Errors, _Errors]:
-        """(connection errors, channel errors) of this broker's transport."""
-        return broker_errors(self._connection)
+        """(connection errors, channel errors) of this broker's transport (OSError with
+        neither known, before a connection)."""
+        connection = self._connection
+        conn_errors = tuple(getattr(connection, "connection_errors", ())) + (OSError,)
+        chan_errors = tuple(getattr(connection, "channel_errors", ())) or (OSError,)
+        return conn_errors, chan_errors
 
     def has(self, name: str) -> bool:
         """Whether channel ``name`` is open (as far as known)."""
