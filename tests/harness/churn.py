@@ -899,7 +899,7 @@ def run_churn(
     began = time.time()
     with _servers(broker, redis_server, rabbitmq_server) as (url, backend, ledger_url, rabbit):
         ledger = redis_lib.Redis.from_url(ledger_url)
-        ledger.delete("ledger", "ledger:starts", "ledger:queues")
+        ledger.delete("ledger", "ledger:starts", "ledger:queues", "ledger:recorded")
         # On RabbitMQ a keyed queue's tasks wait in its lanes, declared by celery-fair.
         lanes = KeyLanes(frozenset((KEYED,))).lanes(KEYED) if broker != "redis" and fair else ()
         queue_state = Broker(broker, url, [*queues, *lanes], rabbit)
@@ -1143,7 +1143,7 @@ def run_churn(
             with contextlib.suppress(Exception):
                 queue_state.purge()
             with contextlib.suppress(Exception):
-                ledger.delete("ledger", "ledger:starts", "ledger:queues")
+                ledger.delete("ledger", "ledger:starts", "ledger:queues", "ledger:recorded")
             with contextlib.suppress(Exception):
                 client = redis_lib.Redis.from_url(backend)
                 ids = [f"celery-task-meta-{p.id}" for p in published]

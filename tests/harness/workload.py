@@ -51,6 +51,7 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
+from tests.harness.ledger import record_entry
 
 app = Celery("celery_fair_workload")
 app.conf.update(
@@ -200,20 +201,6 @@ def retry_once(self: Any) -> str:
     return "done"
 
 
-#: One Redis client per ledger URL and process: a new connection per task would
-#: add a TCP handshake to every task's run time.
-_LEDGER_CLIENTS: dict[str, object] = {}
-
-
-def _ledger_client(url: str) -> object:
-    import redis
-
-    client = _LEDGER_CLIENTS.get(url)
-    if client is None:
-        client = _LEDGER_CLIENTS[url] = redis.Redis.from_url(url)
-    return client
-
-
 @app.task(name="ledger", bind=True)
 def ledger(
     self: object, ms: float = 0.0, tenant_id: str | None = None, user_id: str | None = None
@@ -240,7 +227,6 @@ def held(self: object, ms: float = 0.0, tenant_id: str | None = None) -> None:
 
 def _record_run(request: Any, ms: float, tenant_id: str | None, user_id: str | None) -> None:
     """The ``ledger`` task's run: sleep, then record it."""
-    import json
 
     started = time.time()
     url = os.environ.get("CELERY_FAIR_LEDGER")
@@ -249,7 +235,7 @@ def _record_run(request: Any, ms: float, tenant_id: str | None, user_id: str | N
     if url and os.environ.get("CELERY_FAIR_LEDGER_STARTS") == "1":
         # Before the run: a start with no entry in ``ledger`` is a run killed midway.
         start = {"id": request.id, "started": started, "redelivered": redelivered}
-        _ledger_client(url).rpush("ledger:started", json.dumps(start))  # type: ignore[attr-defined]
+        record_entry(url, "ledger:started", start)
     slow = float(os.environ.get("CELERY_FAIR_SLOW_MS", "0") or 0)
     if started < float(os.environ.get("CELERY_FAIR_SLOW_FROM", "0") or 0):
         slow = 0.0
@@ -269,7 +255,4 @@ def _record_run(request: Any, ms: float, tenant_id: str | None, user_id: str | N
             "redelivered": redelivered,
             "resources": getattr(request, "fair_resources", None),
         }
-        pipe = _ledger_client(url).pipeline(transaction=False)  # type: ignore[attr-defined]
-        pipe.rpush("ledger", json.dumps(entry))
-        pipe.hincrby("ledger:tenants", tenant_id or "", 1)
-        pipe.execute()
+        record_entry(url, "ledger", entry, count=("ledger:tenants", tenant_id or ""))

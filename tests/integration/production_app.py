@@ -35,7 +35,6 @@ time limit, a SIGKILLed pool process, a revoke with terminate) leaves a start an
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -44,34 +43,23 @@ from typing import Any
 from celery import Celery
 
 import celery_fair
+from tests.harness.ledger import record_entry
 
 __all__ = ("app", "make_app")
-
-#: One Redis client per ledger URL and process (a connection per task would
-#: add a handshake to every run).
-_LEDGER_CLIENTS: dict[str, Any] = {}
 
 
 def _pairs(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",") if part)
 
 
-def _ledger() -> Any:
-    """This process's client of the ledger's Redis (``PRODUCTION_LEDGER``), or None."""
-    url = os.environ.get("PRODUCTION_LEDGER")
-    if not url:
-        return None
-    client = _LEDGER_CLIENTS.get(url)
-    if client is None:
-        import redis
-
-        client = _LEDGER_CLIENTS[url] = redis.Redis.from_url(url)
-    return client
+def _ledger() -> str | None:
+    """The ledger's Redis URL (``PRODUCTION_LEDGER``), or None."""
+    return os.environ.get("PRODUCTION_LEDGER") or None
 
 
 def _record(task: Any, value: object, tenant_id: str | None, started: float) -> None:
-    client = _ledger()
-    if client is None:
+    url = _ledger()
+    if url is None:
         return
     request = task.request
     delivery = getattr(request, "delivery_info", None) or {}
@@ -88,16 +76,13 @@ def _record(task: Any, value: object, tenant_id: str | None, started: float) -> 
         "started": started,
         "finished": time.time(),
     }
-    pipe = client.pipeline(transaction=False)
-    pipe.rpush("ledger", json.dumps(entry))
-    pipe.hincrby("ledger:queues", str(entry["queue"]), 1)
-    pipe.execute()
+    record_entry(url, "ledger", entry, count=("ledger:queues", str(entry["queue"])))
 
 
 def _record_start(task: Any, tenant_id: str | None, started: float) -> None:
     """Note that a run of ``task`` started (``ledger:starts``), before it does its work."""
-    client = _ledger()
-    if client is None:
+    url = _ledger()
+    if url is None:
         return
     request = task.request
     delivery = getattr(request, "delivery_info", None) or {}
@@ -109,7 +94,7 @@ def _record_start(task: Any, tenant_id: str | None, started: float) -> None:
         "tenant": tenant_id,
         "started": started,
     }
-    client.rpush("ledger:starts", json.dumps(entry))
+    record_entry(url, "ledger:starts", entry)
 
 
 def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") -> Celery:
