@@ -23,8 +23,9 @@ A task the broker redelivers after a crash frees no second place
 (:mod:`celery_fair.worker.backlog`).  The counters are approximate where a
 task leaves without a worker receiving it as celery-fair does
 (docs/fairness-keys.md): a task taken by a plain Celery worker after
-``celery fair keys unkey`` frees none.  Markers are transient: a broker
-restart empties the counters.
+``celery fair keys unkey`` frees none.  A marker is persistent when its task
+is (a persistent message in a durable queue, Celery's default): the counts
+outlive a broker restart as the tasks do.
 
 The counters live on a :class:`~.side_connection.SideConnection` of their
 own, as the limit tokens do.
@@ -70,12 +71,23 @@ class BacklogCounter:
         #: Markers published, refused (publishes over a cap), taken.
         self.claimed = self.refused = self.released = 0
 
-    def claim(self, queue: str, key: str, cap: int, *, expires_in: float | None = None) -> bool:
+    def claim(
+        self,
+        queue: str,
+        key: str,
+        cap: int,
+        *,
+        expires_in: float | None = None,
+        persistent: bool = True,
+    ) -> bool:
         """Count a task of ``key`` about to be published to keyed ``queue``.
 
         ``expires_in``: the task's own time to live in the broker (Celery
         publishes a task's ``expires`` as one), given to the marker too: a
         task RabbitMQ drops unreceived takes its place with it.
+        ``persistent``: the task is a persistent message in a durable queue,
+        so it outlives a broker restart; its marker is made persistent too, and
+        the count with it.
 
         True: counted.  False: the broker could not be asked (logged); the
         caller publishes the task uncounted rather than lose it.  Raises
@@ -97,7 +109,7 @@ class BacklogCounter:
                     if expires_in is None
                     else {"expiration": str(max(0, int(expires_in * 1000)))}
                 )
-                marker = Message(b"", delivery_mode=1, **ttl)
+                marker = Message(b"", delivery_mode=2 if persistent else 1, **ttl)
                 channel.basic_publish_confirm(marker, exchange="", routing_key=name)
             except MessageNacked:
                 self.refused += 1

@@ -233,29 +233,34 @@ def _stamping_sender(
                     for option in ("exchange", "routing_key", "exchange_type"):
                         options.pop(option, None)
                     options["queue"] = target
-                counted = (
-                    _count(counter, queue, key or "", message, options.get("expiration"))
-                    if counter
-                    else None
-                )
-                if counted is not None:
-                    try:
-                        return original(producer, name, message, *args, **options)
-                    except BaseException:
-                        counter.release(*counted)  # type: ignore[union-attr]
-                        raise
+                if counter is not None:
+                    ttl, persistent = options.get("expiration"), _persistent(app, options)
+                    counted = _count(counter, queue, key or "", message, ttl, persistent=persistent)
+                    if counted is not None:
+                        try:
+                            return original(producer, name, message, *args, **options)
+                        except BaseException:
+                            counter.release(*counted)
+                            raise
         return original(producer, name, message, *args, **options)
 
     return send
 
 
 def _count(
-    counter: BacklogCounter, queue: str, key: str, message: Any, expiration: Any = None
+    counter: BacklogCounter,
+    queue: str,
+    key: str,
+    message: Any,
+    expiration: Any = None,
+    *,
+    persistent: bool = True,
 ) -> tuple[str, str, int] | None:
     """Count a capped task in its key's counter: (queue, key, cap) if counted.
 
     ``expiration``: the task's time to live in the broker (seconds), from its
-    ``expires``: its marker gets it too.
+    ``expires``: its marker gets it too.  ``persistent``: whether the task
+    outlives a broker restart (:func:`_persistent`): its marker does too.
 
     Raises :class:`~celery_fair.errors.KeyBacklogFull` at the cap.  A task the
     broker could not count goes out without its cap, so that no worker frees
@@ -266,10 +271,31 @@ def _count(
     if cap is None:
         return None
     ttl = float(expiration) if isinstance(expiration, (int, float)) else None
-    if counter.claim(queue, key, cap, expires_in=ttl):
+    if counter.claim(queue, key, cap, expires_in=ttl, persistent=persistent):
         return queue, key, cap
     del headers[MAX_BACKLOG_HEADER]
     return None
+
+
+def _persistent(app: Any, options: Mapping[str, Any]) -> bool:
+    """Whether the task ``options`` describe outlives a broker restart: a persistent
+    message in a durable queue.
+
+    Celery's rule for the delivery mode (``AMQP.send_task_message``): the one
+    given, else the queue's exchange's, else ``task_default_delivery_mode``.
+    """
+    from kombu.entity import maybe_delivery_mode
+
+    target = options.get("queue")
+    if target is not None and not getattr(target, "durable", True):
+        return False
+    exchange = getattr(target, "exchange", None)
+    mode = (
+        options.get("delivery_mode")
+        or getattr(exchange, "delivery_mode", None)
+        or app.conf.task_default_delivery_mode
+    )
+    return bool(maybe_delivery_mode(mode) == 2)  # type: ignore[no-untyped-call]
 
 
 def _name_lane(producer: Any, lane: str, key: str, *, durable: bool) -> None:
