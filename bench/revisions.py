@@ -129,7 +129,7 @@ def _cost_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     cmd = [
         sys.executable, "-m", "bench.broker_cost", "--reps", "1",
         "--variants", ",".join(_cost_variants(args)), "--tasks", str(args.tasks),
-        "--name", RUN_NAME,
+        "--broker", args.broker, "--name", RUN_NAME,
     ]  # fmt: skip
     data = _bench_json(tree, cmd, timeout=3600)
     out: dict[str, float] = {}
@@ -137,6 +137,8 @@ def _cost_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
         out[f"{variant} cpu"] = r["x_plain"]["median"]
         out[f"{variant} tasks/s"] = r["throughput_x_plain"]["median"]
         out[f"{variant} per call"] = r["per_call"] or 1.0
+        if r.get("publish_rate_x_plain"):
+            out[f"{variant} publishes/s"] = r["publish_rate_x_plain"]["median"]
     return out
 
 
@@ -265,26 +267,29 @@ def _cost_markdown(results: dict[str, Any]) -> str:
         "",
         _reproduce(
             results,
-            f"--variants {p['variants']} --tasks {p['tasks']}",
+            f"--variants {p['variants']} --tasks {p['tasks']} --broker {p.get('broker', 'redis')}",
             "`python -m bench.broker_cost --reps 1`: one `celery worker -P threads -c 4` "
-            "per variant on a fresh `redis-server`, plain Celery in the same run",
+            f"per variant on a fresh {p.get('broker', 'redis')} broker, plain Celery in the "
+            "same run",
         )
         + " Each cell: median [min, max] over the runs of a revision of the figure over "
         "plain Celery's in the same run. A revision whose `inspect fair_stats` has no "
         "`atomic_fetch.calls` took one message per fetch call: 1.0.",
         "",
         "| revision | variant | broker CPU per task x plain | tasks/s x plain "
-        "| messages per fetch call |",
-        "|---|---|---|---|---|",
+        "| one producer's publishes/s x plain | messages per fetch call |",
+        "|---|---|---|---|---|---|",
     ]
+
+    def cell(s: dict[str, float] | None) -> str:
+        return "-" if s is None else f"{s['median']:.2f}x [{s['min']:.2f}, {s['max']:.2f}]"
+
     for commit, c in results["cases"].items():
         f = c["figures"]
         for v in variants:
-            cpu, tps = f[f"{v} cpu"], f[f"{v} tasks/s"]
             lines.append(
-                f"| {commit} | {v} | {cpu['median']:.2f}x [{cpu['min']:.2f}, {cpu['max']:.2f}] "
-                f"| {tps['median']:.2f}x [{tps['min']:.2f}, {tps['max']:.2f}] "
-                f"| {f[f'{v} per call']['median']:.1f} |"
+                f"| {commit} | {v} | {cell(f[f'{v} cpu'])} | {cell(f[f'{v} tasks/s'])} "
+                f"| {cell(f.get(f'{v} publishes/s'))} | {f[f'{v} per call']['median']:.1f} |"
             )
     return "\n".join(lines) + "\n"
 
