@@ -20,7 +20,9 @@ Variants:
 * ``capped-N``: ``fair_keys`` over N keys with every key's backlog capped
   (``fair_key_max_backlog = {"*": tasks}``, never binding): on Redis the push
   script counts, on RabbitMQ a marker per task in the key's counter (a
-  confirmed publish in the producer, a ``basic.get`` in the worker).
+  confirmed publish in the producer, a ``basic.get`` in the worker);
+* ``durable-N``: ``capped-N`` with ``fair_key_max_backlog_durable``: on RabbitMQ
+  each marker persistent, its confirm sent once it is on disk.
 
 Variants run in turns (A B C, B C A, ...), ``--reps`` times; each figure is
 also given over ``plain``'s in the same round, so it holds on any day.  The
@@ -145,8 +147,9 @@ def _keys(variant: str) -> int:
 
 
 def _producer(url: str, variant: str, tasks: int) -> Any:
-    if variant.startswith("capped"):
-        return keyed_app(url, {QUEUE: "tenant_id"}, fair_key_max_backlog={"*": tasks})
+    if variant.startswith(("capped", "durable")):
+        return keyed_app(url, {QUEUE: "tenant_id"}, fair_key_max_backlog={"*": tasks},
+                         fair_key_max_backlog_durable=variant.startswith("durable"))  # fmt: skip
     if _keys(variant):
         return keyed_app(url, {QUEUE: "tenant_id"})
     from celery import Celery

@@ -84,15 +84,14 @@ def _warn_about_settings(app: Any) -> None:
     """Warn (:class:`FairConfigWarning`) of each setting a worker would refuse or not know."""
     from .checking import check
     from .errors import FairConfigError, FairConfigWarning
-    from .keys.publish import parse_fair_keys, parse_max_backlog
+    from .keys.publish import producer_settings
 
     try:
         messages = check(app).warnings
     except FairConfigError as exc:
         then = "a worker refuses to start with it"
         try:
-            parse_fair_keys(app.conf.get("fair_keys"))
-            parse_max_backlog(app.conf.get("fair_key_max_backlog"))
+            producer_settings(app.conf)
         except FairConfigError:
             then += ", and every task this app sends raises it"
         messages = [f"celery-fair: invalid setting: {exc} ({then})"]

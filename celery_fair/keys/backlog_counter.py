@@ -23,9 +23,11 @@ A task the broker redelivers after a crash frees no second place
 (:mod:`celery_fair.worker.backlog`).  The counters are approximate where a
 task leaves without a worker receiving it as celery-fair does
 (docs/fairness-keys.md): a task taken by a plain Celery worker after
-``celery fair keys unkey`` frees none.  A marker is persistent when its task
-is (a persistent message in a durable queue, Celery's default): the counts
-outlive a broker restart as the tasks do.
+``celery fair keys unkey`` frees none.  Markers are transient, so a broker
+restart empties the counters, unless ``fair_key_max_backlog_durable`` makes
+a persistent task's marker persistent: a publish with a confirm then waits
+for the broker's disk, which about halves a capped publish's rate
+(``bench/results/broker_cost_rabbitmq_caps_durable.md``).
 
 The counters live on a :class:`~.side_connection.SideConnection` of their
 own, as the limit tokens do.
@@ -78,16 +80,16 @@ class BacklogCounter:
         cap: int,
         *,
         expires_in: float | None = None,
-        persistent: bool = True,
+        persistent: bool = False,
     ) -> bool:
         """Count a task of ``key`` about to be published to keyed ``queue``.
 
         ``expires_in``: the task's own time to live in the broker (Celery
         publishes a task's ``expires`` as one), given to the marker too: a
         task RabbitMQ drops unreceived takes its place with it.
-        ``persistent``: the task is a persistent message in a durable queue,
-        so it outlives a broker restart; its marker is made persistent too, and
-        the count with it.
+        ``persistent``: the marker is persistent, so the count outlives a
+        broker restart (``fair_key_max_backlog_durable``, for a task that does
+        too); the broker then confirms it once it is on disk.
 
         True: counted.  False: the broker could not be asked (logged); the
         caller publishes the task uncounted rather than lose it.  Raises

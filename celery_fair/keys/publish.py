@@ -37,7 +37,7 @@ from kombu.utils.json import dumps as _dumps
 
 from .. import compat
 from ..errors import BrokerMemoryHigh, FairConfigError, KeyBacklogFull
-from ..grammar import as_positive_int, parse_pairs
+from ..grammar import as_positive_int, boolean, parse_pairs
 from ..routing.keys import KeySource, key_of, parse_key_spec
 from ..wire import (
     ADMIT_HEADER,
@@ -57,6 +57,7 @@ __all__ = (
     "backlog_cap",
     "parse_fair_keys",
     "parse_max_backlog",
+    "producer_settings",
     "register_app",
     "take_admission",
     "wrap_kombu",
@@ -140,6 +141,18 @@ def cap_for(caps: Mapping[str, int], key: str) -> int | None:
     return caps.get(key, caps.get(ANY_KEY))
 
 
+def producer_settings(conf: Any) -> tuple[KeyedQueues, dict[str, int], bool]:
+    """What a producer reads of ``conf``: ``fair_keys``, ``fair_key_max_backlog``
+    and ``fair_key_max_backlog_durable``.  Raises the first bad one's
+    :class:`~celery_fair.errors.FairConfigError`."""
+    keyed = parse_fair_keys(conf.get("fair_keys"))
+    caps = parse_max_backlog(conf.get("fair_key_max_backlog"))
+    durable = boolean("fair_key_max_backlog_durable")(
+        conf.get("fair_key_max_backlog_durable", False)
+    )
+    return keyed, caps, durable
+
+
 def register_app(app: Any) -> None:
     """Publish ``app``'s tasks for keyed queues to their keys.
 
@@ -149,8 +162,7 @@ def register_app(app: Any) -> None:
     """
 
     try:
-        keyed = parse_fair_keys(app.conf.get("fair_keys"))
-        caps = parse_max_backlog(app.conf.get("fair_key_max_backlog"))
+        keyed, caps, durable = producer_settings(app.conf)
     except FairConfigError as exc:
         # Not here, while the app module is imported (Celery would print a long
         # "Unable to load celery application" traceback): a worker stops at start
@@ -167,7 +179,9 @@ def register_app(app: Any) -> None:
         # Used on RabbitMQ only (Redis counts in its push script); connects when
         # first used.
         counter = BacklogCounter(app.connection_for_write)
-    compat.wrap_task_sender(app, _stamping_sender(app, keyed, caps, lanes, counter))
+    compat.wrap_task_sender(
+        app, _stamping_sender(app, keyed, caps, lanes, counter, durable_counts=durable)
+    )
 
 
 def _refusing_sender(error: Exception) -> Callable[..., Any]:
@@ -200,13 +214,17 @@ def _stamping_sender(
     caps: Mapping[str, int] | None = None,
     lanes: LaneChooser | None = None,
     counter: BacklogCounter | None = None,
+    *,
+    durable_counts: bool = False,
 ) -> Callable[..., Any]:
     """A hook around ``app.amqp.send_task_message`` that stamps keyed tasks.
 
     On RabbitMQ (``lanes``) a keyed task also goes to its key's lane
     (:mod:`celery_fair.keys.lanes`) rather than to the queue itself, and a
     capped one is counted first in its key's ``counter``
-    (:mod:`celery_fair.keys.backlog_counter`), which may refuse it.
+    (:mod:`celery_fair.keys.backlog_counter`), which may refuse it; with
+    ``durable_counts`` (``fair_key_max_backlog_durable``) by a persistent
+    marker when the task itself outlives a broker restart.
     """
     lane_queues: dict[str, Any] = {}
 
@@ -234,7 +252,8 @@ def _stamping_sender(
                         options.pop(option, None)
                     options["queue"] = target
                 if counter is not None:
-                    ttl, persistent = options.get("expiration"), _persistent(app, options)
+                    ttl = options.get("expiration")
+                    persistent = durable_counts and _persistent(app, options)
                     counted = _count(counter, queue, key or "", message, ttl, persistent=persistent)
                     if counted is not None:
                         try:
@@ -254,13 +273,14 @@ def _count(
     message: Any,
     expiration: Any = None,
     *,
-    persistent: bool = True,
+    persistent: bool = False,
 ) -> tuple[str, str, int] | None:
     """Count a capped task in its key's counter: (queue, key, cap) if counted.
 
     ``expiration``: the task's time to live in the broker (seconds), from its
-    ``expires``: its marker gets it too.  ``persistent``: whether the task
-    outlives a broker restart (:func:`_persistent`): its marker does too.
+    ``expires``: its marker gets it too.  ``persistent``: a persistent marker,
+    for a task that outlives a broker restart (:func:`_persistent`) when
+    ``fair_key_max_backlog_durable`` is on.
 
     Raises :class:`~celery_fair.errors.KeyBacklogFull` at the cap.  A task the
     broker could not count goes out without its cap, so that no worker frees

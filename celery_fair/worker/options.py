@@ -436,6 +436,19 @@ OPTIONS: tuple[Option, ...] = (
         read=_max_backlog,
     ),
     Option(
+        "fair_key_max_backlog_durable",
+        False,
+        "Fairness keys",
+        accepts="`True` or `False`; RabbitMQ only (Redis keeps its counts with its data)",
+        meaning=(
+            "producers on RabbitMQ: a persistent task's place is counted by a persistent "
+            "marker, so the counts outlive a broker restart as the tasks do; a capped "
+            "publish then waits for the broker's disk, about half as fast "
+            "([caps on RabbitMQ](fairness-keys.md#backlog-caps-on-rabbitmq))"
+        ),
+        read=boolean("fair_key_max_backlog_durable"),
+    ),
+    Option(
         "fair_broker_memory_high",
         None,
         "Fairness keys",

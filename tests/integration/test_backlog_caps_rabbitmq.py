@@ -229,34 +229,44 @@ def test_tasks_redelivered_after_a_crash_free_no_second_place_on_rabbitmq(
     assert counters["errors"] == 0 and counters["released"] < 10, counters
 
 
-def test_counts_outlive_a_broker_restart_as_their_tasks_do_on_rabbitmq() -> None:
-    """A persistent task (Celery's default) is counted by a persistent marker, a
-    transient one by a transient marker: after the broker restarts, the counter
-    holds exactly the tasks that came back, and the cap still refuses the excess."""
+def test_durable_counts_outlive_a_broker_restart_as_their_tasks_do_on_rabbitmq() -> None:
+    """With ``fair_key_max_backlog_durable`` a persistent task (Celery's default) is
+    counted by a persistent marker, a transient one by a transient marker: after the
+    broker restarts, the counter holds exactly the tasks that came back, and the cap
+    still refuses the excess.  Without it (the default) the restart empties the
+    counter while the tasks stay, as documented."""
     from tests.harness.rabbitmq import RabbitMQServer
 
-    queue, cap = "capped-restart", 20
+    durable, default, cap = "capped-durable", "capped-default", 20
     with RabbitMQServer() as server:
-        app = keyed_app(server.url, {queue: "tenant_id"}, fair_key_max_backlog={"a": cap})
-        try:
-            for _ in range(15):
-                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
-            for _ in range(3):  # transient: lost with their markers at the restart
-                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue, delivery_mode=1)
-        finally:
-            app.close()
-        assert (_waiting(server.url, queue), _counted(server.url, queue, "a", cap)) == (18, 18)
+
+        def app_for(queue: str) -> Any:
+            return keyed_app(server.url, {queue: "tenant_id"}, fair_key_max_backlog={"a": cap},
+                             fair_key_max_backlog_durable=queue == durable)  # fmt: skip
+
+        for queue in (durable, default):
+            app = app_for(queue)
+            try:
+                for _ in range(15):
+                    app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+                for _ in range(3):  # transient: lost with their markers at the restart
+                    app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue,
+                                  delivery_mode=1)  # fmt: skip
+            finally:
+                app.close()
+            assert (_waiting(server.url, queue), _counted(server.url, queue, "a", cap)) == (18, 18)
         server.restart()  # same port and data directory
-        assert (_waiting(server.url, queue), _counted(server.url, queue, "a", cap)) == (15, 15)
-        app = keyed_app(server.url, {queue: "tenant_id"}, fair_key_max_backlog={"a": cap})
+        assert (_waiting(server.url, durable), _counted(server.url, durable, "a", cap)) == (15, 15)
+        assert (_waiting(server.url, default), _counted(server.url, default, "a", cap)) == (15, 0)
+        app = app_for(durable)
         try:
             for _ in range(cap - 15):
-                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=durable)
             with pytest.raises(celery_fair.KeyBacklogFull):
-                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=queue)
+                app.send_task("ledger", kwargs={"tenant_id": "a"}, queue=durable)
         finally:
             app.close()
-        assert _waiting(server.url, queue) == cap
+        assert _waiting(server.url, durable) == cap
 
 
 def test_keys_backlog_shows_what_the_named_keys_counters_hold_on_rabbitmq(

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from celery_fair.errors import FairConfigError
+from celery_fair.errors import FairConfigError, FairConfigWarning
 from celery_fair.keys.counters import COUNTED_KEYS
 from celery_fair.keys.layout import KeyedNames, level_rank
 from celery_fair.keys.publish import _arguments, parse_fair_keys
@@ -402,6 +402,26 @@ def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:
 
     with pytest.raises(FairConfigError, match=r"fair_keys\['jobs'\]='args:0'"):
         job.apply_async((1,), queue="jobs")
+
+
+def test_a_bad_durable_counts_setting_is_one_clear_error_at_the_first_send() -> None:
+    from celery import Celery
+
+    import celery_fair
+
+    app = Celery("bad_durable_unit", broker="memory://", set_as_current=False)
+    app.conf.fair_keys = {"jobs": "kwarg:tenant_id"}
+    app.conf.fair_key_max_backlog = {"*": 10}
+    app.conf.fair_key_max_backlog_durable = "sometimes"
+    said = "fair_key_max_backlog_durable.*every task this app sends raises it"
+    with pytest.warns(FairConfigWarning, match=said):
+        celery_fair.install(app)
+
+    @app.task(name="job", shared=False)
+    def job(tenant_id: str) -> None: ...
+
+    with pytest.raises(FairConfigError, match="fair_key_max_backlog_durable.*'sometimes'"):
+        job.apply_async(kwargs={"tenant_id": "a"}, queue="jobs")
 
 
 def test_install_without_keys_or_admission_leaves_celerys_task_sender_unbuilt() -> None:
