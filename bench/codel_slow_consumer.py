@@ -47,7 +47,7 @@ def one_run(
     spec = MODES[mode]
     load_before = os.getloadavg()[0]
     ledger = redis_lib.Redis.from_url(ledger_url)
-    ledger.delete("ledger")
+    ledger.delete("ledger", "ledger:recorded")
     queue = f"stream-{uuid.uuid4().hex[:6]}"
     slow_from = time.time() + 1e9  # set once the workers are up
     common = {

@@ -46,7 +46,7 @@ def _wait_idle_worker(client: redis_lib.Redis, producer: Any, worker: WorkerProc
         if time.monotonic() > deadline:
             raise TimeoutError(worker.log()[-3000:])
         time.sleep(0.05)
-    client.delete("ledger")
+    client.delete("ledger", "ledger:recorded")
 
 
 def sample(url: str, mode: str, samples: int, gap: float) -> list[float]:

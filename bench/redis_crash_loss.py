@@ -157,7 +157,7 @@ def one_run(
 ) -> dict[str, Any]:
     """One crash run; returns lost and duplicate counts."""
     ledger = redis_lib.Redis.from_url(ledger_url)
-    ledger.delete("ledger", "ledger:started")
+    ledger.delete("ledger", "ledger:started", "ledger:recorded")
     scheduled = mode in SCHEDULED
     events: dict[str, float] = {}
 

@@ -129,7 +129,9 @@ def _cost_run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     cmd = [
         sys.executable, "-m", "bench.broker_cost", "--reps", "1",
         "--variants", ",".join(_cost_variants(args)), "--tasks", str(args.tasks),
-        "--broker", args.broker, "--name", RUN_NAME,
+        "--name", RUN_NAME,
+        # Only when asked: a revision's benchmark before --broker has no such option.
+        *(["--broker", args.broker] if args.broker != "redis" else []),
     ]  # fmt: skip
     data = _bench_json(tree, cmd, timeout=3600)
     out: dict[str, float] = {}

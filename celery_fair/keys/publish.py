@@ -147,10 +147,9 @@ def producer_settings(conf: Any) -> tuple[KeyedQueues, dict[str, int], bool]:
     :class:`~celery_fair.errors.FairConfigError`."""
     keyed = parse_fair_keys(conf.get("fair_keys"))
     caps = parse_max_backlog(conf.get("fair_key_max_backlog"))
-    durable = boolean("fair_key_max_backlog_durable")(
-        conf.get("fair_key_max_backlog_durable", False)
-    )
-    return keyed, caps, durable
+    # None is the default, as the worker reads every setting (settings._value).
+    durable = conf.get("fair_key_max_backlog_durable")
+    return keyed, caps, boolean("fair_key_max_backlog_durable")(durable or False)
 
 
 def register_app(app: Any) -> None:
@@ -298,7 +297,8 @@ def _count(
 
 
 def _persistent(app: Any, options: Mapping[str, Any]) -> bool:
-    """Whether the task ``options`` describe outlives a broker restart: a persistent
+    """Whether the task ``options`` describe outlives a broker restart: a message
+    in a quorum queue or a stream (which keep every message), or a persistent
     message in a durable queue.
 
     Celery's rule for the delivery mode (``AMQP.send_task_message``): the one
@@ -307,6 +307,9 @@ def _persistent(app: Any, options: Mapping[str, Any]) -> bool:
     from kombu.entity import maybe_delivery_mode
 
     target = options.get("queue")
+    arguments = getattr(target, "queue_arguments", None) or {}
+    if arguments.get("x-queue-type") in ("quorum", "stream"):
+        return True
     if target is not None and not getattr(target, "durable", True):
         return False
     exchange = getattr(target, "exchange", None)

@@ -38,7 +38,10 @@ def client_for(url: str) -> Any:
     if client is None:
         import redis
 
-        client = _CLIENTS[url] = redis.Redis.from_url(url)
+        # Timeouts on every redis-py (before 5 it waits forever for a lost reply).
+        client = _CLIENTS[url] = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=10
+        )
     return client
 
 
@@ -66,6 +69,8 @@ def record_entry(
         try:
             client_for(url).eval(_RECORD, len(keys), *keys, *args)
             return
+        except redis.AuthenticationError:
+            raise
         except (redis.ConnectionError, redis.TimeoutError):
             if time.monotonic() > deadline:
                 raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import redis as redis_lib
 
 from tests.harness import ledger as ledger_module
@@ -36,3 +37,26 @@ def test_a_write_sent_again_records_once_and_a_new_run_records_again(redis_url: 
     assert client.llen("ledger") == 1 and client.hget("ledger:tenants", "t1") == b"1"
     assert client.eval(SCRIPT, 3, *keys, "token-2", entry, "t1") == 1
     assert client.llen("ledger") == 2 and client.hget("ledger:tenants", "t1") == b"2"
+
+
+def test_a_write_whose_reply_is_lost_is_sent_again_and_recorded_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first attempt lands on the server, then its connection fails (as a timed-out
+    read does): ``record_entry`` sends it again, and the run is still one entry."""
+    real = ledger_module.client_for(redis_url)
+    failures = []
+
+    class LosesTheFirstReply:
+        def eval(self, *args: object) -> object:
+            result = real.eval(*args)
+            if not failures:
+                failures.append(result)
+                raise redis_lib.ConnectionError("the reply was lost")
+            return result
+
+    monkeypatch.setattr(ledger_module, "client_for", lambda url: LosesTheFirstReply())
+    record_entry(redis_url, "ledger", {"id": "a"}, count=("ledger:tenants", "t1"))
+    client = redis_lib.Redis.from_url(redis_url)
+    assert failures == [1]  # the first attempt was recorded
+    assert client.llen("ledger") == 1 and client.hget("ledger:tenants", "t1") == b"1"

@@ -424,6 +424,37 @@ def test_a_bad_durable_counts_setting_is_one_clear_error_at_the_first_send() -> 
         job.apply_async(kwargs={"tenant_id": "a"}, queue="jobs")
 
 
+def test_a_marker_is_persistent_when_its_task_outlives_a_broker_restart() -> None:
+    """Celery's rule for the delivery mode: the one given, else the queue's exchange's,
+    else ``task_default_delivery_mode``; a quorum queue or a stream keeps every
+    message; a queue that is not durable keeps none."""
+    from celery import Celery
+    from kombu.entity import Exchange, Queue
+
+    from celery_fair.keys.publish import _persistent
+
+    app = Celery("persistent_unit", broker="memory://", set_as_current=False)
+    lane = Queue("jobs.fair.s0", Exchange(""), routing_key="jobs.fair.s0")
+    assert _persistent(app, {"queue": lane})  # Celery's default: persistent
+    assert not _persistent(app, {"queue": lane, "delivery_mode": 1})
+    assert not _persistent(app, {"queue": lane, "delivery_mode": "transient"})
+    transient = Queue("t", Exchange("t", delivery_mode=1), routing_key="t")
+    assert not _persistent(app, {"queue": transient})
+    assert _persistent(app, {"queue": transient, "delivery_mode": 2})
+    assert not _persistent(app, {"queue": Queue("x", durable=False)})
+    quorum = Queue("q", queue_arguments={"x-queue-type": "quorum"})
+    assert _persistent(app, {"queue": quorum, "delivery_mode": 1})
+    app.conf.task_default_delivery_mode = "transient"
+    assert not _persistent(app, {"queue": lane})
+
+
+def test_an_unset_durable_counts_setting_is_its_default() -> None:
+    from celery_fair.keys.publish import producer_settings
+
+    assert producer_settings({"fair_key_max_backlog_durable": None})[2] is False
+    assert producer_settings({"fair_key_max_backlog_durable": "yes"})[2] is True
+
+
 def test_install_without_keys_or_admission_leaves_celerys_task_sender_unbuilt() -> None:
     # Building it at import would make an event dispatcher and resolve the
     # broker's transport before the app module has registered it.
