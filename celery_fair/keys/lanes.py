@@ -201,13 +201,16 @@ def lane_queue(parent: Any, lane: str) -> Any:
 
     Declared as the parent is (durable, its arguments: a quorum queue's lanes
     are quorum queues) and reached through the default exchange by its name,
-    so a lane needs no exchange or binding of its own.
+    so a lane needs no exchange or binding of its own.  The default exchange
+    carries the delivery mode of the parent's, which Celery gives a task sent
+    to the queue without one of its own (``AMQP.send_task_message``).
     """
     from kombu.entity import Exchange, Queue
 
+    mode = getattr(getattr(parent, "exchange", None), "delivery_mode", None)
     return Queue(  # type: ignore[no-untyped-call]
         lane,
-        Exchange(""),  # type: ignore[no-untyped-call]
+        Exchange("", delivery_mode=mode),  # type: ignore[no-untyped-call]
         routing_key=lane,
         durable=parent.durable,
         exclusive=parent.exclusive,

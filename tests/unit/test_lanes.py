@@ -112,3 +112,13 @@ def test_a_lane_is_declared_as_its_queue_is() -> None:
     assert lane.name == lane.routing_key == "jobs.fair.s3"
     assert lane.exchange.name == ""  # the default exchange: no binding to declare
     assert lane.durable and lane.queue_arguments == {"x-queue-type": "quorum"}
+
+
+def test_a_lane_carries_its_queues_delivery_mode() -> None:
+    """Celery gives a task without a delivery mode its queue's exchange's: a laned task
+    keeps the mode it would have had in the queue itself."""
+    from kombu.entity import Exchange
+
+    transient = Queue("jobs", Exchange("jobs", delivery_mode=1), routing_key="jobs")
+    assert lane_queue(transient, "jobs.fair.s3").exchange.delivery_mode == 1
+    assert lane_queue(Queue("jobs"), "jobs.fair.s3").exchange.delivery_mode is None
