@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .brokers import broker_for
-from .harness import WorkerProcess
+from .harness import QUICK_STOP, WorkerProcess
 
 __all__ = ("MemoryRun", "drain_and_sample", "rss_bytes")
 
@@ -105,6 +105,7 @@ def drain_and_sample(
                     last = now
                 if consumed >= drain:
                     seconds = time.monotonic() - started
+                    worker.stop(QUICK_STOP)  # measured: a warm stop's 30 s wait buys nothing
                     return MemoryRun(
                         fair=fair,
                         queued=initial,

@@ -94,6 +94,7 @@ def test_keys_share_one_queue_by_weight(redis_url: str, producer: Celery) -> Non
     with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
         entries = _entries(ledger, 800, worker)
         fetch = wait_fair_stats(redis_url)["atomic_fetch"]
+        worker.stop(QUICK_STOP)  # measured
     window = entries[50:750]  # every key backlogged throughout
     counts = Counter(e.tenant for e in window)
     for key, weight in weights.items():
@@ -132,6 +133,7 @@ def test_keys_passed_by_position_share_by_weight(
     ledger_log = Ledger(redis_url)
     with _worker(redis_url, CELERY_FAIR_KEY_WEIGHTS="a=1,b=2,c=4") as worker:
         entries = _entries(ledger_log, 800, worker)
+        worker.stop(QUICK_STOP)  # measured
     counts = Counter(e.tenant for e in entries[50:750])  # every key backlogged throughout
     for key, weight in weights.items():
         assert counts[key] / 700 == pytest.approx(weight / 7, abs=0.02), counts

@@ -31,7 +31,7 @@ from celery_fair.keys.eta import due_time
 from celery_fair.keys.layout import ETA_BATCH, KeyedNames
 from celery_fair.wire.replies import Idle, KeyedMessage, Message, decode_fetch
 from tests.harness.control import wait_fair_stats
-from tests.harness.harness import WorkerProcess, poll_until
+from tests.harness.harness import QUICK_STOP, WorkerProcess, poll_until
 
 SEP = "\x06\x16"
 PLAIN, KEYED = "sched", "jobs"
@@ -227,7 +227,7 @@ def test_countdown_tasks_wait_on_the_broker_and_run_once_not_early(
         if keys:
             assert ledger.zcard(names.sizes) == 0, "the keyed backlog is empty again"
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 def test_a_retry_countdown_waits_on_the_broker(redis_url: str) -> None:
@@ -252,7 +252,7 @@ def test_a_retry_countdown_waits_on_the_broker(redis_url: str) -> None:
         assert second["start"] >= eta >= first["start"] + COUNTDOWN - 1
         assert store.scheduled(ledger, names) == 0
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 # -- two-level keys, a queue moved back to plain lists, the move back, the counts -----
@@ -359,7 +359,7 @@ def test_a_task_that_expired_while_it_waited_is_discarded_when_due(redis_url: st
         assert revoked == [{"id": result.id, "expired": True}]
         assert _runs(ledger) == [] and store.scheduled(ledger, KeyedNames(PLAIN, SEP)) == 0
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 #: Past the visibility timeout: Kombu restores what a worker holds unacknowledged longer.
@@ -388,7 +388,7 @@ def test_past_the_visibility_timeout_each_scheduled_task_runs_once(
         runs = Counter(r["n"] for r in _runs(ledger))
         assert runs == Counter(range(COUNT)), runs
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 def test_plain_celery_runs_a_task_held_past_the_visibility_timeout_again(redis_url: str) -> None:
@@ -409,7 +409,7 @@ def test_plain_celery_runs_a_task_held_past_the_visibility_timeout_again(redis_u
 
         assert poll_until(repeated, LONG_COUNTDOWN + 60), _runs(ledger)
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 @pytest.mark.rabbitmq
@@ -440,7 +440,7 @@ def test_on_rabbitmq_the_worker_says_so_and_celerys_behaviour_stays(
         eta = due_time(run["eta"])
         assert eta is not None and run["start"] >= eta
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 def test_rolling_back_to_plain_workers_with_unschedule_runs_every_task_once(
@@ -482,7 +482,7 @@ def test_rolling_back_to_plain_workers_with_unschedule_runs_every_task_once(
             eta = due_time(r["eta"])
             assert eta is not None and r["start"] >= eta, r
     finally:
-        worker.stop()
+        worker.stop(QUICK_STOP)  # the test is over: a warm stop's wait buys nothing
 
 
 def test_only_a_message_due_before_every_other_touches_what_idle_fetches_watch(
