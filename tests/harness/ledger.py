@@ -28,8 +28,9 @@ _CLIENTS: dict[str, Any] = {}
 #: handshake timed out on a loaded machine) would read as a task that never ran.
 WRITE_FOR = 60.0
 
-#: ``ledger_record.lua``, read at the first write.
-_RECORD: str | None = None
+#: ``ledger_record.lua`` registered with each URL's client: sent by its SHA (EVALSHA),
+#: its text only when the server does not know it yet.
+_SCRIPTS: dict[str, Any] = {}
 
 
 def client_for(url: str) -> Any:
@@ -59,15 +60,16 @@ def record_entry(
 
     import redis
 
-    global _RECORD
-    if _RECORD is None:
-        _RECORD = Path(__file__).with_name("ledger_record.lua").read_text()
+    script = _SCRIPTS.get(url)
+    if script is None:
+        text = Path(__file__).with_name("ledger_record.lua").read_text()
+        script = _SCRIPTS[url] = client_for(url).register_script(text)
     keys = ["ledger:recorded", key, *([count[0]] if count else [])]
     args = [uuid.uuid4().hex, json.dumps(entry), count[1] if count else ""]
     deadline = time.monotonic() + WRITE_FOR
     while True:
         try:
-            client_for(url).eval(_RECORD, len(keys), *keys, *args)
+            script(keys=keys, args=args, client=client_for(url))
             return
         except redis.AuthenticationError:
             raise
