@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -43,10 +43,26 @@ __all__ = (
     "register",
     "run",
     "session",
+    "short_run_conf",
     "written_summary",
 )
 
 DEFAULT_MASTER = "local[*]"
+#: Local telemetry of at most this many bytes is read by a driver JVM started
+#: for a short run (``short_run_conf``). Measured on two cores, tenant-shaped
+#: telemetry (``bench/report_ratio.py``), whole runs: 50,000 records (2.7 MB)
+#: 17 s against 23 s, 2,000,000 (80 MB) 24 s against 28.5 s; each further
+#: record costs about 20% more, so the two meet near 9.5 million records
+#: (380 MB). Below a third of that, with room for telemetry that compresses less.
+SHORT_RUN_BYTES = 128 * 2**20
+#: The short run's JVM: C1 compiles only (C2's faster code does not pay for
+#: its compiling before a run of seconds ends, and on few cores it takes one
+#: from the executors), and the parallel collector, which has no concurrent
+#: threads of its own as G1 has.
+SHORT_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+#: Where a user sets the driver JVM's options: with any set, none are added.
+JAVA_OPTION_SETTINGS = ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions")
+JAVA_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
 #: Where a local report's Spark listens (see ``session``).
 LOOPBACK = "127.0.0.1"
 
@@ -412,27 +428,82 @@ def check_directory(directory: str) -> None:
 
     Spark would answer either with a traceback (a missing path) or with an
     empty report, and only after its JVM started.  A URI of another file
-    system (``s3a://``, ``hdfs://``) is left to Spark.  A file's name starting
-    with ``.`` or ``_`` is one Spark skips (``_SUCCESS``, ``.crc``), and so is
-    a directory's.  Raises :class:`~celery_fair.cli_options.UsageError`.
+    system (``s3a://``, ``hdfs://``) is left to Spark.  Raises
+    :class:`~celery_fair.cli_options.UsageError`.
     """
-    from urllib.parse import urlsplit
-
     from celery_fair.cli_options import UsageError
+
+    path = _local_path(directory)
+    if path is None:
+        return
+    if not path.exists():
+        raise UsageError(f"{directory}: no such telemetry directory")
+    if next(_telemetry_files(path), None) is None:
+        raise UsageError(f"{directory}: no telemetry files in it (an empty directory)")
+
+
+def _local_path(directory: str) -> Path | None:
+    """``directory`` on this machine, or None for a URI of another file system."""
+    from urllib.parse import urlsplit
 
     parsed = urlsplit(directory)
     if parsed.scheme not in ("", "file") and len(parsed.scheme) > 1:  # C:\... is local
-        return
-    path = Path(parsed.path if parsed.scheme == "file" else directory)
-    if not path.exists():
-        raise UsageError(f"{directory}: no such telemetry directory")
+        return None
+    return Path(parsed.path if parsed.scheme == "file" else directory)
+
+
+def _telemetry_files(path: Path) -> Iterator[Path]:
+    """The files Spark reads at ``path``: a file, or those under a directory.
+
+    A name starting with ``.`` or ``_`` is one Spark skips (``_SUCCESS``,
+    ``.crc``), a file's or a directory's.
+    """
     if path.is_file():
+        yield path
         return
-    for _, dirs, files in os.walk(path):
+    for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        if any(not name.startswith((".", "_")) for name in files):
-            return
-    raise UsageError(f"{directory}: no telemetry files in it (an empty directory)")
+        yield from (Path(root, name) for name in files if not name.startswith((".", "_")))
+
+
+def short_run_conf(directory: str, master: str | None, conf: dict[str, str]) -> dict[str, str]:
+    """The driver JVM's options for a short run, as a Spark setting; ``{}`` where they do not apply.
+
+    They apply to a Spark this process starts with a ``local`` master, over
+    local telemetry of at most :data:`SHORT_RUN_BYTES`, and only when
+    nothing else sets the driver JVM's options: ``conf`` (the user's
+    ``--conf``), ``spark-defaults.conf`` or the JVM's own variables
+    (``JAVA_TOOL_OPTIONS``...). A second garbage collector named there would
+    stop the JVM from starting.
+    """
+    if _under_spark_submit() or not (master or DEFAULT_MASTER).startswith("local"):
+        return {}
+    if any(key in conf for key in JAVA_OPTION_SETTINGS) or _java_options_set_elsewhere():
+        return {}
+    path = _local_path(directory)
+    if path is None or not path.exists():
+        return {}
+    total = 0
+    for file in _telemetry_files(path):
+        total += file.stat().st_size
+        if total > SHORT_RUN_BYTES:
+            return {}
+    return {JAVA_OPTION_SETTINGS[0]: SHORT_RUN_JAVA_OPTIONS}
+
+
+def _java_options_set_elsewhere() -> bool:
+    if any(os.environ.get(name) for name in JAVA_OPTION_VARIABLES):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    if conf_dir is None:
+        return False
+    try:
+        text = Path(conf_dir, "spark-defaults.conf").read_text()
+    except OSError:
+        return False
+    return any(line.strip().startswith(JAVA_OPTION_SETTINGS) for line in text.splitlines())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -445,6 +516,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     check_directory(args.directory)
+    short_run = short_run_conf(args.directory, args.master, conf)
+    conf = {**short_run, **conf}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # The chart modules import matplotlib (a second or more of the run): done
@@ -473,6 +546,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         report = build_report(data, max_keys=args.max_keys)
+        # What the report added to the driver JVM's command line (None: nothing).
+        report["meta"]["driver_java_options"] = short_run.get(JAVA_OPTION_SETTINGS[0])
         t0 = time.perf_counter()
         written = {"report.json": out / "report.json"}
         written["report.json"].write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from celery_fair.analytics.report import SHORT_RUN_JAVA_OPTIONS
 from tests.harness.synthetic import tenant_spec, write_synthetic
 from tests.report_command import run_report
 
@@ -47,25 +48,38 @@ def test_the_report_uses_no_window_without_a_partition_and_says_what_it_wrote(
         "written": {"report.json": str(out / "report.json")},  # --no-charts: no PNG, no HTML
     }
     assert said["keys"] > 0 and said["noisy_tenants"] > 0
+    # 50,000 records, 2.7 MB: a short run's JVM, which started (or there would be no report).
+    assert report["meta"]["driver_java_options"] == SHORT_RUN_JAVA_OPTIONS
 
 
-def test_a_local_report_listens_on_loopback_only() -> None:
-    """Without SPARK_LOCAL_IP the local Spark (driver, block manager, UI) binds 127.0.0.1 only."""
+def test_a_local_report_listens_on_loopback_only_and_starts_a_short_runs_jvm(
+    tenants: Path,
+) -> None:
+    """Without SPARK_LOCAL_IP the local Spark (driver, block manager, UI) binds 127.0.0.1 only.
+    Over small telemetry its JVM runs with the short run's options."""
     script = (
-        "import json, psutil\n"
-        "from celery_fair.analytics.report import session\n"
-        "spark = session('local[1]')\n"
+        "import json, sys, psutil\n"
+        "from celery_fair.analytics.report import session, short_run_conf\n"
+        "spark = session('local[1]', conf=short_run_conf(sys.argv[1], 'local[1]', {}))\n"
         "spark.range(3).count()\n"
         "jvms = psutil.Process().children(recursive=True)\n"
-        "print(json.dumps(sorted({c.laddr.ip for p in jvms\n"
-        "    for c in p.net_connections(kind='inet') if c.status == psutil.CONN_LISTEN})))\n"
+        "print(json.dumps([sorted({c.laddr.ip for p in jvms\n"
+        "    for c in p.net_connections(kind='inet') if c.status == psutil.CONN_LISTEN}),\n"
+        "    [p.cmdline() for p in jvms if 'java' in p.name()]]))\n"
         "spark.stop()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", script, str(tenants)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    addresses = json.loads(proc.stdout.strip().splitlines()[-1])
+    addresses, commands = json.loads(proc.stdout.strip().splitlines()[-1])
     assert addresses  # the driver listens somewhere
     assert set(addresses) <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
+    drivers = [c for c in commands if "org.apache.spark.deploy.SparkSubmit" in c]
+    assert len(drivers) == 1, commands
+    assert set(SHORT_RUN_JAVA_OPTIONS.split()) <= set(drivers[0]), drivers[0]

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_fair.analytics.report import check_directory
+from celery_fair.analytics import report as report_module
+from celery_fair.analytics.report import check_directory, short_run_conf
 from celery_fair.cli import BAD_INPUT, build_parser, main
 from celery_fair.cli_options import UsageError
 from celery_fair.monitoring import capture_cli
@@ -164,3 +165,61 @@ def test_report_says_a_missing_directory_before_spark_starts(
     assert capsys.readouterr().err == (
         f"celery-fair report: {tmp_path / 'nothing'}: no such telemetry directory\n"
     )
+
+
+SHORT_RUN = {"spark.driver.extraJavaOptions": report_module.SHORT_RUN_JAVA_OPTIONS}
+
+
+@pytest.fixture
+def no_java_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No variable of the JVM's, no spark-defaults.conf, not under spark-submit."""
+    for name in (*report_module.JAVA_OPTION_VARIABLES, "SPARK_HOME", "PYSPARK_GATEWAY_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    return conf_dir
+
+
+def test_a_short_runs_jvm_for_small_local_telemetry_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_java_settings: Path
+) -> None:
+    telemetry = tmp_path / "telemetry"
+    (telemetry / "host-1").mkdir(parents=True)
+    (telemetry / "host-1" / "fair-1.parquet").write_bytes(b"x" * 600)
+    (telemetry / "_temporary").mkdir()
+    (telemetry / "_temporary" / "part-0.parquet").write_bytes(b"x" * 600)  # Spark skips it
+    monkeypatch.setattr(report_module, "SHORT_RUN_BYTES", 1000)
+    assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    assert short_run_conf(f"file://{telemetry}", "local[2]", {}) == SHORT_RUN
+    assert short_run_conf(str(telemetry / "host-1" / "fair-1.parquet"), None, {}) == SHORT_RUN
+    (telemetry / "host-1" / "fair-2.parquet").write_bytes(b"x" * 600)  # 1,200 bytes now
+    assert short_run_conf(str(telemetry), None, {}) == {}
+    assert short_run_conf(str(telemetry / "host-1" / "fair-1.parquet"), None, {}) == SHORT_RUN
+    # Spark's JVM is not this process's, or its size is unknown here.
+    one = str(telemetry / "host-1" / "fair-1.parquet")
+    assert short_run_conf(one, "spark://head:7077", {}) == {}
+    assert short_run_conf("s3a://bucket/telemetry", None, {}) == {}
+    assert short_run_conf(str(tmp_path / "nothing"), None, {}) == {}
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")  # under spark-submit
+    assert short_run_conf(one, None, {}) == {}
+
+
+@pytest.mark.parametrize("setting", report_module.JAVA_OPTION_SETTINGS)
+def test_a_short_runs_jvm_leaves_the_users_java_options_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_java_settings: Path, setting: str
+) -> None:
+    """A second garbage collector on the command line would stop the JVM from starting."""
+    telemetry = tmp_path / "fair-1.parquet"
+    telemetry.write_bytes(b"x")
+    assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    assert short_run_conf(str(telemetry), None, {setting: "-XX:+UseG1GC"}) == {}
+    assert short_run_conf(str(telemetry), None, {setting: ""}) == {}  # an explicit nothing
+    (no_java_settings / "spark-defaults.conf").write_text(f"  {setting}  -XX:+UseG1GC\n")
+    assert short_run_conf(str(telemetry), None, {}) == {}
+    (no_java_settings / "spark-defaults.conf").write_text("spark.driver.memory 2g\n")
+    assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    for name in report_module.JAVA_OPTION_VARIABLES:
+        monkeypatch.setenv(name, "-Xmx1g")
+        assert short_run_conf(str(telemetry), None, {}) == {}, name
+        monkeypatch.delenv(name)
