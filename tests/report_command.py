@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from celery_fair.analytics.report import JAVA_OPTION_VARIABLES
+
+#: The environment of a report run by a test: none of the machine's own Java or
+#: Spark options, which would change the JVM the report starts.
+CLEAN = (*JAVA_OPTION_VARIABLES, "SPARK_CONF_DIR", "SPARK_HOME")
+
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment without :data:`CLEAN`."""
+    return {k: v for k, v in os.environ.items() if k not in CLEAN}
 
 
 def run_report(
@@ -18,6 +30,8 @@ def run_report(
     """
     cmd = [sys.executable, "-m", "celery_fair.cli", "report", str(telemetry)]
     cmd += ["--out", str(out), "--no-charts", *options]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=clean_environment()
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "report.json").read_text())

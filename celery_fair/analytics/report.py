@@ -39,6 +39,7 @@ from celery_fair.analytics.resources import resources_section, summary_lines  # 
 __all__ = (
     "build_report",
     "check_directory",
+    "driver_java_options",
     "format_summary",
     "register",
     "run",
@@ -50,10 +51,11 @@ __all__ = (
 DEFAULT_MASTER = "local[*]"
 #: Local telemetry of at most this many bytes is read by a driver JVM started
 #: for a short run (``short_run_conf``). Measured on two cores, tenant-shaped
-#: telemetry (``bench/report_ratio.py``), whole runs: 50,000 records (2.7 MB)
-#: 17 s against 23 s, 2,000,000 (80 MB) 24 s against 28.5 s; each further
-#: record costs about 20% more, so the two meet near 9.5 million records
-#: (380 MB). Below a third of that, with room for telemetry that compresses less.
+#: telemetry, in turns (``bench/results/report_ratio_short_run.md``), whole
+#: runs: 50,000 records (2.7 MB) 17.2 s against 22.2 s, 2,000,000 (80 MB)
+#: 24.9 s against 29.9 s. Nothing larger was measured: the limit is kept well
+#: above that, and well below the runs of minutes where the optimising
+#: compiler pays for itself.
 SHORT_RUN_BYTES = 128 * 2**20
 #: The short run's JVM: C1 compiles only (C2's faster code does not pay for
 #: its compiling before a run of seconds ends, and on few cores it takes one
@@ -61,8 +63,16 @@ SHORT_RUN_BYTES = 128 * 2**20
 #: threads of its own as G1 has.
 SHORT_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
 #: Where a user sets the driver JVM's options: with any set, none are added.
+#: Spark's launcher also reads ``SPARK_SUBMIT_OPTS`` and ``PYSPARK_SUBMIT_ARGS``
+#: (which may name a properties file), and ``java-opts`` in its conf directory.
 JAVA_OPTION_SETTINGS = ("spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions")
-JAVA_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS")
+JAVA_OPTION_VARIABLES = (
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "SPARK_SUBMIT_OPTS",
+    "PYSPARK_SUBMIT_ARGS",
+)
 #: Where a local report's Spark listens (see ``session``).
 LOOPBACK = "127.0.0.1"
 
@@ -456,12 +466,23 @@ def _telemetry_files(path: Path) -> Iterator[Path]:
     """The files Spark reads at ``path``: a file, or those under a directory.
 
     A name starting with ``.`` or ``_`` is one Spark skips (``_SUCCESS``,
-    ``.crc``), a file's or a directory's.
+    ``.crc``), a file's or a directory's. Links to directories are followed,
+    as Spark follows them, each directory once.
     """
     if path.is_file():
         yield path
         return
-    for root, dirs, files in os.walk(path):
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, files in os.walk(path, followlinks=True):
+        try:
+            st = os.stat(root)
+        except OSError:  # gone since it was listed
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:  # a link back to a directory walked
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
         yield from (Path(root, name) for name in files if not name.startswith((".", "_")))
 
@@ -484,26 +505,52 @@ def short_run_conf(directory: str, master: str | None, conf: dict[str, str]) -> 
     if path is None or not path.exists():
         return {}
     total = 0
-    for file in _telemetry_files(path):
-        total += file.stat().st_size
-        if total > SHORT_RUN_BYTES:
-            return {}
+    try:
+        for file in _telemetry_files(path):
+            total += file.stat().st_size
+            if total > SHORT_RUN_BYTES:
+                return {}
+    except OSError:  # a broken link, a file gone: the size is not known
+        return {}
     return {JAVA_OPTION_SETTINGS[0]: SHORT_RUN_JAVA_OPTIONS}
 
 
 def _java_options_set_elsewhere() -> bool:
     if any(os.environ.get(name) for name in JAVA_OPTION_VARIABLES):
         return True
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
-        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
-    )
-    if conf_dir is None:
-        return False
+    conf_dir = Path(_spark_conf_dir())
     try:
-        text = Path(conf_dir, "spark-defaults.conf").read_text()
+        defaults = (conf_dir / "spark-defaults.conf").read_text()
     except OSError:
-        return False
-    return any(line.strip().startswith(JAVA_OPTION_SETTINGS) for line in text.splitlines())
+        defaults = ""
+    if any(line.strip().startswith(JAVA_OPTION_SETTINGS) for line in defaults.splitlines()):
+        return True
+    return (conf_dir / "java-opts").exists()
+
+
+def _spark_conf_dir() -> str:
+    """Where Spark's launcher reads ``spark-defaults.conf`` (a pip install: the package's)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return os.environ["SPARK_CONF_DIR"]
+    if os.environ.get("SPARK_HOME"):
+        return os.path.join(os.environ["SPARK_HOME"], "conf")
+    import pyspark
+
+    return os.path.join(os.path.dirname(pyspark.__file__), "conf")
+
+
+def driver_java_options(spark: Any, options: str) -> str | None:
+    """``options`` if the driver's JVM runs with every one of them, else None.
+
+    Read from the JVM itself: a JVM already running in this process keeps the
+    options it started with, whatever the session asked for.
+    """
+    try:
+        bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+        running = {str(arg) for arg in bean.getInputArguments()}
+    except Exception:  # a driver whose JVM py4j cannot reach: not known
+        return None
+    return options if set(options.split()) <= running else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -524,6 +571,8 @@ def run(args: argparse.Namespace) -> int:
     # while Spark starts and computes, which leaves this process waiting.
     charts_imported = None if args.no_charts else _Background(_import_outputs)
     spark = session(args.master, args.driver_memory, conf)
+    asked = short_run.get(JAVA_OPTION_SETTINGS[0])
+    added = driver_java_options(spark, asked) if asked else None
     try:
         data = compute(
             spark,
@@ -547,7 +596,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         report = build_report(data, max_keys=args.max_keys)
         # What the report added to the driver JVM's command line (None: nothing).
-        report["meta"]["driver_java_options"] = short_run.get(JAVA_OPTION_SETTINGS[0])
+        report["meta"]["driver_java_options"] = added
         t0 = time.perf_counter()
         written = {"report.json": out / "report.json"}
         written["report.json"].write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")

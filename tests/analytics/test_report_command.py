@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from celery_fair.analytics.report import SHORT_RUN_JAVA_OPTIONS
 from tests.harness.synthetic import tenant_spec, write_synthetic
-from tests.report_command import run_report
+from tests.report_command import clean_environment, run_report
 
 #: Spark's warning for a window function over the whole data set, which moves
 #: every row to one partition: it does not scale out on a cluster.
@@ -48,7 +47,7 @@ def test_the_report_uses_no_window_without_a_partition_and_says_what_it_wrote(
         "written": {"report.json": str(out / "report.json")},  # --no-charts: no PNG, no HTML
     }
     assert said["keys"] > 0 and said["noisy_tenants"] > 0
-    # 50,000 records, 2.7 MB: a short run's JVM, which started (or there would be no report).
+    # 50,000 records, 2.7 MB: the JVM ran with a short run's options (read from the JVM).
     assert report["meta"]["driver_java_options"] == SHORT_RUN_JAVA_OPTIONS
 
 
@@ -59,27 +58,30 @@ def test_a_local_report_listens_on_loopback_only_and_starts_a_short_runs_jvm(
     Over small telemetry its JVM runs with the short run's options."""
     script = (
         "import json, sys, psutil\n"
-        "from celery_fair.analytics.report import session, short_run_conf\n"
+        "from celery_fair.analytics.report import driver_java_options, session, short_run_conf\n"
         "spark = session('local[1]', conf=short_run_conf(sys.argv[1], 'local[1]', {}))\n"
         "spark.range(3).count()\n"
         "jvms = psutil.Process().children(recursive=True)\n"
         "print(json.dumps([sorted({c.laddr.ip for p in jvms\n"
         "    for c in p.net_connections(kind='inet') if c.status == psutil.CONN_LISTEN}),\n"
-        "    [p.cmdline() for p in jvms if 'java' in p.name()]]))\n"
+        "    [p.cmdline() for p in jvms if 'java' in p.name()],\n"
+        "    [driver_java_options(spark, o) for o in (sys.argv[2], '-XX:+UseSerialGC')]]))\n"
         "spark.stop()\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    env = {k: v for k, v in clean_environment().items() if k != "SPARK_LOCAL_IP"}
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tenants)],
+        [sys.executable, "-c", script, str(tenants), SHORT_RUN_JAVA_OPTIONS],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    addresses, commands = json.loads(proc.stdout.strip().splitlines()[-1])
+    addresses, commands, seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert addresses  # the driver listens somewhere
     assert set(addresses) <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
     drivers = [c for c in commands if "org.apache.spark.deploy.SparkSubmit" in c]
     assert len(drivers) == 1, commands
     assert set(SHORT_RUN_JAVA_OPTIONS.split()) <= set(drivers[0]), drivers[0]
+    # report.json's meta is read from the running JVM: None for an option it lacks.
+    assert seen == [SHORT_RUN_JAVA_OPTIONS, None]

@@ -219,7 +219,46 @@ def test_a_short_runs_jvm_leaves_the_users_java_options_alone(
     assert short_run_conf(str(telemetry), None, {}) == {}
     (no_java_settings / "spark-defaults.conf").write_text("spark.driver.memory 2g\n")
     assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    (no_java_settings / "java-opts").write_text("-XX:+UseG1GC\n")  # read by Spark's launcher
+    assert short_run_conf(str(telemetry), None, {}) == {}
+    (no_java_settings / "java-opts").unlink()
     for name in report_module.JAVA_OPTION_VARIABLES:
         monkeypatch.setenv(name, "-Xmx1g")
         assert short_run_conf(str(telemetry), None, {}) == {}, name
         monkeypatch.delenv(name)
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("SPARK_HOME", str(no_java_settings.parent))
+    (no_java_settings.parent / "conf").mkdir()
+    assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    (no_java_settings.parent / "conf" / "spark-defaults.conf").write_text(f"{setting} -Xss4m\n")
+    assert short_run_conf(str(telemetry), None, {}) == {}
+
+
+def test_a_short_runs_size_counts_what_spark_reads_through_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_java_settings: Path
+) -> None:
+    """Spark follows links to directories: their files count (each directory once, so a
+    loop of links ends)."""
+    monkeypatch.setattr(report_module, "SHORT_RUN_BYTES", 1000)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "fair-1.parquet").write_bytes(b"x" * 600)
+    telemetry = tmp_path / "telemetry"
+    telemetry.mkdir()
+    (telemetry / "host-1").symlink_to(elsewhere)
+    (elsewhere / "back").symlink_to(telemetry)  # a loop: walked once
+    assert short_run_conf(str(telemetry), None, {}) == SHORT_RUN
+    check_directory(str(telemetry))  # the linked file is one to read
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "fair-2.parquet").write_bytes(b"x" * 600)
+    (telemetry / "host-2").symlink_to(other)  # 1,200 bytes behind two links
+    assert short_run_conf(str(telemetry), None, {}) == {}
+    (telemetry / "host-2").unlink()
+    (telemetry / "gone.parquet").symlink_to(tmp_path / "nothing")  # a size not known
+    assert short_run_conf(str(telemetry), None, {}) == {}
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    (loop / "self").symlink_to(loop)
+    with pytest.raises(UsageError, match="no telemetry files"):
+        check_directory(str(loop))  # ends: no file behind the loop
