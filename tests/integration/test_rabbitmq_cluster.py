@@ -6,8 +6,8 @@ a keyed quorum queue: its lanes are quorum queues with a member on every node. A
 keyed worker with late acks, given every node as Kombu's failover list, drains a
 backlog published through another node; the node it is connected to is killed with
 SIGKILL mid-drain. It reconnects to the next node and every task runs, twice only
-when its first run began before the worker saw the connection lost (its ack died
-with the node: Celery's at-least-once rules).
+when it was handed to the pool before the worker saw the connection lost (its ack
+died with the node: Celery's at-least-once rules).
 
 Cost: about a minute (three nodes start and join).
 """
@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
 
 QUEUE = "keyed-cluster"
 KEYS = {"flood": 600, **{f"t{i}": 20 for i in range(30)}}
+#: The worker's pool processes.
+CONCURRENCY = 2
+#: Seconds within which a task handed to an idle pool process has started.
+HANDED_OFF_WITHIN = 1.0
 
 
 def _members(cluster: RabbitMQCluster) -> dict[str, set[str]]:
@@ -71,7 +75,7 @@ def test_a_keyed_quorum_queue_outlives_the_node_its_worker_uses(redis_url: str) 
             "CELERY_FAIR_ACKS_LATE": "1",
             "CELERY_FAIR_QUORUM_QUEUES": QUEUE,
         }
-        with WorkerProcess(urls, [QUEUE], concurrency=2, env=env) as worker:
+        with WorkerProcess(urls, [QUEUE], concurrency=CONCURRENCY, env=env) as worker:
             assert ledger.wait_for(300, timeout=120, alive=[worker]), worker.log()[-3000:]
             used.stop(kill=True)
             killed_at = time.time()
@@ -89,12 +93,17 @@ def test_a_keyed_quorum_queue_outlives_the_node_its_worker_uses(redis_url: str) 
     assert len(runs) == total, "every task ran"
     twice = {i for i, n in runs.items() if n > 1}
     first_runs = {i: min(e.started for e in entries if e.id == i) for i in twice}
-    # A task delivered on the lost connection and run before the worker noticed the loss
-    # runs again (its ack died with the node); nothing delivered before it starts after.
+    # A task delivered on the lost connection and handed to the pool before the worker
+    # noticed the loss runs again (its ack died with the node). The tasks waiting for a
+    # pool process are dropped at the loss, so a first run that starts after it is one
+    # already handed to a process (Celery hands a task only to an idle one): at most one
+    # per process, started at once (seen: +0.015 s on a loaded machine).
     lost = log_times(log, "Connection to broker lost")
     assert len(lost) == 1 and lost[0] >= killed_at - 1, log[-3000:]
     late = sorted(round(t - lost[0], 3) for t in first_runs.values() if t > lost[0])
-    assert not late, f"{len(twice)} ran twice, first runs after the loss at +{late} s"
+    assert len(late) <= CONCURRENCY and all(t < HANDED_OFF_WITHIN for t in late), (
+        f"{len(twice)} ran twice, first runs after the loss at +{late} s"
+    )
     assert Counter({e.id: e.tenant for e in entries}.values()) == KEYS
     # It went on through the next node of its list.
     assert f"Connected to amqp://guest:**@127.0.0.1:{spare.port}//" in log, log[-3000:]
