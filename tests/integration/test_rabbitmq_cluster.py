@@ -96,8 +96,8 @@ def test_a_keyed_quorum_queue_outlives_the_node_its_worker_uses(redis_url: str) 
     # A task delivered on the lost connection and handed to the pool before the worker
     # noticed the loss runs again (its ack died with the node). The tasks waiting for a
     # pool process are dropped at the loss, so a first run that starts after it is one
-    # already handed to a process (Celery hands a task only to an idle one): at most one
-    # per process, started at once (seen: +0.015 s on a loaded machine).
+    # already handed to the pool, which Celery's semaphore keeps to one task per process:
+    # at most CONCURRENCY, started at once (seen: +0.015 s on a loaded machine).
     lost = log_times(log, "Connection to broker lost")
     assert len(lost) == 1 and lost[0] >= killed_at - 1, log[-3000:]
     late = sorted(round(t - lost[0], 3) for t in first_runs.values() if t > lost[0])
