@@ -595,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         report = build_report(data, max_keys=args.max_keys)
-        # What the report added to the driver JVM's command line (None: nothing).
+        # The options the report added that the driver's JVM runs with (None: none).
         report["meta"]["driver_java_options"] = added
         t0 = time.perf_counter()
         written = {"report.json": out / "report.json"}
