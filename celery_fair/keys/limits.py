@@ -30,6 +30,7 @@ __all__ = (
     "limit_field",
     "parse_concurrency",
     "parse_rates",
+    "resolve",
 )
 
 #: The entry that applies to every key without one of its own.
@@ -63,6 +64,19 @@ class KeyLimits:
         out = {limit_field(CONCURRENCY, k): str(v) for k, v in self.concurrency.items()}
         out.update({limit_field(RATE, k): repr(v) for k, v in self.rates.items()})
         return out
+
+
+def resolve(configured: Mapping[str, float], live: Mapping[str, float], key: str) -> float | None:
+    """``key``'s limit of one kind: its live one, else its configured one, else the
+    live ``"*"``, else the configured ``"*"`` (None: unlimited).
+
+    The fetch script's order on Redis (``lua/prelude.lua``), which the limit
+    tokens on RabbitMQ follow too.
+    """
+    for found in (live.get(key), configured.get(key), live.get(DEFAULT_KEY)):
+        if found is not None:
+            return found
+    return configured.get(DEFAULT_KEY)
 
 
 def _error(message: str) -> Exception:

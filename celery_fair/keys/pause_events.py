@@ -1,4 +1,4 @@
-"""Paused keys on RabbitMQ: the control log's events and the state they add up to (pure).
+"""Paused keys and live limits on RabbitMQ: the control log's events and their state (pure).
 
 RabbitMQ keeps no state a worker could read for keys, and a pause must hold
 for every worker, those started later included.  So pauses are events in a
@@ -8,6 +8,12 @@ from its first retained event without taking it from the others, then live.
 The workers that answer ``control fair_key_pause`` (and ``celery fair keys
 pause``) append the event; replaying the log in order gives every reader
 the same paused keys, last event winning per key.
+
+Per-key limits set live (``control fair_key_limits``) are events of the same
+log, for the same reasons: an event with no keys to pause and its limits
+(``limits``, each ``[kind, key, value or null]``).  A reader of an earlier
+version takes it for a marker and skips it.  The last value per queue,
+kind and key wins; null removes it (the configured limit applies again).
 
 A paused key's tasks that reach a worker wait apart, in the key's own
 **parked lane** (:func:`parked_lane`), which no worker consumes; on resume
@@ -22,8 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .lanes import key_digest
+from .limits import CONCURRENCY, RATE
 
 __all__ = (
+    "LiveLimit",
     "PAUSE_LOG",
     "PAUSE_LOG_ARGUMENTS",
     "PauseEvent",
@@ -47,22 +55,31 @@ def parked_lane(queue: str, key: str) -> str:
     return f"{queue}.fair.p.{key_digest(key)}"
 
 
+#: A limit set live: ``(kind, key, value)``, kind ``"c"`` (concurrency) or ``"r"``
+#: (tasks per second, :data:`~celery_fair.keys.limits.CONCURRENCY`, ``RATE``);
+#: value None removes the live limit.
+LiveLimit = tuple[str, str, float | None]
+
+
 @dataclass(frozen=True)
 class PauseEvent:
     """One entry of the log: ``keys`` of ``queue`` paused (or resumed) at ``at``
-    (wall seconds).  ``id`` tells its writer when it has read its own entry
-    back; an entry without keys is a reader's marker (it has read the log up
-    to there)."""
+    (wall seconds), or ``limits`` of ``queue`` set live.  ``id`` tells its
+    writer when it has read its own entry back; an entry with neither is a
+    reader's marker (it has read the log up to there)."""
 
     id: str
     queue: str = ""
     keys: tuple[str, ...] = ()
     paused: bool = True
     at: float = 0.0
+    limits: tuple[LiveLimit, ...] = ()
 
     def to_body(self) -> bytes:
-        fields = {"id": self.id, "queue": self.queue, "keys": list(self.keys),
-                  "paused": self.paused, "at": self.at}  # fmt: skip
+        fields: dict[str, object] = {"id": self.id, "queue": self.queue, "keys": list(self.keys),
+                                     "paused": self.paused, "at": self.at}  # fmt: skip
+        if self.limits:
+            fields["limits"] = [list(limit) for limit in self.limits]
         return json.dumps(fields).encode()
 
     @classmethod
@@ -82,7 +99,27 @@ class PauseEvent:
             or not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)
         ):  # fmt: skip
             raise ValueError(f"not a pause event: {raw!r:.120}")
-        return cls(id_, queue, tuple(keys), paused, float(at))
+        return cls(id_, queue, tuple(keys), paused, float(at), _limits(raw.get("limits", [])))
+
+
+def _limits(raw: object) -> tuple[LiveLimit, ...]:
+    """An event's ``limits`` list, checked: ``[kind, key, value > 0 or null]`` each."""
+    if not isinstance(raw, list):
+        raise ValueError(f"limits: not a list: {raw!r:.80}")
+    out: list[LiveLimit] = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
+        kind, key, value = item
+        valid = value is None or (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e300
+        )
+        if kind == CONCURRENCY and valid and value is not None and value != int(value):
+            valid = False  # a number of tasks at once
+        if kind not in (CONCURRENCY, RATE) or not isinstance(key, str) or not valid:
+            raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
+        out.append((kind, key, None if value is None else float(value)))
+    return tuple(out)
 
 
 @dataclass
@@ -97,12 +134,24 @@ class PauseState:
     #: Per keyed queue: pauses so far, and seconds keys spent paused before a resume.
     pauses: dict[str, int] = field(default_factory=dict)
     paused_seconds: dict[str, float] = field(default_factory=dict)
+    #: Limits set live: (queue, kind, key) -> value.
+    limits: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: Bumped at every change of :attr:`limits` (readers recompute what they derived).
+    limits_version: int = 0
 
     def apply(self, event: PauseEvent) -> list[tuple[str, str]]:
-        """Add ``event``; the (queue, key) pairs whose state it changed."""
+        """Add ``event``; the (queue, key) pairs whose paused state it changed."""
         self.events += 1
         changed = []
         queue = event.queue
+        for kind, key, value in event.limits:
+            entry = (queue, kind, key)
+            if self.limits.get(entry) != value:
+                if value is None:
+                    del self.limits[entry]
+                else:
+                    self.limits[entry] = value
+                self.limits_version += 1
         for key in event.keys:
             pair = (queue, key)
             before = self.keys.get(pair)
@@ -118,6 +167,14 @@ class PauseState:
                 spent = max(0.0, event.at - before[1])
                 self.paused_seconds[queue] = self.paused_seconds.get(queue, 0.0) + spent
         return changed
+
+    def live_limits(self, queue: str) -> dict[str, dict[str, float]]:
+        """The limits set live on keyed ``queue``: kind -> key -> value."""
+        found: dict[str, dict[str, float]] = {}
+        for (q, kind, key), value in self.limits.items():
+            if q == queue:
+                found.setdefault(kind, {})[key] = value
+        return found
 
     def paused(self) -> dict[str, set[str]]:
         """Per keyed queue, its paused keys."""

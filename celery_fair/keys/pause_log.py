@@ -1,4 +1,5 @@
-"""Paused keys on RabbitMQ: the control log read and written, and parked tasks moved back.
+"""Paused keys and live limits on RabbitMQ: the control log read and written, and parked
+tasks moved back.
 
 The broker side of :mod:`celery_fair.keys.pause_events`, on a
 :class:`~.side_connection.SideConnection` of its own (the worker's consumer
@@ -12,7 +13,8 @@ worker's timer calls.
   state is the whole log's at that moment (a worker calls it as its
   consumer connects, before any task is dispatched).
 * **Writing.**  An event is published with a publisher confirm: the command
-  that paused a key answers only once the broker has the event.
+  that paused a key (or set a limit live) answers only once the broker has
+  the event.
 * **Parking.**  Before a key is marked paused here, its parked lane is
   declared as the keyed queue is (durable, its arguments), so the worker's
   copies of the key's tasks have somewhere to go (a message published to a
@@ -37,7 +39,14 @@ from time import monotonic, time
 from typing import Any
 
 from .lanes import KeyLanes, free_lane, lane_queue
-from .pause_events import PAUSE_LOG, PAUSE_LOG_ARGUMENTS, PauseEvent, PauseState, parked_lane
+from .pause_events import (
+    PAUSE_LOG,
+    PAUSE_LOG_ARGUMENTS,
+    LiveLimit,
+    PauseEvent,
+    PauseState,
+    parked_lane,
+)
 from .side_connection import SideConnection
 
 __all__ = ("CATCH_UP_TIMEOUT", "MOVE_PER_READ", "RESUME_SWEEP", "PauseLog", "PauseLogUnavailable")
@@ -225,7 +234,7 @@ class PauseLog:
                 event = None
             if event is not None and event.id == self._awaited:
                 self._seen = True
-            if event is not None and event.keys and event.queue in self.parents:
+            if event is not None and (event.keys or event.limits) and event.queue in self.parents:
                 for queue, key in self.state.apply(event):
                     if event.paused:
                         self._declare_parked(queue, key)
@@ -246,25 +255,40 @@ class PauseLog:
         keys = tuple(dict.fromkeys(keys))
         with self.side.lock:
             before = self.state.paused().get(queue, set())
-            try:
-                self._open()
-                if paused:
-                    for key in keys:
-                        self._declare_parked(queue, key)
-                event = PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall())
-                self._publish(event)
-                self._awaited, self._seen = event.id, False
-                if self._read_until(CATCH_UP_TIMEOUT):
-                    self.caught_up = True  # read from the first entry to this one
-                else:
-                    raise TimeoutError(
-                        f"the pause log: the event was written but not read back within "
-                        f"{CATCH_UP_TIMEOUT:.0f} s"
-                    )
-            except Exception as exc:
-                self.side.failed(exc)
-                raise
+            self._write(
+                lambda: PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall()),
+                parked=[(queue, key) for key in keys] if paused else [],
+            )
             return sum((key in before) != paused for key in keys)
+
+    def set_limits(self, queue: str, limits: Iterable[LiveLimit]) -> None:
+        """Set per-key limits of keyed ``queue`` live, for every worker (value None:
+        back to the configured limit); written and read back as :meth:`append`."""
+        limits = tuple(limits)
+        with self.side.lock:
+            self._write(lambda: PauseEvent(uuid.uuid4().hex, queue, at=self.wall(), limits=limits))
+
+    def _write(
+        self, event: Callable[[], PauseEvent], parked: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        """Declare the ``parked`` lanes, append ``event()`` and read the log up to it."""
+        try:
+            self._open()
+            for queue, key in parked:
+                self._declare_parked(queue, key)
+            written = event()
+            self._publish(written)
+            self._awaited, self._seen = written.id, False
+            if self._read_until(CATCH_UP_TIMEOUT):
+                self.caught_up = True  # read from the first entry to this one
+            else:
+                raise TimeoutError(
+                    f"the pause log: the event was written but not read back within "
+                    f"{CATCH_UP_TIMEOUT:.0f} s"
+                )
+        except Exception as exc:
+            self.side.failed(exc)
+            raise
 
     def _publish(self, event: PauseEvent) -> None:
         from amqp import Message

@@ -26,12 +26,12 @@ limits apply to a key, and what one worker holds and sets aside.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .lanes import key_digest
-from .limits import CONCURRENCY, DEFAULT_KEY, RATE, KeyLimits
+from .limits import CONCURRENCY, RATE, KeyLimits, resolve
 
 __all__ = ("MAX_RATE_TOKENS", "TOKEN_EXPIRES", "HeldToken", "TokenBook", "TokenSpec", "token_specs")
 
@@ -81,16 +81,25 @@ class TokenSpec:
         return f"{self.name}.mint"
 
 
-def token_specs(limits: KeyLimits, queue: str, key: str) -> tuple[TokenSpec, ...]:
+def token_specs(
+    limits: KeyLimits,
+    queue: str,
+    key: str,
+    live: Mapping[str, Mapping[str, float]] | None = None,
+) -> tuple[TokenSpec, ...]:
     """The limits on ``key`` of keyed ``queue`` as token sets (none: unlimited).
 
-    A key's own entry wins over ``"*"``, as on Redis.
+    ``live``: the limits set live on the queue, kind -> key -> value
+    (:meth:`~celery_fair.keys.pause_events.PauseState.live_limits`).  A key's
+    own entry wins over ``"*"``, a live one over a configured one, as on Redis
+    (:func:`~celery_fair.keys.limits.resolve`).
     """
+    live = live or {}
     specs: list[TokenSpec] = []
-    concurrency = limits.concurrency.get(key, limits.concurrency.get(DEFAULT_KEY))
+    concurrency = resolve(limits.concurrency, live.get(CONCURRENCY, {}), key)
     if concurrency is not None:
         specs.append(TokenSpec(queue, key, CONCURRENCY, int(concurrency)))
-    rate = limits.rates.get(key, limits.rates.get(DEFAULT_KEY))
+    rate = resolve(limits.rates, live.get(RATE, {}), key)
     if rate is not None:
         count, period = _window(float(rate))
         specs.append(TokenSpec(queue, key, RATE, count, period))

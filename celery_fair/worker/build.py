@@ -236,8 +236,10 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
     if driver == "amqp":
         lanes = KeyLanes(frozenset(settings.keys))
         service.use_lanes(lanes)
+        # Limits may be set live (control fair_key_limits) on keys with none
+        # configured: every keyed worker has the gate, idle until a key is limited.
+        service.limit_by_tokens(TokenClient(app.connection_for_read))
         if settings.key_limits:
-            service.limit_by_tokens(TokenClient(app.connection_for_read))
             limits = settings.key_limits
             logger.info(
                 "celery-fair: per-key limits on RabbitMQ as limit tokens: concurrency %s, "

@@ -231,7 +231,7 @@ def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, 
         fields.update(parsed.as_fields())
         if not fields:
             raise FairConfigError(f"fair_key_limits: no KEY=LIMIT given, got {limits!r}")
-        service.keys.set_limits(fields)
+        service.set_key_limits(fields)
     except FairConfigError as exc:
         return {"error": str(exc)}
     said = [f"{words[0]} limits set: " + ", ".join(f"{k}={v}" for k, v in shown.items())]

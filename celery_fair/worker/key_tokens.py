@@ -12,6 +12,13 @@ key at its limit.
 
 Tasks of other keys never wait for these: a key without free tokens is
 set aside and the next task is considered.
+
+A key's limits are the configured ones (``fair_key_concurrency``,
+``fair_key_rate_limit``) overlaid with those set live (``control
+fair_key_limits``, read from the control log: :meth:`KeyTokenGate.set_live`).
+A changed limit is another set of tokens (:class:`~celery_fair.keys.tokens.TokenSpec`
+names carry the limit): tasks holding the old set's tokens give them back
+there, later tasks take the new set's.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import compat
@@ -62,6 +69,8 @@ class KeyTokenGate:
         self._book: TokenBook[tuple[Callable[[Any], Any], Any]] = TokenBook()
         self._holders = Holders()
         self._specs: dict[tuple[str, str], tuple[TokenSpec, ...]] = {}
+        #: Limits set live per keyed queue: kind -> key -> value.
+        self._live: Mapping[str, Mapping[str, Mapping[str, float]]] = {}
         self.lost_with_connection = 0
         self._polling = self._again = False
 
@@ -72,6 +81,8 @@ class KeyTokenGate:
         return holding_gate(process, self.submit, self.finished)
 
     def _limited(self, request: Any) -> tuple[str, str, tuple[TokenSpec, ...]] | None:
+        if not self.limits and not self._live:
+            return None  # no limit anywhere: nothing to look up, nothing to remember per key
         queue_map = self.service.queue_map
         queue = queue_map.queue_of(request)
         if queue is None or queue_map.lanes is None or queue not in queue_map.lanes.keyed:
@@ -79,10 +90,30 @@ class KeyTokenGate:
         key, _, _ = queue_map.key_of(request, queue)
         if key is None:
             return None
-        specs = self._specs.get((queue, key))
-        if specs is None:
-            specs = self._specs[(queue, key)] = token_specs(self.limits, queue, key)
+        specs = self._specs_of(queue, key)
         return (queue, key, specs) if specs else None
+
+    def _specs_of(self, queue: str, key: str) -> tuple[TokenSpec, ...]:
+        """The token sets a task of ``key`` takes now (none: the key is not limited)."""
+        with self._lock:
+            specs = self._specs.get((queue, key))
+            if specs is None:
+                specs = token_specs(self.limits, queue, key, self._live.get(queue))
+                self._specs[(queue, key)] = specs
+            return specs
+
+    def set_live(self, live: Mapping[str, Mapping[str, Mapping[str, float]]]) -> None:
+        """The limits set live on each keyed queue (kind -> key -> value), as the control
+        log has them: from now on tasks take the tokens of the limits in force."""
+        fresh = {q: {k: dict(v) for k, v in kinds.items() if v} for q, kinds in live.items()}
+        fresh = {q: kinds for q, kinds in fresh.items() if kinds}
+        with self._lock:
+            if fresh == self._live:
+                return
+            self._live = fresh
+            self._specs.clear()
+        # A key no longer limited, or limited more loosely: its tasks aside may go.
+        self.poll()
 
     def submit(self, run: Callable[[Any], Any], request: Any) -> None:
         """Run ``request`` now if its key's tokens are free, else set it aside."""
@@ -163,7 +194,7 @@ class KeyTokenGate:
                         return
                     if not self._book.waiting(queue, key):
                         break
-                specs = self._specs.get((queue, key), ())
+                specs = self._specs_of(queue, key)
                 tries += 1
                 tokens = self._take(specs)
                 if tokens is None:
@@ -269,6 +300,9 @@ class KeyTokenGate:
                 lost_with_connection=self.lost_with_connection,
                 mints=self.client.mints,
                 broker_errors=self.client.errors + self.client.minter.errors,
+                live_limits={
+                    q: {k: dict(v) for k, v in kinds.items()} for q, kinds in self._live.items()
+                },  # fmt: skip
             )
 
 
@@ -292,3 +326,6 @@ class TokenStatistics:
     #: Token sets this worker minted; broker failures of the token connections.
     mints: int
     broker_errors: int
+    #: Limits set live (``control fair_key_limits``) per keyed queue: kind (``c``
+    #: concurrency, ``r`` tasks per second) -> key -> limit.
+    live_limits: Mapping[str, Mapping[str, Mapping[str, float]]] = field(default_factory=dict)

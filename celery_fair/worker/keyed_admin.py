@@ -265,7 +265,23 @@ class KeyedAdmin:
         raise FairConfigError(f"{setting}: this worker has no keyed queue (fair_keys)")
 
     def set_limits(self, fields: dict[str, str | None]) -> None:
-        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``)."""
+        """Set per-key limits live, on the broker (fields ``c:<key>``, ``r:<key>``).
+
+        On RabbitMQ an event of the control log (:mod:`celery_fair.keys.pause_log`)
+        for each keyed queue, which every worker reads.
+        """
+        log = self.pause_log
+        if log is not None:
+            limits = []
+            for name, value in fields.items():
+                kind, _, key = name.partition(":")  # limits.limit_field's form
+                limits.append((kind, key, None if value is None else float(value)))
+            try:
+                for queue in sorted(self.settings.keys):
+                    log.set_limits(queue, limits)
+            except PauseLogUnavailable as exc:
+                raise FairConfigError(f"fair_key_limits: {exc}") from None
+            return
         self._on_keyed_queues(
             "fair_key_limits", lambda client, names: store.set_live_limits(client, names, fields)
         )

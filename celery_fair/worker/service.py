@@ -310,10 +310,25 @@ class FairService:
         return changed
 
     def refresh_paused(self) -> None:
-        """Read the paused keys from the broker (a timer calls this)."""
+        """Read the paused keys from the broker (a timer calls this); on RabbitMQ the
+        control log read has the limits set live too."""
         paused = self.keys.paused_keys()
         if paused is not None:
             self.pauses.replace(paused)
+        self._follow_live_limits()
+
+    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+        """Set per-key limits live, on the broker: every worker, those started later too
+        (fields ``c:<key>``, ``r:<key>``; None: back to the configured limit)."""
+        self.keys.set_limits(fields)
+        self._follow_live_limits()
+
+    def _follow_live_limits(self) -> None:
+        """Keyed queues on RabbitMQ: the token gate takes the limits the control log holds."""
+        log, tokens = self.keys.pause_log, self.tokens
+        if log is None or tokens is None or not log.caught_up:
+            return
+        tokens.set_live({q: log.state.live_limits(q) for q in self.settings.keys})
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more."""

@@ -22,7 +22,7 @@ from kombu.connection import Connection
 from celery_fair.keys.limits import KeyLimits
 from celery_fair.keys.pause_events import parked_lane
 from celery_fair.keys.tokens import token_specs
-from tests.harness.control import control_app, fair_stats
+from tests.harness.control import broadcast_until_replied, control_app, fair_stats
 from tests.harness.harness import poll_until
 from tests.harness.keys import keyed_app, most_at_once, publish_by_key
 from tests.harness.ledger import Ledger
@@ -245,3 +245,48 @@ def test_a_paused_keys_tasks_waiting_for_tokens_are_parked_not_started(
     assert late == [] and started < 40, (late, started)
     assert Counter(e.tenant for e in entries) == {"a": 40, "b": 40}
     assert len({e.id for e in entries}) == 80
+
+
+def _live_limits(amqp_url: str, workers: int) -> list[dict[str, Any]]:
+    return [s["live_limits"] for s in _token_stats(amqp_url, workers).values()]
+
+
+def test_limits_set_live_hold_on_every_worker_and_one_started_later_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """``control fair_key_limits`` on RabbitMQ: written to the control log, read by
+    every worker, one started after the command too; ``KEY=default`` lifts it."""
+    first = _worker(amqp_url, redis_url, queue).start()  # no limit configured
+    later = _worker(amqp_url, redis_url, queue)
+    control = control_app(amqp_url)
+    try:
+        _ready(first)
+        [reply] = broadcast_until_replied(
+            control, "fair_key_limits", limits=["concurrency", "live=1"]
+        )
+        assert "concurrency limits set: live=1" in next(iter(reply.values()))["ok"], reply
+        later.start()
+        _ready(later)
+        assert _live_limits(amqp_url, 2) == [{queue: {"c": {"live": 1.0}}}] * 2
+        _publish(amqp_url, queue, {"live": 30, "free": 30}, ms=150)
+        assert ledger.wait_for(60, timeout=120, alive=[first, later]), later.log()[-3000:]
+        limited = ledger.entries()
+        # Lifted: back to the configured limit, none.
+        broadcast_until_replied(control, "fair_key_limits", limits=["concurrency", "live=default"])
+        assert poll_until(lambda: _live_limits(amqp_url, 2) == [{}] * 2, 20)
+        ledger.reset()
+        _publish(amqp_url, queue, {"live": 20}, ms=150)
+        assert ledger.wait_for(20, timeout=120, alive=[first, later]), later.log()[-3000:]
+        lifted = ledger.entries()
+    finally:
+        control.close()
+        later.stop()
+        first.stop()
+    assert len({e.id for e in limited}) == 60
+    most = most_at_once(limited)
+    # The key ran one at a time across both workers; the others were not held to it.
+    assert most["live"] == 1 and most["free"] >= 2, most
+    assert {e.worker for e in limited if e.tenant == "live"} == {e.worker for e in limited}, (
+        "both workers ran the limited key"
+    )
+    assert most_at_once(lifted)["live"] >= 2

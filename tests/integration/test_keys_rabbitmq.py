@@ -233,17 +233,6 @@ def test_every_task_runs_once_keyed_unkeyed_and_from_a_plain_producer(
         windows = stats["prefetch_windows"]
         assert windows[f"{queue}.fair.s0"] == windows[queue] + NOISY_MESSAGES
         assert windows[f"{queue}.fair.n0"] == windows[queue]
-        # What needs the broker's shared state says so, and changes nothing.
-        control = control_app(amqp_url)
-        try:
-            replies = control.control.broadcast(
-                "fair_key_limits", arguments={"limits": ["concurrency", "t1=2"]}, reply=True,
-                timeout=5,
-            )  # fmt: skip
-        finally:
-            control.close()
-        [reply] = [r for answer in replies for r in answer.values()]
-        assert "keyed queues are not on Redis" in reply["error"], reply
     runs = Counter(e.id for e in entries)
     assert len(runs) == total and set(runs.values()) == {1}
     assert Counter(e.tenant or "" for e in entries) == {**keys, "plain": 1, "": 1}

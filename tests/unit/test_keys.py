@@ -333,6 +333,9 @@ class _FakeService:
         self.keys.set_weights(weights)
         return "on the broker"
 
+    def set_key_limits(self, fields: dict[str, str | None]) -> None:
+        self.keys.set_limits(fields)
+
 
 def _state(service: _FakeService) -> object:
     from types import SimpleNamespace
@@ -574,3 +577,24 @@ def test_keyed_checks_follow_what_the_channel_serves() -> None:
     # With the atomic fetch on the channel, keyed backlogs are looked for too.
     plain.attachment.cycle = cast(Any, SimpleNamespace(atomic=object()))
     assert keyed_checks(plain) == [(KEYED_RECHECK, plain.keys.recheck_backlogs)]
+
+
+def test_a_keys_limit_is_live_then_configured_then_the_live_and_configured_default() -> None:
+    from celery_fair.keys.limits import KeyLimits, resolve
+    from celery_fair.keys.tokens import token_specs
+
+    configured = {"gold": 8.0, "*": 2.0}
+    assert resolve(configured, {}, "gold") == 8.0
+    assert resolve(configured, {"gold": 1.0}, "gold") == 1.0
+    assert resolve(configured, {"*": 5.0}, "gold") == 8.0  # its own entry wins over "*"
+    assert resolve(configured, {"*": 5.0}, "free") == 5.0
+    assert resolve(configured, {}, "free") == 2.0
+    assert resolve({}, {}, "free") is None
+    limits = KeyLimits(concurrency={"*": 1})
+    (own,) = token_specs(limits, "jobs", "a")
+    (live,) = token_specs(limits, "jobs", "a", {"c": {"a": 3.0}})
+    # A changed limit is another set of tokens: the name carries the count.
+    assert (own.count, live.count) == (1, 3) and own.name != live.name
+    assert token_specs(KeyLimits(), "jobs", "a") == ()
+    (rate,) = token_specs(KeyLimits(), "jobs", "a", {"r": {"*": 5.0}})
+    assert (rate.kind, rate.count, rate.period) == ("r", 5, 1.0)
