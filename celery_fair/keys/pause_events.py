@@ -24,6 +24,7 @@ the workers move them back to the key's shard lane.  The I/O is in
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -108,15 +109,20 @@ def _limits(raw: object) -> tuple[LiveLimit, ...]:
         raise ValueError(f"limits: not a list: {raw!r:.80}")
     out: list[LiveLimit] = []
     for item in raw:
-        if not (isinstance(item, list) and len(item) == 3):
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
             raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
         kind, key, value = item
+        if kind not in (CONCURRENCY, RATE):
+            continue  # a kind of a later version: its readers apply it
         valid = value is None or (
-            isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e300
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value > 0
         )
         if kind == CONCURRENCY and valid and value is not None and value != int(value):
             valid = False  # a number of tasks at once
-        if kind not in (CONCURRENCY, RATE) or not isinstance(key, str) or not valid:
+        if not isinstance(key, str) or not valid:
             raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
         out.append((kind, key, None if value is None else float(value)))
     return tuple(out)
@@ -136,8 +142,6 @@ class PauseState:
     paused_seconds: dict[str, float] = field(default_factory=dict)
     #: Limits set live: (queue, kind, key) -> value.
     limits: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    #: Bumped at every change of :attr:`limits` (readers recompute what they derived).
-    limits_version: int = 0
 
     def apply(self, event: PauseEvent) -> list[tuple[str, str]]:
         """Add ``event``; the (queue, key) pairs whose paused state it changed."""
@@ -145,13 +149,10 @@ class PauseState:
         changed = []
         queue = event.queue
         for kind, key, value in event.limits:
-            entry = (queue, kind, key)
-            if self.limits.get(entry) != value:
-                if value is None:
-                    del self.limits[entry]
-                else:
-                    self.limits[entry] = value
-                self.limits_version += 1
+            if value is None:
+                self.limits.pop((queue, kind, key), None)
+            else:
+                self.limits[(queue, kind, key)] = value
         for key in event.keys:
             pair = (queue, key)
             before = self.keys.get(pair)

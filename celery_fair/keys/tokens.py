@@ -166,6 +166,10 @@ class TokenBook(Generic[T]):
         """Tasks holding tokens now."""
         return len(self._held)
 
+    def holding(self, task_id: str) -> bool:
+        """Whether ``task_id`` holds tokens now."""
+        return task_id in self._held
+
     def held_count(self) -> int:
         return sum(len(tokens) for tokens in self._held.values())
 

@@ -112,8 +112,9 @@ class KeyTokenGate:
                 return
             self._live = fresh
             self._specs.clear()
-        # A key no longer limited, or limited more loosely: its tasks aside may go.
-        self.poll()
+        # A key no longer limited, or limited more loosely: its tasks aside go at the
+        # next poll, on the consumer's timer (not here: with the solo pool they would
+        # run inside the control command, before its reply).
 
     def submit(self, run: Callable[[Any], Any], request: Any) -> None:
         """Run ``request`` now if its key's tokens are free, else set it aside."""
@@ -146,9 +147,16 @@ class KeyTokenGate:
         return taken
 
     def _start(self, run: Callable[[Any], Any], request: Any, tokens: list[HeldToken]) -> None:
-        with self._lock:
-            self._book.hold(self._holders.hold(request), tokens)
+        if tokens:  # none: a task aside whose key's limit was lifted meanwhile
+            with self._lock:
+                self._book.hold(self._holders.hold(request), tokens)
         run(request)
+
+    def holds(self, request: Any) -> bool:
+        """Whether ``request`` holds tokens here (its finish must give them back)."""
+        key = Holders.key(request)
+        with self._lock:
+            return self._book.holding(key)
 
     def finished(self, request: Any) -> None:
         """The task ended (ran, failed, or never reached the pool): its tokens go back."""
@@ -243,6 +251,9 @@ class KeyTokenGate:
         objects (:class:`~.dispatch.Holders`): the task may be here again, received
         anew, waiting aside for the tokens its dropped request holds.
         """
+        with self._lock:
+            if not self._book.held_tasks() and not self._book.aside_count():
+                return  # nothing held, nothing aside: nothing to compare
         try:
             reserved, active, known = compat.worker_requests()
         except RuntimeError:

@@ -10,6 +10,7 @@ finished tasks under per-key limits, and answers the live controls.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -275,7 +276,10 @@ class KeyedAdmin:
             limits = []
             for name, value in fields.items():
                 kind, _, key = name.partition(":")  # limits.limit_field's form
-                limits.append((kind, key, None if value is None else float(value)))
+                number = None if value is None else float(value)
+                if number is not None and not math.isfinite(number):
+                    raise FairConfigError(f"fair_key_limits: {key}={value} is too large")
+                limits.append((kind, key, number))
             try:
                 for queue in sorted(self.settings.keys):
                     log.set_limits(queue, limits)

@@ -76,13 +76,20 @@ class TaskObserver:
     """One feature's view of the tasks a worker runs.  Both hooks do nothing here.
 
     ``follows_completion`` says whether :meth:`after` must be called; only
-    then does the tracker wrap the request's completion callbacks.
+    then does the tracker wrap the request's completion callbacks.  With
+    ``per_task`` as well, :meth:`follows` says it for each task at hand-over,
+    so that tasks none of the observers follow keep their own callbacks.
     """
 
     follows_completion = False
+    per_task = False
 
     def before(self, task: DispatchedTask) -> None:
         """The task is handed to the pool now."""
+
+    def follows(self, task: DispatchedTask) -> bool:
+        """Whether :meth:`after` must be called for ``task`` (asked only with ``per_task``)."""
+        return True
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
         """The task finished after ``runtime`` seconds (its own run time when known)."""
@@ -144,12 +151,22 @@ class KeyLeases(TaskObserver):
 
 
 class KeyTokens(TaskObserver):
-    """Per-key limits on RabbitMQ: a finished task gives its key's tokens back."""
+    """Per-key limits on RabbitMQ: a finished task gives its key's tokens back.
+
+    Only tasks that hold tokens are followed: every keyed worker on RabbitMQ
+    has the token gate (a limit may be set live), and the tasks of keys
+    without a limit must cost nothing more.  The gate is on the way to the
+    pool, before the hand-over: a limited task holds its tokens by then.
+    """
 
     follows_completion = True
+    per_task = True
 
     def __init__(self, service: SchedulingService) -> None:
         self.service = service
+
+    def follows(self, task: DispatchedTask) -> bool:
+        return self.service.tokens.holds(task.request)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
         self.service.tokens.finished(task.request)

@@ -211,7 +211,9 @@ class TaskTracker:
             return process
         service, clock = self.service, self.service.clock
         befores = tuple(observer.before for observer in chain)
-        afters = tuple(observer.after for observer in chain if observer.follows_completion)
+        following = [observer for observer in chain if observer.follows_completion]
+        afters = tuple(observer.after for observer in following if not observer.per_task)
+        per_task = tuple((o.follows, o.after) for o in following if o.per_task)
 
         def fair_dispatch(request: Any) -> Any:
             queue = service.queue_map.queue_of(request)
@@ -220,8 +222,11 @@ class TaskTracker:
             task = DispatchedTask(request, queue, clock())
             for before in befores:
                 before(task)
-            if afters:
-                _follow(request, task, afters, clock)
+            wanted = afters
+            if per_task:
+                wanted += tuple(after for follows, after in per_task if follows(task))
+            if wanted:
+                _follow(request, task, wanted, clock)
             return process(request)
 
         return fair_dispatch
