@@ -1,4 +1,4 @@
-"""Paused keys and live limits on RabbitMQ: the control log's events and their state (pure).
+"""Paused keys and live settings on RabbitMQ: the control log's events and their state (pure).
 
 RabbitMQ keeps no state a worker could read for keys, and a pause must hold
 for every worker, those started later included.  So pauses are events in a
@@ -9,11 +9,14 @@ The workers that answer ``control fair_key_pause`` (and ``celery fair keys
 pause``) append the event; replaying the log in order gives every reader
 the same paused keys, last event winning per key.
 
-Per-key limits set live (``control fair_key_limits``) are events of the same
-log, for the same reasons: an event with no keys to pause and its limits
-(``limits``, each ``[kind, key, value or null]``).  A reader of an earlier
-version takes it for a marker and skips it.  The last value per queue,
-kind and key wins; null removes it (the configured limit applies again).
+Per-key limits and key weights set live (``control fair_key_limits``,
+``fair_key_weights``) are events of the same log, for the same reasons: an
+event with no keys to pause and its settings (``settings``, each ``[kind,
+key, value or null]``: :data:`~celery_fair.keys.limits.CONCURRENCY`,
+:data:`~celery_fair.keys.limits.RATE` or :data:`WEIGHT`).  A reader of an
+earlier version takes it for a marker and skips it.  The last value per
+queue, kind and key wins; null removes it (the configured value applies
+again).
 
 A paused key's tasks that reach a worker wait apart, in the key's own
 **parked lane** (:func:`parked_lane`), which no worker consumes; on resume
@@ -32,11 +35,12 @@ from .lanes import key_digest
 from .limits import CONCURRENCY, RATE
 
 __all__ = (
-    "LiveLimit",
     "PAUSE_LOG",
     "PAUSE_LOG_ARGUMENTS",
     "PauseEvent",
     "PauseState",
+    "WEIGHT",
+    "LiveSetting",
     "parked_lane",
 )
 
@@ -56,16 +60,17 @@ def parked_lane(queue: str, key: str) -> str:
     return f"{queue}.fair.p.{key_digest(key)}"
 
 
-#: A limit set live: ``(kind, key, value)``, kind ``"c"`` (concurrency) or ``"r"``
-#: (tasks per second, :data:`~celery_fair.keys.limits.CONCURRENCY`, ``RATE``);
-#: value None removes the live limit.
-LiveLimit = tuple[str, str, float | None]
+#: The kind of a key weight set live (limits are ``CONCURRENCY`` and ``RATE``).
+WEIGHT = "w"
+#: A setting made live: ``(kind, key, value)``, kind ``"c"`` (concurrency), ``"r"``
+#: (tasks per second) or ``"w"`` (the key's weight); value None removes it.
+LiveSetting = tuple[str, str, float | None]
 
 
 @dataclass(frozen=True)
 class PauseEvent:
     """One entry of the log: ``keys`` of ``queue`` paused (or resumed) at ``at``
-    (wall seconds), or ``limits`` of ``queue`` set live.  ``id`` tells its
+    (wall seconds), or ``settings`` of ``queue`` made live.  ``id`` tells its
     writer when it has read its own entry back; an entry with neither is a
     reader's marker (it has read the log up to there)."""
 
@@ -74,13 +79,13 @@ class PauseEvent:
     keys: tuple[str, ...] = ()
     paused: bool = True
     at: float = 0.0
-    limits: tuple[LiveLimit, ...] = ()
+    settings: tuple[LiveSetting, ...] = ()
 
     def to_body(self) -> bytes:
         fields: dict[str, object] = {"id": self.id, "queue": self.queue, "keys": list(self.keys),
                                      "paused": self.paused, "at": self.at}  # fmt: skip
-        if self.limits:
-            fields["limits"] = [list(limit) for limit in self.limits]
+        if self.settings:
+            fields["settings"] = [list(setting) for setting in self.settings]
         return json.dumps(fields).encode()
 
     @classmethod
@@ -100,19 +105,19 @@ class PauseEvent:
             or not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)
         ):  # fmt: skip
             raise ValueError(f"not a pause event: {raw!r:.120}")
-        return cls(id_, queue, tuple(keys), paused, float(at), _limits(raw.get("limits", [])))
+        return cls(id_, queue, tuple(keys), paused, float(at), _settings(raw.get("settings", [])))
 
 
-def _limits(raw: object) -> tuple[LiveLimit, ...]:
-    """An event's ``limits`` list, checked: ``[kind, key, value > 0 or null]`` each."""
+def _settings(raw: object) -> tuple[LiveSetting, ...]:
+    """An event's ``settings`` list, checked: ``[kind, key, value > 0 or null]`` each."""
     if not isinstance(raw, list):
-        raise ValueError(f"limits: not a list: {raw!r:.80}")
-    out: list[LiveLimit] = []
+        raise ValueError(f"settings: not a list: {raw!r:.80}")
+    out: list[LiveSetting] = []
     for item in raw:
         if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
-            raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
+            raise ValueError(f"settings: not [kind, key, value]: {item!r:.80}")
         kind, key, value = item
-        if kind not in (CONCURRENCY, RATE):
+        if kind not in (CONCURRENCY, RATE, WEIGHT):
             continue  # a kind of a later version: its readers apply it
         valid = value is None or (
             isinstance(value, (int, float))
@@ -123,7 +128,7 @@ def _limits(raw: object) -> tuple[LiveLimit, ...]:
         if kind == CONCURRENCY and valid and value is not None and value != int(value):
             valid = False  # a number of tasks at once
         if not isinstance(key, str) or not valid:
-            raise ValueError(f"limits: not [kind, key, value]: {item!r:.80}")
+            raise ValueError(f"settings: not [kind, key, value]: {item!r:.80}")
         out.append((kind, key, None if value is None else float(value)))
     return tuple(out)
 
@@ -140,19 +145,19 @@ class PauseState:
     #: Per keyed queue: pauses so far, and seconds keys spent paused before a resume.
     pauses: dict[str, int] = field(default_factory=dict)
     paused_seconds: dict[str, float] = field(default_factory=dict)
-    #: Limits set live: (queue, kind, key) -> value.
-    limits: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    #: Settings made live: (queue, kind, key) -> value.
+    settings: dict[tuple[str, str, str], float] = field(default_factory=dict)
 
     def apply(self, event: PauseEvent) -> list[tuple[str, str]]:
         """Add ``event``; the (queue, key) pairs whose paused state it changed."""
         self.events += 1
         changed = []
         queue = event.queue
-        for kind, key, value in event.limits:
+        for kind, key, value in event.settings:
             if value is None:
-                self.limits.pop((queue, kind, key), None)
+                self.settings.pop((queue, kind, key), None)
             else:
-                self.limits[(queue, kind, key)] = value
+                self.settings[(queue, kind, key)] = value
         for key in event.keys:
             pair = (queue, key)
             before = self.keys.get(pair)
@@ -169,10 +174,10 @@ class PauseState:
                 self.paused_seconds[queue] = self.paused_seconds.get(queue, 0.0) + spent
         return changed
 
-    def live_limits(self, queue: str) -> dict[str, dict[str, float]]:
-        """The limits set live on keyed ``queue``: kind -> key -> value."""
+    def live(self, queue: str) -> dict[str, dict[str, float]]:
+        """The settings made live on keyed ``queue``: kind -> key -> value."""
         found: dict[str, dict[str, float]] = {}
-        for (q, kind, key), value in self.limits.items():
+        for (q, kind, key), value in self.settings.items():
             if q == queue:
                 found.setdefault(kind, {})[key] = value
         return found

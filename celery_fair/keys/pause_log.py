@@ -1,4 +1,4 @@
-"""Paused keys and live limits on RabbitMQ: the control log read and written, and parked
+"""Paused keys and live settings on RabbitMQ: the control log read and written, and parked
 tasks moved back.
 
 The broker side of :mod:`celery_fair.keys.pause_events`, on a
@@ -13,7 +13,7 @@ worker's timer calls.
   state is the whole log's at that moment (a worker calls it as its
   consumer connects, before any task is dispatched).
 * **Writing.**  An event is published with a publisher confirm: the command
-  that paused a key (or set a limit live) answers only once the broker has
+  that paused a key (or made a limit or a weight live) answers only once the broker has
   the event.
 * **Parking.**  Before a key is marked paused here, its parked lane is
   declared as the keyed queue is (durable, its arguments), so the worker's
@@ -42,7 +42,7 @@ from .lanes import KeyLanes, free_lane, lane_queue
 from .pause_events import (
     PAUSE_LOG,
     PAUSE_LOG_ARGUMENTS,
-    LiveLimit,
+    LiveSetting,
     PauseEvent,
     PauseState,
     parked_lane,
@@ -126,8 +126,9 @@ class PauseLog:
         except self.side.errors_of()[1] as exc:
             # A broker without streams (RabbitMQ before 3.9) refuses the declaration.
             self.unsupported = (
-                f"pausing keys on RabbitMQ needs stream queues (RabbitMQ 3.9 or later) "
-                f"for its log {PAUSE_LOG!r}; the broker refused it: {exc}"
+                f"pausing keys, and limits and key weights set live on every worker, need "
+                f"stream queues on RabbitMQ (3.9 or later) for the control log "
+                f"{PAUSE_LOG!r}; the broker refused it: {exc}"
             )
             logger.warning("celery-fair: %s", self.unsupported)
             self.side.close()
@@ -234,7 +235,7 @@ class PauseLog:
                 event = None
             if event is not None and event.id == self._awaited:
                 self._seen = True
-            if event is not None and (event.keys or event.limits) and event.queue in self.parents:
+            if event is not None and (event.keys or event.settings) and event.queue in self.parents:
                 for queue, key in self.state.apply(event):
                     if event.paused:
                         self._declare_parked(queue, key)
@@ -261,12 +262,14 @@ class PauseLog:
             )
             return sum((key in before) != paused for key in keys)
 
-    def set_limits(self, queue: str, limits: Iterable[LiveLimit]) -> None:
-        """Set per-key limits of keyed ``queue`` live, for every worker (value None:
-        back to the configured limit); written and read back as :meth:`append`."""
-        limits = tuple(limits)
+    def set_live(self, queue: str, settings: Iterable[LiveSetting]) -> None:
+        """Make per-key limits or key weights of keyed ``queue`` live for every worker
+        (value None: back to the configured one); written and read back as :meth:`append`."""
+        settings = tuple(settings)
         with self.side.lock:
-            self._write(lambda: PauseEvent(uuid.uuid4().hex, queue, at=self.wall(), limits=limits))
+            self._write(
+                lambda: PauseEvent(uuid.uuid4().hex, queue, at=self.wall(), settings=settings)
+            )
 
     def _write(
         self, event: Callable[[], PauseEvent], parked: Iterable[tuple[str, str]] = ()

@@ -235,6 +235,10 @@ class TokenBook(Generic[T]):
     def aside_count(self) -> int:
         return sum(len(waiting) for waiting in self._aside.values())
 
+    def any_aside(self) -> bool:
+        """Whether any task waits aside (a key's line is dropped when it empties)."""
+        return bool(self._aside)
+
     def aside_by_key(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for (_, key), waiting in self._aside.items():

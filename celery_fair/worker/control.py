@@ -177,7 +177,7 @@ def fair_key_weights(state: Any, weights: Any = None, **kwargs: Any) -> dict[str
     """Change key weights of the keyed queues: every worker uses them at once.
 
     On Redis they are stored on the broker (workers started later use them too);
-    on RabbitMQ each worker that answers applies them until it stops.
+    on RabbitMQ they are events of the control log, which every worker reads.
     ``KEY=default`` removes a live weight (the configured one applies again).
     Invalid input changes nothing.
     """
@@ -205,7 +205,8 @@ _LIMIT_KINDS = {"concurrency": CONCURRENCY, "rate": RATE}
     variadic="limits", signature="concurrency|rate KEY=LIMIT|KEY=default [KEY=LIMIT ...]"
 )
 def fair_key_limits(state: Any, limits: Any = None, **kwargs: Any) -> dict[str, Any]:
-    """Change per-key limits of the keyed queues, on the broker (every worker, at once).
+    """Change per-key limits of the keyed queues, on the broker (every worker, at once;
+    on RabbitMQ through the control log).
 
     ``concurrency gold=8 *=2`` or ``rate free=5/s``; ``KEY=default`` removes
     a live limit (the configured one applies again).  Invalid input changes

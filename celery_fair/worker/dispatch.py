@@ -98,8 +98,8 @@ def buffer_task(service: SchedulingService, args: tuple[Any, ...], entry: Any) -
         # and a user "key/user" of weight 2 two turns to 1 within the key's.
         weights = service.lane_key_weights
         if user is not None:
-            user_cost = cost / weights.weight(f"{key}/{user}")
-        cost /= weights.weight(key)
+            user_cost = cost / weights.weight(f"{key}/{user}", queue)
+        cost /= weights.weight(key, queue)
     service.scheduler.wait(queue, entry, key, level, user, cost, user_cost)
 
 

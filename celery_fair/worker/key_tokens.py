@@ -77,11 +77,29 @@ class KeyTokenGate:
     # -- the way to the pool ---------------------------------------------------------
 
     def wrap(self, process: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore)."""
-        return holding_gate(process, self.submit, self.finished)
+        """Gate ``process`` (the worker's hand-over to the pool, or to prefork's semaphore).
+
+        With no limit in force (none configured, none set live, none aside) a task
+        goes straight on: a task that takes no tokens needs nothing given back.
+        """
+        gated = holding_gate(process, self.submit, self.finished)
+
+        def tokens_first(request: Any) -> Any:
+            if self._idle:
+                return process(request)
+            return gated(request)
+
+        return tokens_first
+
+    @property
+    def _idle(self) -> bool:
+        # Read without the lock: a limit set live a moment later applies to the next task.
+        return not (self.limits or self._live or self._book.any_aside())
 
     def _limited(self, request: Any) -> tuple[str, str, tuple[TokenSpec, ...]] | None:
-        if not self.limits and not self._live:
+        """The task's keyed queue, key and token sets, if it takes tokens or waits behind
+        tasks of its key aside (a limit lifted: they go first, at the next poll)."""
+        if self._idle:
             return None  # no limit anywhere: nothing to look up, nothing to remember per key
         queue_map = self.service.queue_map
         queue = queue_map.queue_of(request)
@@ -91,7 +109,7 @@ class KeyTokenGate:
         if key is None:
             return None
         specs = self._specs_of(queue, key)
-        return (queue, key, specs) if specs else None
+        return (queue, key, specs) if specs or self._book.waiting(queue, key) else None
 
     def _specs_of(self, queue: str, key: str) -> tuple[TokenSpec, ...]:
         """The token sets a task of ``key`` takes now (none: the key is not limited)."""
@@ -154,6 +172,8 @@ class KeyTokenGate:
 
     def holds(self, request: Any) -> bool:
         """Whether ``request`` holds tokens here (its finish must give them back)."""
+        if not self._book.held_tasks():  # read without the lock: none held, none to give
+            return False
         key = Holders.key(request)
         with self._lock:
             return self._book.holding(key)

@@ -18,6 +18,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys import store, throttling
 from ..keys.layout import KeyedNames
+from ..keys.pause_events import WEIGHT, LiveSetting
 from ..keys.pause_log import PauseLog, PauseLogUnavailable
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing
@@ -271,31 +272,42 @@ class KeyedAdmin:
         On RabbitMQ an event of the control log (:mod:`celery_fair.keys.pause_log`)
         for each keyed queue, which every worker reads.
         """
-        log = self.pause_log
-        if log is not None:
-            limits = []
+        if self.pause_log is not None:
+            settings = []
             for name, value in fields.items():
                 kind, _, key = name.partition(":")  # limits.limit_field's form
-                number = None if value is None else float(value)
-                if number is not None and not math.isfinite(number):
-                    raise FairConfigError(f"fair_key_limits: {key}={value} is too large")
-                limits.append((kind, key, number))
-            try:
-                for queue in sorted(self.settings.keys):
-                    log.set_limits(queue, limits)
-            except PauseLogUnavailable as exc:
-                raise FairConfigError(f"fair_key_limits: {exc}") from None
+                settings.append((kind, key, None if value is None else float(value)))
+            self._set_live("fair_key_limits", settings)
             return
         self._on_keyed_queues(
             "fair_key_limits", lambda client, names: store.set_live_limits(client, names, fields)
         )
 
     def set_weights(self, weights: dict[str, float | None]) -> None:
-        """Set key weights live, on the broker (every worker and restart sees them)."""
+        """Set key weights live, on the broker (every worker and restart sees them).
+
+        On RabbitMQ an event of the control log, as :meth:`set_limits`.
+        """
+        if self.pause_log is not None:
+            self._set_live("fair_key_weights", [(WEIGHT, k, w) for k, w in weights.items()])
+            return
         self._on_keyed_queues(
             "fair_key_weights",
             lambda client, names: store.set_live_weights(client, names, weights),
         )
+
+    def _set_live(self, setting: str, settings: list[LiveSetting]) -> None:
+        """RabbitMQ: ``settings`` made live on each keyed queue, through the control log."""
+        log = self.pause_log
+        assert log is not None
+        for _, key, value in settings:
+            if value is not None and not math.isfinite(value):
+                raise FairConfigError(f"{setting}: {key}={value} is too large")
+        try:
+            for queue in sorted(self.settings.keys):
+                log.set_live(queue, settings)
+        except PauseLogUnavailable as exc:
+            raise FairConfigError(f"{setting}: {exc}") from None
 
     def pause(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
         """Pause (or resume) ``keys`` in keyed ``queue``, or in every keyed queue of

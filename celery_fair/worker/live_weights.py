@@ -243,11 +243,12 @@ class LaneKeyWeights:
 
     On Redis the fetch script reads key weights from the broker, so a live
     weight reaches every worker.  On RabbitMQ the keys' turns are taken in each
-    worker's buffer (:func:`celery_fair.worker.dispatch.buffer_task`), and the
-    broker keeps no shared state to write: ``control fair_key_weights`` reaches
-    the workers that answer its broadcast, and each keeps the weight until it is
-    set back (``KEY=default``) or the worker stops.  A worker started later has
-    the configured weights.
+    worker's buffer (:func:`celery_fair.worker.dispatch.buffer_task`): a weight
+    set live (``control fair_key_weights``) is an event of the control log
+    (:mod:`celery_fair.keys.pause_log`), which every worker reads, one started
+    later too, and follows (:meth:`replace_live`) until it is set back
+    (``KEY=default``).  A broker without stream queues keeps no log: there the
+    workers that answer the command apply it (:meth:`set`) until they stop.
     """
 
     def __init__(self, configured: Mapping[str, float], default: float) -> None:
@@ -256,16 +257,28 @@ class LaneKeyWeights:
         # Replaced whole, never changed in place: readers on other threads
         # (the event loop's buffer) see one map or the other.
         self._live: dict[str, float] = {}
+        self._logged: dict[str, dict[str, float]] = {}
 
-    def weight(self, key: str) -> float:
-        """The key's weight: live, else configured, else ``fair_default_key_weight``."""
+    def weight(self, key: str, queue: str | None = None) -> float:
+        """The key's weight in keyed ``queue``: live (from the control log, else set in
+        this worker), else configured, else ``fair_default_key_weight``."""
+        logged = self._logged.get(queue) if queue is not None else None
+        if logged:
+            found = logged.get(key)
+            if found is not None:
+                return found
         live = self._live.get(key)
         if live is not None:
             return live
         return self.configured.get(key, self.default)
 
+    def replace_live(self, per_queue: Mapping[str, Mapping[str, float]]) -> None:
+        """The weights the control log holds, per keyed queue (key -> weight)."""
+        self._logged = {q: dict(weights) for q, weights in per_queue.items() if weights}
+
     def set(self, weights: Mapping[str, float | None]) -> None:
-        """Live weights; a key with None goes back to its configured weight."""
+        """Live weights in this worker alone; a key with None goes back to its configured
+        weight."""
         live = dict(self._live)
         for key, weight in weights.items():
             if weight is None:
@@ -275,8 +288,11 @@ class LaneKeyWeights:
         self._live = live
 
     def live(self) -> dict[str, float]:
-        """The weights set live in this worker (``inspect fair_stats``)."""
-        return dict(sorted(self._live.items()))
+        """The weights in force live in this worker (``inspect fair_stats``)."""
+        found = dict(self._live)
+        for weights in self._logged.values():
+            found.update(weights)
+        return dict(sorted(found.items()))
 
 
 def _lapsed(until: Any, now: float) -> bool:

@@ -381,7 +381,7 @@ OPTIONS: tuple[Option, ...] = (
             "weight per key, in every keyed queue; on Redis written to the broker at worker "
             "start, and `control fair_key_weights KEY=W` overrides it live (`KEY=default` "
             "removes the override); on RabbitMQ each worker applies its own, and the "
-            "command sets them in the workers that answer until they stop"
+            "command sets them in every worker, through the control log"
         ),
         read=_key_weights,
     ),

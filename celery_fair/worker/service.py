@@ -14,8 +14,9 @@ from time import monotonic
 from typing import Any
 
 from .. import compat
+from ..errors import FairConfigError
 from ..keys.lanes import KeyLanes
-from ..keys.pause_events import parked_lane
+from ..keys.pause_events import WEIGHT, parked_lane
 from ..keys.pause_log import PauseLog
 from ..keys.serving import KeyStatistics
 from ..keys.token_client import TokenClient
@@ -293,14 +294,23 @@ class FairService:
         """Set key weights live (None: back to the configured weight); where they act.
 
         On Redis they are stored on the broker, where every worker's fetch reads
-        them; on RabbitMQ this worker's buffer applies them until it stops
-        (:class:`LaneKeyWeights`).
+        them; on RabbitMQ they are events of the control log, which every
+        worker's buffer follows (:class:`LaneKeyWeights`).
         """
         if self.queue_map.lanes is None:
             self.keys.set_weights(weights)
             return "on the broker"
-        self.lane_key_weights.set(weights)
-        return "in this worker (RabbitMQ: until it stops)"
+        log = self.keys.pause_log
+        try:
+            self.keys.set_weights(weights)
+        except FairConfigError:
+            if log is None or log.unsupported is None:
+                raise
+            # No stream queues for the control log: this worker's buffer alone.
+            self.lane_key_weights.set(weights)
+            return "in this worker (RabbitMQ without stream queues: until it stops)"
+        self._follow_live()
+        return "on the broker (every worker, those started later too)"
 
     def pause_keys(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
         """Pause (or resume) keys on the broker: per keyed queue, how many changed."""
@@ -311,24 +321,31 @@ class FairService:
 
     def refresh_paused(self) -> None:
         """Read the paused keys from the broker (a timer calls this); on RabbitMQ the
-        control log read has the limits set live too."""
+        control log read has the limits and key weights made live too."""
         paused = self.keys.paused_keys()
         if paused is not None:
             self.pauses.replace(paused)
-        self._follow_live_limits()
+        self._follow_live()
 
     def set_key_limits(self, fields: dict[str, str | None]) -> None:
         """Set per-key limits live, on the broker: every worker, those started later too
         (fields ``c:<key>``, ``r:<key>``; None: back to the configured limit)."""
         self.keys.set_limits(fields)
-        self._follow_live_limits()
+        self._follow_live()
 
-    def _follow_live_limits(self) -> None:
-        """Keyed queues on RabbitMQ: the token gate takes the limits the control log holds."""
-        log, tokens = self.keys.pause_log, self.tokens
-        if log is None or tokens is None or not log.caught_up:
+    def _follow_live(self) -> None:
+        """Keyed queues on RabbitMQ: the token gate and the buffer's key weights take
+        what the control log holds."""
+        log = self.keys.pause_log
+        if log is None or not log.caught_up:
             return
-        tokens.set_live({q: log.state.live_limits(q) for q in self.settings.keys})
+        live = {q: log.state.live(q) for q in self.settings.keys}
+        self.lane_key_weights.replace_live({q: kinds.get(WEIGHT, {}) for q, kinds in live.items()})
+        if self.tokens is not None:
+            tokens = {
+                q: {k: v for k, v in kinds.items() if k != WEIGHT} for q, kinds in live.items()
+            }
+            self.tokens.set_live(tokens)
 
     def _hold_fetch_while_dropping(self, qos: Any) -> None:
         """A worker whose buffer CoDel finds stale fetches nothing more."""

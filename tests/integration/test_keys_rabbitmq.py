@@ -121,7 +121,7 @@ def test_key_weights_set_live_act_in_the_worker_that_answers(
     amqp_url: str, redis_url: str, ledger: Ledger, queue: str
 ) -> None:
     """``control fair_key_weights`` on RabbitMQ: the answering worker's buffer takes
-    the keys' turns by the new weights at once, and says they live in it."""
+    the keys' turns by the new weights at once, and says they are live in it."""
     app = keyed_app(amqp_url, {queue: "tenant_id"})
     # Every key stays backlogged through 800 starts at 1:2:4 even if the worker
     # ran 900 at 1:1:1 before the command reached it.
@@ -146,13 +146,35 @@ def test_key_weights_set_live_act_in_the_worker_that_answers(
         finally:
             control.close()
         [reply] = [r for answer in replies for r in answer.values()]
-        assert "in this worker" in reply.get("ok", ""), reply
+        assert "on the broker" in reply.get("ok", ""), reply
         assert stats["key_weights_live"] == {"b": 2.0, "c": 4.0}, stats
         entries = _entries(ledger, sum(backlog.values()), worker)
     # Tasks already in the buffer kept their turns: from half a second on, the new ones.
     window = [e for e in entries if e.started > changed + 0.5][:800]
     assert len(window) == 800
     _assert_weighted(window)
+
+
+def test_key_weights_set_live_reach_a_worker_started_later_on_rabbitmq(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """A weight set live is an event of the control log: a worker started after the
+    command, configured with none, serves the keys by it; ``KEY=default`` lifts it."""
+    control = control_app(amqp_url)
+    try:
+        with _worker(amqp_url, redis_url, queue) as first:  # every key weighs 1
+            _ready(first)
+            broadcast_until_replied(control, "fair_key_weights", weights=["b=2", "c=4"])
+        _publish_weighted(amqp_url, queue, 200)
+        with _worker(amqp_url, redis_url, queue) as later:
+            entries = _entries(ledger, 1400, later)
+            assert wait_fair_stats(amqp_url)["key_weights_live"] == {"b": 2.0, "c": 4.0}
+            broadcast_until_replied(control, "fair_key_weights", weights=["b=default", "c=default"])
+            assert poll_until(lambda: wait_fair_stats(amqp_url)["key_weights_live"] == {}, 20)
+    finally:
+        control.close()
+    # Every key backlogged through the first 1,000 starts at 1:2:4.
+    _assert_weighted(entries[:800])
 
 
 def test_key_weights_hold_across_two_workers_on_rabbitmq(

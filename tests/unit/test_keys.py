@@ -389,6 +389,13 @@ def test_lane_key_weights_live_over_configured_over_default() -> None:
     weights.set({"gold": None})
     assert weights.weight("gold") == 4.0
     assert weights.live() == {"other": 2.0}
+    # From the control log, per keyed queue: over this worker's own and the configured.
+    weights.replace_live({"jobs": {"gold": 16.0}, "mail": {}})
+    assert (weights.weight("gold", "jobs"), weights.weight("gold", "mail")) == (16.0, 4.0)
+    assert weights.weight("other", "jobs") == 2.0
+    assert weights.live() == {"gold": 16.0, "other": 2.0}
+    weights.replace_live({})
+    assert weights.weight("gold", "jobs") == 4.0
 
 
 def test_a_bad_fair_keys_spec_is_one_clear_error_at_the_first_send() -> None:

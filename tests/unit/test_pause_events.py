@@ -44,37 +44,38 @@ def test_each_key_has_its_own_parked_lane_of_its_queue() -> None:
     assert parked_lane("mail", "a").startswith("mail.fair.p.")
 
 
-def test_limits_set_live_add_up_last_word_per_queue_kind_and_key() -> None:
+def test_settings_made_live_add_up_last_word_per_queue_kind_and_key() -> None:
     state = PauseState()
-    first = PauseEvent("1", "jobs", at=1.0, limits=(("c", "a", 1.0), ("c", "*", 3.0)))
+    first = PauseEvent("1", "jobs", at=1.0, settings=(("c", "a", 1.0), ("c", "*", 3.0)))
     assert state.apply(first) == []  # no key's pause changed
-    assert state.live_limits("jobs") == {"c": {"a": 1.0, "*": 3.0}}
-    state.apply(PauseEvent("2", "jobs", at=2.0, limits=(("c", "a", 1.0),)))
-    assert state.live_limits("jobs") == {"c": {"a": 1.0, "*": 3.0}}  # a repeat changes nothing
-    state.apply(PauseEvent("3", "jobs", at=3.0, limits=(("c", "a", None), ("r", "b", 5.0))))
-    state.apply(PauseEvent("4", "other", at=4.0, limits=(("c", "a", 7.0),)))
-    assert state.live_limits("jobs") == {"c": {"*": 3.0}, "r": {"b": 5.0}}
-    assert state.live_limits("other") == {"c": {"a": 7.0}}
+    assert state.live("jobs") == {"c": {"a": 1.0, "*": 3.0}}
+    state.apply(PauseEvent("2", "jobs", at=2.0, settings=(("c", "a", 1.0),)))
+    assert state.live("jobs") == {"c": {"a": 1.0, "*": 3.0}}  # a repeat changes nothing
+    state.apply(PauseEvent("3", "jobs", at=3.0, settings=(("c", "a", None), ("r", "b", 5.0))))
+    state.apply(PauseEvent("4", "other", at=4.0, settings=(("c", "a", 7.0),)))
+    state.apply(PauseEvent("5", "jobs", at=5.0, settings=(("w", "gold", 4.0),)))
+    assert state.live("jobs") == {"c": {"*": 3.0}, "r": {"b": 5.0}, "w": {"gold": 4.0}}
+    assert state.live("other") == {"c": {"a": 7.0}}
     assert state.paused() == {}
 
 
-def test_a_limits_event_survives_its_wire_form_and_reads_as_a_marker_without_them() -> None:
+def test_a_settings_event_survives_its_wire_form_and_reads_as_a_marker_without_them() -> None:
     import json
 
-    event = PauseEvent("x", "jobs", at=2.0, limits=(("c", "a:b", 2.0), ("r", "*", None)))
+    event = PauseEvent("x", "jobs", at=2.0, settings=(("c", "a:b", 2.0), ("r", "*", None)))
     assert PauseEvent.from_body(event.to_body()) == event
     # A reader of an earlier version reads the same body as an event without keys: a
     # marker, which changes nothing.
     raw = json.loads(event.to_body())
-    assert raw["keys"] == [] and raw["limits"] == [["c", "a:b", 2.0], ["r", "*", None]]
+    assert raw["keys"] == [] and raw["settings"] == [["c", "a:b", 2.0], ["r", "*", None]]
     for bad in ([["c", "a", 0]], [["c", "a", 1.5]], [[1, "a", 1]], [["r", 1, 1]], [["c", "a"]],
                 [["r", "a", True]], {"c": 1}):  # fmt: skip
-        body = json.dumps({**raw, "limits": bad}).encode()
-        with pytest.raises(ValueError, match="limits"):
+        body = json.dumps({**raw, "settings": bad}).encode()
+        with pytest.raises(ValueError, match="settings"):
             PauseEvent.from_body(body)
-    # A kind of limit of a later version is left to its readers, the rest applies.
-    body = json.dumps({**raw, "limits": [["w", "a", 4], ["c", "a", 2]]}).encode()
-    assert PauseEvent.from_body(body).limits == (("c", "a", 2.0),)
-    body = json.dumps({**raw, "limits": [["r", "a", float("inf")]]}).encode()
-    with pytest.raises(ValueError, match="limits"):
+    # A kind of a later version is left to its readers, the rest applies.
+    body = json.dumps({**raw, "settings": [["x", "a", 4], ["w", "a", 0.5]]}).encode()
+    assert PauseEvent.from_body(body).settings == (("w", "a", 0.5),)
+    body = json.dumps({**raw, "settings": [["r", "a", float("inf")]]}).encode()
+    with pytest.raises(ValueError, match="settings"):
         PauseEvent.from_body(body)
