@@ -90,7 +90,7 @@ def token_specs(
     """The limits on ``key`` of keyed ``queue`` as token sets (none: unlimited).
 
     ``live``: the limits set live on the queue, kind -> key -> value
-    (:meth:`~celery_fair.keys.pause_events.PauseState.live_limits`).  A key's
+    (:meth:`~celery_fair.keys.pause_events.PauseState.live`).  A key's
     own entry wins over ``"*"``, a live one over a configured one, as on Redis
     (:func:`~celery_fair.keys.limits.resolve`).
     """

@@ -77,8 +77,9 @@ class TaskObserver:
 
     ``follows_completion`` says whether :meth:`after` must be called; only
     then does the tracker wrap the request's completion callbacks.  With
-    ``per_task`` as well, :meth:`follows` says it for each task at hand-over,
-    so that tasks none of the observers follow keep their own callbacks.
+    ``per_task`` as well, :meth:`follows` says it for each request at
+    hand-over, so that tasks none of the observers follow keep their own
+    callbacks; such an observer has no :meth:`before`.
     """
 
     follows_completion = False
@@ -87,8 +88,8 @@ class TaskObserver:
     def before(self, task: DispatchedTask) -> None:
         """The task is handed to the pool now."""
 
-    def follows(self, task: DispatchedTask) -> bool:
-        """Whether :meth:`after` must be called for ``task`` (asked only with ``per_task``)."""
+    def follows(self, request: Any) -> bool:
+        """Whether :meth:`after` must be called for ``request`` (asked only with ``per_task``)."""
         return True
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
@@ -165,8 +166,8 @@ class KeyTokens(TaskObserver):
     def __init__(self, service: SchedulingService) -> None:
         self.service = service
 
-    def follows(self, task: DispatchedTask) -> bool:
-        return self.service.tokens.holds(task.request)
+    def follows(self, request: Any) -> bool:
+        return self.service.tokens.holds(request)
 
     def after(self, task: DispatchedTask, runtime: float) -> None:
         self.service.tokens.finished(task.request)

@@ -210,21 +210,24 @@ class TaskTracker:
         if not chain:
             return process
         service, clock = self.service, self.service.clock
-        befores = tuple(observer.before for observer in chain)
+        # Observers that follow some tasks only (per_task) have no before hook.
+        befores = tuple(observer.before for observer in chain if not observer.per_task)
         following = [observer for observer in chain if observer.follows_completion]
         afters = tuple(observer.after for observer in following if not observer.per_task)
         per_task = tuple((o.follows, o.after) for o in following if o.per_task)
 
         def fair_dispatch(request: Any) -> Any:
+            wanted = afters
+            if per_task:
+                wanted += tuple(after for follows, after in per_task if follows(request))
+            if not befores and not wanted:
+                return process(request)  # nothing to do for this task
             queue = service.queue_map.queue_of(request)
             if queue is None:
                 return process(request)
             task = DispatchedTask(request, queue, clock())
             for before in befores:
                 before(task)
-            wanted = afters
-            if per_task:
-                wanted += tuple(after for follows, after in per_task if follows(task))
             if wanted:
                 _follow(request, task, wanted, clock)
             return process(request)
