@@ -257,7 +257,7 @@ class PauseLog:
         with self.side.lock:
             before = self.state.paused().get(queue, set())
             self._write(
-                lambda: PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall()),
+                PauseEvent(uuid.uuid4().hex, queue, keys, paused, self.wall()),
                 parked=[(queue, key) for key in keys] if paused else [],
             )
             return sum((key in before) != paused for key in keys)
@@ -267,21 +267,16 @@ class PauseLog:
         (value None: back to the configured one); written and read back as :meth:`append`."""
         settings = tuple(settings)
         with self.side.lock:
-            self._write(
-                lambda: PauseEvent(uuid.uuid4().hex, queue, at=self.wall(), settings=settings)
-            )
+            self._write(PauseEvent(uuid.uuid4().hex, queue, at=self.wall(), settings=settings))
 
-    def _write(
-        self, event: Callable[[], PauseEvent], parked: Iterable[tuple[str, str]] = ()
-    ) -> None:
-        """Declare the ``parked`` lanes, append ``event()`` and read the log up to it."""
+    def _write(self, event: PauseEvent, parked: Iterable[tuple[str, str]] = ()) -> None:
+        """Declare the ``parked`` lanes, append ``event`` and read the log up to it."""
         try:
             self._open()
             for queue, key in parked:
                 self._declare_parked(queue, key)
-            written = event()
-            self._publish(written)
-            self._awaited, self._seen = written.id, False
+            self._publish(event)
+            self._awaited, self._seen = event.id, False
             if self._read_until(CATCH_UP_TIMEOUT):
                 self.caught_up = True  # read from the first entry to this one
             else:

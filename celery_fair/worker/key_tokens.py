@@ -98,9 +98,8 @@ class KeyTokenGate:
 
     def _limited(self, request: Any) -> tuple[str, str, tuple[TokenSpec, ...]] | None:
         """The task's keyed queue, key and token sets, if it takes tokens or waits behind
-        tasks of its key aside (a limit lifted: they go first, at the next poll)."""
-        if self._idle:
-            return None  # no limit anywhere: nothing to look up, nothing to remember per key
+        tasks of its key aside (a limit lifted: they go first, at the next poll).  Only
+        asked while the gate is not idle (:meth:`wrap`)."""
         queue_map = self.service.queue_map
         queue = queue_map.queue_of(request)
         if queue is None or queue_map.lanes is None or queue not in queue_map.lanes.keyed:
@@ -272,7 +271,7 @@ class KeyTokenGate:
         anew, waiting aside for the tokens its dropped request holds.
         """
         with self._lock:
-            if not self._book.held_tasks() and not self._book.aside_count():
+            if not self._book.held_tasks() and not self._book.any_aside():
                 return  # nothing held, nothing aside: nothing to compare
         try:
             reserved, active, known = compat.worker_requests()
