@@ -713,14 +713,19 @@ def log_lines(log: str) -> dict[str, Any]:
 _TASK_LINE = re.compile(r"\[\S+ \S+: \w+/\S+\] Task \S+\[([0-9a-f-]+)\] (received|succeeded)")
 
 
-def task_waits(log: str) -> list[float]:
-    """Seconds from "received" to "succeeded" of each task a worker's log shows both for."""
+def task_times(log: str) -> dict[str, tuple[float, float]]:
+    """``task id -> (received, succeeded)`` for each task a worker's log shows both for."""
     seen: dict[str, dict[str, float]] = {"received": {}, "succeeded": {}}
     for line in log.splitlines():
         if (m := _TASK_LINE.match(line)) and (at := _stamp(line)) is not None:
             seen[m.group(2)].setdefault(m.group(1), at)
     done = seen["succeeded"]
-    return [done[t] - at for t, at in seen["received"].items() if t in done]
+    return {t: (at, done[t]) for t, at in seen["received"].items() if t in done}
+
+
+def task_waits(log: str) -> list[float]:
+    """Seconds from "received" to "succeeded" of each task a worker's log shows both for."""
+    return [done - at for at, done in task_times(log).values()]
 
 
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): ")
