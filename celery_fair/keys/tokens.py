@@ -30,10 +30,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..errors import FairConfigError
 from .lanes import key_digest
 from .limits import CONCURRENCY, RATE, KeyLimits, resolve
 
-__all__ = ("MAX_RATE_TOKENS", "TOKEN_EXPIRES", "HeldToken", "TokenBook", "TokenSpec", "token_specs")
+__all__ = (
+    "MAX_CONCURRENCY_TOKENS",
+    "MAX_RATE_TOKENS",
+    "TOKEN_EXPIRES",
+    "HeldToken",
+    "TokenBook",
+    "TokenSpec",
+    "check_concurrency",
+    "token_specs",
+)
 
 #: Seconds a key's token queue is kept unused (no ``basic.get``) before
 #: RabbitMQ deletes it (``x-expires``); its marker goes with it, so the next
@@ -108,6 +118,22 @@ def token_specs(
 
 #: Tokens of one rate at most: a faster rate has a shorter period.
 MAX_RATE_TOKENS = 100
+#: The largest concurrency limit of one key on RabbitMQ: a limit of ``L`` is
+#: ``L`` messages for every key it applies to (``"*"``: every active key), kept
+#: until the key has been idle for :data:`TOKEN_EXPIRES`.
+MAX_CONCURRENCY_TOKENS = 1_000
+
+
+def check_concurrency(limits: Mapping[str, float], setting: str) -> None:
+    """Refuse a concurrency limit above :data:`MAX_CONCURRENCY_TOKENS` (RabbitMQ's tokens),
+    naming ``setting``, the key and the value."""
+    for key, limit in limits.items():
+        if limit > MAX_CONCURRENCY_TOKENS:
+            raise FairConfigError(
+                f"{setting}[{key!r}]={limit:g}: on RabbitMQ a concurrency limit is that many "
+                f"token messages for each key it applies to; at most {MAX_CONCURRENCY_TOKENS:,} "
+                "(leave the key out for no limit)"
+            )
 
 
 def _window(per_second: float) -> tuple[int, float]:

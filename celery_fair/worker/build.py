@@ -22,6 +22,7 @@ from ..keys.pause_log import PauseLog
 from ..keys.publish import register_app
 from ..keys.releases import CARRY_CHECK
 from ..keys.token_client import TokenClient
+from ..keys.tokens import check_concurrency
 from .backlog import BacklogReleases
 from .capacity import Demands, ResourceGate, check_declared, worker_capacity
 from .dispatch import FairGate, install_on_semaphore, park_paused
@@ -288,6 +289,7 @@ def check_keyed_broker(app: Any, settings: FairSettings) -> str:
                 "between keys, but not yet this (it needs the Redis broker); see "
                 "docs/fairness-keys.md#keys-on-rabbitmq"
             )
+    check_concurrency(settings.key_limits.concurrency, "fair_key_concurrency")
     return driver
 
 

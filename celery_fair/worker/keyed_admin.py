@@ -18,10 +18,12 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys import store, throttling
 from ..keys.layout import KeyedNames
+from ..keys.limits import CONCURRENCY
 from ..keys.pause_events import WEIGHT, LiveSetting
 from ..keys.pause_log import PauseLog, PauseLogUnavailable
 from ..keys.publish import names_for
 from ..keys.serving import KeyedServing
+from ..keys.tokens import check_concurrency
 from ..kombu.cycle import connection_errors
 from ..scheduling.scheduler import FairScheduler
 from .attachment import Attachment
@@ -303,11 +305,17 @@ class KeyedAdmin:
         for _, key, value in settings:
             if value is not None and not math.isfinite(value):
                 raise FairConfigError(f"{setting}: {key}={value} is too large")
+        check_concurrency(
+            {key: value for kind, key, value in settings if kind == CONCURRENCY and value},
+            setting,
+        )
+        written: list[str] = []
         try:
             for queue in sorted(self.settings.keys):
                 log.set_live(queue, settings)
+                written.append(queue)
         except PauseLogUnavailable as exc:
-            raise FairConfigError(f"{setting}: {exc}") from None
+            raise FairConfigError(f"{setting}: {exc}{_written_before(written)}") from None
 
     def pause(self, keys: list[str], queue: str | None, paused: bool) -> dict[str, int]:
         """Pause (or resume) ``keys`` in keyed ``queue``, or in every keyed queue of
@@ -321,10 +329,13 @@ class KeyedAdmin:
 
         queues = [queue] if queue is not None else sorted(self.settings.keys)
         if self.pause_log is not None:
+            changed: dict[str, int] = {}
             try:
-                return {q: self.pause_log.append(q, keys, paused) for q in queues}
+                for q in queues:
+                    changed[q] = self.pause_log.append(q, keys, paused)
             except PauseLogUnavailable as exc:
-                raise FairConfigError(f"{setting}: {exc}") from None
+                raise FairConfigError(f"{setting}: {exc}{_written_before(list(changed))}") from None
+            return changed
         channel = self._keyed_channel(setting)
         with compat.redis_client(channel) as client:
             changed = {}
@@ -408,3 +419,11 @@ class KeyedAdmin:
         return self._on_keyed_queues(
             "fair_stats", lambda client, names: store.backlog(client, names, top)
         )
+
+
+def _written_before(queues: list[str]) -> str:
+    """What a command that failed part-way had already made to apply (each event is
+    the last word on its queue, so sending the command again is safe)."""
+    if not queues:
+        return ""
+    return f" (already in force on {', '.join(queues)}: send the command again for the rest)"

@@ -398,8 +398,8 @@ OPTIONS: tuple[Option, ...] = (
         {},
         "Fairness keys",
         accepts=(
-            'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1; '
-            "needs `fair_keys`; Redis or RabbitMQ"
+            'mapping (or `"k=n,k=n"`) of keys (`"*"`: every other key) to integers >= 1 '
+            "(at most 1,000 on RabbitMQ); needs `fair_keys`; Redis or RabbitMQ"
         ),
         meaning=(
             "tasks of one key fetched and not finished, across every worker ([per-key "

@@ -261,6 +261,13 @@ def test_limits_set_live_hold_on_every_worker_and_one_started_later_on_rabbitmq(
     control = control_app(amqp_url)
     try:
         _ready(first)
+        # A limit of that many token messages per key is refused, naming it; nothing is written.
+        [refused] = control.control.broadcast(
+            "fair_key_limits", arguments={"limits": ["concurrency", "live=5000"]},
+            reply=True, timeout=10,
+        )  # fmt: skip
+        error = next(iter(refused.values()))["error"]
+        assert "fair_key_limits['live']=5000" in error and "at most 1,000" in error, error
         [reply] = broadcast_until_replied(
             control, "fair_key_limits", limits=["concurrency", "live=1"]
         )

@@ -52,6 +52,17 @@ def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
     assert set(two_level.settings.keys) == {"jobs"}  # two-level keys work on RabbitMQ
     with pytest.raises(celery_fair.FairConfigError, match="fair_priority='weighted'"):
         celery_fair.check(amqp(**keys, fair_priority="weighted"))
+    # A concurrency limit is that many token messages per key: bounded, and said so.
+    at_most = celery_fair.check(amqp(**keys, fair_key_concurrency={"*": 2, "gold": 1000}))
+    assert dict(at_most.settings.key_limits.concurrency) == {"*": 2, "gold": 1000}
+    with pytest.raises(
+        celery_fair.FairConfigError, match=r"fair_key_concurrency\['gold'\]=1001: .* at most 1,000"
+    ):
+        celery_fair.check(amqp(**keys, fair_key_concurrency={"*": 2, "gold": 1001}))
+    # Redis counts a key's running tasks: no such bound there.
+    redis = Celery("proj", broker="redis://localhost/0", set_as_current=False)
+    redis.conf.update(keys, fair_key_concurrency={"gold": 5000})
+    assert dict(celery_fair.check(redis).settings.key_limits.concurrency) == {"gold": 5000}
 
 
 def test_the_check_command_prints_the_settings_or_one_line(
