@@ -29,6 +29,21 @@ def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["CELERY_FAIR_TEST_LOGS"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def jvm_archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The class archives of the reports' JVMs (:mod:`celery_fair.analytics.jvm_archive`)
+    are kept in the session's temporary directory, not the user's cache."""
+    from celery_fair.analytics.jvm_archive import ENV
+
+    before = os.environ.get(ENV)
+    os.environ[ENV] = str(tmp_path_factory.mktemp("jvm-archives"))
+    yield
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A real ``redis-server`` in a temporary directory."""

@@ -28,6 +28,7 @@ if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).reso
     # matplotlib needs). The package is imported by its full name below.
     del sys.path[0]
 
+from celery_fair.analytics.jvm_archive import Archive, archive_for  # noqa: E402
 from celery_fair.analytics.noisy import (  # noqa: E402
     DEFAULT_RULES,
     NoisyRules,
@@ -539,6 +540,24 @@ def _spark_conf_dir() -> str:
     return os.path.join(os.path.dirname(pyspark.__file__), "conf")
 
 
+def _with_archive(short_run: dict[str, str]) -> Archive | None:
+    """Add the class archive's options to a short run's (:mod:`.jvm_archive`), in place."""
+    key = JAVA_OPTION_SETTINGS[0]
+    archive = archive_for(short_run[key]) if short_run else None
+    extra = archive.java_options() if archive is not None else ""
+    if extra:
+        short_run[key] = f"{short_run[key]} {extra}"
+    return archive
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The driver JVM's process id, read from the JVM (None: not reachable)."""
+    try:
+        return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    except Exception:  # a driver whose JVM py4j cannot reach: not known
+        return None
+
+
 def driver_java_options(spark: Any, options: str) -> str | None:
     """``options`` if the driver's JVM runs with every one of them, else None.
 
@@ -564,6 +583,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     check_directory(args.directory)
     short_run = short_run_conf(args.directory, args.master, conf)
+    archive = _with_archive(short_run)
     conf = {**short_run, **conf}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -573,6 +593,8 @@ def run(args: argparse.Namespace) -> int:
     spark = session(args.master, args.driver_memory, conf)
     asked = short_run.get(JAVA_OPTION_SETTINGS[0])
     added = driver_java_options(spark, asked) if asked else None
+    if archive is not None and added is not None:
+        archive.writer_started(_jvm_pid(spark))
     try:
         data = compute(
             spark,

@@ -1,0 +1,139 @@
+"""The report JVM's class archive: when it is written, tried, moved into place and used."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from celery_fair.analytics import jvm_archive
+from celery_fair.analytics.jvm_archive import ENV, SETTLED, Archive, cache_dir
+
+OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _archive(tmp_path: Path, tried: list[Path], works: bool = True,
+             clock: Clock | None = None) -> Archive:  # fmt: skip
+    spark_home = tmp_path / "spark"
+    (spark_home / "jars").mkdir(parents=True, exist_ok=True)
+
+    def trial(part: Path) -> bool:
+        tried.append(part)
+        return works
+
+    return Archive(tmp_path / "cache", OPTIONS, spark_home, trial=trial,
+                   clock=clock or Clock(1e10))  # fmt: skip
+
+
+def test_the_first_run_writes_a_part_of_its_own_and_names_its_jvm(tmp_path: Path) -> None:
+    tried: list[Path] = []
+    archive = _archive(tmp_path, tried)
+    options = archive.java_options()
+    assert archive.part is not None and archive.part.parent == tmp_path / "cache"
+    assert archive.part.name == f"{archive.ready.stem}.{os.getpid()}.part"
+    assert options.startswith(f"-XX:ArchiveClassesAtExit={archive.part} ")
+    assert "-Xlog:cds=off" in options and not tried
+    archive.writer_started(1234)
+    assert Path(f"{archive.part}.pid").read_text() == "1234"
+
+
+def test_a_part_is_left_alone_while_its_jvm_runs_then_tried_and_moved_into_place(
+    tmp_path: Path,
+) -> None:
+    tried: list[Path] = []
+    writer = _archive(tmp_path, tried)
+    writer.java_options()
+    assert writer.part is not None
+    writer.part.write_bytes(b"archive")
+    writer.writer_started(os.getpid())  # a live process: still writing
+    assert _archive(tmp_path, tried).java_options() == "" and not tried
+    Path(f"{writer.part}.pid").write_text(str(_dead_pid()))
+    reader = _archive(tmp_path, tried)
+    assert reader.java_options() == f"-XX:SharedArchiveFile={reader.ready} {jvm_archive.QUIET}"
+    assert tried == [writer.part] and reader.ready.read_bytes() == b"archive"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [reader.ready.name]
+    # Then used as it is, not tried again.
+    assert _archive(tmp_path, tried).java_options().startswith("-XX:SharedArchiveFile=")
+    assert len(tried) == 1
+
+
+def test_a_part_no_jvm_can_use_is_removed_and_written_again(tmp_path: Path) -> None:
+    tried: list[Path] = []
+    writer = _archive(tmp_path, tried)
+    writer.java_options()
+    assert writer.part is not None
+    writer.part.write_bytes(b"truncated")
+    writer.writer_started(_dead_pid())
+    again = _archive(tmp_path, tried, works=False)
+    assert again.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert tried == [writer.part] and not again.ready.exists()
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_a_part_of_an_unknown_writer_is_tried_once_left_unchanged_long_enough(
+    tmp_path: Path,
+) -> None:
+    tried: list[Path] = []
+    writer = _archive(tmp_path, tried)
+    writer.java_options()
+    assert writer.part is not None
+    writer.part.write_bytes(b"archive")  # no pid: the JVM's was not reachable
+    written = writer.part.stat().st_mtime
+    young = _archive(tmp_path, tried, clock=Clock(written + SETTLED - 1))
+    assert young.java_options() == "" and not tried
+    old = _archive(tmp_path, tried, clock=Clock(written + SETTLED + 1))
+    assert old.java_options().startswith("-XX:SharedArchiveFile=") and tried == [writer.part]
+
+
+def test_a_pid_file_whose_jvm_wrote_nothing_is_removed(tmp_path: Path) -> None:
+    tried: list[Path] = []
+    writer = _archive(tmp_path, tried)
+    writer.java_options()
+    writer.writer_started(_dead_pid())  # the JVM died before it wrote anything
+    next_run = _archive(tmp_path, tried)
+    assert next_run.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+    assert not tried
+
+
+def test_the_archive_is_named_by_the_options_and_the_installation(tmp_path: Path) -> None:
+    spark_home = tmp_path / "spark"
+    (spark_home / "jars").mkdir(parents=True)
+    name = Archive(tmp_path, OPTIONS, spark_home).ready.name
+    assert Archive(tmp_path, OPTIONS, spark_home).ready.name == name
+    assert Archive(tmp_path, OPTIONS + " -Xmx1g", spark_home).ready.name != name
+    (spark_home / "jars" / "spark-core.jar").write_bytes(b"jar")
+    assert Archive(tmp_path, OPTIONS, spark_home).ready.name != name
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({ENV: "off"}, None),
+        ({ENV: ""}, None),
+        ({ENV: "/srv/cache"}, Path("/srv/cache")),
+        ({"XDG_CACHE_HOME": "/xdg"}, Path("/xdg/celery-fair/jvm")),
+        ({"HOME": "/home/u"}, Path("/home/u/.cache/celery-fair/jvm")),
+    ],
+)
+def test_where_the_archives_are_kept(
+    env: dict[str, str], expected: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", env.get("HOME", "/home/u"))
+    assert cache_dir(env) == expected
