@@ -14,13 +14,14 @@ writes to a file of its own (``.part``, with the JVM's pid beside it).  A
 later report moves it into place only once that JVM is gone and a JVM has
 started with it and read all of it (``-Xshare:on -XX:+VerifySharedSpaces``,
 which refuse an archive the JVM cannot use); otherwise it is removed and
-written again.  The name carries a digest of the
-Java and Spark installations and of the options, since an archive serves
-only the JVM and class path that wrote it.
+written again.  The name carries a digest of the Java and Spark
+installations and of the options, since an archive serves only the JVM and
+class path that wrote it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -112,7 +113,14 @@ class Archive:
         self.part: Path | None = None
 
     def java_options(self) -> str:
-        """The options that use the archive, or write one; ``""`` while one is being written."""
+        """The options that use the archive, or write one; ``""`` while one is being written,
+        or when the directory cannot be written (the report runs without an archive)."""
+        try:
+            return self._java_options()
+        except OSError:
+            return ""
+
+    def _java_options(self) -> str:
         if self.ready.exists():
             return f"-XX:SharedArchiveFile={self.ready} {QUIET}"
         for pid_file in self.directory.glob(f"{self._parts}.pid"):
@@ -133,7 +141,9 @@ class Archive:
         """Note the pid of the JVM writing :attr:`part` (None: not known; the part is then
         only tried once it has been left unchanged for :data:`SETTLED` seconds)."""
         if jvm_pid is not None and self.part is not None:
-            Path(f"{self.part}.pid").write_text(str(jvm_pid))
+            # Not written: the part is tried once left unchanged long enough.
+            with contextlib.suppress(OSError):
+                Path(f"{self.part}.pid").write_text(str(jvm_pid))
 
     def _settle(self, part: Path) -> bool:
         """Move ``part`` into place if it is complete; True when it is settled either way."""

@@ -137,3 +137,10 @@ def test_where_the_archives_are_kept(
 ) -> None:
     monkeypatch.setenv("HOME", env.get("HOME", "/home/u"))
     assert cache_dir(env) == expected
+
+
+def test_a_directory_that_cannot_be_written_means_no_archive(tmp_path: Path) -> None:
+    (tmp_path / "cache").write_text("a file where the directory would be")
+    archive = _archive(tmp_path, [])
+    assert archive.java_options() == ""
+    archive.writer_started(1234)  # nothing to note, nothing raised
