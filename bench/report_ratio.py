@@ -49,6 +49,7 @@ from typing import Any
 
 from bench.analytics import past_start_up, spec_for
 from bench.common import environment, summary, write
+from celery_fair._process import alive
 from celery_fair.analytics.jvm_archive import ENV as ARCHIVE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,17 +146,9 @@ def warm_up(code: dict[str, Path], telemetry: Path, tmp: Path, master: str) -> d
             print(f"warm-up {turn + 1}/2 {column:>12}: {seconds:.1f}s", flush=True)
             for pid_file in archives.glob("*.part.pid"):  # its JVM writes as it exits
                 deadline = time.monotonic() + 300
-                while _alive(int(pid_file.read_text())) and time.monotonic() < deadline:
+                while alive(int(pid_file.read_text())) and time.monotonic() < deadline:
                     time.sleep(0.5)
     return first
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def timed(cmd: Sequence[str], tree: Path) -> float:

@@ -30,13 +30,14 @@ def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def jvm_archives(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The class archives of the reports' JVMs (:mod:`celery_fair.analytics.jvm_archive`)
-    are kept in the session's temporary directory, not the user's cache."""
+def jvm_archives() -> Iterator[None]:
+    """The reports the tests run keep no class archive of their JVMs
+    (:mod:`celery_fair.analytics.jvm_archive`): each runs as a first report does, not
+    writing to the user's cache. ``tests/analytics/test_jvm_archive.py`` keeps one."""
     from celery_fair.analytics.jvm_archive import ENV
 
     before = os.environ.get(ENV)
-    os.environ[ENV] = str(tmp_path_factory.mktemp("jvm-archives"))
+    os.environ[ENV] = "off"
     yield
     if before is None:
         os.environ.pop(ENV, None)

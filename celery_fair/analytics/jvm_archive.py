@@ -14,9 +14,11 @@ writes to a file of its own (``.part``, with the JVM's pid beside it).  A
 later report moves it into place only once that JVM is gone and a JVM has
 started with it and read all of it (``-Xshare:on -XX:+VerifySharedSpaces``,
 which refuse an archive the JVM cannot use); otherwise it is removed and
-written again.  The name carries a digest of the Java and Spark
-installations and of the options, since an archive serves only the JVM and
-class path that wrote it.
+written again; after two such failures none is written any more.  Before
+each use the archive's size is checked against the size it was moved into
+place with.  The name carries a digest of the Java and Spark installations,
+the class path's settings and the options, since an archive serves only the
+JVM and class path that wrote it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ("ENV", "Archive", "archive_for", "cache_dir")
+from .._process import alive
+
+__all__ = ("ENV", "Archive", "archive_for", "cache_dir", "spark_home")
 
 #: The directory of the archives; ``off`` (or empty) writes and uses none.
 ENV = "CELERY_FAIR_JVM_ARCHIVE"
@@ -38,9 +42,18 @@ ENV = "CELERY_FAIR_JVM_ARCHIVE"
 SETTLED = 30.0
 #: Seconds a JVM started to try an archive may take.
 TRIAL_TIMEOUT = 60.0
+#: Archives of one digest that failed their trial before none is written any more.
+MAX_FAILURES = 2
 #: Quiet: the JVM names every class it cannot archive as it exits, after the
 #: report has printed its summary.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: Spark's launcher builds the class path from these too (``bin/spark-class``).
+CLASS_PATH_VARIABLES = (
+    "SPARK_CONF_DIR",
+    "SPARK_DIST_CLASSPATH",
+    "HADOOP_CONF_DIR",
+    "YARN_CONF_DIR",
+)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path | None:
@@ -53,8 +66,9 @@ def cache_dir(env: Mapping[str, str] = os.environ) -> Path | None:
     return Path(base, "celery-fair", "jvm")
 
 
-def _spark_home() -> Path:
-    """The Spark whose launcher starts the driver (a pip install: the package)."""
+def spark_home() -> Path:
+    """The Spark whose launcher starts a local driver: ``$SPARK_HOME``, else the
+    installed PySpark's directory (a pip install carries ``bin/``, ``jars/``, ``conf/``)."""
     if os.environ.get("SPARK_HOME"):
         return Path(os.environ["SPARK_HOME"])
     import pyspark
@@ -62,50 +76,64 @@ def _spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def _fingerprint(spark_home: Path, options: str) -> str:
-    """What an archive depends on: the JVM's binary, Spark's jars, the options."""
-    parts = [options, str(spark_home.resolve())]
-    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
-    found = str(java) if java is not None else shutil.which("java")
-    for path in [found, *sorted(str(p) for p in (spark_home / "jars").glob("*.jar"))]:
-        if path is None:
-            continue
+def _java() -> Path | None:
+    """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"], "bin", "java")
+    found = shutil.which("java")
+    return Path(found) if found else None
+
+
+def _fingerprint(home: Path, options: str, launcher: Sequence[str]) -> str:
+    """What an archive depends on: the JVM (its binary, modules and build), Spark's jars,
+    the class path's settings, the options and the launcher's arguments."""
+    parts = [options, " ".join(launcher), str(home.resolve())]
+    parts += [f"{name}={os.environ.get(name, '')}" for name in CLASS_PATH_VARIABLES]
+    files: list[Path] = []
+    java = _java()
+    if java is not None:
+        jdk = Path(os.path.realpath(java)).parent.parent
+        files += [
+            java,
+            jdk / "release",
+            jdk / "lib" / "modules",
+            jdk / "lib" / "server" / "libjvm.so",
+        ]
+    files += sorted((home / "jars").glob("*.jar"))
+    for path in files:
         real = os.path.realpath(path)
-        try:
+        with contextlib.suppress(OSError):
             stat = os.stat(real)
-        except OSError:
-            continue
-        parts.append(f"{real}:{stat.st_size}:{int(stat.st_mtime)}")
+            parts.append(f"{real}:{stat.st_size}:{int(stat.st_mtime)}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that pid
-        return True
-    return True
-
-
 class Archive:
-    """The archive of one JVM set-up in ``directory``: to use, to write, or neither now."""
+    """The archive of one JVM set-up in ``directory``: to use, to write, or neither now.
+
+    ``options``: the JVM's options besides the archive's; ``launcher``: arguments
+    of ``spark-submit`` that change the JVM (``--driver-memory``), which the trial
+    passes too.  ``clock`` and ``trial`` are injected by the tests.
+    """
 
     def __init__(
         self,
         directory: Path,
         options: str,
-        spark_home: Path,
+        home: Path,
         *,
+        launcher: Sequence[str] = (),
         clock: Callable[[], float] = time.time,
         trial: Callable[[Path], bool] | None = None,
     ) -> None:
         self.directory = directory
-        self.spark_home = spark_home
+        self.home = home
         self.options = options
-        digest = _fingerprint(spark_home, options)
+        self.launcher = tuple(launcher)
+        digest = _fingerprint(home, options, self.launcher)
         self.ready = directory / f"spark-{digest}.jsa"
+        self._size = directory / f"spark-{digest}.jsa.size"
+        self._failed = directory / f"spark-{digest}.failed"
         self._parts = f"spark-{digest}.*.part"
         self._clock = clock
         self._trial = trial or self._start_with
@@ -113,25 +141,25 @@ class Archive:
         self.part: Path | None = None
 
     def java_options(self) -> str:
-        """The options that use the archive, or write one; ``""`` while one is being written,
-        or when the directory cannot be written (the report runs without an archive)."""
+        """The options that use the archive, or write one; ``""`` while one is being
+        written, after :data:`MAX_FAILURES` failed ones, or when the directory cannot be
+        written (the report then runs without an archive)."""
         try:
             return self._java_options()
         except OSError:
             return ""
 
     def _java_options(self) -> str:
-        if self.ready.exists():
-            return f"-XX:SharedArchiveFile={self.ready} {QUIET}"
         for pid_file in self.directory.glob(f"{self._parts}.pid"):
-            if not Path(str(pid_file)[: -len(".pid")]).exists():
-                pid_file.unlink(missing_ok=True)  # its JVM wrote nothing
+            part = Path(str(pid_file)[: -len(".pid")])
+            if not part.exists() and not alive(_pid(pid_file) or 0):
+                pid_file.unlink(missing_ok=True)  # its JVM ended and wrote nothing
         writing = False
         for part in sorted(self.directory.glob(self._parts)):
             writing |= not self._settle(part)
-            if self.ready.exists():
-                return f"-XX:SharedArchiveFile={self.ready} {QUIET}"
-        if writing:
+        if self._usable():
+            return f"-XX:SharedArchiveFile={self.ready} {QUIET}"
+        if writing or self._failures() >= MAX_FAILURES:
             return ""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.part = self.directory / f"{self.ready.stem}.{os.getpid()}.part"
@@ -145,36 +173,64 @@ class Archive:
             with contextlib.suppress(OSError):
                 Path(f"{self.part}.pid").write_text(str(jvm_pid))
 
-    def _settle(self, part: Path) -> bool:
-        """Move ``part`` into place if it is complete; True when it is settled either way."""
-        pid_file = Path(f"{part}.pid")
+    def _usable(self) -> bool:
+        """Whether the archive in place has the size it was moved into place with (a
+        truncated one would crash the JVM); one that has not is removed."""
         try:
-            pid = int(pid_file.read_text())
-        except (OSError, ValueError):
-            pid = None
-        try:
-            age = self._clock() - part.stat().st_mtime
-        except OSError:
-            return True
-        if _alive(pid) if pid is not None else age < SETTLED:
+            size = self.ready.stat().st_size
+        except FileNotFoundError:
             return False
-        if not self.ready.exists() and self._trial(part):
-            os.replace(part, self.ready)
+        try:
+            expected = int(self._size.read_text())
+        except (OSError, ValueError):
+            expected = None
+        if size == expected:
+            return True
+        self.ready.unlink(missing_ok=True)
+        self._size.unlink(missing_ok=True)
+        return False
+
+    def _settle(self, part: Path) -> bool:
+        """Deal with ``part`` once its writer is done: move it into place if it is complete
+        and none is, else remove it.  True when it was dealt with."""
+        pid_file = Path(f"{part}.pid")
+        pid = _pid(pid_file)
+        if pid is not None:
+            if alive(pid):
+                return False
         else:
-            part.unlink(missing_ok=True)
+            try:
+                if self._clock() - part.stat().st_mtime < SETTLED:
+                    return False
+            except FileNotFoundError:
+                return True
+        if not self._usable():
+            if self._trial(part):
+                self._size.write_text(str(part.stat().st_size))
+                os.replace(part, self.ready)
+                self._failed.unlink(missing_ok=True)
+            else:
+                self._failed.write_text(str(self._failures() + 1))
+        part.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
         return True
+
+    def _failures(self) -> int:
+        try:
+            return int(self._failed.read_text())
+        except (OSError, ValueError):
+            return 0
 
     def _start_with(self, part: Path) -> bool:
         """Whether a JVM started by Spark's launcher maps ``part`` (``-Xshare:on``) and
         finds every region's checksum right (``VerifySharedSpaces`` reads them all)."""
-        submit = self.spark_home / "bin" / "spark-submit"
+        crash = self.directory / f"hs_err_trial_{os.getpid()}.log"
         options = f"{self.options} -Xshare:on -XX:+VerifySharedSpaces"
-        options += f" -XX:SharedArchiveFile={part} {QUIET}"
-        options += f" -XX:ErrorFile={self.directory}/hs_err_%p.log"
+        options += f" -XX:SharedArchiveFile={part} {QUIET} -XX:ErrorFile={crash}"
+        submit = self.home / "bin" / "spark-submit"
         try:
             done = subprocess.run(
-                [str(submit), "--driver-java-options", options, "--version"],
+                [str(submit), *self.launcher, "--driver-java-options", options, "--version"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 timeout=TRIAL_TIMEOUT,
@@ -182,23 +238,34 @@ class Archive:
             )
         except (OSError, subprocess.TimeoutExpired):
             return False
+        finally:
+            crash.unlink(missing_ok=True)
         return done.returncode == 0
 
 
-def archive_for(options: str) -> Archive | None:
+def _pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def archive_for(options: str, launcher: Sequence[str] = ()) -> Archive | None:
     """The archive of a short report's JVM started with ``options`` (None: not kept).
 
     Kept with PySpark 4 or later (which needs Java 17): the options are
-    unknown to a Java before 13, which would not start with them.
+    unknown to a Java before 13, which would not start with them.  Not kept in
+    a directory whose path has a blank or a quote: Spark's launcher splits
+    the JVM's options on blanks.
     """
     directory = cache_dir()
-    if directory is None:
+    if directory is None or any(c.isspace() or c in "\"'\\" for c in str(directory)):
         return None
     try:
         import pyspark
 
         if int(pyspark.__version__.split(".")[0]) < 4:
             return None
-        return Archive(directory, options, _spark_home())
+        return Archive(directory, options, spark_home(), launcher=launcher)
     except (OSError, ValueError):
         return None

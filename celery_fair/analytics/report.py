@@ -28,7 +28,7 @@ if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).reso
     # matplotlib needs). The package is imported by its full name below.
     del sys.path[0]
 
-from celery_fair.analytics.jvm_archive import Archive, archive_for  # noqa: E402
+from celery_fair.analytics.jvm_archive import Archive, archive_for, spark_home  # noqa: E402
 from celery_fair.analytics.noisy import (  # noqa: E402
     DEFAULT_RULES,
     NoisyRules,
@@ -533,17 +533,18 @@ def _spark_conf_dir() -> str:
     """Where Spark's launcher reads ``spark-defaults.conf`` (a pip install: the package's)."""
     if os.environ.get("SPARK_CONF_DIR"):
         return os.environ["SPARK_CONF_DIR"]
-    if os.environ.get("SPARK_HOME"):
-        return os.path.join(os.environ["SPARK_HOME"], "conf")
-    import pyspark
-
-    return os.path.join(os.path.dirname(pyspark.__file__), "conf")
+    return str(spark_home() / "conf")
 
 
-def _with_archive(short_run: dict[str, str]) -> Archive | None:
-    """Add the class archive's options to a short run's (:mod:`.jvm_archive`), in place."""
+def _with_archive(short_run: dict[str, str], driver_memory: str | None) -> Archive | None:
+    """Add the class archive's options to a short run's (:mod:`.jvm_archive`), in place.
+
+    The driver's memory changes the JVM an archive serves (a heap of 32 GB or
+    more has no compressed pointers), so it is part of the archive's name.
+    """
     key = JAVA_OPTION_SETTINGS[0]
-    archive = archive_for(short_run[key]) if short_run else None
+    launcher = ("--driver-memory", driver_memory) if driver_memory else ()
+    archive = archive_for(short_run[key], launcher) if short_run else None
     extra = archive.java_options() if archive is not None else ""
     if extra:
         short_run[key] = f"{short_run[key]} {extra}"
@@ -583,7 +584,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     check_directory(args.directory)
     short_run = short_run_conf(args.directory, args.master, conf)
-    archive = _with_archive(short_run)
+    archive = _with_archive(short_run, args.driver_memory)
     conf = {**short_run, **conf}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from .._process import alive
 from .processes import poll_until
 from .records import RECORD_DIR_ENV, TaskRecord, read_records
 
@@ -86,20 +87,6 @@ def _children(pid: int) -> set[int]:
                 if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                     found.add(int(entry))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not running.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return True
 
 
 class FairWorker:
@@ -282,11 +269,11 @@ class FairWorker:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
                 code = None
-        left = {pid for pid in seen if pid != proc.pid and _alive(pid)}
+        left = {pid for pid in seen if pid != proc.pid and alive(pid)}
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        poll_until(lambda: not any(_alive(pid) for pid in left), timeout=10)
+        poll_until(lambda: not any(alive(pid) for pid in left), timeout=10)
         return code
 
     def close(self) -> None:

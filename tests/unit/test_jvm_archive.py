@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from celery_fair.analytics import jvm_archive
-from celery_fair.analytics.jvm_archive import ENV, SETTLED, Archive, cache_dir
+from celery_fair.analytics.jvm_archive import (
+    ENV,
+    MAX_FAILURES,
+    SETTLED,
+    Archive,
+    archive_for,
+    cache_dir,
+)
 
 OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
 
@@ -67,7 +74,10 @@ def test_a_part_is_left_alone_while_its_jvm_runs_then_tried_and_moved_into_place
     reader = _archive(tmp_path, tried)
     assert reader.java_options() == f"-XX:SharedArchiveFile={reader.ready} {jvm_archive.QUIET}"
     assert tried == [writer.part] and reader.ready.read_bytes() == b"archive"
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [reader.ready.name]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        reader.ready.name,
+        f"{reader.ready.name}.size",
+    ]
     # Then used as it is, not tried again.
     assert _archive(tmp_path, tried).java_options().startswith("-XX:SharedArchiveFile=")
     assert len(tried) == 1
@@ -83,7 +93,65 @@ def test_a_part_no_jvm_can_use_is_removed_and_written_again(tmp_path: Path) -> N
     again = _archive(tmp_path, tried, works=False)
     assert again.java_options().startswith("-XX:ArchiveClassesAtExit=")
     assert tried == [writer.part] and not again.ready.exists()
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{again.ready.stem}.failed"]
+
+
+def test_after_two_archives_fail_none_is_written_any_more(tmp_path: Path) -> None:
+    tried: list[Path] = []
+    for _ in range(MAX_FAILURES):
+        writer = _archive(tmp_path, tried, works=False)
+        assert writer.java_options().startswith("-XX:ArchiveClassesAtExit=")
+        assert writer.part is not None
+        writer.part.write_bytes(b"truncated")
+        writer.writer_started(_dead_pid())
+    assert _archive(tmp_path, tried, works=False).java_options() == ""
+    assert len(tried) == MAX_FAILURES
+
+
+def test_an_archive_in_place_whose_size_changed_is_removed_and_written_again(
+    tmp_path: Path,
+) -> None:
+    tried: list[Path] = []
+    writer = _archive(tmp_path, tried)
+    writer.java_options()
+    assert writer.part is not None
+    writer.part.write_bytes(b"a whole archive")
+    writer.writer_started(_dead_pid())
+    assert _archive(tmp_path, tried).java_options().startswith("-XX:SharedArchiveFile=")
+    os.chmod(writer.ready, 0o644)
+    writer.ready.write_bytes(b"a whole")  # cut short after it was moved into place
+    assert _archive(tmp_path, tried).java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert not writer.ready.exists()
+
+
+def test_a_live_writers_pid_file_is_kept_and_dead_writers_parts_go_once_one_is_in_place(
+    tmp_path: Path,
+) -> None:
+    tried: list[Path] = []
+    cache = tmp_path / "cache"
+    running = _archive(tmp_path, tried)
+    running.java_options()
+    running.writer_started(os.getpid())  # its JVM runs and has written nothing yet
+    assert running.part is not None
+    stem = running.ready.stem
+    for n in (1, 2):  # two finished writers
+        (cache / f"{stem}.{n}.part").write_bytes(b"archive")
+        (cache / f"{stem}.{n}.part.pid").write_text(str(_dead_pid()))
+    assert _archive(tmp_path, tried).java_options().startswith("-XX:SharedArchiveFile=")
+    assert tried == [cache / f"{stem}.1.part"]  # the first moved into place, the other removed
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [running.ready.name, f"{running.ready.name}.size", f"{running.part.name}.pid"]
+    )
+
+
+def test_no_archive_in_a_directory_whose_path_has_a_blank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV, str(tmp_path / "with blank"))
+    assert archive_for("-XX:+UseParallelGC") is None
+    monkeypatch.setenv(ENV, str(tmp_path / "plain"))
+    archive = archive_for("-XX:+UseParallelGC")
+    assert archive is not None and archive.directory == tmp_path / "plain"
 
 
 def test_a_part_of_an_unknown_writer_is_tried_once_left_unchanged_long_enough(
@@ -118,6 +186,8 @@ def test_the_archive_is_named_by_the_options_and_the_installation(tmp_path: Path
     name = Archive(tmp_path, OPTIONS, spark_home).ready.name
     assert Archive(tmp_path, OPTIONS, spark_home).ready.name == name
     assert Archive(tmp_path, OPTIONS + " -Xmx1g", spark_home).ready.name != name
+    memory = Archive(tmp_path, OPTIONS, spark_home, launcher=("--driver-memory", "40g"))
+    assert memory.ready.name != name
     (spark_home / "jars" / "spark-core.jar").write_bytes(b"jar")
     assert Archive(tmp_path, OPTIONS, spark_home).ready.name != name
 
