@@ -48,6 +48,18 @@ def _archive(tmp_path: Path, tried: list[Path], works: bool = True,
                    clock=clock or Clock(1e10))  # fmt: skip
 
 
+def _written(tmp_path: Path, tried: list[Path], content: bytes, writer_pid: int,
+             works: bool = True) -> Archive:  # fmt: skip
+    """A first run's archive: its options asked for a part, its JVM (``writer_pid``)
+    wrote ``content`` there."""
+    archive = _archive(tmp_path, tried, works)
+    assert archive.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert archive.part is not None
+    archive.part.write_bytes(content)
+    archive.writer_started(writer_pid)
+    return archive
+
+
 def test_the_first_run_writes_a_part_of_its_own_and_names_its_jvm(tmp_path: Path) -> None:
     tried: list[Path] = []
     archive = _archive(tmp_path, tried)
@@ -64,11 +76,8 @@ def test_a_part_is_left_alone_while_its_jvm_runs_then_tried_and_moved_into_place
     tmp_path: Path,
 ) -> None:
     tried: list[Path] = []
-    writer = _archive(tmp_path, tried)
-    writer.java_options()
+    writer = _written(tmp_path, tried, b"archive", os.getpid())  # a live process: writing
     assert writer.part is not None
-    writer.part.write_bytes(b"archive")
-    writer.writer_started(os.getpid())  # a live process: still writing
     assert _archive(tmp_path, tried).java_options() == "" and not tried
     Path(f"{writer.part}.pid").write_text(str(_dead_pid()))
     reader = _archive(tmp_path, tried)
@@ -85,11 +94,7 @@ def test_a_part_is_left_alone_while_its_jvm_runs_then_tried_and_moved_into_place
 
 def test_a_part_no_jvm_can_use_is_removed_and_written_again(tmp_path: Path) -> None:
     tried: list[Path] = []
-    writer = _archive(tmp_path, tried)
-    writer.java_options()
-    assert writer.part is not None
-    writer.part.write_bytes(b"truncated")
-    writer.writer_started(_dead_pid())
+    writer = _written(tmp_path, tried, b"truncated", _dead_pid())
     again = _archive(tmp_path, tried, works=False)
     assert again.java_options().startswith("-XX:ArchiveClassesAtExit=")
     assert tried == [writer.part] and not again.ready.exists()
@@ -99,11 +104,7 @@ def test_a_part_no_jvm_can_use_is_removed_and_written_again(tmp_path: Path) -> N
 def test_after_two_archives_fail_none_is_written_any_more(tmp_path: Path) -> None:
     tried: list[Path] = []
     for _ in range(MAX_FAILURES):
-        writer = _archive(tmp_path, tried, works=False)
-        assert writer.java_options().startswith("-XX:ArchiveClassesAtExit=")
-        assert writer.part is not None
-        writer.part.write_bytes(b"truncated")
-        writer.writer_started(_dead_pid())
+        _written(tmp_path, tried, b"truncated", _dead_pid(), works=False)
     assert _archive(tmp_path, tried, works=False).java_options() == ""
     assert len(tried) == MAX_FAILURES
 
@@ -112,11 +113,7 @@ def test_an_archive_in_place_whose_size_changed_is_removed_and_written_again(
     tmp_path: Path,
 ) -> None:
     tried: list[Path] = []
-    writer = _archive(tmp_path, tried)
-    writer.java_options()
-    assert writer.part is not None
-    writer.part.write_bytes(b"a whole archive")
-    writer.writer_started(_dead_pid())
+    writer = _written(tmp_path, tried, b"a whole archive", _dead_pid())
     assert _archive(tmp_path, tried).java_options().startswith("-XX:SharedArchiveFile=")
     os.chmod(writer.ready, 0o644)
     writer.ready.write_bytes(b"a whole")  # cut short after it was moved into place
