@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from celery_fair._process import alive
 from celery_fair.testing import FairWorker, WorkerFailed, assert_shares, shares
-from celery_fair.testing.worker import _alive
 
 pytestmark = pytest.mark.integration
 
@@ -44,9 +44,9 @@ def test_a_worker_starts_ready_records_and_stops_leaving_no_process(
         assert worker.ping()
         pids = worker.pids()
         assert worker.pid in pids and len(pids) == 3, pids  # main process and two pool processes
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
         records = worker.wait_for_records(240, timeout=60)
-    assert worker.proc is None and not any(_alive(pid) for pid in pids), pids
+    assert worker.proc is None and not any(alive(pid) for pid in pids), pids
     assert {r.queue for r in records} == {"p0", "p1"} and {r.name for r in records} == {"nap"}
     assert {r.pid for r in records} <= pids and len({r.id for r in records}) == 240
     assert_shares(records, {"p0": 3, "p1": 1}, tolerance=0.2)
@@ -92,7 +92,7 @@ def test_a_worker_past_its_stop_timeout_is_killed_with_its_pool(
         pids = worker.pids()
         assert len(pids) == 3
     # The warm shutdown waited for the minute-long tasks; past a second it was killed.
-    assert not any(_alive(pid) for pid in pids), pids
+    assert not any(alive(pid) for pid in pids), pids
     assert worker.stop() is None  # stopping again does nothing
 
 
@@ -197,6 +197,6 @@ def test_a_worker_on_rabbitmq_records_and_shares_by_weight(
     with worker:
         pids = worker.pids()
         records = worker.wait_for_records(240, timeout=60)
-    assert not any(_alive(pid) for pid in pids), pids
+    assert not any(alive(pid) for pid in pids), pids
     assert {r.queue for r in records} == {p0, p1}
     assert_shares(records, {p0: 3, p1: 1}, tolerance=0.2)
