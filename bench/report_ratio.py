@@ -51,6 +51,7 @@ from bench.analytics import past_start_up, spec_for
 from bench.common import environment, summary, write
 from celery_fair._process import alive
 from celery_fair.analytics.jvm_archive import ENV as ARCHIVE_ENV
+from celery_fair.testing import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The column naming the aggregation (the report's columns are named by their code).
@@ -145,9 +146,8 @@ def warm_up(code: dict[str, Path], telemetry: Path, tmp: Path, master: str) -> d
             first.setdefault(column, seconds)
             print(f"warm-up {turn + 1}/2 {column:>12}: {seconds:.1f}s", flush=True)
             for pid_file in archives.glob("*.part.pid"):  # its JVM writes as it exits
-                deadline = time.monotonic() + 300
-                while alive(int(pid_file.read_text())) and time.monotonic() < deadline:
-                    time.sleep(0.5)
+                writer = int(pid_file.read_text())
+                poll_until(lambda w=writer: not alive(w), timeout=300, every=0.5)
     return first
 
 

@@ -151,8 +151,8 @@ class Archive:
 
     def _java_options(self) -> str:
         for pid_file in self.directory.glob(f"{self._parts}.pid"):
-            part = Path(str(pid_file)[: -len(".pid")])
-            if not part.exists() and not alive(_pid(pid_file) or 0):
+            part, writer = Path(str(pid_file)[: -len(".pid")]), _pid(pid_file)
+            if not part.exists() and (writer is None or not alive(writer)):
                 pid_file.unlink(missing_ok=True)  # its JVM ended and wrote nothing
         writing = False
         for part in sorted(self.directory.glob(self._parts)):

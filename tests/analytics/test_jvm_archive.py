@@ -8,7 +8,6 @@ removed, never used: a JVM that mapped it would crash.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from celery_fair._process import alive
 from celery_fair.analytics.jvm_archive import ENV
 from celery_fair.analytics.report import SHORT_RUN_JAVA_OPTIONS
+from tests.harness.harness import poll_until
 from tests.harness.synthetic import tenant_spec, write_synthetic
 from tests.report_command import run_report
 
@@ -33,10 +33,8 @@ def test_a_report_writes_the_archive_the_next_one_starts_from(
     [pid_file] = cache.glob("*.part.pid")
     part = Path(str(pid_file)[: -len(".pid")])
     jvm = int(pid_file.read_text())
-    deadline = time.monotonic() + 120
-    while alive(jvm):  # the JVM writes the archive as it exits, after the report's process
-        assert time.monotonic() < deadline, "the report's JVM did not exit"
-        time.sleep(0.2)
+    # The JVM writes the archive as it exits, after the report's process.
+    assert poll_until(lambda: not alive(jvm), timeout=120), "the report's JVM did not exit"
     assert part.stat().st_size > 10 * 2**20
     # A truncated copy, named to be tried first.
     broken = part.with_name(part.name.split(".")[0] + ".1.part")
