@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cli_options import UsageError, load_app
-from .worker.build import check_keyed_broker
 from .worker.options import OPTIONS
 from .worker.settings import FairSettings, unknown_settings
 
@@ -39,6 +38,10 @@ def check(app: Any) -> Checked:
     setting that is wrong, with its value.
     """
     conf = app.conf
+    # Here, not at the top: the worker's start-up code is heavy, and every
+    # ``celery-fair`` command imports this module to register ``check``.
+    from .worker.build import check_keyed_broker
+
     settings = FairSettings.from_conf(conf)
     check_keyed_broker(app, settings)
     rows = []

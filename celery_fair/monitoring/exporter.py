@@ -22,14 +22,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli_options import add_broker_options, broker_connection
 from ..keys.gauges import PREFIX, keys_throttled
 from ..keys.lanes import KeyLanes
 from ..keys.throttling import Throttled
 from ..parked import PARKING_SUFFIX
-from .readings import BrokerMemory, QueueReading, read_rabbitmq, read_redis, read_redis_memory
+
+if TYPE_CHECKING:
+    # The readers are imported by ``run``: they pull in the keyed queues' Redis
+    # scripts and Kombu's transports, and every ``celery-fair`` command imports
+    # this module to register ``exporter``.
+    from .readings import BrokerMemory, QueueReading
 
 __all__ = ("BrokerCollector", "app_queues", "register", "run")
 
@@ -312,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from .. import compat
+    from .readings import read_rabbitmq, read_redis, read_redis_memory
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     app = None

@@ -56,3 +56,10 @@ def test_the_ring_command_works_without_pyarrow() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert {row["queue"] for row in report["before"]} == {"a", "b"}
+
+
+def test_the_command_lines_parser_loads_no_celery_kombu_or_broker_client() -> None:
+    # Every `celery-fair` and `celery fair` command builds the whole parser: a
+    # subcommand's module keeps its broker and worker imports in its handler.
+    loaded = loaded_after("from celery_fair.cli import build_parser; build_parser()")
+    assert [m for m in loaded if m.split(".")[0] in ("celery", "kombu", "redis", "pyspark")] == []
