@@ -18,7 +18,7 @@ written again; after two such failures none is written any more.  Before
 each use the archive's size is checked against the size it was moved into
 place with.  The name carries a digest of the Java and Spark installations,
 the class path's settings and the options, since an archive serves only the
-JVM and class path that wrote it.
+JVM and class path that wrote it; the :data:`KEEP` archives used last are kept.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ SETTLED = 30.0
 TRIAL_TIMEOUT = 60.0
 #: Archives of one digest that failed their trial before none is written any more.
 MAX_FAILURES = 2
+#: Archives kept in the directory (about 180 MB each): the most recently used,
+#: one per Java, Spark and set of options in use; older ones are removed when
+#: a new one is moved into place.
+KEEP = 3
 #: Quiet: the JVM names every class it cannot archive as it exits, after the
 #: report has printed its summary.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -158,6 +162,8 @@ class Archive:
         for part in sorted(self.directory.glob(self._parts)):
             writing |= not self._settle(part)
         if self._usable():
+            with contextlib.suppress(OSError):
+                os.utime(self.ready)  # its last use: the archives least used go first
             return f"-XX:SharedArchiveFile={self.ready} {QUIET}"
         if writing or self._failures() >= MAX_FAILURES:
             return ""
@@ -209,11 +215,23 @@ class Archive:
                 self._size.write_text(str(part.stat().st_size))
                 os.replace(part, self.ready)
                 self._failed.unlink(missing_ok=True)
+                self._prune()
             else:
                 self._failed.write_text(str(self._failures() + 1))
         part.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
         return True
+
+    def _prune(self) -> None:
+        """Remove the archives of other set-ups beyond the :data:`KEEP` - 1 used last.
+
+        A JVM running from a removed archive keeps it mapped until it exits.
+        """
+        others = [p for p in self.directory.glob("spark-*.jsa") if p != self.ready]
+        others.sort(key=_last_use, reverse=True)
+        for old in others[KEEP - 1 :]:
+            old.unlink(missing_ok=True)
+            Path(f"{old}.size").unlink(missing_ok=True)
 
     def _failures(self) -> int:
         try:
@@ -241,6 +259,13 @@ class Archive:
         finally:
             crash.unlink(missing_ok=True)
         return done.returncode == 0
+
+
+def _last_use(archive: Path) -> float:
+    try:
+        return archive.stat().st_mtime
+    except FileNotFoundError:  # removed by another report meanwhile
+        return 0.0
 
 
 def _pid(pid_file: Path) -> int | None:

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,9 @@ JAVA_OPTION_VARIABLES = (
     "SPARK_SUBMIT_OPTS",
     "PYSPARK_SUBMIT_ARGS",
 )
+#: The settings of the driver's JVM that Spark's launcher reads (its memory,
+#: class path and libraries): a class archive serves only the JVM they start.
+DRIVER_SETTINGS = "spark.driver."
 #: Where a local report's Spark listens (see ``session``).
 LOOPBACK = "127.0.0.1"
 
@@ -536,14 +539,22 @@ def _spark_conf_dir() -> str:
     return str(spark_home() / "conf")
 
 
-def _with_archive(short_run: dict[str, str], driver_memory: str | None) -> Archive | None:
+def _with_archive(
+    short_run: dict[str, str], driver_memory: str | None, conf: Mapping[str, str]
+) -> Archive | None:
     """Add the class archive's options to a short run's (:mod:`.jvm_archive`), in place.
 
-    The driver's memory changes the JVM an archive serves (a heap of 32 GB or
-    more has no compressed pointers), so it is part of the archive's name.
+    An archive serves only the JVM and class path that wrote it. The driver's
+    memory (``--driver-memory``, or ``spark.driver.memory`` in ``conf``: a heap
+    of 32 GB or more has no compressed pointers) and the user's other
+    ``spark.driver.*`` settings (its class path, its libraries) are given to
+    Spark's launcher, so they are part of the archive's name, and its trial
+    starts the JVM with them too. Other settings act inside the running JVM.
     """
     key = JAVA_OPTION_SETTINGS[0]
-    launcher = ("--driver-memory", driver_memory) if driver_memory else ()
+    launcher: list[str] = ["--driver-memory", driver_memory] if driver_memory else []
+    for name in sorted(n for n in conf if n.startswith(DRIVER_SETTINGS)):
+        launcher += ["--conf", f"{name}={conf[name]}"]
     archive = archive_for(short_run[key], launcher) if short_run else None
     extra = archive.java_options() if archive is not None else ""
     if extra:
@@ -584,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     check_directory(args.directory)
     short_run = short_run_conf(args.directory, args.master, conf)
-    archive = _with_archive(short_run, args.driver_memory)
+    archive = _with_archive(short_run, args.driver_memory, conf)
     conf = {**short_run, **conf}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

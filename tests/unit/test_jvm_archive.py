@@ -11,6 +11,7 @@ import pytest
 from celery_fair.analytics import jvm_archive
 from celery_fair.analytics.jvm_archive import (
     ENV,
+    KEEP,
     MAX_FAILURES,
     SETTLED,
     Archive,
@@ -211,3 +212,55 @@ def test_a_directory_that_cannot_be_written_means_no_archive(tmp_path: Path) -> 
     archive = _archive(tmp_path, [])
     assert archive.java_options() == ""
     archive.writer_started(1234)  # nothing to note, nothing raised
+
+
+def test_a_new_archive_in_place_removes_the_least_recently_used_beyond_the_kept(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # Archives of other set-ups, each with its size; the higher i, the more recently used.
+    others = [cache / f"spark-other{i}.jsa" for i in range(KEEP)]
+    for i, other in enumerate(others):
+        other.write_bytes(b"x" * (i + 1))
+        Path(f"{other}.size").write_text(str(i + 1))
+        os.utime(other, (1_000 + i, 1_000 + i))
+    tried: list[Path] = []
+    archive = _written(tmp_path, tried, b"archive", _dead_pid())
+    assert archive.java_options().startswith("-XX:SharedArchiveFile=")
+    # KEEP kept in all: the new one and the KEEP - 1 used last.
+    kept = sorted(p.name for p in cache.glob("spark-*.jsa"))
+    assert kept == sorted([archive.ready.name, *(o.name for o in others[1:])])
+    assert not Path(f"{others[0]}.size").exists()
+
+
+def test_using_an_archive_marks_it_used(tmp_path: Path) -> None:
+    archive = _written(tmp_path, [], b"archive", _dead_pid())
+    assert archive.java_options().startswith("-XX:SharedArchiveFile=")
+    os.utime(archive.ready, (1_000, 1_000))
+    assert archive.java_options().startswith("-XX:SharedArchiveFile=")
+    assert archive.ready.stat().st_mtime > 1_000
+
+
+def test_the_users_driver_settings_name_the_archive_and_reach_its_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_fair.analytics import report
+
+    monkeypatch.setenv(ENV, str(tmp_path / "cache"))
+    setting = report.JAVA_OPTION_SETTINGS[0]
+
+    def archive(conf: dict[str, str], memory: str | None = None) -> Archive:
+        found = report._with_archive({setting: OPTIONS}, memory, conf)
+        assert found is not None
+        return found
+
+    plain = archive({})
+    # A setting that acts inside the running JVM does not change the JVM.
+    assert archive({"spark.sql.shuffle.partitions": "4"}).ready == plain.ready
+    by_conf = archive({"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"})
+    assert by_conf.launcher == ("--conf", "spark.driver.memory=2g")
+    assert by_conf.ready != plain.ready
+    by_option = archive({}, "2g")
+    assert by_option.launcher == ("--driver-memory", "2g")
+    assert by_option.ready not in (plain.ready, by_conf.ready)
