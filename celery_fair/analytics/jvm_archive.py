@@ -154,11 +154,15 @@ class Archive:
             return ""
 
     def _java_options(self) -> str:
+        writing = False
         for pid_file in self.directory.glob(f"{self._parts}.pid"):
             part, writer = Path(str(pid_file)[: -len(".pid")]), _pid(pid_file)
-            if not part.exists() and (writer is None or not alive(writer)):
+            if writer is not None and alive(writer):
+                # A report's JVM runs, and writes its part as it exits: a second
+                # writer now would only make a second report pay for an archive.
+                writing = True
+            elif not part.exists():
                 pid_file.unlink(missing_ok=True)  # its JVM ended and wrote nothing
-        writing = False
         for part in sorted(self.directory.glob(self._parts)):
             writing |= not self._settle(part)
         if self._usable():

@@ -142,6 +142,16 @@ def test_a_live_writers_pid_file_is_kept_and_dead_writers_parts_go_once_one_is_i
     )
 
 
+def test_while_a_writers_jvm_runs_no_second_archive_is_written(tmp_path: Path) -> None:
+    tried: list[Path] = []
+    running = _archive(tmp_path, tried)
+    assert running.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    running.writer_started(os.getpid())  # its JVM runs and has written nothing yet
+    assert running.part is not None
+    assert _archive(tmp_path, tried).java_options() == ""
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{running.part.name}.pid"]
+
+
 def test_no_archive_in_a_directory_whose_path_has_a_blank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
