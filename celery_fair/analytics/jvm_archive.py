@@ -17,8 +17,9 @@ which refuse an archive the JVM cannot use); otherwise it is removed and
 written again; after two such failures none is written any more.  Before
 each use the archive's size is checked against the size it was moved into
 place with.  The name carries a digest of the Java and Spark installations,
-the class path's settings and the options, since an archive serves only the
-JVM and class path that wrote it; the :data:`KEEP` archives used last are kept.
+the class path's settings, the options and the launcher's arguments that
+change the JVM, since an archive serves only the JVM and class path that
+wrote it; the :data:`KEEP` archives used last are kept.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ __all__ = ("ENV", "Archive", "archive_for", "cache_dir", "spark_home")
 ENV = "CELERY_FAIR_JVM_ARCHIVE"
 #: Seconds a ``.part`` whose writer is not known must be left unchanged before it is tried.
 SETTLED = 30.0
+#: Seconds after which a pid file no longer names a writer: a short report and
+#: its JVM's dump last minutes at most, and past that the pid may be another
+#: process's (reused, or of another container sharing the directory).
+WRITER_MAX_AGE = 1800.0
+#: The largest pid Linux gives (``pid_max`` at most 2^22).
+MAX_PID = 2**22
 #: Seconds a JVM started to try an archive may take.
 TRIAL_TIMEOUT = 60.0
 #: Archives of one digest that failed their trial before none is written any more.
@@ -103,6 +110,9 @@ def _fingerprint(home: Path, options: str, launcher: Sequence[str]) -> str:
             jdk / "lib" / "modules",
             jdk / "lib" / "server" / "libjvm.so",
         ]
+    # The launcher reads these too: settings of the driver's JVM and class path.
+    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+    files += [conf_dir / "spark-defaults.conf", conf_dir / "spark-env.sh"]
     files += sorted((home / "jars").glob("*.jar"))
     for path in files:
         real = os.path.realpath(path)
@@ -116,8 +126,9 @@ class Archive:
     """The archive of one JVM set-up in ``directory``: to use, to write, or neither now.
 
     ``options``: the JVM's options besides the archive's; ``launcher``: arguments
-    of ``spark-submit`` that change the JVM (``--driver-memory``), which the trial
-    passes too.  ``clock`` and ``trial`` are injected by the tests.
+    of ``spark-submit`` that change the JVM (``--driver-memory``, ``--conf`` of the
+    driver's memory, class path and libraries), which the trial passes too.
+    ``clock`` (wall-clock seconds) and ``trial`` are injected by the tests.
     """
 
     def __init__(
@@ -139,6 +150,8 @@ class Archive:
         self._size = directory / f"spark-{digest}.jsa.size"
         self._failed = directory / f"spark-{digest}.failed"
         self._parts = f"spark-{digest}.*.part"
+        #: Every digest's archive in ``directory`` (a digest is 16 hex digits).
+        self._archives = "spark-" + "[0-9a-f]" * 16 + ".jsa"
         self._clock = clock
         self._trial = trial or self._start_with
         #: The file this run's JVM writes, when it writes one.
@@ -156,10 +169,10 @@ class Archive:
     def _java_options(self) -> str:
         writing = False
         for pid_file in self.directory.glob(f"{self._parts}.pid"):
-            part, writer = Path(str(pid_file)[: -len(".pid")]), _pid(pid_file)
-            if writer is not None and alive(writer):
-                # A report's JVM runs, and writes its part as it exits: a second
-                # writer now would only make a second report pay for an archive.
+            part, writer = Path(str(pid_file)[: -len(".pid")]), self._writer(pid_file)
+            if writer is not None:
+                # A report or its JVM runs, and the JVM writes its part as it exits:
+                # a second writer now would only make a second report pay for one.
                 writing = True
             elif not part.exists():
                 pid_file.unlink(missing_ok=True)  # its JVM ended and wrote nothing
@@ -172,16 +185,34 @@ class Archive:
         if writing or self._failures() >= MAX_FAILURES:
             return ""
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.part = self.directory / f"{self.ready.stem}.{os.getpid()}.part"
-        return f"-XX:ArchiveClassesAtExit={self.part} {QUIET}"
+        part = self.directory / f"{self.ready.stem}.{os.getpid()}.part"
+        # This process until its JVM's pid is known (writer_started): a report
+        # started meanwhile sees that one is being written.
+        _write_pid(Path(f"{part}.pid"), os.getpid())
+        self.part = part
+        return f"-XX:ArchiveClassesAtExit={part} {QUIET}"
 
     def writer_started(self, jvm_pid: int | None) -> None:
         """Note the pid of the JVM writing :attr:`part` (None: not known; the part is then
         only tried once it has been left unchanged for :data:`SETTLED` seconds)."""
-        if jvm_pid is not None and self.part is not None:
-            # Not written: the part is tried once left unchanged long enough.
-            with contextlib.suppress(OSError):
-                Path(f"{self.part}.pid").write_text(str(jvm_pid))
+        if self.part is None:
+            return
+        pid_file = Path(f"{self.part}.pid")
+        with contextlib.suppress(OSError):
+            if jvm_pid is None:
+                pid_file.unlink(missing_ok=True)
+            else:
+                _write_pid(pid_file, jvm_pid)
+
+    def _writer(self, pid_file: Path) -> int | None:
+        """The pid ``pid_file`` names while that process may still be writing (None: the
+        file is unreadable, older than :data:`WRITER_MAX_AGE`, or the process ended)."""
+        pid = _pid(pid_file)
+        try:
+            young = self._clock() - pid_file.stat().st_mtime < WRITER_MAX_AGE
+        except FileNotFoundError:
+            return None
+        return pid if pid is not None and young and alive(pid) else None
 
     def _usable(self) -> bool:
         """Whether the archive in place has the size it was moved into place with (a
@@ -204,9 +235,8 @@ class Archive:
         """Deal with ``part`` once its writer is done: move it into place if it is complete
         and none is, else remove it.  True when it was dealt with."""
         pid_file = Path(f"{part}.pid")
-        pid = _pid(pid_file)
-        if pid is not None:
-            if alive(pid):
+        if _pid(pid_file) is not None:
+            if self._writer(pid_file) is not None:
                 return False
         else:
             try:
@@ -217,6 +247,7 @@ class Archive:
         if not self._usable():
             if self._trial(part):
                 self._size.write_text(str(part.stat().st_size))
+                os.utime(part)  # in use from now: not the first to go (_prune)
                 os.replace(part, self.ready)
                 self._failed.unlink(missing_ok=True)
                 self._prune()
@@ -231,11 +262,13 @@ class Archive:
 
         A JVM running from a removed archive keeps it mapped until it exits.
         """
-        others = [p for p in self.directory.glob("spark-*.jsa") if p != self.ready]
+        others = [p for p in self.directory.glob(self._archives) if p != self.ready]
         others.sort(key=_last_use, reverse=True)
         for old in others[KEEP - 1 :]:
-            old.unlink(missing_ok=True)
-            Path(f"{old}.size").unlink(missing_ok=True)
+            # Tidying up must not cost this report the archive it just moved in.
+            with contextlib.suppress(OSError):
+                old.unlink(missing_ok=True)
+                Path(f"{old}.size").unlink(missing_ok=True)
 
     def _failures(self) -> int:
         try:
@@ -274,9 +307,17 @@ def _last_use(archive: Path) -> float:
 
 def _pid(pid_file: Path) -> int | None:
     try:
-        return int(pid_file.read_text())
+        pid = int(pid_file.read_text())
     except (OSError, ValueError):
         return None
+    return pid if 0 < pid <= MAX_PID else None  # 0 or -1 would name a process group
+
+
+def _write_pid(pid_file: Path, pid: int) -> None:
+    """Write ``pid_file`` whole or not at all: a reader never finds it empty."""
+    temporary = pid_file.with_name(f".{pid_file.name}.{os.getpid()}")
+    temporary.write_text(str(pid))
+    os.replace(temporary, pid_file)
 
 
 def archive_for(options: str, launcher: Sequence[str] = ()) -> Archive | None:

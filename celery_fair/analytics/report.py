@@ -74,9 +74,11 @@ JAVA_OPTION_VARIABLES = (
     "SPARK_SUBMIT_OPTS",
     "PYSPARK_SUBMIT_ARGS",
 )
-#: The settings of the driver's JVM that Spark's launcher reads (its memory,
-#: class path and libraries): a class archive serves only the JVM they start.
-DRIVER_SETTINGS = "spark.driver."
+#: The settings with which Spark's launcher starts the driver's JVM (its heap,
+#: class path and native libraries; its Java options turn the short run off).
+#: Others, ``spark.driver.host`` or ``maxResultSize``, act in the running JVM.
+DRIVER_SETTINGS = ("spark.driver.memory", "spark.driver.extraClassPath",
+                   "spark.driver.extraLibraryPath")  # fmt: skip
 #: Where a local report's Spark listens (see ``session``).
 LOOPBACK = "127.0.0.1"
 
@@ -544,16 +546,13 @@ def _with_archive(
 ) -> Archive | None:
     """Add the class archive's options to a short run's (:mod:`.jvm_archive`), in place.
 
-    An archive serves only the JVM and class path that wrote it. The driver's
-    memory (``--driver-memory``, or ``spark.driver.memory`` in ``conf``: a heap
-    of 32 GB or more has no compressed pointers) and the user's other
-    ``spark.driver.*`` settings (its class path, its libraries) are given to
-    Spark's launcher, so they are part of the archive's name, and its trial
-    starts the JVM with them too. Other settings act inside the running JVM.
+    The archive's launcher arguments are ``--driver-memory`` and the
+    :data:`DRIVER_SETTINGS` in ``conf`` (a heap of 32 GB or more has no
+    compressed pointers; a class path of its own loads other classes).
     """
     key = JAVA_OPTION_SETTINGS[0]
     launcher: list[str] = ["--driver-memory", driver_memory] if driver_memory else []
-    for name in sorted(n for n in conf if n.startswith(DRIVER_SETTINGS)):
+    for name in sorted(n for n in conf if n in DRIVER_SETTINGS):
         launcher += ["--conf", f"{name}={conf[name]}"]
     archive = archive_for(short_run[key], launcher) if short_run else None
     extra = archive.java_options() if archive is not None else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from celery_fair.analytics.jvm_archive import (
     KEEP,
     MAX_FAILURES,
     SETTLED,
+    WRITER_MAX_AGE,
     Archive,
     archive_for,
     cache_dir,
@@ -46,7 +48,7 @@ def _archive(tmp_path: Path, tried: list[Path], works: bool = True,
         return works
 
     return Archive(tmp_path / "cache", OPTIONS, spark_home, trial=trial,
-                   clock=clock or Clock(1e10))  # fmt: skip
+                   clock=clock or time.time)  # fmt: skip
 
 
 def _written(tmp_path: Path, tried: list[Path], content: bytes, writer_pid: int,
@@ -98,8 +100,12 @@ def test_a_part_no_jvm_can_use_is_removed_and_written_again(tmp_path: Path) -> N
     writer = _written(tmp_path, tried, b"truncated", _dead_pid())
     again = _archive(tmp_path, tried, works=False)
     assert again.java_options().startswith("-XX:ArchiveClassesAtExit=")
-    assert tried == [writer.part] and not again.ready.exists()
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{again.ready.stem}.failed"]
+    assert tried == [writer.part] and not again.ready.exists() and again.part is not None
+    # This process writes the next one (its pid until its JVM's is known).
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        f"{again.part.name}.pid",
+        f"{again.ready.stem}.failed",
+    ]
 
 
 def test_after_two_archives_fail_none_is_written_any_more(tmp_path: Path) -> None:
@@ -169,7 +175,8 @@ def test_a_part_of_an_unknown_writer_is_tried_once_left_unchanged_long_enough(
     writer = _archive(tmp_path, tried)
     writer.java_options()
     assert writer.part is not None
-    writer.part.write_bytes(b"archive")  # no pid: the JVM's was not reachable
+    writer.writer_started(None)  # the JVM's pid was not reachable
+    writer.part.write_bytes(b"archive")
     written = writer.part.stat().st_mtime
     young = _archive(tmp_path, tried, clock=Clock(written + SETTLED - 1))
     assert young.java_options() == "" and not tried
@@ -179,13 +186,42 @@ def test_a_part_of_an_unknown_writer_is_tried_once_left_unchanged_long_enough(
 
 def test_a_pid_file_whose_jvm_wrote_nothing_is_removed(tmp_path: Path) -> None:
     tried: list[Path] = []
-    writer = _archive(tmp_path, tried)
-    writer.java_options()
-    writer.writer_started(_dead_pid())  # the JVM died before it wrote anything
+    first = _archive(tmp_path, tried)
+    first.java_options()
+    assert first.part is not None
+    # Another report's JVM died before it wrote anything, and so did this one's.
+    stale = first.part.with_name(f"{first.ready.stem}.1.part.pid")
+    stale.write_text(str(_dead_pid()))
+    first.writer_started(_dead_pid())
     next_run = _archive(tmp_path, tried)
     assert next_run.java_options().startswith("-XX:ArchiveClassesAtExit=")
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
+    assert next_run.part is not None
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [f"{next_run.part.name}.pid"]
+    assert Path(f"{next_run.part}.pid").read_text() == str(os.getpid())  # its own
     assert not tried
+
+
+@pytest.mark.parametrize("pid", ["0", "-1", str(2**40), "", "not a pid"])
+def test_a_pid_file_naming_no_process_is_no_writer(tmp_path: Path, pid: str) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    first = _archive(tmp_path, [])
+    (cache / f"{first.ready.stem}.1.part.pid").write_text(pid)
+    assert first.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert not (cache / f"{first.ready.stem}.1.part.pid").exists()
+
+
+def test_a_pid_file_older_than_any_report_names_no_writer(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    first = _archive(tmp_path, [])
+    pid_file = cache / f"{first.ready.stem}.1.part.pid"
+    pid_file.write_text(str(os.getpid()))  # a live process: another's, its pid reused
+    written = pid_file.stat().st_mtime
+    assert _archive(tmp_path, [], clock=Clock(written + WRITER_MAX_AGE - 1)).java_options() == ""
+    later = _archive(tmp_path, [], clock=Clock(written + WRITER_MAX_AGE + 1))
+    assert later.java_options().startswith("-XX:ArchiveClassesAtExit=")
+    assert not pid_file.exists()
 
 
 def test_the_archive_is_named_by_the_options_and_the_installation(tmp_path: Path) -> None:
@@ -230,7 +266,9 @@ def test_a_new_archive_in_place_removes_the_least_recently_used_beyond_the_kept(
     cache = tmp_path / "cache"
     cache.mkdir()
     # Archives of other set-ups, each with its size; the higher i, the more recently used.
-    others = [cache / f"spark-other{i}.jsa" for i in range(KEEP)]
+    others = [cache / f"spark-{i:016x}.jsa" for i in range(KEEP)]
+    mine = cache / "spark-mine.jsa"  # not an archive's name: left alone
+    mine.write_bytes(b"the user's")
     for i, other in enumerate(others):
         other.write_bytes(b"x" * (i + 1))
         Path(f"{other}.size").write_text(str(i + 1))
@@ -240,7 +278,7 @@ def test_a_new_archive_in_place_removes_the_least_recently_used_beyond_the_kept(
     assert archive.java_options().startswith("-XX:SharedArchiveFile=")
     # KEEP kept in all: the new one and the KEEP - 1 used last.
     kept = sorted(p.name for p in cache.glob("spark-*.jsa"))
-    assert kept == sorted([archive.ready.name, *(o.name for o in others[1:])])
+    assert kept == sorted([archive.ready.name, mine.name, *(o.name for o in others[1:])])
     assert not Path(f"{others[0]}.size").exists()
 
 
@@ -266,8 +304,9 @@ def test_the_users_driver_settings_name_the_archive_and_reach_its_trial(
         return found
 
     plain = archive({})
-    # A setting that acts inside the running JVM does not change the JVM.
-    assert archive({"spark.sql.shuffle.partitions": "4"}).ready == plain.ready
+    # Settings that act inside the running JVM do not change the JVM.
+    inside = {"spark.sql.shuffle.partitions": "4", "spark.driver.maxResultSize": "2g"}
+    assert archive(inside).ready == plain.ready
     by_conf = archive({"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"})
     assert by_conf.launcher == ("--conf", "spark.driver.memory=2g")
     assert by_conf.ready != plain.ready
