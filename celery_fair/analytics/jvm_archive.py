@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .._process import alive
 
-__all__ = ("ENV", "Archive", "archive_for", "cache_dir", "spark_home")
+__all__ = ("ENV", "Archive", "archive_for", "cache_dir", "spark_conf_dir", "spark_home")
 
 #: The directory of the archives; ``off`` (or empty) writes and uses none.
 ENV = "CELERY_FAIR_JVM_ARCHIVE"
@@ -55,6 +55,8 @@ MAX_FAILURES = 2
 #: one per Java, Spark and set of options in use; older ones are removed when
 #: a new one is moved into place.
 KEEP = 3
+#: Every set-up's archive in the directory (a digest is 16 hex digits).
+_ARCHIVES = "spark-" + "[0-9a-f]" * 16 + ".jsa"
 #: Quiet: the JVM names every class it cannot archive as it exits, after the
 #: report has printed its summary.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -87,6 +89,14 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def spark_conf_dir(home: Path | None = None) -> Path:
+    """Where Spark's launcher reads ``spark-defaults.conf`` and ``spark-env.sh``:
+    ``$SPARK_CONF_DIR``, else ``conf`` in ``home`` (default :func:`spark_home`)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    return (home or spark_home()) / "conf"
+
+
 def _java() -> Path | None:
     """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
     if os.environ.get("JAVA_HOME"):
@@ -111,7 +121,7 @@ def _fingerprint(home: Path, options: str, launcher: Sequence[str]) -> str:
             jdk / "lib" / "server" / "libjvm.so",
         ]
     # The launcher reads these too: settings of the driver's JVM and class path.
-    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or home / "conf")
+    conf_dir = spark_conf_dir(home)
     files += [conf_dir / "spark-defaults.conf", conf_dir / "spark-env.sh"]
     files += sorted((home / "jars").glob("*.jar"))
     for path in files:
@@ -150,8 +160,6 @@ class Archive:
         self._size = directory / f"spark-{digest}.jsa.size"
         self._failed = directory / f"spark-{digest}.failed"
         self._parts = f"spark-{digest}.*.part"
-        #: Every digest's archive in ``directory`` (a digest is 16 hex digits).
-        self._archives = "spark-" + "[0-9a-f]" * 16 + ".jsa"
         self._clock = clock
         self._trial = trial or self._start_with
         #: The file this run's JVM writes, when it writes one.
@@ -262,7 +270,7 @@ class Archive:
 
         A JVM running from a removed archive keeps it mapped until it exits.
         """
-        others = [p for p in self.directory.glob(self._archives) if p != self.ready]
+        others = [p for p in self.directory.glob(_ARCHIVES) if p != self.ready]
         others.sort(key=_last_use, reverse=True)
         for old in others[KEEP - 1 :]:
             # Tidying up must not cost this report the archive it just moved in.

@@ -28,7 +28,7 @@ if __name__ == "__main__" and Path(sys.path[0]).resolve() == Path(__file__).reso
     # matplotlib needs). The package is imported by its full name below.
     del sys.path[0]
 
-from celery_fair.analytics.jvm_archive import Archive, archive_for, spark_home  # noqa: E402
+from celery_fair.analytics.jvm_archive import Archive, archive_for, spark_conf_dir  # noqa: E402
 from celery_fair.analytics.noisy import (  # noqa: E402
     DEFAULT_RULES,
     NoisyRules,
@@ -524,7 +524,7 @@ def short_run_conf(directory: str, master: str | None, conf: dict[str, str]) -> 
 def _java_options_set_elsewhere() -> bool:
     if any(os.environ.get(name) for name in JAVA_OPTION_VARIABLES):
         return True
-    conf_dir = Path(_spark_conf_dir())
+    conf_dir = spark_conf_dir()
     try:
         defaults = (conf_dir / "spark-defaults.conf").read_text()
     except OSError:
@@ -532,13 +532,6 @@ def _java_options_set_elsewhere() -> bool:
     if any(line.strip().startswith(JAVA_OPTION_SETTINGS) for line in defaults.splitlines()):
         return True
     return (conf_dir / "java-opts").exists()
-
-
-def _spark_conf_dir() -> str:
-    """Where Spark's launcher reads ``spark-defaults.conf`` (a pip install: the package's)."""
-    if os.environ.get("SPARK_CONF_DIR"):
-        return os.environ["SPARK_CONF_DIR"]
-    return str(spark_home() / "conf")
 
 
 def _with_archive(
