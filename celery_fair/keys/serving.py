@@ -25,7 +25,7 @@ from .leases import Leases
 from .limits import KeyLimits
 from .releases import ReleaseCarrier, ReleaseOutbox
 
-__all__ = ("FetchTerms", "KeyStatistics", "KeyedServing")
+__all__ = ("FetchTerms", "KeyStatistics", "KeyedServing", "level_weights")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,35 @@ class KeyStatistics:
     release_errors: int
     #: Releases waiting for the next connection to be sent again.
     unsent_releases: int
+
+
+def level_weights(
+    given: Mapping[int, float], steps: Sequence[int], *, highest_first: bool = False
+) -> list[float]:
+    """Each priority level's weight, in the order of ``steps`` sorted (``fair_priority_weights``).
+
+    A message's priority falls in the level of the largest step not above it.
+    A level takes the weight ``given`` for its step, else for the first
+    priority given that falls in it, else 1; with none given, each level
+    weighs half the one more urgent than it (8:4:2:1 for four levels): the
+    lowest step is the most urgent on Redis (Kombu's order), the highest with
+    ``highest_first`` (RabbitMQ's).
+    """
+    ordered = sorted(steps)
+    n = len(ordered)
+    if not given:
+        return [float(2 ** (i if highest_first else n - 1 - i)) for i in range(n)]
+    weights = []
+    for i, step in enumerate(ordered):
+        upper = ordered[i + 1] if i + 1 < n else None
+        inside = [p for p in sorted(given) if p >= step and (upper is None or p < upper)]
+        if step in given:
+            weights.append(float(given[step]))
+        elif inside:
+            weights.append(float(given[inside[0]]))
+        else:
+            weights.append(1.0)
+    return weights
 
 
 class FetchTerms:
@@ -94,23 +123,9 @@ class FetchTerms:
         priority given that falls in it, else 1; with no weights given, each
         level weighs half the one before it (8:4:2:1 for four levels).
         """
-        given = self.priority_weights
-        if given is None:
+        if self.priority_weights is None:
             return None
-        ordered = sorted(steps)
-        if not given:
-            return [float(2 ** (len(ordered) - 1 - i)) for i in range(len(ordered))]
-        weights = []
-        for i, step in enumerate(ordered):
-            upper = ordered[i + 1] if i + 1 < len(ordered) else None
-            inside = [p for p in sorted(given) if p >= step and (upper is None or p < upper)]
-            if step in given:
-                weights.append(float(given[step]))
-            elif inside:
-                weights.append(float(given[inside[0]]))
-            else:
-                weights.append(1.0)
-        return weights
+        return level_weights(self.priority_weights, steps)
 
     def charge_at_fetch(self, queue: str) -> float:
         """What a message of keyed ``queue`` is charged when fetched."""

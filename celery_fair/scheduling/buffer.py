@@ -41,31 +41,42 @@ _USERS = object()
 class _KeyOrder(Generic[T]):
     """One queue's waiting tasks: by priority level, then in start-time fair order over keys.
 
-    A task's level comes first (the lowest rank: on Redis, Kombu's priority
-    step, 0 served first), so an urgent task prefetched after batch work
-    does not wait behind it.  Within a level a task's tag is
-    ``max(the level's virtual time, its key's last tag + 1)``; the lowest tag
-    is taken first (FIFO among equal tags, and within a key).  The per-key
-    tags are forgotten whenever the queue's buffer empties, so state never
-    outlives the tasks buffered.
+    A task's level comes first: strictly, the lowest rank first (on Redis,
+    Kombu's priority step, 0 served first), so an urgent task prefetched
+    after batch work does not wait behind it; or, with ``level_weights``
+    (``fair_priority="weighted"``), the levels holding tasks share the takes
+    by weight in start-time fair order (a level's next tag is its last plus
+    ``1 / weight``, an idle level banks no credit; equal tags: the lower
+    rank).  Within a level a task's tag is ``max(the level's virtual time,
+    its key's last tag + 1)``; the lowest tag is taken first (FIFO among
+    equal tags, and within a key).  The per-key tags are forgotten whenever
+    the queue's buffer empties, so state never outlives the tasks buffered.
 
     With two-level keys the order is hierarchical, as the Redis fetch's
     (docs/fairness-keys.md): a task with a user gives its key a turn
     (``_USERS``) in this order, and the key's own ``_KeyOrder`` over its
-    users decides which of the key's tasks that turn serves.  A flooding
-    user's prefetched tasks then take only their key's turns, and a quiet
-    user of the same key is not behind them.  The key keeps as many turns
-    per level as it has tasks per level, so a turn of level ``l`` always
-    finds a task of level ``l`` in the key's order (every lower turn, of any
-    key, was taken first).
+    users decides which of the key's tasks of that turn's level it serves.
+    A flooding user's prefetched tasks then take only their key's turns, and
+    a quiet user of the same key is not behind them.  The key keeps as many
+    turns per level as it has tasks per level.
     """
 
-    def __init__(self, seq: Iterator[int] | None = None) -> None:
-        self._heap: list[tuple[int, float, int, object, str]] = []
+    def __init__(
+        self,
+        seq: Iterator[int] | None = None,
+        level_weights: Mapping[int, float] | None = None,
+    ) -> None:
+        #: Level -> its heap of (tag, seq, task or _USERS, key).
+        self._levels: dict[int, list[tuple[float, int, object, str]]] = {}
+        self._size = 0
         self._next: dict[tuple[int, str, str | None], float] = {}
         self._vt: dict[int, float] = {}
         self._seq = count() if seq is None else seq
         self._users: dict[str, _KeyOrder[T]] = {}
+        self.level_weights = None if level_weights is None else dict(level_weights)
+        #: Weighted levels: each level's start tag, and the virtual time over levels.
+        self._level_tags: dict[int, float] = {}
+        self._level_vt = 0.0
 
     def append(
         self,
@@ -86,92 +97,131 @@ class _KeyOrder(Generic[T]):
         turn = (level, key, None)
         tag = max(self._vt.get(level, 0.0), self._next.get(turn, 0.0))
         self._next[turn] = tag + cost
-        heapq.heappush(self._heap, (level, tag, next(self._seq), entry, key))
+        heap = self._levels.get(level)
+        if heap is None:
+            heap = self._levels[level] = []
+        if not heap and self.level_weights is not None:
+            # A level that comes back starts at the levels' virtual time: no credit banked.
+            self._level_tags[level] = max(self._level_vt, self._level_tags.get(level, 0.0))
+        heapq.heappush(heap, (tag, next(self._seq), entry, key))
+        self._size += 1
 
-    def popleft(self) -> T:
-        level, tag, _, entry, key = heapq.heappop(self._heap)
+    def _next_level(self) -> int:
+        busy = [level for level, heap in self._levels.items() if heap]
+        weights = self.level_weights
+        if weights is None:
+            return min(busy)
+        level = min(busy, key=lambda lv: (self._level_tags.get(lv, 0.0), lv))
+        start = self._level_tags.get(level, 0.0)
+        self._level_vt = start
+        self._level_tags[level] = start + 1.0 / float(weights.get(level, 1.0))
+        return level
+
+    def popleft(self, level: int | None = None) -> T:
+        """The next task: of the next level in order, or of ``level`` (a key's turn
+        of that level, taken from the key's order over its users)."""
+        if level is None:
+            level = self._next_level()
+        tag, _, entry, key = heapq.heappop(self._levels[level])
+        self._size -= 1
         self._vt[level] = tag
         if entry is _USERS:
             users = self._users[key]
-            item = users.popleft()
+            item = users.popleft(level)
             if not users:
                 del self._users[key]
         else:
             item = cast(T, entry)
-        if not self._heap:
+        if not self._size:
             self.clear()
         return item
 
+    def _entries(self) -> Iterator[tuple[int, tuple[float, int, object, str]]]:
+        for level, heap in self._levels.items():
+            for entry in heap:
+                yield level, entry
+
     def _taken(self) -> list[tuple[int, T]]:
         """Every task with its sequence number (its users' tasks, for a key's turns)."""
-        found = [(e[2], cast(T, e[3])) for e in self._heap if e[3] is not _USERS]
+        found = [(e[1], cast(T, e[2])) for _, e in self._entries() if e[2] is not _USERS]
         for users in self._users.values():
             found.extend(users._taken())
         return found
 
     def take_key(self, key: str) -> list[T]:
         """Remove every task of ``key``, oldest first (a paused key's tasks go back)."""
-        taken = [(e[2], cast(T, e[3])) for e in self._heap if e[4] == key and e[3] is not _USERS]
+        taken = [
+            (e[1], cast(T, e[2])) for _, e in self._entries() if e[3] == key and e[2] is not _USERS
+        ]
         users = self._users.pop(key, None)
         if users is not None:
             taken.extend(users._taken())
-        if taken:
-            self._heap = [e for e in self._heap if e[4] != key]
-            heapq.heapify(self._heap)
-            if not self._heap:
-                self.clear()
+        for level, heap in self._levels.items():
+            kept = [e for e in heap if e[3] != key]
+            if len(kept) != len(heap):
+                self._size -= len(heap) - len(kept)
+                heapq.heapify(kept)
+                self._levels[level] = kept
+        if not self._size:
+            self.clear()
         return [item for _, item in sorted(taken, key=lambda pair: pair[0])]
 
     def remove(self, item: T) -> None:
-        for i, entry in enumerate(self._heap):
-            if entry[3] is item or entry[3] == item:
-                self._drop(i)
-                return
+        for level, heap in self._levels.items():
+            for i, entry in enumerate(heap):
+                if entry[2] is item or entry[2] == item:
+                    self._drop(level, i)
+                    return
         for key, users in self._users.items():
-            level = users.level_of(item)
-            if level is None:
+            found = users.level_of(item)
+            if found is None:
                 continue
             users.remove(item)
             if not users:
                 del self._users[key]
             # The key gives up its latest turn of that level.
-            turns = [
-                i for i, e in enumerate(self._heap)
-                if e[4] == key and e[0] == level and e[3] is _USERS
-            ]  # fmt: skip
-            self._drop(max(turns, key=lambda i: (self._heap[i][1], self._heap[i][2])))
+            heap = self._levels[found]
+            turns = [i for i, e in enumerate(heap) if e[3] == key and e[2] is _USERS]
+            self._drop(found, max(turns, key=lambda i: (heap[i][0], heap[i][1])))
             return
         raise ValueError(item)
 
     def level_of(self, item: T) -> int | None:
         """The level ``item`` waits at (None: not here)."""
-        for entry in self._heap:
-            if entry[3] is item or entry[3] == item:
-                return entry[0]
-        for users in self._users.values():
-            level = users.level_of(item)
-            if level is not None:
+        for level, entry in self._entries():
+            if entry[2] is item or entry[2] == item:
                 return level
+        for users in self._users.values():
+            found = users.level_of(item)
+            if found is not None:
+                return found
         return None
 
-    def _drop(self, index: int) -> None:
-        self._heap[index] = self._heap[-1]
-        self._heap.pop()
-        heapq.heapify(self._heap)
+    def _drop(self, level: int, index: int) -> None:
+        heap = self._levels[level]
+        heap[index] = heap[-1]
+        heap.pop()
+        heapq.heapify(heap)
+        self._size -= 1
+        if not self._size:
+            self.clear()
 
     def clear(self) -> None:
-        self._heap.clear()
+        self._levels.clear()
+        self._size = 0
         self._next.clear()
         self._vt.clear()
         self._users.clear()
+        self._level_tags.clear()
+        self._level_vt = 0.0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._size
 
     def __iter__(self) -> Iterator[T]:
         users = {key: iter(order) for key, order in self._users.items()}
-        for entry in sorted(self._heap, key=lambda e: (e[0], e[1], e[2])):
-            yield next(users[entry[4]]) if entry[3] is _USERS else cast(T, entry[3])
+        for _, entry in sorted(self._entries(), key=lambda e: (e[0], e[1][0], e[1][1])):
+            yield next(users[entry[3]]) if entry[2] is _USERS else cast(T, entry[2])
 
 
 class FairBuffer(Generic[T]):
@@ -181,6 +231,20 @@ class FairBuffer(Generic[T]):
         self.drr = DeficitRoundRobin()
         self._items: dict[str, deque[T] | _KeyOrder[T]] = {}
         self._size = 0
+        #: Keyed queue -> its priority levels' weights (``fair_priority="weighted"``
+        #: where the worker's buffer orders the levels: RabbitMQ).
+        self._level_weights: dict[str, dict[int, float]] = {}
+
+    def set_level_weights(self, queue: str, weights: Mapping[int, float] | None) -> None:
+        """Keyed ``queue``'s levels share the takes by these weights (by level rank;
+        a rank not given weighs 1); None: strictly, the lowest rank first."""
+        if weights is None:
+            self._level_weights.pop(queue, None)
+        else:
+            self._level_weights[queue] = {level: float(w) for level, w in weights.items()}
+        items = self._items.get(queue)
+        if isinstance(items, _KeyOrder):
+            items.level_weights = self._level_weights.get(queue)
 
     def set_quanta(self, quanta: Mapping[str, float]) -> None:
         """Use these quanta (validated all at once)."""
@@ -199,14 +263,17 @@ class FairBuffer(Generic[T]):
         """Buffer ``item`` of ``queue``: FIFO within the queue, or fair over ``key``s
         (and, with two-level keys, over each key's ``user``s within its turns).
 
-        A keyed queue's tasks are taken by ``level`` first (the lowest first);
+        A keyed queue's tasks are taken by ``level`` first (the lowest first, or by
+        the queue's level weights: :meth:`set_level_weights`);
         within a level a key's turn advances by ``cost`` per task (start-time
         fair queueing: a key of tasks twice as costly gets half the turns), and
         a user's turn within its key by ``user_cost`` (default: ``cost``).
         """
         items = self._items.get(queue)
         if items is None:
-            items = self._items[queue] = deque() if key is None else _KeyOrder()
+            items = self._items[queue] = (
+                deque() if key is None else _KeyOrder(level_weights=self._level_weights.get(queue))
+            )
         if isinstance(items, _KeyOrder):
             items.append(item, key or "", level, user, cost, user_cost)
         else:

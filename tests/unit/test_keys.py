@@ -10,7 +10,7 @@ from celery_fair.errors import FairConfigError, FairConfigWarning
 from celery_fair.keys.counters import COUNTED_KEYS
 from celery_fair.keys.layout import KeyedNames, level_rank
 from celery_fair.keys.publish import _arguments, parse_fair_keys
-from celery_fair.keys.serving import KeyedServing
+from celery_fair.keys.serving import KeyedServing, level_weights
 from celery_fair.routing.keys import ArgKey, HeaderKey, KwargKey, key_of
 from celery_fair.scheduling.buffer import FairBuffer
 from celery_fair.wire.served import Served
@@ -79,6 +79,9 @@ def test_level_weights_follow_kombus_priority_steps() -> None:
     given = KeyedServing(["jobs"], priority_weights={0: 4, 5: 2})
     # 5 falls in the level of step 3; the levels given nothing weigh 1.
     assert given.terms.level_weights(steps) == [4.0, 2.0, 1.0, 1.0]
+    # RabbitMQ serves the highest priority first: with none given, step 9 weighs most.
+    assert level_weights({}, steps, highest_first=True) == [1, 2, 4, 8]
+    assert level_weights({9: 4, 0: 1}, steps, highest_first=True) == [1.0, 1.0, 1.0, 4.0]
 
 
 def test_keys_are_refused_without_the_atomic_fetch() -> None:
@@ -566,6 +569,49 @@ def test_two_level_buffer_keeps_levels_removals_and_listing_consistent() -> None
     # Level first: both urgent tasks before t1's batch task, whose turn is level 3.
     assert taken[2] == "batch" and set(taken[:2]) == {"urgent", "plain"}
     assert buffer.take(lambda q: 1.0) is None and len(buffer) == 0
+
+
+def test_weighted_levels_share_the_buffer_by_weight_and_bank_no_credit() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    buffer.set_quanta({"jobs": 1.0})
+    buffer.set_level_weights("jobs", {-9: 4.0, 0: 1.0})
+    for i in range(40):
+        for key in ("a", "b"):
+            buffer.put("jobs", f"urgent-{key}{i}", key, -9)
+            buffer.put("jobs", f"batch-{key}{i}", key, 0)
+    taken = [buffer.take(lambda q: 1.0)[1] for _ in range(50)]  # type: ignore[index]
+    # 4:1 in every stretch of five, and the keys take turns within each level.
+    for start in range(0, 50, 5):
+        assert sum(t.startswith("urgent") for t in taken[start : start + 5]) == 4, taken
+    urgent = [t for t in taken if t.startswith("urgent")]
+    assert urgent[:4] == ["urgent-a0", "urgent-b0", "urgent-a1", "urgent-b1"]
+    # The batch level alone for a while banks nothing: urgent work comes back at 4:1.
+    drained: FairBuffer[str] = FairBuffer()
+    drained.set_quanta({"jobs": 1.0})
+    drained.set_level_weights("jobs", {-9: 4.0, 0: 1.0})
+    for i in range(20):
+        drained.put("jobs", f"batch-{i}", "a", 0)
+    for _ in range(10):
+        drained.take(lambda q: 1.0)
+    for i in range(8):
+        drained.put("jobs", f"urgent-{i}", "b", -9)
+    again = [drained.take(lambda q: 1.0)[1] for _ in range(10)]  # type: ignore[index]
+    assert sum(t.startswith("urgent") for t in again) == 8, again
+    # Four (and the tie at the fifth) before a batch task, not the ten it missed.
+    assert [t.startswith("urgent") for t in again[:7]].index(False) <= 5, again
+
+
+def test_weighted_levels_serve_a_two_level_keys_turn_from_its_own_level() -> None:
+    buffer: FairBuffer[str] = FairBuffer()
+    buffer.set_quanta({"jobs": 1.0})
+    buffer.set_level_weights("jobs", {-9: 1.0, 0: 1.0})
+    for i in range(4):
+        buffer.put("jobs", f"urgent-{i}", "t1", level=-9, user="a")
+        buffer.put("jobs", f"batch-{i}", "t1", level=0, user="b")
+    taken = [buffer.take(lambda q: 1.0)[1] for _ in range(8)]  # type: ignore[index]
+    # Equal weights alternate the levels; a turn of the batch level serves the batch user.
+    assert taken == [t for i in range(4) for t in (f"urgent-{i}", f"batch-{i}")], taken
+    assert buffer.take(lambda q: 1.0) is None
 
 
 def test_keyed_checks_follow_what_the_channel_serves() -> None:
