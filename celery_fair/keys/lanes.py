@@ -19,6 +19,13 @@ so a keyed queue ``jobs`` on RabbitMQ is a fixed set of real queues, its
   behind it.  One producer gives each of its noisy keys a lane of its own (it
   has at most 1 / 10% = 10 of them at once); two floods from two processes
   may share one.
+* ``jobs.fair.p3.s0`` ... and ``jobs.fair.p3.n0`` ..., the same for ``p6`` and
+  ``p9``: a keyed queue declared with a maximum priority has these lanes per
+  priority level (:data:`LEVEL_STEPS`; the first level's are the lanes above).
+  RabbitMQ delivers a queue's highest priority first, so in one lane a level
+  behind a stream of more urgent tasks would never reach a worker; in lanes of
+  its own each level reaches the worker's buffer, which serves the levels
+  strictly or by weight (``fair_priority``).
 
 The lanes are the same for every keyed queue and every process, whatever the
 settings: a producer and a worker configured differently (another
@@ -41,14 +48,20 @@ from ..routing.isolation import IsolationPolicy, NoisyKeyDetector
 from ..routing.ring import HashRing
 
 __all__ = (
+    "LEVEL_STEPS",
     "NOISY_LANES",
     "SHARD_LANES",
     "KeyLanes",
     "LaneChooser",
     "consume_lanes",
+    "declared_with_priority",
+    "first_level",
     "free_lane",
     "key_digest",
     "lane_queue",
+    "level_lane",
+    "level_step",
+    "prioritised",
 )
 
 #: Shard lanes per keyed queue: a flood's first ~30 messages, before it is
@@ -57,6 +70,12 @@ SHARD_LANES = 16
 #: Lanes for noisy keys per keyed queue: one producer isolates at most
 #: 1 / 10% = 10 keys at once, and rarely more than a few.
 NOISY_LANES = 8
+#: The priority levels of a keyed queue declared with a maximum priority: a task's
+#: level is the highest step at or below its Celery priority (RabbitMQ serves the
+#: highest priority first).  Kombu's default ``priority_steps`` on Redis, so a level
+#: holds the same priorities on both brokers; fixed, as every process must agree.
+LEVEL_STEPS = (0, 3, 6, 9)
+_SEPARATOR = ".fair."
 
 
 @dataclass(frozen=True)
@@ -64,16 +83,29 @@ class KeyLanes:
     """The lanes of the keyed queues ``keyed`` (the same in every process)."""
 
     keyed: frozenset[str]
+    #: The keyed queues declared with a maximum priority: lanes per level each.
+    prioritised: frozenset[str] = frozenset()
 
     def shard_lanes(self, queue: str) -> tuple[str, ...]:
-        return tuple(f"{queue}.fair.s{i}" for i in range(SHARD_LANES))
+        """The first level's shard lanes: the ring's, which every level's mirror."""
+        return tuple(f"{queue}{_SEPARATOR}s{i}" for i in range(SHARD_LANES))
 
     def noisy_lanes(self, queue: str) -> tuple[str, ...]:
-        return tuple(f"{queue}.fair.n{i}" for i in range(NOISY_LANES))
+        """The first level's noisy lanes (a level's own: :func:`level_lane`)."""
+        return tuple(f"{queue}{_SEPARATOR}n{i}" for i in range(NOISY_LANES))
+
+    def levels(self, queue: str) -> tuple[int, ...]:
+        """The priority levels of keyed ``queue`` with lanes of their own."""
+        return LEVEL_STEPS if queue in self.prioritised else LEVEL_STEPS[:1]
 
     def lanes(self, queue: str) -> tuple[str, ...]:
-        """Every lane of keyed ``queue`` but the queue itself."""
-        return self.shard_lanes(queue) + self.noisy_lanes(queue)
+        """Every lane of keyed ``queue`` but the queue itself, every level's."""
+        first = self.shard_lanes(queue) + self.noisy_lanes(queue)
+        return tuple(level_lane(queue, lane, step) for step in self.levels(queue) for lane in first)
+
+    def is_shard(self, queue: str, lane: str) -> bool:
+        """Whether ``lane`` of keyed ``queue`` is a shard lane, of any level."""
+        return first_level(queue, lane) in self.shard_lanes(queue)
 
     @staticmethod
     def backlog_counter(queue: str, key: str, cap: int) -> str:
@@ -176,6 +208,53 @@ class LaneChooser:
         name = noisy_one[1]
         lane = noisy[noisy_one] = free_lane(self.lanes.noisy_lanes(queue), name, noisy.values())
         return lane, name
+
+
+def level_step(priority: Any) -> int:
+    """The level of a Celery ``priority`` in a keyed queue with levels (:data:`LEVEL_STEPS`);
+    none, or one that is not a whole number, is RabbitMQ's 0."""
+    value = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+    return max(step for step in LEVEL_STEPS if step <= max(value, 0))
+
+
+def level_lane(queue: str, lane: str, priority: Any) -> str:
+    """The lane of ``priority``'s level that mirrors first-level ``lane`` of ``queue``
+    (``jobs.fair.s3`` at priority 7: ``jobs.fair.p6.s3``); the first level's is ``lane``."""
+    step = level_step(priority)
+    if not step:
+        return lane
+    prefix = queue + _SEPARATOR
+    return f"{prefix}p{step}.{lane[len(prefix) :]}"
+
+
+def first_level(queue: str, lane: str) -> str:
+    """The first-level lane that ``lane`` of ``queue`` mirrors (itself if first-level)."""
+    prefix = queue + _SEPARATOR
+    rest = lane[len(prefix) :] if lane.startswith(prefix) else ""
+    level, dot, name = rest.partition(".")
+    if dot and level[:1] == "p" and level[1:].isdigit():
+        return prefix + name
+    return lane
+
+
+def declared_with_priority(queue: Any) -> bool:
+    """Whether a Kombu ``Queue`` is declared with a maximum priority (RabbitMQ's own)."""
+    arguments = getattr(queue, "queue_arguments", None) or {}
+    return bool(getattr(queue, "max_priority", None) or arguments.get("x-max-priority"))
+
+
+def prioritised(app: Any, keyed: Iterable[str]) -> frozenset[str]:
+    """The keyed queues of ``app`` declared with a maximum priority.
+
+    A queue the app does not list is declared as Celery would create it:
+    with ``task_queue_max_priority``, if set.
+    """
+    queues = app.amqp.queues
+    default = bool(app.conf.task_queue_max_priority)
+    return frozenset(
+        name for name in keyed
+        if (declared_with_priority(queues[name]) if name in queues else default)
+    )  # fmt: skip
 
 
 def key_digest(key: str) -> str:

@@ -35,15 +35,24 @@ class LaneCount:
     consumers: int | None
 
 
-def backlog(connection: Any, queue: str) -> list[LaneCount]:
+def _lanes(queue: str, levels: bool) -> tuple[str, ...]:
+    """The lanes of keyed ``queue``, with the lanes of every priority level if ``levels``."""
+    return KeyLanes(frozenset((queue,)), frozenset((queue,)) if levels else frozenset()).lanes(
+        queue
+    )
+
+
+def backlog(connection: Any, queue: str, *, levels: bool = True) -> list[LaneCount]:
     """What waits in keyed ``queue`` on RabbitMQ: the queue itself, then each lane.
 
-    ``connection`` is a Kombu connection to RabbitMQ.
+    ``connection`` is a Kombu connection to RabbitMQ.  ``levels``: read the
+    lanes of every priority level too (a queue declared with a maximum
+    priority has them; one without has none declared).
     """
     counts = []
     channel = connection.channel()
     try:
-        for name in (queue, *KeyLanes(frozenset((queue,))).lanes(queue)):
+        for name in (queue, *_lanes(queue, levels)):
             ready, consumers, channel = declared(connection, channel, name)
             counts.append(LaneCount(name, ready, consumers))
     finally:
@@ -103,6 +112,7 @@ def unkey(
     *,
     declare: Any = None,
     progress: Callable[[int], None] | None = None,
+    levels: bool = True,
 ) -> Iterator[tuple[str, int]]:
     """Move every message of ``queue``'s lanes into ``queue``; yields (lane, moved) per lane.
 
@@ -111,6 +121,7 @@ def unkey(
     queue must exist (:class:`QueueMissing`).  Each copy is published
     ``mandatory``: one the broker cannot route raises before its original is
     acknowledged.  ``progress(total)`` is called after each message moved.
+    ``levels``: the lanes of every priority level too (as :func:`backlog`).
     """
     channel = connection.channel()
     try:
@@ -124,7 +135,7 @@ def unkey(
                     "(-A) so that it is declared as the app declares it"
                 )
         total = 0
-        for lane in KeyLanes(frozenset((queue,))).lanes(queue):
+        for lane in _lanes(queue, levels):
             ready, _, channel = declared(connection, channel, lane)
             if not ready:
                 continue

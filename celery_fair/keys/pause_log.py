@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from time import monotonic, time
 from typing import Any
 
-from .lanes import KeyLanes, free_lane, lane_queue
+from .lanes import KeyLanes, declared_with_priority, free_lane, lane_queue, level_lane
 from .pause_events import (
     PAUSE_LOG,
     PAUSE_LOG_ARGUMENTS,
@@ -90,7 +90,12 @@ class PauseLog:
     ) -> None:
         self.side = SideConnection(connect, "the pause log on RabbitMQ", clock=clock)
         self.parents = dict(parents)
-        self.lanes = KeyLanes(frozenset(self.parents))
+        self.lanes = KeyLanes(
+            frozenset(self.parents),
+            frozenset(
+                q for q, declared in self.parents.items() if declared_with_priority(declared)
+            ),
+        )
         self.wall = wall
         self._clock = clock
         self._arrived: list[tuple[int, bytes]] = []
@@ -309,9 +314,11 @@ class PauseLog:
             self._declared.add(lane)
         return lane
 
-    def destination(self, queue: str, key: str) -> str:
-        """The lane a resumed key's parked tasks go back to: its hashed noisy lane."""
-        return free_lane(self.lanes.noisy_lanes(queue), key, ())
+    def destination(self, queue: str, key: str, priority: Any = None) -> str:
+        """The lane a resumed key's parked task of ``priority`` goes back to: its hashed
+        noisy lane, of the task's level in a queue with levels."""
+        lane = free_lane(self.lanes.noisy_lanes(queue), key, ())
+        return level_lane(queue, lane, priority) if queue in self.lanes.prioritised else lane
 
     def _sweep(self) -> None:
         """Move back the parked tasks of keys resumed lately, :data:`MOVE_PER_READ` each."""
@@ -325,14 +332,16 @@ class PauseLog:
         from amqp import Message
 
         name = self._declare_parked(queue, key)
-        target = self._declare(queue, self.destination(queue, key))
-        admin, moved = self.side.channel(_ADMIN), 0
+        admin, moved, targets = self.side.channel(_ADMIN), 0, set()
         while moved < MOVE_PER_READ:
             if self.state.paused_since(queue, key) is not None:
                 break  # paused again meanwhile
             message = admin.basic_get(name, no_ack=False)
             if message is None:
                 break
+            priority = message.properties.get("priority")
+            target = self._declare(queue, self.destination(queue, key, priority))
+            targets.add(target)
             admin.basic_publish_confirm(
                 Message(message.body, **message.properties), exchange="", routing_key=target
             )
@@ -341,7 +350,7 @@ class PauseLog:
         if moved:
             self.moved += moved
             logger.info("celery-fair: %d parked task(s) of resumed key %r moved back to %s",
-                        moved, key, target)  # fmt: skip
+                        moved, key, ", ".join(sorted(targets)))  # fmt: skip
         return moved
 
     def parked(self, queue: str, key: str) -> int | None:

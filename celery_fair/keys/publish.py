@@ -49,7 +49,7 @@ from ..wire import (
 )
 from . import store
 from .backlog_counter import BacklogCounter
-from .lanes import KeyLanes, LaneChooser, lane_queue
+from .lanes import KeyLanes, LaneChooser, declared_with_priority, lane_queue, level_lane
 from .layout import KeyedNames
 
 __all__ = (
@@ -240,11 +240,14 @@ def _stamping_sender(
                 if key:
                     user = _stamped_user(message, options.get("headers"))
                     lane, given = lanes.choose(queue, key, user)
+                    parent = app.amqp.queues[queue]
                     if given is not None:
-                        _name_lane(producer, lane, given, durable=app.amqp.queues[queue].durable)
+                        _name_lane(producer, lane, given, durable=parent.durable)
+                    if declared_with_priority(parent):
+                        lane = level_lane(queue, lane, options.get("priority"))
                     target = lane_queues.get(lane)
                     if target is None:
-                        target = lane_queues[lane] = lane_queue(app.amqp.queues[queue], lane)
+                        target = lane_queues[lane] = lane_queue(parent, lane)
                     # The lane, through the default exchange: the router's exchange
                     # and routing key were the queue's.
                     for option in ("exchange", "routing_key", "exchange_type"):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..cli_options import add_broker_options, broker_connection
 from ..keys.gauges import PREFIX, keys_throttled
-from ..keys.lanes import KeyLanes
+from ..keys.lanes import KeyLanes, prioritised
 from ..keys.throttling import Throttled
 from ..parked import PARKING_SUFFIX
 
@@ -322,12 +322,14 @@ def run(args: argparse.Namespace) -> int:
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
     app = None
     keyed: list[str] = []
+    levelled: frozenset[str] = frozenset()  # keyed queues with lanes per priority level
     if args.app:
         from celery.app.utils import find_app
 
         app = find_app(args.app)
         queues = list(dict.fromkeys(app_queues(app) + queues))
         keyed = list(app.conf.get("fair_keys") or {})
+        levelled = prioritised(app, keyed)
     connection = broker_connection(args)
     broker = connection.as_uri()
     memory: Callable[[], BrokerMemory] | None = None  # Redis only
@@ -368,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         amqp_named = list(queues)
         amqp_looked = [-float("inf")]
-        lanes = set(KeyLanes(frozenset(keyed)).parents()) - set(keyed)
+        lanes = set(KeyLanes(frozenset(keyed), levelled).parents()) - set(keyed)
 
         def amqp_discover() -> None:
             # The vhost's queues from the management API: a queue declared only
@@ -388,7 +390,12 @@ def run(args: argparse.Namespace) -> int:
             amqp_discover()
             connection.ensure_connection(max_retries=1)
             return read_rabbitmq(
-                connection, queues, management=management, keyed=keyed, top_keys=args.top
+                connection,
+                queues,
+                management=management,
+                keyed=keyed,
+                top_keys=args.top,
+                prioritised=levelled,
             )
 
     registry = CollectorRegistry(auto_describe=False)

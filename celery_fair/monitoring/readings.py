@@ -36,7 +36,7 @@ from typing import Any
 
 from .. import compat
 from ..keys import throttling
-from ..keys.lanes import KeyLanes
+from ..keys.lanes import KeyLanes, first_level
 from ..keys.lanes_admin import declared
 from ..keys.layout import BACKLOG, KeyedNames
 from ..keys.store import text
@@ -277,6 +277,7 @@ def read_rabbitmq(
     management: Callable[[str], dict[str, Any] | None] | None = None,
     keyed: Collection[str] = (),
     top_keys: int = 10,
+    prioritised: Collection[str] = (),
 ) -> list[QueueReading]:
     """Read ``queues`` over AMQP (passive declares); ``management(queue)`` adds unacked.
 
@@ -286,10 +287,11 @@ def read_rabbitmq(
     and unacked count every lane's.  Its largest keys (``top_keys``) are the
     keys isolated to a noisy lane, each with its lane's backlog (a lane's
     directory names its key), and the unkeyed key with the queue's own; the
-    keys sharing a shard lane are not told apart.
+    keys sharing a shard lane are not told apart.  The ``prioritised`` keyed queues
+    have lanes per priority level, a noisy lane's every level counted for its key.
     """
     readings = []
-    lanes = KeyLanes(frozenset(keyed))
+    lanes = KeyLanes(frozenset(keyed), frozenset(prioritised))
     channel = connection.channel()
     try:
         for queue in queues:
@@ -302,8 +304,8 @@ def read_rabbitmq(
             for lane in lanes.lanes(queue) if queue in keyed else ():
                 waiting, _, channel = _declared(connection, channel, lane)
                 ready += waiting
-                if waiting and lane in noisy:
-                    key, channel = _lane_key(connection, channel, lane)
+                if waiting and first_level(queue, lane) in noisy:
+                    key, channel = _lane_key(connection, channel, first_level(queue, lane))
                     if key is not None:
                         by_key[key] = by_key.get(key, 0) + waiting
                 more = management(lane) if management is not None else None

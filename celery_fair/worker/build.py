@@ -17,7 +17,7 @@ from .. import compat
 from ..errors import FairConfigError
 from ..keys.backlog_counter import BacklogCounter
 from ..keys.eta import register_app as eta_register_app
-from ..keys.lanes import KeyLanes, consume_lanes
+from ..keys.lanes import KeyLanes, consume_lanes, prioritised
 from ..keys.pause_log import PauseLog
 from ..keys.publish import register_app
 from ..keys.releases import CARRY_CHECK
@@ -235,7 +235,7 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
             "ConsistentHashRouter instead; see docs/fairness-keys.md"
         )
     if driver == "amqp":
-        lanes = KeyLanes(frozenset(settings.keys))
+        lanes = KeyLanes(frozenset(settings.keys), prioritised(app, settings.keys))
         service.use_lanes(lanes)
         # Limits may be set live (control fair_key_limits) on keys with none
         # configured: every keyed worker has the gate, idle until a key is limited.
@@ -268,27 +268,17 @@ def _check_keyed_broker(app: Any, service: FairService) -> None:
 
 
 def check_keyed_broker(app: Any, settings: FairSettings) -> str:
-    """The keyed settings a RabbitMQ broker cannot serve yet, refused; returns the driver.
+    """The keyed settings checked against the broker; returns the driver.
 
-    Redis serves everything keyed.  RabbitMQ serves keys, two-level keys, key
-    weights (:mod:`celery_fair.keys.lanes`), per-key limits (limit tokens,
-    :mod:`celery_fair.keys.tokens`), pauses and backlog caps; the rest is refused with a
-    :class:`FairConfigError` naming the setting, rather than ignored.  Needs no
-    connection: ``celery fair check`` and ``install`` call it too.
+    Redis and RabbitMQ serve everything keyed: on RabbitMQ keys, two-level keys,
+    key weights and priority levels (:mod:`celery_fair.keys.lanes`), per-key
+    limits (limit tokens, :mod:`celery_fair.keys.tokens`), pauses and backlog
+    caps.  What remains checked is the limits' range.  Needs no connection:
+    ``celery fair check`` and ``install`` call it too.
     """
     driver = _broker_driver(app)
     if not settings.keys or driver != "amqp":
         return driver
-    refused = {
-        "fair_priority": "weighted" if settings.priority_weights is not None else None,
-    }
-    for setting, value in refused.items():
-        if value:
-            raise FairConfigError(
-                f"{setting}={value!r}: keyed queues on RabbitMQ have weights and fair shares "
-                "between keys, but not yet this (it needs the Redis broker); see "
-                "docs/fairness-keys.md#keys-on-rabbitmq"
-            )
     check_concurrency(settings.key_limits.concurrency, "fair_key_concurrency")
     return driver
 

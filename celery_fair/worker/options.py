@@ -502,7 +502,8 @@ OPTIONS: tuple[Option, ...] = (
         ),
         meaning=(
             "each level's weight (the weight of its step, or of the first priority given in "
-            "it; others 1); empty: each level half the one before"
+            "it; others 1); empty: each level half the one more urgent (on Redis the lower "
+            "step, on RabbitMQ the higher)"
         ),
     ),
     Option(

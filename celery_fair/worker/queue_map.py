@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import compat
-from ..keys.lanes import KeyLanes
+from ..keys.lanes import KeyLanes, declared_with_priority, level_step
 from ..keys.layout import level_rank
 from ..wire import KEY_HEADER, USER_HEADER
 from ..wire.served import NOT_SERVED, Served
@@ -33,6 +33,9 @@ class QueueMap:
         self.parents: dict[str, str] = {}
         #: The consumed queues declared with a maximum priority (RabbitMQ's own).
         self._prioritised: frozenset[str] = frozenset()
+        #: RabbitMQ, ``fair_priority="weighted"``: a keyed task's rank is its level
+        #: (:func:`~celery_fair.keys.lanes.level_step`), whose weight the buffer has.
+        self.levelled = False
 
     def use_lanes(self, lanes: KeyLanes) -> None:
         """Keyed queues on RabbitMQ: a lane's requests are its keyed queue's."""
@@ -51,8 +54,7 @@ class QueueMap:
             logical = self.logical(queue.name)
             by_key.setdefault(queue.routing_key or queue.name, logical)
             by_key.setdefault(queue.name, logical)
-            arguments = getattr(queue, "queue_arguments", None) or {}
-            if getattr(queue, "max_priority", None) or arguments.get("x-max-priority"):
+            if declared_with_priority(queue):
                 prioritised.add(logical)
         self._by_key = by_key
         self._prioritised = frozenset(prioritised)
@@ -65,11 +67,14 @@ class QueueMap:
 
     def _rank(self, request: Any, queue: str) -> int:
         """RabbitMQ: a task's level in the buffer, from its priority when ``queue`` was
-        declared with a maximum priority (the highest first, as RabbitMQ delivers
-        within each lane); else the one level 0."""
+        declared with a maximum priority, negated (the highest first, as RabbitMQ
+        delivers within each lane): the priority itself, or its level's step when
+        the levels are weighted (:attr:`levelled`); else the one level 0."""
         if queue not in self._prioritised:
             return 0
         priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+        if self.levelled:
+            return -level_step(priority)
         return -priority if isinstance(priority, int) else 0
 
     def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:

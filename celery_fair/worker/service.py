@@ -15,10 +15,10 @@ from typing import Any
 
 from .. import compat
 from ..errors import FairConfigError
-from ..keys.lanes import KeyLanes
+from ..keys.lanes import LEVEL_STEPS, KeyLanes
 from ..keys.pause_events import WEIGHT, parked_lane
 from ..keys.pause_log import PauseLog
-from ..keys.serving import KeyStatistics
+from ..keys.serving import KeyStatistics, level_weights
 from ..keys.token_client import TokenClient
 from ..kombu.atomic import AtomicFetchStatistics
 from ..kombu.cycle import install_on_channel
@@ -157,6 +157,23 @@ class FairService:
         """
         self.queue_map.use_lanes(lanes)
         self.prefetch.queue_map = self.queue_map
+        given = self.settings.priority_weights
+        if given is not None:
+            # Weighted levels: each level has lanes of its own, and the buffer shares
+            # the takes between the levels it holds (RabbitMQ's highest first).
+            self.queue_map.levelled = True
+            weights = level_weights(given, LEVEL_STEPS, highest_first=True)
+            by_rank = {-step: w for step, w in zip(sorted(LEVEL_STEPS), weights, strict=True)}
+            for queue in lanes.prioritised:
+                self.scheduler.dispatch.buffer.set_level_weights(queue, by_rank)
+            plain = sorted(lanes.keyed - lanes.prioritised)
+            if plain:
+                logger.warning(
+                    "celery-fair: fair_priority='weighted': keyed queue(s) %s are declared "
+                    "without a maximum priority, so their tasks have one level; declare them "
+                    "with one (task_queue_max_priority) to weigh priorities (docs/priorities.md)",
+                    ", ".join(plain),
+                )
         # Nothing of the Redis keyed path: no fetch script, no keyed state to write.
         self.attachment.keyed = None
 

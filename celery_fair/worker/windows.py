@@ -176,7 +176,7 @@ class PrefetchWindows:
         base = self.window_for(parent)
         lanes = self.queue_map.lanes if self.queue_map is not None else None
         assert lanes is not None
-        if lane in lanes.shard_lanes(parent):
+        if lanes.is_shard(parent, lane):
             return base + NOISY_MESSAGES
         return base
 

@@ -491,12 +491,45 @@ def test_a_paused_key_starts_nothing_on_two_workers_one_started_later_then_drain
     assert len(stats) == 2 and all("'a'" in str(r) and "paused" in str(r) for r in stats), stats
 
 
-def test_what_rabbitmq_cannot_do_yet_is_refused_at_start(amqp_url: str, queue: str) -> None:
-    env = {"CELERY_FAIR_KEYS": f"{queue}=tenant_id", "CELERY_FAIR_PRIORITY": "weighted"}
-    with WorkerProcess(amqp_url, [queue], env=env) as worker:
-        code = worker.wait(timeout=60)
-    assert code != 0
-    assert "fair_priority='weighted': keyed queues on RabbitMQ" in worker.log()
+def test_weighted_priority_levels_share_the_worker_from_lanes_of_their_own(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """``fair_priority="weighted"`` on RabbitMQ: the same keys publish urgent and
+    batch work; each level waits in lanes of its own, so the batch level is not
+    held behind the urgent one in a lane (RabbitMQ delivers a lane's highest
+    priority first), and the buffer shares the worker 4:1 between the levels."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, task_queue_max_priority=10)
+    keys = [f"k{i}" for i in range(4)]
+    try:
+        # Batch first: in one lane per key, every urgent task would pass all of it but
+        # each key's first ~30 (published to its shard before it was found noisy).
+        publish_by_key(app, queue, dict.fromkeys(keys, 500), ms=2, priority=0)
+        publish_by_key(app, queue, dict.fromkeys(keys, 500), ms=2, priority=9)
+    finally:
+        app.close()
+    # The admin command reads every level's lanes.
+    shown = _keys_command(amqp_url, "backlog", queue, "--json")
+    assert shown.returncode == 0, shown.stderr
+    lanes = json.loads(shown.stdout)["lanes"]
+    assert sum(n["messages"] or 0 for n in lanes.values()) == 4000, lanes
+    assert sum(n["messages"] or 0 for lane, n in lanes.items() if ".fair.p9." in lane) == 2000
+    env = {
+        "CELERY_FAIR_MAX_PRIORITY": "10",
+        "CELERY_FAIR_PRIORITY": "weighted",
+        "CELERY_FAIR_PRIORITY_WEIGHTS": "9=4,0=1",
+    }
+    with _worker(amqp_url, redis_url, queue, **env) as worker:
+        entries = _entries(ledger, 4000, worker)
+    assert "lane(s) consumed besides" in worker.log()
+    urgent = [e.queue is not None and ".fair.p9." in e.queue for e in entries]
+    # Each level from its own lanes: 2000 from the level-9 lanes, 2000 from the first level's.
+    assert sum(urgent) == 2000, Counter(e.queue for e in entries).most_common(5)
+    # Both levels backlogged until the urgent one's 2000 have run (at 4:1, 2500 tasks).
+    # In one lane per key the batch level would get nothing here: RabbitMQ delivers a
+    # lane's urgent tasks first, and its first ~30 per key (in shards) run out sooner.
+    window = urgent[1000:2000]
+    assert sum(window) / len(window) == pytest.approx(0.8, abs=0.02), sum(window)
+    assert len({e.id for e in entries}) == 4000
 
 
 def _keys_command(amqp_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -661,15 +694,23 @@ def test_nothing_is_lost_through_a_broker_restart_and_a_worker_kill(redis_url: s
 FLOOD_SHARE_MIN = 100 - NOISY_MESSAGES - 10
 
 
-def test_the_exporter_counts_a_keyed_queue_with_its_lanes(amqp_url: str, queue: str) -> None:
-    app = keyed_app(amqp_url, {queue: "tenant_id"})
+@pytest.mark.parametrize("levels", [False, True], ids=["one-level", "priority-levels"])
+def test_the_exporter_counts_a_keyed_queue_with_its_lanes(
+    amqp_url: str, queue: str, levels: bool
+) -> None:
+    """With ``levels`` the queue has a maximum priority and the tasks priority 9: they
+    wait in the lanes of that level, counted as well, the flood's by its name."""
+    conf: dict[str, Any] = {"task_queue_max_priority": 10} if levels else {}
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, **conf)
     keys = {"flood": 100, **{f"t{i}": 5 for i in range(10)}}
     try:
-        publish_by_key(app, queue, keys, ms=0)
+        publish_by_key(app, queue, keys, ms=0, priority=9 if levels else None)
         app.send_task("ledger", kwargs={"ms": 0}, queue=queue)  # no key: the queue itself
     finally:
         app.close()
     env = {"CELERY_FAIR_BROKER": amqp_url, "CELERY_FAIR_KEYS": f"{queue}=tenant_id"}
+    if levels:
+        env["CELERY_FAIR_MAX_PRIORITY"] = "10"
     with ExporterProcess(amqp_url, [queue], app=WORKLOAD, env=env) as exporter:
         samples = exporter.scrape()
     backlog = samples.get(("celery_fair_queue_backlog", (("queue", queue),)))

@@ -97,6 +97,35 @@ def test_a_resume_moves_the_parked_tasks_back_in_order_in_bounded_steps(
         log.close()
 
 
+def test_a_resumed_keys_tasks_go_back_to_their_levels_lanes(amqp_url: str, queue: str) -> None:
+    """A keyed queue with a maximum priority has lanes per level: a resumed key's
+    parked tasks go back each to its own level's lane, not all into one."""
+    log = PauseLog(
+        lambda: Connection(amqp_url), {queue: Queue(queue, durable=True, max_priority=10)}
+    )
+    try:
+        assert log.read(catch_up=True)
+        log.append(queue, ["big"], True)
+        parked = parked_lane(queue, "big")
+        priorities = [0, 4, 9, 9, 7, 1]
+        with Connection(amqp_url) as conn:
+            producer = conn.Producer()
+            for i, priority in enumerate(priorities):
+                producer.publish({"n": i}, exchange="", routing_key=parked,
+                                 headers={"fair_key": "big"}, priority=priority)  # fmt: skip
+        log.append(queue, ["big"], False)
+        log.read()
+        assert log.moved == len(priorities) and _count(amqp_url, parked) == 0
+        first = log.destination(queue, "big")
+        by_level = {p: log.destination(queue, "big", p) for p in (4, 7, 9)}
+        expected = {first: 2, by_level[4]: 1, by_level[7]: 1, by_level[9]: 2}
+        assert len(expected) == 4
+        assert log.destination(queue, "big", 9) == first.replace(".fair.", ".fair.p9.")
+        assert {lane: _count(amqp_url, lane) for lane in expected} == expected
+    finally:
+        log.close()
+
+
 def test_a_malformed_entry_is_skipped_and_counted(amqp_url: str, queue: str) -> None:
     with Connection(amqp_url) as conn:
         # The stream exists once a log has opened it.

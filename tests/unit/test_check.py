@@ -32,7 +32,7 @@ def test_check_refuses_what_a_worker_would_refuse() -> None:
         celery_fair.check(app_with(fair_default_weight=-1))
 
 
-def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
+def test_check_accepts_keyed_settings_on_rabbitmq_and_bounds_its_limits() -> None:
     def amqp(**conf: object) -> Celery:
         app = Celery("proj", broker="amqp://guest@localhost//", set_as_current=False)
         app.conf.update(conf)
@@ -50,8 +50,9 @@ def test_check_refuses_what_keyed_queues_on_rabbitmq_cannot_do_yet() -> None:
     assert dict(capped.settings.key_max_backlog) == {"*": 100}
     two_level = celery_fair.check(amqp(fair_keys={"jobs": ("tenant_id", "user_id")}))
     assert set(two_level.settings.keys) == {"jobs"}  # two-level keys work on RabbitMQ
-    with pytest.raises(celery_fair.FairConfigError, match="fair_priority='weighted'"):
-        celery_fair.check(amqp(**keys, fair_priority="weighted"))
+    # Weighted priority levels are lanes per level on RabbitMQ: accepted.
+    weighted = celery_fair.check(amqp(**keys, fair_priority="weighted"))
+    assert weighted.settings.priority_weights == {}
     # A concurrency limit is that many token messages per key: bounded, and said so.
     at_most = celery_fair.check(amqp(**keys, fair_key_concurrency={"*": 2, "gold": 1000}))
     assert dict(at_most.settings.key_limits.concurrency) == {"*": 2, "gold": 1000}

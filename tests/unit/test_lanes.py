@@ -6,7 +6,17 @@ from collections import Counter
 
 from kombu import Queue
 
-from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes, LaneChooser, lane_queue
+from celery_fair.keys.lanes import (
+    LEVEL_STEPS,
+    NOISY_LANES,
+    SHARD_LANES,
+    KeyLanes,
+    LaneChooser,
+    first_level,
+    lane_queue,
+    level_lane,
+    level_step,
+)
 from celery_fair.routing.isolation import NOISY_MESSAGES
 from tests.harness.clock import FakeClock
 
@@ -122,3 +132,27 @@ def test_a_lane_carries_its_queues_delivery_mode() -> None:
     transient = Queue("jobs", Exchange("jobs", delivery_mode=1), routing_key="jobs")
     assert lane_queue(transient, "jobs.fair.s3").exchange.delivery_mode == 1
     assert lane_queue(Queue("jobs"), "jobs.fair.s3").exchange.delivery_mode is None
+
+
+def test_a_queue_with_a_maximum_priority_has_lanes_per_level() -> None:
+    lanes = KeyLanes(frozenset(["jobs", "mail"]), frozenset(["jobs"]))
+    first = KeyLanes(frozenset(["jobs"])).lanes("jobs")
+    assert lanes.lanes("mail") == KeyLanes(frozenset(["mail"])).lanes("mail")
+    assert len(lanes.lanes("jobs")) == len(first) * len(LEVEL_STEPS)
+    assert lanes.lanes("jobs")[: len(first)] == first
+    assert "jobs.fair.p9.s3" in lanes.lanes("jobs") and "jobs.fair.p3.n7" in lanes.lanes("jobs")
+    assert lanes.parents()["jobs.fair.p6.n0"] == "jobs"
+    # A priority falls in the level of the highest step at or below it.
+    assert [level_step(p) for p in (None, 0, 2, 3, 5, 6, 9, 10, 255, -1, True, "9")] == [
+        0, 0, 0, 3, 3, 6, 9, 9, 9, 0, 0, 0,
+    ]  # fmt: skip
+    assert level_lane("jobs", "jobs.fair.s3", 7) == "jobs.fair.p6.s3"
+    assert level_lane("jobs", "jobs.fair.n1", 1) == "jobs.fair.n1"
+    assert first_level("jobs", "jobs.fair.p6.s3") == "jobs.fair.s3"
+    assert first_level("jobs", "jobs.fair.s3") == "jobs.fair.s3"
+    assert first_level("jobs.fair.p6", "jobs.fair.p6.fair.s1") == "jobs.fair.p6.fair.s1"
+    assert lanes.is_shard("jobs", "jobs.fair.p9.s15") and not lanes.is_shard(
+        "jobs", "jobs.fair.p9.n0"
+    )
+    # Every level's lane is distinct from every other's and from the queue's.
+    assert len(set(lanes.lanes("jobs")) | {"jobs"}) == len(lanes.lanes("jobs")) + 1
