@@ -160,11 +160,12 @@ def _revision() -> dict[str, Any]:
 
 
 def main(tasks: int, reps: int, only: str | None, name: str, command: str,
-         resources: bool = False) -> int:  # fmt: skip
+         resources: bool = False, priorities: bool = False) -> int:  # fmt: skip
     """``python -m bench.soak --churn``: celery-fair and plain Celery in turns, per broker.
 
     ``resources``: the workers have a capacity and a per-queue limit, the tasks
-    declare what they hold (``tests.harness.churn.CAPACITY``)."""
+    declare what they hold (``tests.harness.churn.CAPACITY``).  ``priorities``: the
+    tasks have priorities in weighted levels (``tests.harness.churn.PRIORITIES``)."""
     from .common import environment, summary, write
 
     records: list[dict[str, Any]] = []
@@ -174,6 +175,7 @@ def main(tasks: int, reps: int, only: str | None, name: str, command: str,
                 print(f"== {broker} {'celery-fair' if fair else 'plain'} rep {rep + 1}/{reps}",
                       flush=True)  # fmt: skip
                 record = run_churn(broker, tasks, fair, resources=resources,
+                                   priorities=priorities,
                                    progress=lambda m: print(m, flush=True))  # fmt: skip
                 records.append(record)
                 print(render([record], {}, command, environment()), flush=True)

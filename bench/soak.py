@@ -199,13 +199,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--churn: capacities, a queue limit and declared resources",
     )
+    parser.add_argument(
+        "--priorities",
+        action="store_true",
+        help="--churn: tasks with priorities, the levels weighted (fair_priority='weighted')",
+    )
     args = parser.parse_args(argv)
     if args.churn:
         from . import churn
 
         command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
         return churn.main(
-            args.tasks, args.reps, args.only, args.name or "churn", command, args.resources
+            args.tasks,
+            args.reps,
+            args.only,
+            args.name or "churn",
+            command,
+            args.resources,
+            args.priorities,
         )
     name = args.name or ("soak_plain" if args.plain else "soak")
     phase_s = args.minutes * 60 / len(PHASES)

@@ -163,12 +163,8 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
 def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
     """``backlog`` and ``unkey`` of a keyed queue's lanes on RabbitMQ."""
     from . import lanes_admin
-    from .lanes import prioritised
     from .publish import parse_max_backlog
 
-    # The lanes of a queue's priority levels exist only if it is declared with a
-    # maximum priority; without the app, which says how it is, every level is read.
-    levels = args.queue in prioritised(load_app(args.app), (args.queue,)) if args.app else True
     if args.action == "backlog":
         keys = None
         if args.keys:
@@ -181,7 +177,7 @@ def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
                 )
             caps = parse_max_backlog(load_app(args.app).conf.get("fair_key_max_backlog"))
             keys = lanes_admin.capped(connection, args.queue, args.keys, caps)
-        counts = lanes_admin.backlog(connection, args.queue, levels=levels)
+        counts = lanes_admin.backlog(connection, args.queue)
         lanes_admin.print_backlog(counts, args.queue, as_json=args.json, keys=keys)
         return 0
     total = 0
@@ -192,7 +188,6 @@ def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
             args.queue,
             declare=declare,
             progress=lanes_admin.Progress(PROGRESS_EVERY),
-            levels=levels,
         ):
             total += moved
             print(f"  {lane}: {moved} moved")
@@ -200,8 +195,7 @@ def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
         print(f"celery-fair keys unkey: {exc}", file=sys.stderr)
         return 2
     print(f"{args.queue}: {total} message(s) moved back from its lanes")
-    counts = lanes_admin.backlog(connection, args.queue, levels=levels)
-    left = sum(c.messages or 0 for c in counts[1:])
+    left = sum(c.messages or 0 for c in lanes_admin.backlog(connection, args.queue)[1:])
     if left:
         # Published to a lane while the move ran: a producer still has fair_keys.
         print(

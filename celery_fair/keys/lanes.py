@@ -19,18 +19,20 @@ so a keyed queue ``jobs`` on RabbitMQ is a fixed set of real queues, its
   behind it.  One producer gives each of its noisy keys a lane of its own (it
   has at most 1 / 10% = 10 of them at once); two floods from two processes
   may share one.
-* ``jobs.fair.p3.s0`` ... and ``jobs.fair.p3.n0`` ..., the same for ``p6`` and
-  ``p9``: a keyed queue declared with a maximum priority has these lanes per
-  priority level (:data:`LEVEL_STEPS`; the first level's are the lanes above).
-  RabbitMQ delivers a queue's highest priority first, so in one lane a level
-  behind a stream of more urgent tasks would never reach a worker; in lanes of
-  its own each level reaches the worker's buffer, which serves the levels
-  strictly or by weight (``fair_priority``).
+* ``jobs.fair.pri3.s0`` ... and ``jobs.fair.pri3.n0`` ..., the same for ``pri6``
+  and ``pri9``: a keyed queue declared with a maximum priority has these lanes
+  per priority level (:data:`LEVEL_STEPS`; the first level's are the lanes
+  above).  RabbitMQ delivers a queue's highest priority first, so in one lane a
+  level behind a stream of more urgent tasks would never reach a worker; in
+  lanes of its own each level reaches the worker's buffer, which serves the
+  levels strictly or by weight (``fair_priority``).
 
-The lanes are the same for every keyed queue and every process, whatever the
+The lanes follow from the queue's declaration alone, whatever the fairness
 settings: a producer and a worker configured differently (another
-``fair_key_weights``, a key added) still agree on where every task waits, and
-a worker consumes every lane that can hold a task from its first connection.
+``fair_key_weights``, a key added, another ``fair_priority``) still agree on
+where every task waits, and a worker consumes every lane that can hold a task
+from its first connection.  (A queue declared differently by two processes is
+refused by RabbitMQ itself.)
 Key weights act in the worker, over what the lanes hold.  The choice of lane
 is pure (no broker, no Celery); :func:`lane_queue` builds the Kombu ``Queue``.
 """
@@ -57,10 +59,12 @@ __all__ = (
     "declared_with_priority",
     "first_level",
     "free_lane",
+    "is_lane",
     "key_digest",
     "lane_queue",
     "level_lane",
     "level_step",
+    "priority_rank",
     "prioritised",
 )
 
@@ -72,10 +76,12 @@ SHARD_LANES = 16
 NOISY_LANES = 8
 #: The priority levels of a keyed queue declared with a maximum priority: a task's
 #: level is the highest step at or below its Celery priority (RabbitMQ serves the
-#: highest priority first).  Kombu's default ``priority_steps`` on Redis, so a level
-#: holds the same priorities on both brokers; fixed, as every process must agree.
+#: highest priority first).  The steps of Kombu's default ``priority_steps``, the
+#: Redis levels; fixed, as every process must agree whatever its transport options.
 LEVEL_STEPS = (0, 3, 6, 9)
 _SEPARATOR = ".fair."
+#: A level's lanes: ``<queue>.fair.pri<step>.<first-level lane>``.
+_LEVEL = "pri"
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,11 @@ class KeyLanes:
         """Every lane of keyed ``queue`` but the queue itself, every level's."""
         first = self.shard_lanes(queue) + self.noisy_lanes(queue)
         return tuple(level_lane(queue, lane, step) for step in self.levels(queue) for lane in first)
+
+    def of_level(self, queue: str, lane: str, priority: Any) -> str:
+        """The lane a task of ``priority`` takes for first-level ``lane`` of keyed
+        ``queue``: its level's if the queue has levels, else ``lane``."""
+        return level_lane(queue, lane, priority) if queue in self.prioritised else lane
 
     def is_shard(self, queue: str, lane: str) -> bool:
         """Whether ``lane`` of keyed ``queue`` is a shard lane, of any level."""
@@ -217,14 +228,20 @@ def level_step(priority: Any) -> int:
     return max(step for step in LEVEL_STEPS if step <= max(value, 0))
 
 
+def priority_rank(priority: Any) -> int:
+    """A RabbitMQ task's level as the worker's buffer ranks it (the lowest first, and
+    RabbitMQ serves the highest priority first): its step, negated."""
+    return -level_step(priority)
+
+
 def level_lane(queue: str, lane: str, priority: Any) -> str:
     """The lane of ``priority``'s level that mirrors first-level ``lane`` of ``queue``
-    (``jobs.fair.s3`` at priority 7: ``jobs.fair.p6.s3``); the first level's is ``lane``."""
+    (``jobs.fair.s3`` at priority 7: ``jobs.fair.pri6.s3``); the first level's is ``lane``."""
     step = level_step(priority)
     if not step:
         return lane
     prefix = queue + _SEPARATOR
-    return f"{prefix}p{step}.{lane[len(prefix) :]}"
+    return f"{prefix}{_LEVEL}{step}.{lane[len(prefix) :]}"
 
 
 def first_level(queue: str, lane: str) -> str:
@@ -232,9 +249,15 @@ def first_level(queue: str, lane: str) -> str:
     prefix = queue + _SEPARATOR
     rest = lane[len(prefix) :] if lane.startswith(prefix) else ""
     level, dot, name = rest.partition(".")
-    if dot and level[:1] == "p" and level[1:].isdigit():
+    if dot and level.startswith(_LEVEL) and level[len(_LEVEL) :].isdigit():
         return prefix + name
     return lane
+
+
+def is_lane(queue: str, name: str) -> bool:
+    """Whether ``name`` is a lane of keyed ``queue``, of any level (a task delivered
+    from it goes back to it: :func:`celery_fair.kombu.requeue.return_copy`)."""
+    return name in KeyLanes(frozenset((queue,)), frozenset((queue,))).lanes(queue)
 
 
 def declared_with_priority(queue: Any) -> bool:

@@ -35,24 +35,22 @@ class LaneCount:
     consumers: int | None
 
 
-def _lanes(queue: str, levels: bool) -> tuple[str, ...]:
-    """The lanes of keyed ``queue``, with the lanes of every priority level if ``levels``."""
-    return KeyLanes(frozenset((queue,)), frozenset((queue,)) if levels else frozenset()).lanes(
-        queue
-    )
+def _lanes(queue: str) -> tuple[str, ...]:
+    """Every lane keyed ``queue`` can have, every priority level's: only a queue declared
+    with a maximum priority has the levels' lanes, and a command need not know how it
+    was declared to find every task (a missing lane reads as not declared)."""
+    return KeyLanes(frozenset((queue,)), frozenset((queue,))).lanes(queue)
 
 
-def backlog(connection: Any, queue: str, *, levels: bool = True) -> list[LaneCount]:
+def backlog(connection: Any, queue: str) -> list[LaneCount]:
     """What waits in keyed ``queue`` on RabbitMQ: the queue itself, then each lane.
 
-    ``connection`` is a Kombu connection to RabbitMQ.  ``levels``: read the
-    lanes of every priority level too (a queue declared with a maximum
-    priority has them; one without has none declared).
+    ``connection`` is a Kombu connection to RabbitMQ.
     """
     counts = []
     channel = connection.channel()
     try:
-        for name in (queue, *_lanes(queue, levels)):
+        for name in (queue, *_lanes(queue)):
             ready, consumers, channel = declared(connection, channel, name)
             counts.append(LaneCount(name, ready, consumers))
     finally:
@@ -112,7 +110,6 @@ def unkey(
     *,
     declare: Any = None,
     progress: Callable[[int], None] | None = None,
-    levels: bool = True,
 ) -> Iterator[tuple[str, int]]:
     """Move every message of ``queue``'s lanes into ``queue``; yields (lane, moved) per lane.
 
@@ -121,7 +118,6 @@ def unkey(
     queue must exist (:class:`QueueMissing`).  Each copy is published
     ``mandatory``: one the broker cannot route raises before its original is
     acknowledged.  ``progress(total)`` is called after each message moved.
-    ``levels``: the lanes of every priority level too (as :func:`backlog`).
     """
     channel = connection.channel()
     try:
@@ -135,7 +131,7 @@ def unkey(
                     "(-A) so that it is declared as the app declares it"
                 )
         total = 0
-        for lane in _lanes(queue, levels):
+        for lane in _lanes(queue):
             ready, _, channel = declared(connection, channel, lane)
             if not ready:
                 continue
@@ -168,13 +164,15 @@ def print_backlog(
             record["keys"] = {k.key: {"cap": k.cap, "waiting": k.waiting} for k in keys}
         print(json.dumps(record, indent=2))
         return
-    print(f"{queue}: {total} message(s) in the queue and its {len(counts) - 1} lanes")
+    declared = sum(c.messages is not None for c in counts[1:])
+    print(f"{queue}: {total} message(s) in the queue and its {declared} lanes")
     for c in counts:
         if c.messages:
             print(f"  {c.lane}: {c.messages} ({c.consumers} consumer(s))")
     missing = [c.lane for c in counts if c.messages is None]
     if missing:
-        print(f"  not declared yet: {len(missing)} lane(s)")
+        print(f"  not declared: {len(missing)} lane(s) (the priority levels' lanes exist only "
+              "for a queue declared with a maximum priority)")  # fmt: skip
     if keys:
         print("keys (waiting as their backlog counters count them, of fair_key_max_backlog):")
     for k in keys or ():

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from time import monotonic, time
 from typing import Any
 
-from .lanes import KeyLanes, declared_with_priority, free_lane, lane_queue, level_lane
+from .lanes import KeyLanes, declared_with_priority, free_lane, lane_queue
 from .pause_events import (
     PAUSE_LOG,
     PAUSE_LOG_ARGUMENTS,
@@ -317,8 +317,9 @@ class PauseLog:
     def destination(self, queue: str, key: str, priority: Any = None) -> str:
         """The lane a resumed key's parked task of ``priority`` goes back to: its hashed
         noisy lane, of the task's level in a queue with levels."""
-        lane = free_lane(self.lanes.noisy_lanes(queue), key, ())
-        return level_lane(queue, lane, priority) if queue in self.lanes.prioritised else lane
+        return self.lanes.of_level(
+            queue, free_lane(self.lanes.noisy_lanes(queue), key, ()), priority
+        )
 
     def _sweep(self) -> None:
         """Move back the parked tasks of keys resumed lately, :data:`MOVE_PER_READ` each."""

@@ -243,7 +243,7 @@ def _stamping_sender(
                     parent = app.amqp.queues[queue]
                     if given is not None:
                         _name_lane(producer, lane, given, durable=parent.durable)
-                    if declared_with_priority(parent):
+                    if declared_with_priority(parent):  # the queue has lanes per level
                         lane = level_lane(queue, lane, options.get("priority"))
                     target = lane_queues.get(lane)
                     if target is None:

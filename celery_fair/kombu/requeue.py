@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import compat
+from ..keys.lanes import is_lane
 from ..keys.publish import level_of, message_key, message_user, names_for
 from ..keys.store import enqueue
 from ..scheduling.dispatch import SendBack
@@ -132,9 +133,13 @@ def return_copy(
     Other transports: published on the message's own channel through the
     default exchange, which routes by queue name on every transport, so the
     copy reaches this queue only, whatever else its exchange is bound to; it
-    joins the back of the queue.  (Without a known ``queue``, to the exchange
-    and routing key it came with.)  The caller acknowledges the original
-    afterwards: a crash between the two leaves a duplicate, never a loss.
+    joins the back of the queue.  A task delivered from a lane of keyed
+    ``queue`` on RabbitMQ goes back to that lane: the lanes of its key and
+    its priority level, not the queue itself, where every level's tasks wait
+    in one priority order (:mod:`celery_fair.keys.lanes`).  (Without a known
+    ``queue``, to the exchange and routing key it came with.)  The caller
+    acknowledges the original afterwards: a crash between the two leaves a
+    duplicate, never a loss.
     """
     if queue is not None and push_redis(message, queue, headers, front=front):
         return
@@ -146,6 +151,9 @@ def return_copy(
     merged.pop(MAX_BACKLOG_HEADER, None)
     merged.update(headers)
     info = message.delivery_info or {}
+    came = info.get("routing_key")
+    if queue is not None and isinstance(came, str) and is_lane(queue, came):
+        queue = came
     producer_on(message.channel).publish(
         message.body,
         exchange="" if queue is not None else info.get("exchange") or "",

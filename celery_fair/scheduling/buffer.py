@@ -106,7 +106,13 @@ class _KeyOrder(Generic[T]):
         heapq.heappush(heap, (tag, next(self._seq), entry, key))
         self._size += 1
 
+    def restart_levels(self) -> None:
+        """Every level with tasks starts again at the levels' virtual time (new weights)."""
+        self._level_tags = {level: self._level_vt for level, heap in self._levels.items() if heap}
+
     def _next_level(self) -> int:
+        """The level the next take serves, charged for it here (start-time fair
+        queueing charges at selection: the chosen level's next tag moves on)."""
         busy = [level for level, heap in self._levels.items() if heap]
         weights = self.level_weights
         if weights is None:
@@ -219,6 +225,8 @@ class _KeyOrder(Generic[T]):
         return self._size
 
     def __iter__(self) -> Iterator[T]:
+        """The tasks by level, then in key order (with weighted levels, not the order
+        of the takes, which interleave the levels)."""
         users = {key: iter(order) for key, order in self._users.items()}
         for _, entry in sorted(self._entries(), key=lambda e: (e[0], e[1][0], e[1][1])):
             yield next(users[entry[3]]) if entry[2] is _USERS else cast(T, entry[2])
@@ -244,7 +252,9 @@ class FairBuffer(Generic[T]):
             self._level_weights[queue] = {level: float(w) for level, w in weights.items()}
         items = self._items.get(queue)
         if isinstance(items, _KeyOrder):
+            # Tasks already buffered: the levels start even, at the levels' virtual time.
             items.level_weights = self._level_weights.get(queue)
+            items.restart_levels()
 
     def set_quanta(self, quanta: Mapping[str, float]) -> None:
         """Use these quanta (validated all at once)."""

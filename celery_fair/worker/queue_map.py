@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import compat
-from ..keys.lanes import KeyLanes, declared_with_priority, level_step
+from ..keys.lanes import KeyLanes, declared_with_priority, priority_rank
 from ..keys.layout import level_rank
 from ..wire import KEY_HEADER, USER_HEADER
 from ..wire.served import NOT_SERVED, Served
@@ -34,8 +34,8 @@ class QueueMap:
         #: The consumed queues declared with a maximum priority (RabbitMQ's own).
         self._prioritised: frozenset[str] = frozenset()
         #: RabbitMQ, ``fair_priority="weighted"``: a keyed task's rank is its level
-        #: (:func:`~celery_fair.keys.lanes.level_step`), whose weight the buffer has.
-        self.levelled = False
+        #: (:func:`~celery_fair.keys.lanes.priority_rank`), whose weight the buffer has.
+        self.weighted_levels = False
 
     def use_lanes(self, lanes: KeyLanes) -> None:
         """Keyed queues on RabbitMQ: a lane's requests are its keyed queue's."""
@@ -69,12 +69,12 @@ class QueueMap:
         """RabbitMQ: a task's level in the buffer, from its priority when ``queue`` was
         declared with a maximum priority, negated (the highest first, as RabbitMQ
         delivers within each lane): the priority itself, or its level's step when
-        the levels are weighted (:attr:`levelled`); else the one level 0."""
+        the levels are weighted (:attr:`weighted_levels`); else the one level 0."""
         if queue not in self._prioritised:
             return 0
         priority = (getattr(request, "delivery_info", None) or {}).get("priority")
-        if self.levelled:
-            return -level_step(priority)
+        if self.weighted_levels:
+            return priority_rank(priority)
         return -priority if isinstance(priority, int) else 0
 
     def key_of(self, request: Any, queue: str) -> tuple[str | None, int, str | None]:

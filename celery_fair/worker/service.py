@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import compat
 from ..errors import FairConfigError
-from ..keys.lanes import LEVEL_STEPS, KeyLanes
+from ..keys.lanes import LEVEL_STEPS, KeyLanes, priority_rank
 from ..keys.pause_events import WEIGHT, parked_lane
 from ..keys.pause_log import PauseLog
 from ..keys.serving import KeyStatistics, level_weights
@@ -161,9 +161,11 @@ class FairService:
         if given is not None:
             # Weighted levels: each level has lanes of its own, and the buffer shares
             # the takes between the levels it holds (RabbitMQ's highest first).
-            self.queue_map.levelled = True
+            self.queue_map.weighted_levels = True
             weights = level_weights(given, LEVEL_STEPS, highest_first=True)
-            by_rank = {-step: w for step, w in zip(sorted(LEVEL_STEPS), weights, strict=True)}
+            by_rank = {
+                priority_rank(step): w for step, w in zip(sorted(LEVEL_STEPS), weights, strict=True)
+            }
             for queue in lanes.prioritised:
                 self.scheduler.dispatch.buffer.set_level_weights(queue, by_rank)
             plain = sorted(lanes.keyed - lanes.prioritised)

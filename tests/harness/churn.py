@@ -108,6 +108,11 @@ KILLED_AS_STARTED = "killed as it started (ended by the time limit)"
 CAPACITY = {"cpu": 3.0}
 QUEUE_CONCURRENCY = {"lo": 1}
 DEMANDS = {"slow": {"cpu": 2.0}, "*": {"cpu": 1.0}}
+#: ``priorities=True``: the queues are declared with a maximum priority, each task has
+#: one of these priorities (three levels), and the levels share by weight
+#: (``fair_priority="weighted"``; on RabbitMQ a keyed queue then has lanes per level).
+MAX_PRIORITY = 10
+PRIORITIES = (0, 4, 9)
 #: An outcome: a task whose process ``--autoscale`` terminated as the job reached it.
 SHRUNK_AS_STARTED = "terminated by an autoscale shrink as it started"
 #: A worker's log: what the churn causes, and what is a bug.
@@ -168,10 +173,12 @@ class Published:
 
 
 def publish(producer: Any, specs: Sequence[Spec], wave: int, rng: random.Random,
-            sink: Callable[[Published], None], resources: bool = False) -> None:  # fmt: skip
+            sink: Callable[[Published], None], resources: bool = False,
+            priorities: bool = False) -> None:  # fmt: skip
     """``prod.churn(value, ms, tenant)``, positionally, as users call it.
 
-    ``resources``: each call declares what it holds (:data:`DEMANDS`)."""
+    ``resources``: each call declares what it holds (:data:`DEMANDS`).
+    ``priorities``: each call has a Celery priority from :data:`PRIORITIES`."""
     task = producer.tasks[TASK]
     with producer.producer_or_acquire() as conn:
         for spec in specs:
@@ -187,6 +194,8 @@ def publish(producer: Any, specs: Sequence[Spec], wave: int, rng: random.Random,
                 options["countdown"] = rng.choice(COUNTDOWNS)
             if resources:
                 options["fair_resources"] = DEMANDS.get(spec.kind, DEMANDS["*"])
+            if priorities:
+                options["priority"] = rng.choice(PRIORITIES)
             result = task.apply_async(
                 (spec.queue, ms, spec.tenant), queue=spec.queue, producer=conn, **options
             )
@@ -874,6 +883,7 @@ def run_churn(
     seed: int = 49,
     resources: bool = False,
     key_concurrency: int | None = None,
+    priorities: bool = False,
     redis_server: RedisServer | None = None,
     rabbitmq_server: Any = None,
     progress: Callable[[str], None] = print,
@@ -890,6 +900,7 @@ def run_churn(
     ``key_concurrency``: every key of the keyed queue limited to that many at once
     (``fair_key_concurrency = {"*": n}``); the record's ``key_limits`` says what the
     workers held after the churn and the most of a key that ran at once.
+    ``priorities``: tasks with priorities in weighted levels (:data:`PRIORITIES`).
     """
     if broker not in ("redis", "rabbitmq"):
         raise ValueError(f"broker must be redis or rabbitmq, not {broker!r}")
@@ -906,7 +917,12 @@ def run_churn(
         ledger = redis_lib.Redis.from_url(ledger_url)
         ledger.delete("ledger", "ledger:starts", "ledger:queues", "ledger:recorded")
         # On RabbitMQ a keyed queue's tasks wait in its lanes, declared by celery-fair.
-        lanes = KeyLanes(frozenset((KEYED,))).lanes(KEYED) if broker != "redis" and fair else ()
+        levelled = frozenset((KEYED,)) if priorities else frozenset()
+        lanes = (
+            KeyLanes(frozenset((KEYED,)), levelled).lanes(KEYED)
+            if broker != "redis" and fair
+            else ()
+        )
         queue_state = Broker(broker, url, [*queues, *lanes], rabbit)
         queue_state.purge()
         env = {
@@ -926,6 +942,9 @@ def run_churn(
         env["PRODUCTION_KEY_MAX_BACKLOG"] = f"*={BACKLOG_CAP}"
         if key_concurrency is not None:
             env["PRODUCTION_KEY_CONCURRENCY"] = f"*={key_concurrency}"
+        if priorities:
+            env["PRODUCTION_MAX_PRIORITY"] = str(MAX_PRIORITY)
+            env["PRODUCTION_PRIORITY"] = "weighted"
         if broker == "redis":
             env["PRODUCTION_VISIBILITY"] = str(VISIBILITY)
         # The producer stores no results: Celery's Redis backend would subscribe
@@ -974,7 +993,7 @@ def run_churn(
             t_waves = time.monotonic()
             for i, wave in enumerate(specs):
                 shrinks = log_lines(a.log())["scaling_down"]
-                publish(producer, wave, i, rng, published.append, resources)
+                publish(producer, wave, i, rng, published.append, resources, priorities)
                 drained = _drain(queue_state, workers, started, quiet, deadline,
                                  lambda i=i: report(i))  # fmt: skip
                 if not drained:
@@ -1051,6 +1070,7 @@ def run_churn(
                 "tasks": len(published),
                 "kinds": dict(Counter(p.spec.kind for p in published)),
                 "queues": dict(Counter(p.spec.queue for p in published)),
+                "priorities": list(PRIORITIES) if priorities else None,
                 "starts": len(starts),
                 "runs": len(runs),
                 "lost": len(books["lost"]),

@@ -22,6 +22,8 @@ Configured from the environment (like ``tests.harness.workload``):
 ``PRODUCTION_CAPACITY``     the ``fair_capacity`` setting, as ``name=amount,...``
 ``PRODUCTION_QUEUE_CONCURRENCY``  the ``fair_queue_concurrency`` setting, as ``q=n,q=n``
 ``PRODUCTION_COST``         the ``fair_cost`` setting
+``PRODUCTION_MAX_PRIORITY``  Celery's ``task_queue_max_priority``
+``PRODUCTION_PRIORITY``     the ``fair_priority`` setting (``strict`` or ``weighted``)
 ``PRODUCTION_BEAT``         a beat entry sends ``record("tick")`` every so many seconds
 ``PRODUCTION_BEAT_QUEUE``   ... to this queue
 
@@ -136,6 +138,10 @@ def make_app(env: Mapping[str, str] = os.environ, name: str = "production_app") 
         }
     if env.get("PRODUCTION_COST"):
         app.conf.fair_cost = env["PRODUCTION_COST"]
+    if env.get("PRODUCTION_MAX_PRIORITY"):
+        app.conf.task_queue_max_priority = int(env["PRODUCTION_MAX_PRIORITY"])
+    if env.get("PRODUCTION_PRIORITY"):
+        app.conf.fair_priority = env["PRODUCTION_PRIORITY"]
     if env.get("PRODUCTION_BEAT"):
         app.conf.beat_schedule = {
             "tick": {

@@ -512,7 +512,7 @@ def test_weighted_priority_levels_share_the_worker_from_lanes_of_their_own(
     assert shown.returncode == 0, shown.stderr
     lanes = json.loads(shown.stdout)["lanes"]
     assert sum(n["messages"] or 0 for n in lanes.values()) == 4000, lanes
-    assert sum(n["messages"] or 0 for lane, n in lanes.items() if ".fair.p9." in lane) == 2000
+    assert sum(n["messages"] or 0 for lane, n in lanes.items() if ".fair.pri9." in lane) == 2000
     env = {
         "CELERY_FAIR_MAX_PRIORITY": "10",
         "CELERY_FAIR_PRIORITY": "weighted",
@@ -521,7 +521,7 @@ def test_weighted_priority_levels_share_the_worker_from_lanes_of_their_own(
     with _worker(amqp_url, redis_url, queue, **env) as worker:
         entries = _entries(ledger, 4000, worker)
     assert "lane(s) consumed besides" in worker.log()
-    urgent = [e.queue is not None and ".fair.p9." in e.queue for e in entries]
+    urgent = [e.queue is not None and ".fair.pri9." in e.queue for e in entries]
     # Each level from its own lanes: 2000 from the level-9 lanes, 2000 from the first level's.
     assert sum(urgent) == 2000, Counter(e.queue for e in entries).most_common(5)
     # Both levels backlogged until the urgent one's 2000 have run (at 4:1, 2500 tasks).

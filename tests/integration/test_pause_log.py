@@ -120,7 +120,7 @@ def test_a_resumed_keys_tasks_go_back_to_their_levels_lanes(amqp_url: str, queue
         by_level = {p: log.destination(queue, "big", p) for p in (4, 7, 9)}
         expected = {first: 2, by_level[4]: 1, by_level[7]: 1, by_level[9]: 2}
         assert len(expected) == 4
-        assert log.destination(queue, "big", 9) == first.replace(".fair.", ".fair.p9.")
+        assert log.destination(queue, "big", 9) == first.replace(".fair.", ".fair.pri9.")
         assert {lane: _count(amqp_url, lane) for lane in expected} == expected
     finally:
         log.close()

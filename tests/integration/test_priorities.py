@@ -205,6 +205,36 @@ def test_a_codel_return_keeps_the_messages_priority_on_rabbitmq(rabbitmq_server:
         bound.delete()
 
 
+@pytest.mark.rabbitmq
+def test_a_return_from_a_keyed_queues_lane_goes_back_to_that_lane(rabbitmq_server: Any) -> None:
+    """On RabbitMQ a keyed task sent back (CoDel, an unknown task) returns to the lane
+    of its key and level, not to the queue itself, where all levels share one order."""
+    from kombu import Connection, Exchange, Producer, Queue
+
+    from celery_fair.keys.lanes import lane_queue, level_lane
+    from celery_fair.kombu.requeue import return_copy
+
+    name = f"lreturn-{uuid.uuid4().hex[:6]}"
+    parent = Queue(name, Exchange(name), routing_key=name, max_priority=10)
+    lane = level_lane(name, f"{name}.fair.s3", 9)
+    with Connection(rabbitmq_server.url) as conn:
+        channel = conn.channel()
+        bound_parent, bound_lane = parent(channel), lane_queue(parent, lane)(channel)
+        bound_parent.declare()
+        bound_lane.declare()
+        Producer(channel).publish({"n": 1}, exchange="", routing_key=lane, priority=9,
+                                  headers={"fair_key": "k"})  # fmt: skip
+        message = _get(bound_lane)
+        return_copy(message, name, {"fair_codel_requeues": 1}, front=False)
+        message.ack()
+        copy = _get(bound_lane)
+        assert copy.payload == {"n": 1} and copy.properties["priority"] == 9
+        assert copy.headers["fair_codel_requeues"] == 1 and copy.headers["fair_key"] == "k"
+        assert bound_parent.get() is None  # nothing in the queue itself
+        for bound in (bound_lane, bound_parent):
+            bound.delete()
+
+
 def _get(bound: Any, timeout: float = 10.0) -> Any:
     """The next message of a bound queue (``basic_get``), polled with a deadline."""
     deadline = time.monotonic() + timeout

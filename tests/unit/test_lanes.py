@@ -140,19 +140,19 @@ def test_a_queue_with_a_maximum_priority_has_lanes_per_level() -> None:
     assert lanes.lanes("mail") == KeyLanes(frozenset(["mail"])).lanes("mail")
     assert len(lanes.lanes("jobs")) == len(first) * len(LEVEL_STEPS)
     assert lanes.lanes("jobs")[: len(first)] == first
-    assert "jobs.fair.p9.s3" in lanes.lanes("jobs") and "jobs.fair.p3.n7" in lanes.lanes("jobs")
-    assert lanes.parents()["jobs.fair.p6.n0"] == "jobs"
+    assert "jobs.fair.pri9.s3" in lanes.lanes("jobs") and "jobs.fair.pri3.n7" in lanes.lanes("jobs")
+    assert lanes.parents()["jobs.fair.pri6.n0"] == "jobs"
     # A priority falls in the level of the highest step at or below it.
     assert [level_step(p) for p in (None, 0, 2, 3, 5, 6, 9, 10, 255, -1, True, "9")] == [
         0, 0, 0, 3, 3, 6, 9, 9, 9, 0, 0, 0,
     ]  # fmt: skip
-    assert level_lane("jobs", "jobs.fair.s3", 7) == "jobs.fair.p6.s3"
+    assert level_lane("jobs", "jobs.fair.s3", 7) == "jobs.fair.pri6.s3"
     assert level_lane("jobs", "jobs.fair.n1", 1) == "jobs.fair.n1"
-    assert first_level("jobs", "jobs.fair.p6.s3") == "jobs.fair.s3"
+    assert first_level("jobs", "jobs.fair.pri6.s3") == "jobs.fair.s3"
     assert first_level("jobs", "jobs.fair.s3") == "jobs.fair.s3"
-    assert first_level("jobs.fair.p6", "jobs.fair.p6.fair.s1") == "jobs.fair.p6.fair.s1"
-    assert lanes.is_shard("jobs", "jobs.fair.p9.s15") and not lanes.is_shard(
-        "jobs", "jobs.fair.p9.n0"
+    assert first_level("jobs.fair.pri6", "jobs.fair.pri6.fair.s1") == "jobs.fair.pri6.fair.s1"
+    assert lanes.is_shard("jobs", "jobs.fair.pri9.s15") and not lanes.is_shard(
+        "jobs", "jobs.fair.pri9.n0"
     )
     # Every level's lane is distinct from every other's and from the queue's.
     assert len(set(lanes.lanes("jobs")) | {"jobs"}) == len(lanes.lanes("jobs")) + 1
