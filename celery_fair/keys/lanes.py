@@ -57,6 +57,7 @@ __all__ = (
     "LaneChooser",
     "consume_lanes",
     "declared_with_priority",
+    "every_lane",
     "first_level",
     "free_lane",
     "is_lane",
@@ -254,10 +255,17 @@ def first_level(queue: str, lane: str) -> str:
     return lane
 
 
+def every_lane(queue: str) -> tuple[str, ...]:
+    """Every lane keyed ``queue`` can have, every priority level's (only a queue declared
+    with a maximum priority has the levels' lanes): for what need not know how it was
+    declared to find every task."""
+    return KeyLanes(frozenset((queue,)), frozenset((queue,))).lanes(queue)
+
+
 def is_lane(queue: str, name: str) -> bool:
     """Whether ``name`` is a lane of keyed ``queue``, of any level (a task delivered
     from it goes back to it: :func:`celery_fair.kombu.requeue.return_copy`)."""
-    return name in KeyLanes(frozenset((queue,)), frozenset((queue,))).lanes(queue)
+    return name.startswith(queue + _SEPARATOR) and name in every_lane(queue)
 
 
 def declared_with_priority(queue: Any) -> bool:

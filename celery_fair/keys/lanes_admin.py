@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .lanes import KeyLanes
+from .lanes import KeyLanes, every_lane
 from .publish import cap_for
 
 __all__ = ("CappedKey", "LaneCount", "QueueMissing", "backlog", "capped", "declared", "unkey")
@@ -35,13 +35,6 @@ class LaneCount:
     consumers: int | None
 
 
-def _lanes(queue: str) -> tuple[str, ...]:
-    """Every lane keyed ``queue`` can have, every priority level's: only a queue declared
-    with a maximum priority has the levels' lanes, and a command need not know how it
-    was declared to find every task (a missing lane reads as not declared)."""
-    return KeyLanes(frozenset((queue,)), frozenset((queue,))).lanes(queue)
-
-
 def backlog(connection: Any, queue: str) -> list[LaneCount]:
     """What waits in keyed ``queue`` on RabbitMQ: the queue itself, then each lane.
 
@@ -50,7 +43,7 @@ def backlog(connection: Any, queue: str) -> list[LaneCount]:
     counts = []
     channel = connection.channel()
     try:
-        for name in (queue, *_lanes(queue)):
+        for name in (queue, *every_lane(queue)):
             ready, consumers, channel = declared(connection, channel, name)
             counts.append(LaneCount(name, ready, consumers))
     finally:
@@ -131,7 +124,7 @@ def unkey(
                     "(-A) so that it is declared as the app declares it"
                 )
         total = 0
-        for lane in _lanes(queue):
+        for lane in every_lane(queue):
             ready, _, channel = declared(connection, channel, lane)
             if not ready:
                 continue

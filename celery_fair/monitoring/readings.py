@@ -304,8 +304,9 @@ def read_rabbitmq(
             for lane in lanes.lanes(queue) if queue in keyed else ():
                 waiting, _, channel = _declared(connection, channel, lane)
                 ready += waiting
-                if waiting and first_level(queue, lane) in noisy:
-                    key, channel = _lane_key(connection, channel, first_level(queue, lane))
+                first = first_level(queue, lane)  # a noisy lane's directory is its first level's
+                if waiting and first in noisy:
+                    key, channel = _lane_key(connection, channel, first)
                     if key is not None:
                         by_key[key] = by_key.get(key, 0) + waiting
                 more = management(lane) if management is not None else None
