@@ -66,7 +66,7 @@ class _KeyOrder(Generic[T]):
         seq: Iterator[int] | None = None,
         level_weights: Mapping[int, float] | None = None,
     ) -> None:
-        #: Level -> its heap of (tag, seq, task or _USERS, key).
+        #: Level -> its heap of (tag, seq, task or _USERS, key); only levels with tasks.
         self._levels: dict[int, list[tuple[float, int, object, str]]] = {}
         self._size = 0
         self._next: dict[tuple[int, str, str | None], float] = {}
@@ -100,24 +100,23 @@ class _KeyOrder(Generic[T]):
         heap = self._levels.get(level)
         if heap is None:
             heap = self._levels[level] = []
-        if not heap and self.level_weights is not None:
-            # A level that comes back starts at the levels' virtual time: no credit banked.
-            self._level_tags[level] = max(self._level_vt, self._level_tags.get(level, 0.0))
+            if self.level_weights is not None:
+                # A level that comes back starts at the levels' virtual time: no credit banked.
+                self._level_tags[level] = max(self._level_vt, self._level_tags.get(level, 0.0))
         heapq.heappush(heap, (tag, next(self._seq), entry, key))
         self._size += 1
 
     def restart_levels(self) -> None:
         """Every level with tasks starts again at the levels' virtual time (new weights)."""
-        self._level_tags = {level: self._level_vt for level, heap in self._levels.items() if heap}
+        self._level_tags = dict.fromkeys(self._levels, self._level_vt)
 
     def _next_level(self) -> int:
         """The level the next take serves, charged for it here (start-time fair
         queueing charges at selection: the chosen level's next tag moves on)."""
-        busy = [level for level, heap in self._levels.items() if heap]
         weights = self.level_weights
         if weights is None:
-            return min(busy)
-        level = min(busy, key=lambda lv: (self._level_tags.get(lv, 0.0), lv))
+            return min(self._levels)
+        level = min(self._levels, key=lambda lv: (self._level_tags.get(lv, 0.0), lv))
         start = self._level_tags.get(level, 0.0)
         self._level_vt = start
         self._level_tags[level] = start + 1.0 / float(weights.get(level, 1.0))
@@ -128,7 +127,10 @@ class _KeyOrder(Generic[T]):
         of that level, taken from the key's order over its users)."""
         if level is None:
             level = self._next_level()
-        tag, _, entry, key = heapq.heappop(self._levels[level])
+        heap = self._levels[level]
+        tag, _, entry, key = heapq.heappop(heap)
+        if not heap:
+            del self._levels[level]
         self._size -= 1
         self._vt[level] = tag
         if entry is _USERS:
@@ -162,12 +164,15 @@ class _KeyOrder(Generic[T]):
         users = self._users.pop(key, None)
         if users is not None:
             taken.extend(users._taken())
-        for level, heap in self._levels.items():
+        for level, heap in list(self._levels.items()):
             kept = [e for e in heap if e[3] != key]
             if len(kept) != len(heap):
                 self._size -= len(heap) - len(kept)
-                heapq.heapify(kept)
-                self._levels[level] = kept
+                if kept:
+                    heapq.heapify(kept)
+                    self._levels[level] = kept
+                else:
+                    del self._levels[level]
         if not self._size:
             self.clear()
         return [item for _, item in sorted(taken, key=lambda pair: pair[0])]
@@ -207,7 +212,10 @@ class _KeyOrder(Generic[T]):
         heap = self._levels[level]
         heap[index] = heap[-1]
         heap.pop()
-        heapq.heapify(heap)
+        if heap:
+            heapq.heapify(heap)
+        else:
+            del self._levels[level]
         self._size -= 1
         if not self._size:
             self.clear()
