@@ -127,13 +127,16 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
     from .pause_log import PauseLog, PauseLogUnavailable
 
     paused = args.action == "pause"
-    # The parked lanes are declared as the queue is: the app's declaration, else
-    # Celery's default (durable, classic).
+    # The parked lanes are declared as the queue is: the app's declaration.  Without
+    # it, the lanes are taken as the broker holds them (a declaration without the
+    # queue's arguments would be refused), and one missing is declared as Celery
+    # declares a queue by default (durable, classic).
     if args.app:
-        parent = load_app(args.app).amqp.queues[args.queue]
+        log = PauseLog(connection.clone, {args.queue: load_app(args.app).amqp.queues[args.queue]})
     else:
         parent = Queue(args.queue, durable=True)  # type: ignore[no-untyped-call]
-    log = PauseLog(connection.clone, {args.queue: parent})
+        found = _with_levels(connection, args.queue)
+        log = PauseLog(connection.clone, {args.queue: parent}, as_found=True, prioritised=found)
     try:
         if not log.read(catch_up=True):
             why = log.unsupported or "the pause log could not be read"
@@ -158,6 +161,18 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
         moved = "" if paused else f", {log.moved} parked task(s) moved back"
         print(f"{args.queue}: {done} {changed} of {len(args.keys)} key(s){moved}")
     return 0
+
+
+def _with_levels(connection: Any, queue: str) -> tuple[str, ...]:
+    """``(queue,)`` if keyed ``queue`` has priority levels on the broker (a worker or a
+    producer declared its levels' lanes), else ``()``."""
+    from .lanes import LEVEL_STEPS, KeyLanes, level_lane
+    from .lanes_admin import declared
+
+    lane = level_lane(queue, KeyLanes(frozenset((queue,))).shard_lanes(queue)[0], LEVEL_STEPS[-1])
+    messages, _, channel = declared(connection, connection.channel(), lane)
+    channel.close()
+    return (queue,) if messages is not None else ()
 
 
 def _on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:

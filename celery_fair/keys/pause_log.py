@@ -28,6 +28,12 @@ worker's timer calls.
   worker that had not yet read the resume may park a task after the parked
   lane was emptied, so each reader looks again at the keys resumed in the
   last :data:`RESUME_SWEEP` seconds.
+* **Without the queue's declaration** (``celery fair keys`` given a broker URL
+  and no app), the lanes are taken as the broker holds them: one that exists
+  is used without a declaration of this process's (a declaration without the
+  queue's arguments, such as its maximum priority, is refused), and a parked
+  lane that does not exist yet is left to the workers, which declare it as
+  the queue is when they read the pause.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from time import monotonic, time
 from typing import Any
 
 from .lanes import KeyLanes, declared_with_priority, free_lane, lane_queue
+from .lanes_admin import declared
 from .pause_events import (
     PAUSE_LOG,
     PAUSE_LOG_ARGUMENTS,
@@ -63,8 +70,9 @@ RESUME_SWEEP = 60.0
 _CATCH_UP_STEP = 0.5
 #: Events read per call at most (the stream's unacknowledged window is 2x).
 _READ_BATCH = 1000
-#: The side connection's channels: one consumes the log, one does the rest.
-_READER, _ADMIN = "reader", "admin"
+#: The side connection's channels: one consumes the log, one does the rest, and one
+#: looks for lanes (the broker closes it when one is missing).
+_READER, _ADMIN, _PROBE = "reader", "admin", "probe"
 
 
 class PauseLogUnavailable(RuntimeError):
@@ -76,8 +84,11 @@ class PauseLog:
 
     ``connect()``: a new, unconnected Kombu connection to the broker.
     ``parents``: keyed queue name -> its Kombu ``Queue`` (a parked lane is
-    declared as it is).  ``wall``: wall-clock seconds (events are stamped
-    with it); ``clock``: monotonic seconds.
+    declared as it is).  ``as_found``: the parents' declarations are not known
+    (a command without the app): lanes are used as the broker holds them, and
+    ``prioritised`` names the queues found to have priority levels.
+    ``wall``: wall-clock seconds (events are stamped with it); ``clock``:
+    monotonic seconds.
     """
 
     def __init__(
@@ -85,6 +96,8 @@ class PauseLog:
         connect: Callable[[], Any],
         parents: Mapping[str, Any],
         *,
+        as_found: bool = False,
+        prioritised: Iterable[str] = (),
         wall: Callable[[], float] = time,
         clock: Callable[[], float] = monotonic,
     ) -> None:
@@ -92,10 +105,10 @@ class PauseLog:
         self.parents = dict(parents)
         self.lanes = KeyLanes(
             frozenset(self.parents),
-            frozenset(
-                q for q, declared in self.parents.items() if declared_with_priority(declared)
-            ),
+            frozenset(q for q, queue in self.parents.items() if declared_with_priority(queue))
+            | frozenset(prioritised),
         )
+        self.as_found = as_found
         self.wall = wall
         self._clock = clock
         self._arrived: list[tuple[int, bytes]] = []
@@ -241,10 +254,11 @@ class PauseLog:
             if event is not None and event.id == self._awaited:
                 self._seen = True
             if event is not None and (event.keys or event.settings) and event.queue in self.parents:
+                if event.paused:  # declared before the key counts as paused here
+                    for key in event.keys:
+                        self._declare_parked(event.queue, key)
                 for queue, key in self.state.apply(event):
-                    if event.paused:
-                        self._declare_parked(queue, key)
-                    else:
+                    if not event.paused:
                         self._moving.add((queue, key))
             self.side.channel(_READER).basic_ack(tag)
 
@@ -304,15 +318,31 @@ class PauseLog:
 
     # -- parking ----------------------------------------------------------------
 
-    def _declare_parked(self, queue: str, key: str) -> str:
-        return self._declare(queue, parked_lane(queue, key))
+    def _declare_parked(self, queue: str, key: str) -> str | None:
+        """The parked lane of ``key``, declared; None if it does not exist and this process
+        does not know how to declare it (``as_found``): the workers will."""
+        lane = parked_lane(queue, key)
+        return lane if self._declare(queue, lane, create=not self.as_found) else None
 
-    def _declare(self, queue: str, lane: str) -> str:
-        """Declare ``lane`` of keyed ``queue`` as the queue is (once per connection)."""
+    def _declare(self, queue: str, lane: str, *, create: bool = True) -> bool:
+        """Declare ``lane`` of keyed ``queue`` as the queue is (once per connection);
+        whether it exists.  ``as_found``: one that exists is left as it is, and one that
+        does not is declared only if ``create`` (as the queue is declared by default)."""
         if lane not in self._declared:
-            lane_queue(self.parents[queue], lane)(self.side.channel(_ADMIN)).declare()
+            if not (self.as_found and self._exists(lane)):
+                if not create:
+                    return False
+                lane_queue(self.parents[queue], lane)(self.side.channel(_ADMIN)).declare()
             self._declared.add(lane)
-        return lane
+        return True
+
+    def _exists(self, lane: str) -> bool:
+        probe = self.side.channel(_PROBE)
+        messages, _, channel = declared(self.side.connection, probe, lane)
+        if channel is not probe:  # the broker closed the probe's channel
+            channel.close()
+            self.side.refused(_PROBE)
+        return messages is not None
 
     def destination(self, queue: str, key: str, priority: Any = None) -> str:
         """The lane a resumed key's parked task of ``priority`` goes back to: its hashed
@@ -333,6 +363,8 @@ class PauseLog:
         from amqp import Message
 
         name = self._declare_parked(queue, key)
+        if name is None:
+            return 0  # never parked
         admin, moved, targets = self.side.channel(_ADMIN), 0, set()
         while moved < MOVE_PER_READ:
             if self.state.paused_since(queue, key) is not None:
@@ -341,7 +373,8 @@ class PauseLog:
             if message is None:
                 break
             priority = message.properties.get("priority")
-            target = self._declare(queue, self.destination(queue, key, priority))
+            target = self.destination(queue, key, priority)
+            self._declare(queue, target)
             targets.add(target)
             admin.basic_publish_confirm(
                 Message(message.body, **message.properties), exchange="", routing_key=target
@@ -360,8 +393,10 @@ class PauseLog:
             try:
                 self._open()
                 name = self._declare_parked(queue, key)
-                declared = self.side.channel(_ADMIN).queue_declare(name, passive=True)
-                return int(declared.message_count)
+                if name is None:
+                    return 0
+                ok = self.side.channel(_ADMIN).queue_declare(name, passive=True)
+                return int(ok.message_count)
             except Exception as exc:  # noqa: BLE001 - a count is not worth a failure
                 self.side.failed(exc)
                 return None

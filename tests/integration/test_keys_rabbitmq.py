@@ -23,6 +23,7 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 
 from celery_fair.keys.lanes import NOISY_LANES, SHARD_LANES, KeyLanes
+from celery_fair.keys.lanes_admin import declared
 from celery_fair.keys.pause_events import parked_lane
 from celery_fair.routing.isolation import NOISY_MESSAGES
 from celery_fair.routing.ring import HashRing
@@ -569,9 +570,57 @@ def test_keys_pause_and_resume_without_a_worker_on_rabbitmq(
     assert Counter(e.tenant for e in entries) == {"a": 40, "b": 40}
 
 
+def test_keys_pause_and_resume_without_the_app_on_a_queue_with_priority_levels(
+    amqp_url: str, redis_url: str, ledger: Ledger, queue: str
+) -> None:
+    """Given a broker URL and no app, the command does not know the queue's maximum
+    priority, and RabbitMQ refuses a lane declared without it: the command takes the
+    lanes as the broker holds them, leaves the parked lane to the workers, and finds
+    the levels from the lanes, so a resumed task goes back to its level's lane."""
+    app = keyed_app(amqp_url, {queue: "tenant_id"}, task_queue_max_priority=10)
+    parked = parked_lane(queue, "a")
+    try:
+        with _worker(amqp_url, redis_url, queue, CELERY_FAIR_MAX_PRIORITY="10") as worker:
+            _ready(worker)
+            paused = _keys_command(amqp_url, "pause", queue, "a")
+            assert paused.returncode == 0, paused.stdout + paused.stderr
+            assert f"{queue}: paused 1 of 1 key(s)" in paused.stdout
+            # The worker reads the pause within 2 s, and declares the parked lane first.
+            assert poll_until(lambda: _count_or_none(amqp_url, parked) is not None, 30)
+            publish_by_key(app, queue, {"a": 20, "b": 20}, ms=5, priority=9)
+            publish_by_key(app, queue, {"a": 20}, ms=5, priority=0)
+            deadline = time.monotonic() + 120
+            # The worker parks every task of a (in a lane it declares as it reads the
+            # pause) and runs b's.
+            while ledger.per_tenant().get("b", 0) < 20 or _count_or_none(amqp_url, parked) != 40:
+                assert time.monotonic() < deadline, (ledger.per_tenant(), worker.log()[-3000:])
+                assert worker.proc is not None and worker.proc.poll() is None, worker.log()[-3000:]
+                time.sleep(0.1)  # polled with a deadline
+            assert ledger.per_tenant().get("a", 0) == 0
+            resumed = _keys_command(amqp_url, "resume", queue, "a", "--json")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            # The command and the worker's own reader both move parked tasks back.
+            assert json.loads(resumed.stdout)["resumed"] == 1
+            entries = _entries(ledger, 60, worker)
+            log = worker.log()
+    finally:
+        app.close()
+    assert "inequivalent" not in log and "PRECONDITION_FAILED" not in log, log[-3000:]
+    assert Counter(e.tenant for e in entries) == {"a": 40, "b": 20}
+    # a's urgent tasks went back to the urgent level's lanes, its batch to the first's.
+    back = Counter(".fair.pri9." in (e.queue or "") for e in entries if e.tenant == "a")
+    assert back == {True: 20, False: 20}, [e.queue for e in entries if e.tenant == "a"]
+
+
 def _count(url: str, name: str) -> int:
     with Connection(url) as conn:
         return int(conn.default_channel.queue_declare(name, passive=True).message_count)
+
+
+def _count_or_none(url: str, name: str) -> int | None:
+    """Messages in queue ``name``; None while it is not declared."""
+    with Connection(url) as conn:
+        return declared(conn, conn.default_channel, name)[0]
 
 
 def test_rolling_back_moves_the_lanes_into_the_queue_for_plain_workers(
