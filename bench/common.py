@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import time
 from collections.abc import Sequence
@@ -39,3 +41,27 @@ def write(name: str, data: dict[str, Any], markdown: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown)
     print(f"wrote {RESULTS / name}.json and .md")
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of process ``pid`` to ``cpus`` (``sched_setaffinity`` sets one
+    thread's mask; threads started later inherit their creator's)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def give_broker_a_core(server: Any, core: int) -> tuple[int, ...]:
+    """Pin a started broker ``server`` to ``core`` and this process to the other CPUs.
+
+    Standing in for a broker on a host of its own on a small machine: processes this
+    one starts afterwards (workers, publishers) inherit the other CPUs. Returns
+    ``(core,)``, for a burst publisher that stands in for a producer elsewhere too.
+    """
+    cpus = set(os.sched_getaffinity(0))
+    if core not in cpus or len(cpus) < 2:
+        raise SystemExit(f"--broker-core {core}: needs two CPUs, {core} among {sorted(cpus)}")
+    pid = server.pid if hasattr(server, "pid") else server.proc.pid  # RabbitMQ: the node's
+    pin(pid, {core})
+    pin(os.getpid(), cpus - {core})
+    return (core,)

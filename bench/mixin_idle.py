@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import resource
 import threading
 import time
@@ -52,7 +51,7 @@ from celery_fair.kombu import FairConsumerMixin
 from tests.harness.brokers import publish_plain
 from tests.harness.harness import process_cpu
 
-from .common import environment, summary, write
+from .common import environment, give_broker_a_core, summary, write
 
 WEIGHTS = (1, 2, 3, 4)
 WINDOW = 100
@@ -234,15 +233,6 @@ def shares_run(
     }
 
 
-def _pin(pid: int | None) -> None:
-    """The broker's threads on CPU 0, this process on CPU 1 (``--pin-broker``)."""
-    if pid is None:
-        raise RuntimeError("the broker's process is not known: cannot pin it")
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(tid), {0})
-    os.sched_setaffinity(0, {1})
-
-
 @contextlib.contextmanager
 def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], float | None]]]:
     """The broker's URL, and a function giving its process's CPU seconds (None: no process)."""
@@ -255,14 +245,14 @@ def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], flo
         with RedisServer() as server:
             proc = server.proc
             if pin:
-                _pin(None if proc is None else proc.pid)
+                give_broker_a_core(server, 0)
             yield server.url, lambda: None if proc is None else process_cpu(proc.pid)
         return
     from tests.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as rabbit:
         if pin:
-            _pin(rabbit.pid)
+            give_broker_a_core(rabbit, 0)
         yield rabbit.url, lambda: None if rabbit.pid is None else process_cpu(rabbit.pid)
 
 

@@ -7,6 +7,11 @@ The scenario logic lives in :mod:`bench.showcase`.
 
     python -m bench.noisy_neighbour [--broker redis|rabbitmq] [--scenarios A,B,C,D]
                                     [--reps 3] [--quick] [--flood 20000]
+                                    [--broker-core 1]
+
+``--broker-core N`` stands in for a broker on a host of its own: the broker and
+the flood's burst publisher run on CPU ``N``, the workers, the quiet tenants'
+publishers and the driver on the others (the ledger's Redis is not pinned).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, se
 from bench.showcase.summary import markdown, summarise, write_chart
 from tests.harness.redis import RedisServer
 
-from .common import RESULTS, environment, write
+from .common import RESULTS, environment, give_broker_a_core, write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         "--modes", default=None, help="only these modes, e.g. fair,fair-isolated (default: all)"
     )
     parser.add_argument("--name", default=None, help="result file name")
+    parser.add_argument(
+        "--broker-core", type=int, default=None,
+        help="run the broker and the burst's publisher on this CPU, the rest on the others",
+    )  # fmt: skip
     parser.add_argument(
         "--resummarise", action="store_true", help="rebuild .md and .png from the stored .json"
     )
@@ -71,12 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     live = Live()
     with RedisServer() as ledger_server, server_for(args.broker) as broker:
         live.line(f"{args.broker} on 127.0.0.1, ledger on its own redis-server; {name}")
+        if args.broker_core is not None:
+            cpus = give_broker_a_core(broker, args.broker_core)
+            config = replace(
+                config, **{
+                    part: replace(getattr(config, part), burst_cpus=cpus)
+                    for part in ("flood", "slow", "scheduled")
+                },
+            )  # fmt: skip
         runs = run_showcase(config, broker.url, ledger_server.url, live)
     stored_config = {
         **config.to_dict(),
         "modes_arg": args.modes,
         "flood_arg": args.flood,
         "due_after_arg": args.due_after,
+        "broker_core_arg": args.broker_core,
     }
     publish(name, args.broker, stored_config, runs, environment(), quick=args.quick)
     return 0
@@ -117,6 +135,8 @@ def publish(
     flags += f" --modes {config['modes_arg']}" if config.get("modes_arg") else ""
     flags += f" --flood {config['flood_arg']}" if config.get("flood_arg") is not None else ""
     flags += f" --due-after {config['due_after_arg']:g}" if config.get("due_after_arg") else ""
+    core = config.get("broker_core_arg")
+    flags += f" --broker-core {core}" if core is not None else ""
     default_name = f"noisy_neighbour_{broker}" + ("_quick" if quick else "")
     flags += f" --name {name}" if name != default_name else ""
     loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
@@ -128,7 +148,14 @@ def publish(
             f"celery {env['celery']}, kombu {env['kombu']}, "
             f"{env['cpus']} CPUs shared with other work: 1-minute load average "
             f"{min(loads):.1f} to {max(loads):.1f} during the runs). Medians over "
-            f"{reps} repetitions, [min, max]; the modes alternate within each repetition.",
+            f"{reps} repetitions, [min, max]; the modes alternate within each repetition."
+            + (
+                f" The broker and the burst's publisher ran on CPU {core} alone, the "
+                "workers, the quiet tenants' publishers and the driver on the other CPUs: "
+                "a broker on a host of its own."
+                if core is not None
+                else ""
+            ),
             "",
             _setup(config),
             "",

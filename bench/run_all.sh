@@ -47,6 +47,13 @@ $PY -m bench.noisy_neighbour --broker redis --scenarios A --reps 2 --modes fair,
 $PY -m bench.noisy_neighbour --broker redis --scenarios K --reps 3 --name noisy_neighbour_redis_keys
 $PY -m bench.noisy_neighbour --broker redis --scenarios K --reps 3 \
     --name noisy_neighbour_redis_keys_run2
+$PY -m bench.noisy_neighbour --broker rabbitmq --scenarios K --reps 3 --flood 8000 \
+    --name noisy_neighbour_rabbitmq_keys
+$PY -m bench.noisy_neighbour --broker rabbitmq --scenarios K --reps 3 --flood 8000 --broker-core 1 \
+    --name noisy_neighbour_rabbitmq_keys_broker_core
+$PY -m bench.wait_split --broker rabbitmq --flood 8000 --reps 3
+$PY -m bench.wait_split --broker rabbitmq --flood 8000 --reps 3 --broker-core 1 \
+    --name wait_split_rabbitmq_broker_core
 
 # Fairness keys (docs/fairness-keys.md)
 $PY -m bench.keys_scale --keys 10,10000,1000000 --reps 3 --consume 20000

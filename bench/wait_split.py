@@ -1,6 +1,7 @@
 """Where a quiet tenant's wait goes during scenario K: the broker's part and the worker's.
 
-Run: ``python -m bench.wait_split [--broker rabbitmq] [--flood 8000] [--reps 3]``.
+Run: ``python -m bench.wait_split [--broker rabbitmq] [--flood 8000] [--reps 3]
+[--broker-core 1]``.
 
 Scenario K's celery-fair mode (one queue keyed by tenant, one ``celery worker
 -P prefork -c 2``, 3 ms tasks, 20 quiet tenants at 5 tasks/s and a burst from
@@ -19,6 +20,10 @@ By phase, from the same run: *unloaded* (before the burst), *publishing*
 share the machine's cores with the worker), *after* (the burst published, the
 flood draining). Each phase's p99 over the unloaded one is the figure to read:
 a ratio within one run.
+
+``--broker-core N`` stands in for a broker on a host of its own: the broker and
+the burst's publisher run on CPU ``N``, the worker, the quiet tenants'
+publishers and this driver on the others (the ledger's Redis is not pinned).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import environment, summary, write
+from bench.common import environment, give_broker_a_core, summary, write
 from bench.showcase.flood import FloodParams, run_flood
 from bench.showcase.layout import MODES, TenantLayout
 from bench.showcase.runner import server_for
@@ -80,6 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = TenantLayout.build()
     reps: list[dict[str, Any]] = []
     with RedisServer() as ledger, server_for(args.broker) as broker:
+        cpus = () if args.broker_core is None else give_broker_a_core(broker, args.broker_core)
         for rep in range(args.reps):
             tag = f"rep {rep + 1}/{args.reps}"
 
@@ -87,13 +93,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{tag} {text}", flush=True)
 
             with tempfile.TemporaryDirectory(prefix="celery-fair-waits-") as tel:
-                params = FloodParams(flood=args.flood, telemetry_dir=tel)
+                params = FloodParams(flood=args.flood, telemetry_dir=tel, burst_cpus=cpus)
                 result = run_flood(
                     broker.url, ledger.url, layout, MODES["fair-keyed"], params, progress
                 )
                 lost = result.get("lost", 0)
                 reps.append({"split": split(_records(Path(tel)), layout.flood), "lost": lost})
-    return {"env": environment(), "broker": args.broker, "flood": args.flood, "reps": reps}
+    return {
+        "env": environment(), "broker": args.broker, "flood": args.flood, "reps": reps,
+        "broker_core": args.broker_core,
+    }  # fmt: skip
+
+
+def _pinned(data: dict[str, Any]) -> list[str]:
+    core = data.get("broker_core")
+    if core is None:
+        return []
+    return [
+        f"The broker and the burst's publisher ran on CPU {core} alone, the worker, the "
+        "quiet tenants' publishers and the driver on the other CPUs: a broker on a host "
+        "of its own."
+    ]
 
 
 def markdown(data: dict[str, Any], command: str) -> str:
@@ -105,6 +125,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         f"queue keyed by tenant, one `celery worker -P prefork -c 2`, 3 ms tasks, 20 quiet "
         f"tenants at 5 tasks/s, a burst of {data['flood']:,}. Quiet tasks' waits split at "
         "their receipt by the worker; medians over the repetitions, [min, max].",
+        *_pinned(data),
         "",
         "| phase | quiet tasks | publish -> received p50 / p99 ms | received -> started "
         "p50 / p99 ms | whole wait p50 / p99 ms | p99 over unloaded |",
@@ -141,11 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=8_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--name", default=None)
+    parser.add_argument(
+        "--broker-core", type=int, default=None,
+        help="run the broker and the burst's publisher on this CPU, the rest on the others",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     name = args.name or f"wait_split_{args.broker}"
     data = run(args)
     command = f"python -m bench.wait_split --broker {args.broker} --flood {args.flood} "
     command += f"--reps {args.reps}" + (f" --name {name}" if args.name else "")
+    command += f" --broker-core {args.broker_core}" if args.broker_core is not None else ""
     write(name, data, markdown(data, command))
     return 0
 

@@ -75,6 +75,8 @@ class FloodParams:
     # standing in for a producer on another machine: on a small machine a
     # full-speed publisher takes a core from the worker and the broker.
     burst_nice: int = 19
+    # ... and pinned to these CPUs (``--broker-core``: the broker's own core).
+    burst_cpus: tuple[int, ...] = ()
     telemetry_dir: str | None = None  # fair modes: the workers' fair_telemetry_dir
     # Scenario KS: every flood task is published with eta = the flood's start +
     # this many seconds (0: no eta). The burst should be published by then: the
@@ -241,6 +243,8 @@ def _burst(
     """The burst's process: publish one flood task per id (eta ``due``), then note the time."""
     if params.burst_nice:
         os.nice(params.burst_nice)
+    if params.burst_cpus:
+        os.sched_setaffinity(0, set(params.burst_cpus))
     producer = TenantProducer(broker_url, layout, mode)
     try:
         producer.burst(layout.flood, params.task_ms, ids, eta=due)
