@@ -128,9 +128,8 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
 
     paused = args.action == "pause"
     # The parked lanes are declared as the queue is: the app's declaration.  Without
-    # it, the lanes are taken as the broker holds them (a declaration without the
-    # queue's arguments would be refused), and one missing is declared as Celery
-    # declares a queue by default (durable, classic).
+    # it, the lanes are taken as the broker holds them and none is declared (one
+    # without the queue's arguments would be refused): the workers declare them.
     if args.app:
         log = PauseLog(connection.clone, {args.queue: load_app(args.app).amqp.queues[args.queue]})
     else:

@@ -14,6 +14,7 @@ loss.  The copy keeps the body, the headers and the properties.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -89,6 +90,9 @@ def declared(connection: Any, channel: Any, queue: str) -> tuple[int | None, int
     try:
         ok = channel.queue_declare(queue=queue, passive=True)
     except connection.channel_errors:
+        # py-amqp reopens a channel the broker closed: closed here, not left open.
+        with contextlib.suppress(Exception):
+            channel.close()
         return None, None, connection.channel()
     return int(ok.message_count), int(ok.consumer_count), channel
 

@@ -31,9 +31,10 @@ worker's timer calls.
 * **Without the queue's declaration** (``celery fair keys`` given a broker URL
   and no app), the lanes are taken as the broker holds them: one that exists
   is used without a declaration of this process's (a declaration without the
-  queue's arguments, such as its maximum priority, is refused), and a parked
-  lane that does not exist yet is left to the workers, which declare it as
-  the queue is when they read the pause.
+  queue's arguments, such as its maximum priority, is refused); a lane that
+  does not exist is left to the workers, which declare it as the queue is: a
+  parked lane when they read the pause, and the lanes a parked task goes back
+  to when they start (such a task stays parked until then).
 """
 
 from __future__ import annotations
@@ -322,16 +323,17 @@ class PauseLog:
         """The parked lane of ``key``, declared; None if it does not exist and this process
         does not know how to declare it (``as_found``): the workers will."""
         lane = parked_lane(queue, key)
-        return lane if self._declare(queue, lane, create=not self.as_found) else None
+        return lane if self._declare(queue, lane) else None
 
-    def _declare(self, queue: str, lane: str, *, create: bool = True) -> bool:
+    def _declare(self, queue: str, lane: str) -> bool:
         """Declare ``lane`` of keyed ``queue`` as the queue is (once per connection);
-        whether it exists.  ``as_found``: one that exists is left as it is, and one that
-        does not is declared only if ``create`` (as the queue is declared by default)."""
+        whether it exists.  ``as_found``: none is declared, and one that does not exist
+        is left to the workers (False)."""
         if lane not in self._declared:
-            if not (self.as_found and self._exists(lane)):
-                if not create:
+            if self.as_found:
+                if not self._exists(lane):
                     return False
+            else:
                 lane_queue(self.parents[queue], lane)(self.side.channel(_ADMIN)).declare()
             self._declared.add(lane)
         return True
@@ -339,7 +341,7 @@ class PauseLog:
     def _exists(self, lane: str) -> bool:
         probe = self.side.channel(_PROBE)
         messages, _, channel = declared(self.side.connection, probe, lane)
-        if channel is not probe:  # the broker closed the probe's channel
+        if channel is not probe:  # the broker closed the probe (declared closed it too)
             channel.close()
             self.side.refused(_PROBE)
         return messages is not None
@@ -374,7 +376,14 @@ class PauseLog:
                 break
             priority = message.properties.get("priority")
             target = self.destination(queue, key, priority)
-            self._declare(queue, target)
+            if not self._declare(queue, target):
+                # Not on the broker, and how the queue is declared is not known here:
+                # left parked, for a worker (which knows) to move back.
+                admin.basic_reject(message.delivery_tag, requeue=True)
+                logger.warning("celery-fair: lane %r of %r is not declared: the parked tasks "
+                               "of key %r are left for the workers to move back", target, queue,
+                               key)  # fmt: skip
+                break
             targets.add(target)
             admin.basic_publish_confirm(
                 Message(message.body, **message.properties), exchange="", routing_key=target

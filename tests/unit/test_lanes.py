@@ -156,3 +156,17 @@ def test_a_queue_with_a_maximum_priority_has_lanes_per_level() -> None:
     )
     # Every level's lane is distinct from every other's and from the queue's.
     assert len(set(lanes.lanes("jobs")) | {"jobs"}) == len(lanes.lanes("jobs")) + 1
+
+
+def test_a_resumed_task_goes_to_its_levels_lane_when_the_levels_were_found_on_the_broker() -> None:
+    """``celery fair keys resume`` without the app: the queue is known only by name, and
+    the levels the command found on the broker decide where a parked task goes back."""
+    from celery_fair.keys.pause_log import PauseLog
+
+    unknown = {"jobs": Queue("jobs", durable=True)}  # as the command has it
+    found = PauseLog(lambda: None, unknown, as_found=True, prioritised=("jobs",))
+    assert found.destination("jobs", "a", 9).startswith("jobs.fair.pri9.n")
+    assert found.destination("jobs", "a", 4).startswith("jobs.fair.pri3.n")
+    assert found.destination("jobs", "a", None).startswith("jobs.fair.n")
+    none = PauseLog(lambda: None, unknown, as_found=True)
+    assert none.destination("jobs", "a", 9).startswith("jobs.fair.n")
