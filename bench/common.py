@@ -46,22 +46,30 @@ def write(name: str, data: dict[str, Any], markdown: str) -> None:
 def pin(pid: int, cpus: set[int]) -> None:
     """Pin every thread of process ``pid`` to ``cpus`` (``sched_setaffinity`` sets one
     thread's mask; threads started later inherit their creator's)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
-            os.sched_setaffinity(int(tid), cpus)
+    done: set[str] = set()
+    # Again until no thread is new: one started meanwhile may have its creator's old mask.
+    while fresh := set(os.listdir(f"/proc/{pid}/task")) - done:
+        for tid in fresh:
+            with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+        done |= fresh
 
 
-def give_broker_a_core(server: Any, core: int) -> tuple[int, ...]:
-    """Pin a started broker ``server`` to ``core`` and this process to the other CPUs.
+def give_broker_a_core(server: Any, core: int, others: set[int] | None = None) -> tuple[int, ...]:
+    """Pin a started broker ``server`` to ``core`` and this process to ``others`` (default:
+    every other CPU it may use).
 
     Standing in for a broker on a host of its own on a small machine: processes this
-    one starts afterwards (workers, publishers) inherit the other CPUs. Returns
+    one starts afterwards (workers, publishers) inherit ``others``. Returns
     ``(core,)``, for a burst publisher that stands in for a producer elsewhere too.
     """
-    cpus = set(os.sched_getaffinity(0))
-    if core not in cpus or len(cpus) < 2:
-        raise SystemExit(f"--broker-core {core}: needs two CPUs, {core} among {sorted(cpus)}")
     pid = server.pid if hasattr(server, "pid") else server.proc.pid  # RabbitMQ: the node's
+    if pid is None:
+        raise RuntimeError("the broker's process is not known: cannot pin it")
+    cpus = set(os.sched_getaffinity(0))
+    rest = cpus - {core} if others is None else others
+    if core not in cpus or not rest or core in rest:
+        raise SystemExit(f"--broker-core {core}: needs another CPU, {core} among {sorted(cpus)}")
     pin(pid, {core})
-    pin(os.getpid(), cpus - {core})
+    pin(os.getpid(), rest)
     return (core,)

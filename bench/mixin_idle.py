@@ -245,14 +245,14 @@ def broker(kind: str, pin: bool = False) -> Iterator[tuple[str, Callable[[], flo
         with RedisServer() as server:
             proc = server.proc
             if pin:
-                give_broker_a_core(server, 0)
+                give_broker_a_core(server, 0, {1})
             yield server.url, lambda: None if proc is None else process_cpu(proc.pid)
         return
     from tests.harness.rabbitmq import RabbitMQServer
 
     with RabbitMQServer() as rabbit:
         if pin:
-            give_broker_a_core(rabbit, 0)
+            give_broker_a_core(rabbit, 0, {1})
         yield rabbit.url, lambda: None if rabbit.pid is None else process_cpu(rabbit.pid)
 
 

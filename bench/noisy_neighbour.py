@@ -150,9 +150,10 @@ def publish(
             f"{min(loads):.1f} to {max(loads):.1f} during the runs). Medians over "
             f"{reps} repetitions, [min, max]; the modes alternate within each repetition."
             + (
-                f" The broker and the burst's publisher ran on CPU {core} alone, the "
-                "workers, the quiet tenants' publishers and the driver on the other CPUs: "
-                "a broker on a host of its own."
+                f" The broker's threads and the burst's publisher ran on CPU {core}, the "
+                "workers, the quiet tenants' publishers and the driver on the other CPUs, "
+                "standing in for a broker on a host of its own (the ledger's Redis ran on "
+                "any CPU)."
                 if core is not None
                 else ""
             ),

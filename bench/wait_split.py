@@ -110,9 +110,9 @@ def _pinned(data: dict[str, Any]) -> list[str]:
     if core is None:
         return []
     return [
-        f"The broker and the burst's publisher ran on CPU {core} alone, the worker, the "
-        "quiet tenants' publishers and the driver on the other CPUs: a broker on a host "
-        "of its own."
+        f"The broker's threads and the burst's publisher ran on CPU {core}, the worker, "
+        "the quiet tenants' publishers and the driver on the other CPUs, standing in for a "
+        "broker on a host of its own (the ledger's Redis ran on any CPU)."
     ]
 
 

@@ -33,6 +33,8 @@ def test_the_brokers_every_thread_gets_the_core_and_this_process_the_others() ->
         assert os.sched_getaffinity(0) == before - {core}
         with pytest.raises(SystemExit, match="--broker-core 99"):
             give_broker_a_core(SimpleNamespace(proc=broker), 99)
+        with pytest.raises(RuntimeError, match="not known"):
+            give_broker_a_core(SimpleNamespace(pid=None), min(before))
     finally:
         pin(os.getpid(), before)
         broker.kill()
