@@ -141,6 +141,11 @@ def _pause_on_rabbitmq(connection: Any, args: argparse.Namespace) -> int:
             why = log.unsupported or "the pause log could not be read"
             print(f"celery-fair keys {args.action}: {why}", file=sys.stderr)
             return 2
+        if not paused:
+            # What is parked now, at most: a worker that has not read the resume yet
+            # (it reads every 2 s) parks again what it receives, and moves it back later.
+            counts = [log.parked(args.queue, key) for key in args.keys]
+            log.move_budget = None if None in counts else sum(c or 0 for c in counts)
         changed = log.append(args.queue, args.keys, paused)
         while not paused:  # moved back in steps, until a step finds nothing parked
             before = log.moved

@@ -124,6 +124,10 @@ class PauseLog:
         self.unsupported: str | None = None
         #: Tasks moved back from parked lanes by this process.
         self.moved = 0
+        #: At most this many moved back by this process in all (None: no bound).  A
+        #: command that resumes while workers run bounds itself by what was parked:
+        #: a worker that has not read the resume yet parks the moved tasks again.
+        self.move_budget: int | None = None
 
     @property
     def errors(self) -> int:
@@ -368,7 +372,8 @@ class PauseLog:
         if name is None:
             return 0  # never parked
         admin, moved, targets = self.side.channel(_ADMIN), 0, set()
-        while moved < MOVE_PER_READ:
+        budget = MOVE_PER_READ if self.move_budget is None else self.move_budget - self.moved
+        while moved < min(MOVE_PER_READ, budget):
             if self.state.paused_since(queue, key) is not None:
                 break  # paused again meanwhile
             message = admin.basic_get(name, no_ack=False)
