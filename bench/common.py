@@ -73,3 +73,14 @@ def give_broker_a_core(server: Any, core: int, others: set[int] | None = None) -
     pin(pid, {core})
     pin(os.getpid(), rest)
     return (core,)
+
+
+def broker_core_note(core: int | None) -> str:
+    """The results' sentence on ``--broker-core`` (empty without it)."""
+    if core is None:
+        return ""
+    return (
+        f"The broker's threads and the burst's publisher ran on CPU {core}, the worker "
+        "processes, the quiet tenants' publishers and the driver on the other CPUs, standing "
+        "in for a broker on a host of its own (the ledger's Redis ran on any CPU)."
+    )

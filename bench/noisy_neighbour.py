@@ -26,7 +26,7 @@ from bench.showcase.runner import LABELS, Live, ShowcaseConfig, run_showcase, se
 from bench.showcase.summary import markdown, summarise, write_chart
 from tests.harness.redis import RedisServer
 
-from .common import RESULTS, environment, give_broker_a_core, write
+from .common import RESULTS, broker_core_note, environment, give_broker_a_core, write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +137,7 @@ def publish(
     flags += f" --due-after {config['due_after_arg']:g}" if config.get("due_after_arg") else ""
     core = config.get("broker_core_arg")
     flags += f" --broker-core {core}" if core is not None else ""
+    note = broker_core_note(core)
     default_name = f"noisy_neighbour_{broker}" + ("_quick" if quick else "")
     flags += f" --name {name}" if name != default_name else ""
     loads = [r["load"] for modes in runs.values() for rs in modes.values() for r in rs]
@@ -149,14 +150,7 @@ def publish(
             f"{env['cpus']} CPUs shared with other work: 1-minute load average "
             f"{min(loads):.1f} to {max(loads):.1f} during the runs). Medians over "
             f"{reps} repetitions, [min, max]; the modes alternate within each repetition."
-            + (
-                f" The broker's threads and the burst's publisher ran on CPU {core}, the "
-                "workers, the quiet tenants' publishers and the driver on the other CPUs, "
-                "standing in for a broker on a host of its own (the ledger's Redis ran on "
-                "any CPU)."
-                if core is not None
-                else ""
-            ),
+            + (f" {note}" if note else ""),
             "",
             _setup(config),
             "",

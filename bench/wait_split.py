@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import environment, give_broker_a_core, summary, write
+from bench.common import broker_core_note, environment, give_broker_a_core, summary, write
 from bench.showcase.flood import FloodParams, run_flood
 from bench.showcase.layout import MODES, TenantLayout
 from bench.showcase.runner import server_for
@@ -105,17 +105,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _pinned(data: dict[str, Any]) -> list[str]:
-    core = data.get("broker_core")
-    if core is None:
-        return []
-    return [
-        f"The broker's threads and the burst's publisher ran on CPU {core}, the worker, "
-        "the quiet tenants' publishers and the driver on the other CPUs, standing in for a "
-        "broker on a host of its own (the ledger's Redis ran on any CPU)."
-    ]
-
-
 def markdown(data: dict[str, Any], command: str) -> str:
     reps = data["reps"]
     lines = [
@@ -125,7 +114,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         f"queue keyed by tenant, one `celery worker -P prefork -c 2`, 3 ms tasks, 20 quiet "
         f"tenants at 5 tasks/s, a burst of {data['flood']:,}. Quiet tasks' waits split at "
         "their receipt by the worker; medians over the repetitions, [min, max].",
-        *_pinned(data),
+        *filter(None, [broker_core_note(data.get("broker_core"))]),
         "",
         "| phase | quiet tasks | publish -> received p50 / p99 ms | received -> started "
         "p50 / p99 ms | whole wait p50 / p99 ms | p99 over unloaded |",
